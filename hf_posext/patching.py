@@ -1,0 +1,502 @@
+"""patch / unpatch / describe / load: model surgery (no math here; the methods do the numbers).
+
+``patch`` validates everything before it changes anything, swaps each rotary module for a
+:class:`~hf_posext.modules.ScaledRotaryEmbedding`, updates the config so ``save_pretrained`` records the
+scaling, and remembers the originals so ``unpatch`` restores the model and its config exactly.
+
+How the config records a scaling: ``config.hf_posext`` holds our description (method, factor,
+parameters, the original values of every config field we changed). Where transformers has the same
+rule for this model, ``rope_parameters`` (5.x) / ``rope_scaling`` (4.5x) is set to it too, so stock
+``from_pretrained`` reproduces the patched model without hf_posext; this is checked when patching by
+building the model's own rotary class from the new config and comparing outputs. Otherwise the RoPE
+fields keep their original values (stock transformers then loads the unscaled model) and
+:func:`load` re-applies the scaling.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import functools
+import json
+import os
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import torch
+from torch import nn
+
+from hf_posext.config import ScalingConfig, resolve_factor
+from hf_posext.families import (
+    RotarySite,
+    UnsupportedModelError,
+    find_rotary_sites,
+    outputs_match,
+    probe,
+    rope_parameters,
+    set_rope_parameters,
+    window_attribute,
+)
+from hf_posext.methods import get_method
+from hf_posext.methods.rope import RotaryBase
+from hf_posext.modules import RotaryEntry, ScaledRotaryEmbedding
+
+__all__ = ["patch", "unpatch", "describe", "load", "fixed_length", "ScalingReport", "CONFIG_KEY"]
+
+#: Name of the config attribute (and config.json key) holding hf_posext's record of a scaling.
+CONFIG_KEY = "hf_posext"
+_STATE_ATTRIBUTE = "_hf_posext_state"
+_ABSENT = "__absent__"
+_CONFIG_FIELDS = ("rope_parameters", "rope_scaling", "rope_theta", "max_position_embeddings", "n_positions", CONFIG_KEY)
+
+
+@dataclass
+class _PatchState:
+    scaling: ScalingConfig
+    sites: list[RotarySite]
+    new_modules: list[ScaledRotaryEmbedding]
+    config_snapshots: list[tuple[Any, dict[str, Any]]]
+    stock_loadable: bool
+    wrapped_generate: bool = False
+
+
+@dataclass
+class ScalingReport:
+    """What :func:`describe` returns; ``str()`` gives a readable summary, ``to_dict()`` a JSON-able one."""
+
+    family: str
+    kind: str
+    method: str
+    factor: float
+    original_window: int
+    current_window: int
+    dynamic: bool
+    sites: list[str] = field(default_factory=list)
+    params: dict[str, Any] = field(default_factory=dict)
+    stock_loadable: bool | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    def __str__(self) -> str:
+        lines = [
+            f"family:          {self.family}",
+            f"position kind:   {self.kind}",
+            f"method:          {self.method}" + (f" {self.params}" if self.params else ""),
+            f"factor:          {self.factor:g}" + (" (dynamic: depends on the sequence length)" if self.dynamic else ""),
+            f"original window: {self.original_window}",
+            f"current window:  {self.current_window}",
+            f"modules:         {', '.join(self.sites)}",
+        ]
+        if self.stock_loadable is not None:
+            lines.append(
+                "saved model:     "
+                + ("loads with stock transformers" if self.stock_loadable else "needs hf_posext.load (stock loads it unscaled)")
+            )
+        lines += [f"note:            {note}" for note in self.notes]
+        return "\n".join(lines)
+
+
+def _check_model(model: Any) -> None:
+    if not isinstance(model, nn.Module) or not hasattr(model, "config"):
+        raise TypeError(
+            f"Expected a transformers model (an nn.Module with a .config), got {type(model).__name__}. "
+            "Load one with AutoModelForCausalLM.from_pretrained(...) or hf_posext.models.load_model(...)."
+        )
+
+
+def _state(model: nn.Module) -> _PatchState | None:
+    return model.__dict__.get(_STATE_ATTRIBUTE)
+
+
+def _config_attr(config, key: str) -> str:
+    return getattr(config, "attribute_map", {}).get(key, key)
+
+
+def _snapshot(config) -> dict[str, Any]:
+    snapshot = {}
+    for key in _CONFIG_FIELDS:
+        name = _config_attr(config, key)
+        snapshot[name] = copy.deepcopy(config.__dict__[name]) if name in config.__dict__ else _ABSENT
+    return snapshot
+
+
+def _restore(config, snapshot: dict[str, Any]) -> None:
+    for name, value in snapshot.items():
+        if value is _ABSENT or (isinstance(value, str) and value == _ABSENT):
+            config.__dict__.pop(name, None)
+        else:
+            config.__dict__[name] = copy.deepcopy(value)
+
+
+def _jsonable(snapshot: dict[str, Any]) -> dict[str, Any]:
+    return json.loads(json.dumps(snapshot, default=str))
+
+
+def _original_snapshot(config) -> dict[str, Any]:
+    """Snapshot of the *pre-training* config fields: from a saved hf_posext record if there is one."""
+    record = getattr(config, CONFIG_KEY, None)
+    if isinstance(record, dict) and "original_config" in record:
+        return dict(record["original_config"])
+    return _snapshot(config)
+
+
+def _stock_rope_parameters(scaling: ScalingConfig, theta: float, base_params: dict[str, Any]) -> dict[str, Any] | None:
+    """transformers' rope dict for ``scaling`` (None when transformers has no such rule)."""
+    keep = {k: v for k, v in base_params.items() if k in ("partial_rotary_factor",)}
+    params = {k: v for k, v in scaling.params.items() if v is not None}
+    method = scaling.method
+    if method == "none" or (scaling.is_identity and method != "none"):
+        return {"rope_type": "default", "rope_theta": theta, **keep}
+    if method == "ntk":
+        dim_based = None  # the base depends on the rotary dim, filled in by the caller
+        return {"rope_type": "default", "rope_theta": dim_based, **keep}
+    if method == "theta":
+        return {"rope_type": "default", "rope_theta": float(params["base"]), **keep}
+    stock = get_method(method).transformers_type
+    if stock is None:
+        return None
+    result = {"rope_type": stock, "rope_theta": theta, "factor": scaling.factor, **keep}
+    L = scaling.original_max_position_embeddings
+    if stock == "yarn":
+        result.update(original_max_position_embeddings=L, beta_fast=params["beta_fast"], beta_slow=params["beta_slow"])
+        for key in ("attention_factor", "mscale", "mscale_all_dim"):
+            if key in params:
+                result[key] = params[key]
+        result["truncate"] = params.get("truncate", True)
+    elif stock == "llama3":
+        result.update(original_max_position_embeddings=L, low_freq_factor=params["low_freq_factor"],
+                      high_freq_factor=params["high_freq_factor"])
+    elif stock == "longrope":
+        result.update(original_max_position_embeddings=L, long_factor=list(params["long_factor"]),
+                      short_factor=list(params.get("short_factor") or [1.0] * len(params["long_factor"])))
+        if "attention_factor" in params:
+            result["attention_factor"] = params["attention_factor"]
+    return result
+
+
+def _build_module(site: RotarySite, scaling: ScalingConfig) -> ScaledRotaryEmbedding:
+    entries = {}
+    for layer_type, dim in site.dims.items():
+        rope = RotaryBase(site.bases[layer_type], dim)
+        if layer_type in site.scaled_layer_types:
+            entries[layer_type] = RotaryEntry(rope, scaling)
+        else:
+            entries[layer_type] = RotaryEntry(rope, site.current[layer_type])
+    return ScaledRotaryEmbedding(entries, layout=site.layout, device=site.device)
+
+
+def _construct_like(module: nn.Module, config) -> nn.Module:
+    cls = type(module)
+    try:
+        return cls(config=config)
+    except TypeError:
+        return cls(config)
+
+
+def _stock_reproduces(site: RotarySite, new_module: ScaledRotaryEmbedding, config, scaling: ScalingConfig) -> bool:
+    """Does the model's own rotary class, built from ``config``, compute what ``new_module`` does?"""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            stock = _construct_like(site.module, config).to(site.device)
+    except Exception:
+        return False
+    length = max(scaling.target_length, scaling.original_max_position_embeddings + 2)
+    positions = torch.tensor([[0, 1, 5, 99, length // 3, length - 2, length - 1]], device=site.device)
+    for layer_type in site.dims:
+        try:
+            if not outputs_match(probe(stock, positions, layer_type), probe(new_module, positions, layer_type), tol=1e-5):
+                return False
+        except Exception:
+            return False
+    return True
+
+
+def patch(
+    model: nn.Module,
+    method: str,
+    factor: float | None = None,
+    *,
+    target_length: int | None = None,
+    original_max_position_embeddings: int | None = None,
+    **method_params: Any,
+) -> nn.Module:
+    """Extend a model's context window in place with a scaling method.
+
+    Args:
+        model: a loaded transformers model (any family in ``hf_posext.families.SUPPORTED_FAMILIES`` or
+            with the same structure).
+        method: a name from :func:`hf_posext.available_methods` (e.g. ``"yarn"``).
+        factor: scale s >= 1; the new window is L * s. Give this or ``target_length``.
+        target_length: the window you need (factor = target_length / L).
+        original_max_position_embeddings: override the pre-training window L read from the config.
+        **method_params: the method's parameters (e.g. ``beta_fast=32``, ``low_freq_factor=1``).
+
+    Returns:
+        The same model, patched. Patching again replaces the previous scaling (it never compounds).
+
+    Raises:
+        TypeError: ``model`` is not a transformers model.
+        ValueError: unknown method or parameter, factor < 1, factor and target_length both or
+            neither, target shorter than the window, no supported positional module. In every case the
+            model is left untouched.
+
+    Example:
+        >>> hf_posext.patch(model, "yarn", factor=4)
+        >>> hf_posext.patch(model, "linear", target_length=32768)
+    """
+    _check_model(model)
+    spec = get_method(method, "rope")
+    previous = _state(model)
+    if previous is not None:
+        sites = previous.sites
+        config_snapshots = previous.config_snapshots
+    else:
+        sites = find_rotary_sites(model)
+        config_snapshots = []
+    main_site = sites[0]
+    main_type = main_site.scaled_layer_types[0]
+    record = getattr(main_site.config, CONFIG_KEY, None) if previous is None else None
+    if isinstance(record, dict) and record.get("original_max_position_embeddings") and record.get("original_theta"):
+        # A model saved patched and loaded with stock transformers: scale from the pre-training values.
+        window = int(record["original_max_position_embeddings"])
+        for site in sites:
+            for layer_type in site.scaled_layer_types:
+                site.bases[layer_type] = float(record["original_theta"])
+    else:
+        window = main_site.current[main_type].original_max_position_embeddings
+    if original_max_position_embeddings is not None:
+        if not isinstance(original_max_position_embeddings, int) or original_max_position_embeddings <= 0:
+            raise ValueError(f"original_max_position_embeddings must be a positive int, got {original_max_position_embeddings!r}.")
+        window = original_max_position_embeddings
+    scale = resolve_factor(factor, target_length, window)
+    scaling = ScalingConfig(spec.name, scale, window, method_params)
+    new_modules = [_build_module(site, scaling) for site in sites]
+
+    # Work out every config change before touching the model.
+    configs = []
+    for site in sites:
+        if all(site.config is not c for c in configs):
+            configs.append(site.config)
+    theta = main_site.bases[main_type]
+    planned = []
+    stock_loadable = True
+    for config in configs:
+        original = _original_snapshot(config) if previous is None else next(s for c, s in config_snapshots if c is config)
+        work = copy.deepcopy(config)
+        _restore(work, {k: v for k, v in original.items() if k != CONFIG_KEY})
+        base_params = rope_parameters(work, main_type) or {}
+        stock = _stock_rope_parameters(scaling, theta, base_params)
+        if stock is not None and spec.name == "ntk":
+            stock["rope_theta"] = theta * scaling.factor ** (main_site.dims[main_type] / (main_site.dims[main_type] - 2))
+        if stock is not None:
+            set_rope_parameters(work, stock, main_type)
+            if spec.dynamic and spec.name != "longrope":
+                setattr(work, window_attribute(work), window)
+            else:
+                setattr(work, window_attribute(work), scaling.target_length)
+            site_ok = all(
+                _stock_reproduces(site, module, work, scaling)
+                for site, module in zip(sites, new_modules)
+                if site.config is config
+            )
+        else:
+            site_ok = False
+        if not site_ok:
+            stock_loadable = False
+            work = copy.deepcopy(config)
+            _restore(work, {k: v for k, v in original.items() if k != CONFIG_KEY})
+            if spec.dynamic:
+                setattr(work, window_attribute(work), window)
+            else:
+                # Stock transformers cannot express this scaling: keep the original RoPE fields (stock
+                # loads the unscaled model) and advertise the new window only through hf_posext.load.
+                setattr(work, window_attribute(work), getattr(work, window_attribute(work)))
+        new_record = {
+            **scaling.to_dict(),
+            "original_theta": theta,
+            "stock_loadable": site_ok,
+            "original_config": _jsonable({k: v for k, v in original.items() if k != CONFIG_KEY}),
+        }
+        planned.append((config, original, _snapshot(work), new_record))
+
+    # Apply: nothing above changed the model; from here on, undo on any failure.
+    if previous is not None:
+        _remove_generate_wrapper(model, previous)
+    applied = []
+    try:
+        for site, module in zip(sites, new_modules):
+            setattr(site.parent, site.attribute, module)
+            applied.append(site)
+        snapshots = []
+        for config, original, new_values, new_record in planned:
+            current = _snapshot(config) if previous is None else next(s for c, s in config_snapshots if c is config)
+            snapshots.append((config, current))
+            _restore(config, new_values)
+            setattr(config, CONFIG_KEY, new_record)
+    except Exception:
+        for site in applied:
+            setattr(site.parent, site.attribute, site.module)
+        for config, snapshot in config_snapshots or []:
+            _restore(config, snapshot)
+        raise
+    state = _PatchState(scaling, sites, new_modules, snapshots, stock_loadable)
+    model.__dict__[_STATE_ATTRIBUTE] = state
+    if any(module.is_dynamic for module in new_modules):
+        _install_generate_wrapper(model, state)
+    return model
+
+
+def unpatch(model: nn.Module) -> nn.Module:
+    """Undo :func:`patch`: restore the original rotary modules and config fields exactly.
+
+    Raises:
+        TypeError: ``model`` is not a transformers model.
+        ValueError: the model is not patched.
+    """
+    _check_model(model)
+    state = _state(model)
+    if state is None:
+        raise ValueError("This model is not patched by hf_posext (nothing to unpatch).")
+    for site in state.sites:
+        device = next(iter(getattr(site.parent, site.attribute).buffers()), None)
+        original = site.module
+        if device is not None:
+            original.to(device.device)
+        setattr(site.parent, site.attribute, original)
+    for config, snapshot in state.config_snapshots:
+        _restore(config, snapshot)
+    _remove_generate_wrapper(model, state)
+    del model.__dict__[_STATE_ATTRIBUTE]
+    return model
+
+
+def _planned_generation_length(model: nn.Module, args: tuple, kwargs: dict) -> int | None:
+    inputs = kwargs.get("input_ids", kwargs.get("inputs", args[0] if args else None))
+    if inputs is None and kwargs.get("inputs_embeds") is not None:
+        prompt = kwargs["inputs_embeds"].shape[1]
+    elif isinstance(inputs, torch.Tensor):
+        prompt = inputs.shape[-1]
+    else:
+        return None
+    config = kwargs.get("generation_config") or getattr(model, "generation_config", None)
+    max_new = kwargs.get("max_new_tokens", getattr(config, "max_new_tokens", None) if "max_length" not in kwargs else None)
+    if max_new is not None:
+        return prompt + int(max_new)
+    max_length = kwargs.get("max_length", getattr(config, "max_length", None))
+    return int(max_length) if max_length is not None else None
+
+
+def _install_generate_wrapper(model: nn.Module, state: _PatchState) -> None:
+    original_generate = model.generate
+
+    @functools.wraps(original_generate)
+    def generate(*args, **kwargs):
+        length = _planned_generation_length(model, args, kwargs)
+        with fixed_length(model, length):
+            return original_generate(*args, **kwargs)
+
+    model.generate = generate
+    state.wrapped_generate = True
+
+
+def _remove_generate_wrapper(model: nn.Module, state: _PatchState) -> None:
+    if state.wrapped_generate:
+        model.__dict__.pop("generate", None)
+        state.wrapped_generate = False
+
+
+@contextlib.contextmanager
+def fixed_length(model: nn.Module, length: int | None) -> Iterator[None]:
+    """Fix the length that dynamic methods scale for, for every forward pass inside the block.
+
+    ``generate`` on a patched model does this by itself (prompt length + ``max_new_tokens``). Use it
+    when you drive a KV cache by hand: scale once for the final length so cached keys and new queries
+    share one rotation. Outside the block each forward uses its own length. No-op on static methods.
+
+    Example:
+        >>> with hf_posext.fixed_length(model, prompt_len + 256):
+        ...     out = model(prompt_ids, use_cache=True); ...  # then step with past_key_values
+    """
+    state = _state(model)
+    modules = state.new_modules if state is not None else []
+    with contextlib.ExitStack() as stack:
+        for module in modules:
+            stack.enter_context(module.fixed_length(length))
+        yield
+
+
+def describe(model: nn.Module) -> ScalingReport:
+    """Family, position kind, method, factor, original and current window of ``model``.
+
+    Works on unpatched models too (reporting the scaling transformers applies, if any).
+    """
+    _check_model(model)
+    family = getattr(model.config, "model_type", type(model).__name__)
+    state = _state(model)
+    if state is not None:
+        scaling = state.scaling
+        notes = []
+        site = state.sites[0]
+        if len(site.dims) > 1:
+            kept = [str(t) for t in site.dims if t not in site.scaled_layer_types]
+            notes.append(f"scaled layer types: {', '.join(map(str, site.scaled_layer_types))}; unchanged: {', '.join(kept)}")
+        if scaling.spec.dynamic:
+            notes.append("generate() fixes the scale for prompt + max_new_tokens so the KV cache stays consistent")
+        return ScalingReport(
+            family=family, kind="rope", method=scaling.method, factor=scaling.factor,
+            original_window=scaling.original_max_position_embeddings, current_window=scaling.target_length,
+            dynamic=scaling.spec.dynamic, sites=[s.path for s in state.sites],
+            params={k: v for k, v in scaling.params.items() if v is not None},
+            stock_loadable=state.stock_loadable, notes=notes,
+        )
+    sites = find_rotary_sites(model)
+    site = sites[0]
+    current = site.current[site.scaled_layer_types[0]]
+    notes = []
+    if current.method != "none":
+        notes.append("scaled by the model's own config (transformers' built-in rope_type)")
+    record = getattr(site.config, CONFIG_KEY, None)
+    if isinstance(record, dict):
+        notes.append(f"saved by hf_posext with {record.get('method')} x{record.get('factor')}; use hf_posext.load to restore it exactly")
+    return ScalingReport(
+        family=family, kind="rope", method=current.method, factor=current.factor,
+        original_window=current.original_max_position_embeddings, current_window=current.target_length,
+        dynamic=current.spec.dynamic, sites=[s.path for s in sites],
+        params={k: v for k, v in current.params.items() if v is not None}, notes=notes,
+    )
+
+
+def load(name_or_path: str | os.PathLike, **from_pretrained_kwargs: Any) -> nn.Module:
+    """Load a (possibly hf_posext-patched) causal LM and re-apply its scaling exactly.
+
+    Args:
+        name_or_path: a folder written by ``save_pretrained``, a hub name, or ``"smollm2-135m"``.
+        **from_pretrained_kwargs: passed to ``AutoModelForCausalLM.from_pretrained`` (e.g. ``dtype``).
+
+    Returns:
+        The model, patched as it was when saved (or plain, if it was saved unpatched).
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from hf_posext.models import resolve_model_path
+
+    path = resolve_model_path(str(name_or_path))
+    config = AutoConfig.from_pretrained(path, **{k: v for k, v in from_pretrained_kwargs.items() if k in ("trust_remote_code", "revision", "token")})
+    record = getattr(config, CONFIG_KEY, None)
+    if not isinstance(record, dict):
+        return AutoModelForCausalLM.from_pretrained(path, **from_pretrained_kwargs)
+    original = dict(record.get("original_config", {}))
+    target = config.get_text_config() if hasattr(config, "get_text_config") else config
+    _restore(target, original)
+    target.__dict__.pop(CONFIG_KEY, None)
+    model = AutoModelForCausalLM.from_pretrained(path, config=config, **from_pretrained_kwargs)
+    scaling = ScalingConfig.from_dict(record)
+    return patch(
+        model, scaling.method, scaling.factor,
+        original_max_position_embeddings=scaling.original_max_position_embeddings,
+        **{k: v for k, v in scaling.params.items() if v is not None},
+    )

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Installs hf-posext and its dependencies into the current Python (idempotent, seconds when done).
+# The pinned CPU torch goes first: an unpinned torch would pull a multi-GB CUDA build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if ! $PY -c "import torch" 2>/dev/null; then
+  $PY -m pip install --quiet "torch==2.13.0"
+fi
+$PY -m pip install --quiet -e ".[test]"

@@ -115,7 +115,7 @@ def _plugin_subcommands() -> None:
     # Optional modules contribute subcommands; a missing optional dependency only hides them.
     import importlib
 
-    for module in ("hf_posext.evaluation.cli",):
+    for module in ("hf_posext.evaluation.cli", "hf_posext.training.cli", "hf_posext.lm_eval_cli", "hf_posext.inspect_cli"):
         try:
             importlib.import_module(module)
         except ModuleNotFoundError as error:

@@ -16,6 +16,7 @@ fields keep their original values (stock transformers then loads the unscaled mo
 from __future__ import annotations
 
 import contextlib
+import importlib
 import copy
 import functools
 import json
@@ -97,6 +98,15 @@ class ScalingReport:
             )
         lines += [f"note:            {note}" for note in self.notes]
         return "\n".join(lines)
+
+
+def _absolute_positions():
+    """The absolute-position module (learned tables, sinusoidal, ALiBi), if this release has it."""
+    import importlib.util
+
+    if importlib.util.find_spec("hf_posext.absolute") is None:
+        return None
+    return importlib.import_module("hf_posext.absolute")
 
 
 def _check_model(model: Any) -> None:
@@ -249,6 +259,12 @@ def patch(
         >>> hf_posext.patch(model, "linear", target_length=32768)
     """
     _check_model(model)
+    absolute = _absolute_positions()
+    if absolute is not None and (absolute.is_patched(model) or absolute.detect(model)):
+        return absolute.patch_absolute(
+            model, method, factor, target_length=target_length,
+            original_max_position_embeddings=original_max_position_embeddings, **method_params,
+        )
     spec = get_method(method, "rope")
     previous = _state(model)
     if previous is not None:
@@ -358,6 +374,9 @@ def unpatch(model: nn.Module) -> nn.Module:
         ValueError: the model is not patched.
     """
     _check_model(model)
+    absolute = _absolute_positions()
+    if absolute is not None and absolute.is_patched(model):
+        return absolute.unpatch_absolute(model)
     state = _state(model)
     if state is None:
         raise ValueError("This model is not patched by hf_posext (nothing to unpatch).")
@@ -435,6 +454,9 @@ def describe(model: nn.Module) -> ScalingReport:
     Works on unpatched models too (reporting the scaling transformers applies, if any).
     """
     _check_model(model)
+    absolute = _absolute_positions()
+    if absolute is not None and (absolute.is_patched(model) or absolute.detect(model)):
+        return absolute.describe_absolute(model)
     family = getattr(model.config, "model_type", type(model).__name__)
     state = _state(model)
     if state is not None:
@@ -489,6 +511,11 @@ def load(name_or_path: str | os.PathLike, **from_pretrained_kwargs: Any) -> nn.M
     record = getattr(config, CONFIG_KEY, None)
     if not isinstance(record, dict):
         return AutoModelForCausalLM.from_pretrained(path, **from_pretrained_kwargs)
+    if record.get("kind", "rope") != "rope":
+        absolute = _absolute_positions()
+        if absolute is None:
+            raise ValueError(f"{path} was saved with a {record.get('kind')!r} scaling this hf_posext version cannot load.")
+        return absolute.load_absolute(path, record, **from_pretrained_kwargs)
     original = dict(record.get("original_config", {}))
     target = config.get_text_config() if hasattr(config, "get_text_config") else config
     _restore(target, original)

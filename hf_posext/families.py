@@ -112,6 +112,9 @@ def set_rope_parameters(config, params: dict[str, Any], layer_type: str | None =
     else:
         params["type"] = params["rope_type"]  # 4.x reads either spelling; older code only "type"
         config.rope_scaling = params
+        if params["rope_type"] == "longrope" and params.get("original_max_position_embeddings"):
+            # 4.x LongRoPE reads the pre-training window from the config itself (Phi-3 style).
+            config.original_max_position_embeddings = params["original_max_position_embeddings"]
 
 
 def original_window(config, params: dict[str, Any] | None) -> int:
@@ -305,6 +308,11 @@ def find_rotary_sites(model: nn.Module) -> list[RotarySite]:
         for layer_type, dim in dims.items():
             theta, current = _identify(module, layout, dim, config, layer_type, path)
             site.bases[layer_type], site.current[layer_type] = theta, current
+        local_theta = getattr(config, "rope_local_base_freq", None)
+        if not layer_types and local_theta is not None and site.bases[None] == float(local_theta) != _global_theta(config):
+            # transformers 4.x Gemma 3 keeps a second rotary module for its sliding-window layers
+            # (base rope_local_base_freq): those layers attend locally and are left unscaled.
+            site.scaled_layer_types = ()
         sites.append(site)
     if not sites:
         kinds = _describe_position_modules(model)
@@ -313,6 +321,12 @@ def find_rotary_sites(model: nn.Module) -> list[RotarySite]:
             f"rotary module takes position_ids (families: {SUPPORTED_FAMILIES})."
         )
     return sites
+
+
+def _global_theta(config) -> float | None:
+    params = rope_parameters(config) or {}
+    value = params.get("rope_theta", getattr(config, "rope_theta", None))
+    return float(value) if value is not None else None
 
 
 def _describe_position_modules(model: nn.Module) -> str:

@@ -130,7 +130,8 @@ def load_tokenizer(name: str, **kwargs: Any):
 # Tiny random models (tests, examples): no hub, seconds to build.
 # --------------------------------------------------------------------------------------------------
 
-_COMMON = dict(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=64)
+_COMMON = dict(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=64,
+               bos_token_id=1, eos_token_id=2, pad_token_id=0)
 
 #: family -> (config class name, extra config kwargs).
 TINY_FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
@@ -148,7 +149,7 @@ TINY_FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     "falcon": ("FalconConfig", dict(new_decoder_architecture=False, multi_query=True, alibi=False)),
     "stablelm": ("StableLmConfig", dict(intermediate_size=64, num_key_value_heads=2, partial_rotary_factor=0.5)),
     "phi": ("PhiConfig", dict(intermediate_size=64, partial_rotary_factor=0.5)),
-    "phi3": ("Phi3Config", dict(intermediate_size=64, num_key_value_heads=2, original_max_position_embeddings=64, pad_token_id=0)),
+    "phi3": ("Phi3Config", dict(intermediate_size=64, num_key_value_heads=2, original_max_position_embeddings=64)),
     "gpt_neox": ("GPTNeoXConfig", dict(intermediate_size=64, rotary_pct=0.25)),
     "gptj": ("GPTJConfig", dict(n_embd=32, n_layer=2, n_head=4, n_positions=64, rotary_dim=4)),
 }

@@ -49,7 +49,10 @@ __all__ = ["patch", "unpatch", "describe", "load", "fixed_length", "ScalingRepor
 CONFIG_KEY = "hf_posext"
 _STATE_ATTRIBUTE = "_hf_posext_state"
 _ABSENT = "__absent__"
-_CONFIG_FIELDS = ("rope_parameters", "rope_scaling", "rope_theta", "max_position_embeddings", "n_positions", CONFIG_KEY)
+_CONFIG_FIELDS = (
+    "rope_parameters", "rope_scaling", "rope_theta", "max_position_embeddings", "n_positions",
+    "original_max_position_embeddings", CONFIG_KEY,
+)
 
 
 @dataclass
@@ -273,7 +276,7 @@ def patch(
     else:
         sites = find_rotary_sites(model)
         config_snapshots = []
-    main_site = sites[0]
+    main_site = next(site for site in sites if site.scaled_layer_types)
     main_type = main_site.scaled_layer_types[0]
     record = getattr(main_site.config, CONFIG_KEY, None) if previous is None else None
     if isinstance(record, dict) and record.get("original_max_position_embeddings") and record.get("original_theta"):
@@ -462,7 +465,7 @@ def describe(model: nn.Module) -> ScalingReport:
     if state is not None:
         scaling = state.scaling
         notes = []
-        site = state.sites[0]
+        site = next(s for s in state.sites if s.scaled_layer_types)
         if len(site.dims) > 1:
             kept = [str(t) for t in site.dims if t not in site.scaled_layer_types]
             notes.append(f"scaled layer types: {', '.join(map(str, site.scaled_layer_types))}; unchanged: {', '.join(kept)}")
@@ -476,7 +479,7 @@ def describe(model: nn.Module) -> ScalingReport:
             stock_loadable=state.stock_loadable, notes=notes,
         )
     sites = find_rotary_sites(model)
-    site = sites[0]
+    site = next(s for s in sites if s.scaled_layer_types)
     current = site.current[site.scaled_layer_types[0]]
     notes = []
     if current.method != "none":

@@ -1,0 +1,291 @@
+"""Text sources for evaluation: local files and folders, Hugging Face datasets, and built-in offline text.
+
+A *source* is one of:
+
+* a local ``.txt`` file (one document: the whole file), ``.jsonl`` file (one document per line, read
+  from a text field), ``.parquet`` file (one document per row of a text column; needs ``pyarrow``), or a
+  folder holding such files (searched recursively, in sorted path order);
+* a Hugging Face ``datasets`` name, optionally ``name:config`` (e.g. ``pg19`` or
+  ``wikitext:wikitext-103-raw-v1``), streamed so only the documents needed are read (needs the
+  ``datasets`` package and network access);
+* ``builtin:python-docs``: the docstrings of the installed Python standard library, concatenated
+  into one long English document. Every Python installation has them, so the demo and the default
+  needle haystack work offline on a fresh clone without shipping anyone's prose in this repository.
+
+Files are read as UTF-8 with ``errors="replace"``: one bad byte never aborts an evaluation.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import os
+import re
+import warnings
+from pathlib import Path
+from typing import Iterator
+
+__all__ = [
+    "TEXT_SUFFIXES",
+    "BUILTIN_SOURCES",
+    "load_documents",
+    "iter_documents",
+    "python_docs_text",
+    "split_sentences",
+]
+
+#: File suffixes read from local paths.
+TEXT_SUFFIXES = (".txt", ".jsonl", ".parquet")
+#: Built-in offline sources (name -> description).
+BUILTIN_SOURCES = {
+    "builtin:python-docs": "docstrings of the installed Python standard library, one long document",
+}
+_TEXT_FIELDS = ("text", "content", "document", "body")
+
+# Standard library modules whose docstrings form the built-in text, in this fixed order. Listed
+# explicitly (not discovered) so the text is the same on every machine with the same Python version.
+_PYTHON_DOC_MODULES = (
+    "builtins", "os", "os.path", "sys", "re", "json", "collections", "itertools", "functools", "pathlib",
+    "argparse", "logging", "subprocess", "threading", "multiprocessing", "asyncio", "socket", "ssl", "email",
+    "http.client", "http.server", "urllib.request", "urllib.parse", "xml.etree.ElementTree", "csv",
+    "sqlite3", "datetime", "calendar", "time", "decimal", "fractions", "random", "statistics", "math",
+    "string", "textwrap", "difflib", "unicodedata", "codecs", "io", "shutil", "tempfile", "glob",
+    "fnmatch", "zipfile", "tarfile", "gzip", "bz2", "lzma", "zlib", "hashlib", "hmac", "secrets", "base64",
+    "binascii", "struct", "copy", "pickle", "shelve", "dbm", "configparser", "tomllib", "typing",
+    "dataclasses", "enum", "abc", "contextlib", "inspect", "ast", "dis", "tokenize", "traceback",
+    "warnings", "weakref", "gc", "heapq", "bisect", "array", "queue", "sched", "selectors", "signal",
+    "unittest", "doctest", "pdb", "profile", "timeit", "trace", "pydoc", "platform", "locale", "gettext",
+    "operator", "numbers", "cmath", "ipaddress", "mimetypes", "smtplib", "imaplib", "ftplib", "uuid",
+    "webbrowser", "wsgiref", "html", "html.parser", "xml.dom.minidom", "pprint", "reprlib", "graphlib",
+    "concurrent.futures", "importlib", "pkgutil", "zipimport", "runpy", "types", "codeop", "code",
+)
+
+
+def _read_text(path: Path) -> str:
+    return path.read_text(encoding="utf-8", errors="replace")
+
+
+def _jsonl_documents(path: Path, text_field: str | None) -> Iterator[str]:
+    with path.open(encoding="utf-8", errors="replace") as handle:
+        for line_number, line in enumerate(handle, 1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{path}:{line_number} is not valid JSON ({error.msg}); a .jsonl file holds one JSON object per line.") from error
+            if isinstance(record, str):
+                yield record
+                continue
+            yield _field(record, text_field, f"{path}:{line_number}")
+
+
+def _field(record: dict, text_field: str | None, where: str) -> str:
+    names = (text_field,) if text_field else _TEXT_FIELDS
+    for name in names:
+        if isinstance(record, dict) and isinstance(record.get(name), str):
+            return record[name]
+    keys = sorted(record) if isinstance(record, dict) else type(record).__name__
+    raise ValueError(
+        f"{where} has no text field {' or '.join(map(repr, names))} (found {keys}); "
+        "name the field with text_field= (--text-field on the command line)."
+    )
+
+
+def _parquet_documents(path: Path, text_field: str | None) -> Iterator[str]:
+    try:
+        import pyarrow.parquet as parquet
+    except ImportError as error:
+        raise ImportError(f"Reading {path} needs pyarrow: pip install pyarrow (or pip install 'hf-posext[eval]').") from error
+    table = parquet.read_table(path)
+    names = (text_field,) if text_field else _TEXT_FIELDS
+    column = next((name for name in names if name in table.column_names), None)
+    if column is None:
+        raise ValueError(
+            f"{path} has no text column {' or '.join(map(repr, names))} (columns: {table.column_names}); "
+            "name it with text_field= (--text-field)."
+        )
+    for value in table.column(column).to_pylist():
+        if isinstance(value, str):
+            yield value
+
+
+def _file_documents(path: Path, text_field: str | None) -> Iterator[str]:
+    suffix = path.suffix.lower()
+    if suffix == ".txt":
+        yield _read_text(path)
+    elif suffix == ".jsonl":
+        yield from _jsonl_documents(path, text_field)
+    elif suffix == ".parquet":
+        yield from _parquet_documents(path, text_field)
+    else:
+        raise ValueError(f"{path}: unsupported file type {suffix!r}; expected one of {', '.join(TEXT_SUFFIXES)}.")
+
+
+def _looks_like_path(source: str) -> bool:
+    return (
+        source.startswith((".", "/", "~"))
+        or os.sep in source and not re.fullmatch(r"[\w.-]+/[\w.-]+(:[\w.-]+)?", source)
+        or source.lower().endswith(TEXT_SUFFIXES)
+    )
+
+
+def _dataset_documents(source: str, split: str, text_field: str | None) -> Iterator[str]:
+    try:
+        import datasets
+    except ImportError as error:
+        raise ImportError(
+            f"{source!r} is not a local file or folder, so it was taken as a Hugging Face dataset name, "
+            "which needs the datasets package: pip install datasets. For local text pass a .txt/.jsonl/.parquet "
+            "file or a folder."
+        ) from error
+    name, _, config_name = source.partition(":")
+    dataset = datasets.load_dataset(name, config_name or None, split=split, streaming=True)
+    for index, record in enumerate(dataset):
+        yield _field(record, text_field, f"dataset {source} row {index}")
+
+
+def iter_documents(source: str | os.PathLike, *, text_field: str | None = None, split: str = "test") -> Iterator[str]:
+    """Yield the documents of ``source`` (see the module docstring for what a source is).
+
+    Args:
+        source: a local file or folder, a dataset name (``name`` or ``name:config``), or a built-in name.
+        text_field: the JSON field / parquet column / dataset column holding the text; default: the
+            first of ``text``, ``content``, ``document``, ``body`` present.
+        split: the dataset split (dataset names only).
+
+    Raises:
+        FileNotFoundError: ``source`` looks like a path but does not exist.
+        ValueError: a folder without readable files, an unknown built-in, a record without text.
+    """
+    text = str(source)
+    if text.startswith("builtin:"):
+        if text != "builtin:python-docs":
+            raise ValueError(f"Unknown built-in text {text!r}; available: {', '.join(BUILTIN_SOURCES)}.")
+        yield python_docs_text()
+        return
+    path = Path(text).expanduser()
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES)
+        if not files:
+            raise ValueError(f"The folder {path} holds no {'/'.join(TEXT_SUFFIXES)} files to read text from.")
+        for file in files:
+            yield from _file_documents(file, text_field)
+        return
+    if path.is_file():
+        yield from _file_documents(path, text_field)
+        return
+    if _looks_like_path(text):
+        raise FileNotFoundError(
+            f"Text source {text!r} does not exist. Pass an existing .txt/.jsonl/.parquet file or folder, "
+            f"a Hugging Face dataset name, or one of {', '.join(BUILTIN_SOURCES)}."
+        )
+    yield from _dataset_documents(text, split, text_field)
+
+
+def load_documents(
+    source: str | os.PathLike,
+    *,
+    text_field: str | None = None,
+    split: str = "test",
+    max_documents: int | None = None,
+) -> list[str]:
+    """The non-empty documents of ``source`` as a list (at most ``max_documents``).
+
+    Raises:
+        ValueError: the source yields no non-empty document (and the errors of :func:`iter_documents`).
+    """
+    documents: list[str] = []
+    for document in iter_documents(source, text_field=text_field, split=split):
+        if document.strip():
+            documents.append(document)
+        if max_documents is not None and len(documents) >= max_documents:
+            break
+    if not documents:
+        raise ValueError(f"The text source {str(source)!r} holds no non-empty document.")
+    return documents
+
+
+def _clean_docstring(text: str) -> str:
+    # Drop signature lines and doctest/code lines: keep prose paragraphs, joined into sentences.
+    paragraphs = []
+    for paragraph in re.split(r"\n\s*\n", text):
+        lines = [line.strip() for line in paragraph.splitlines()]
+        if any(line.startswith((">>>", "...", "$ ")) for line in lines):
+            continue
+        joined = " ".join(line for line in lines if line)
+        if len(joined) < 40 or not re.search(r"[.!?]$", joined) or re.match(r"^[\w.]+\(.*\)", joined):
+            continue
+        paragraphs.append(joined)
+    return "\n\n".join(paragraphs)
+
+
+_PYTHON_DOCS_CACHE: str | None = None
+
+
+def python_docs_text() -> str:
+    """Prose from the docstrings of the installed Python standard library, as one long document.
+
+    Module, class and function docstrings of a fixed list of stdlib modules, in a fixed order, keeping
+    only prose paragraphs (no signatures or doctests), each docstring once. About 400k characters on
+    CPython 3.11 (roughly 90k tokens for a 49k-vocabulary BPE tokenizer). The text depends on the
+    Python version only; it is read from the running interpreter, never stored in this repository.
+    """
+    global _PYTHON_DOCS_CACHE
+    if _PYTHON_DOCS_CACHE is not None:
+        return _PYTHON_DOCS_CACHE
+    seen: set[str] = set()
+    parts: list[str] = []
+
+    def add(doc: str | None) -> None:
+        if not doc:
+            return
+        cleaned = _clean_docstring(inspect.cleandoc(doc))
+        if cleaned and cleaned not in seen:
+            seen.add(cleaned)
+            parts.append(cleaned)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for module_name in _PYTHON_DOC_MODULES:
+            try:
+                module = importlib.import_module(module_name)
+            except Exception:  # a module missing from this build (e.g. no sqlite3) is skipped
+                continue
+            add(module.__doc__)
+            for name in sorted(vars(module)):
+                if name.startswith("_"):
+                    continue
+                member = vars(module)[name]
+                if getattr(member, "__module__", module_name) != module_name and module_name != "builtins":
+                    continue
+                if inspect.isclass(member) or inspect.isroutine(member):
+                    add(getattr(member, "__doc__", None))
+                    if inspect.isclass(member):
+                        for attribute in sorted(vars(member)):
+                            if not attribute.startswith("_"):
+                                add(getattr(vars(member)[attribute], "__doc__", None))
+    _PYTHON_DOCS_CACHE = "\n\n".join(parts)
+    return _PYTHON_DOCS_CACHE
+
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]?\s+")
+
+
+def split_sentences(text: str) -> list[str]:
+    """Split text into sentences at ``.``, ``!`` or ``?`` followed by white space (each keeps its end)."""
+    sentences = []
+    start = 0
+    for match in _SENTENCE_END.finditer(text):
+        end = match.end()
+        piece = text[start:end].strip()
+        if piece:
+            sentences.append(piece)
+        start = end
+    tail = text[start:].strip()
+    if tail:
+        sentences.append(tail)
+    return sentences
+

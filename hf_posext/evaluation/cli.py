@@ -1,0 +1,148 @@
+"""``hf-posext eval {perplexity,passkey,needle}`` and ``hf-posext report``; also behind eval/*.py.
+
+Examples:
+    hf-posext eval perplexity --model smollm2-135m --methods none,yarn,dynamic-yarn --lengths 4096,8192,16384 --data books/
+    accelerate launch --num_processes 2 eval/passkey.py --model smollm2-135m --methods none,yarn --lengths 8192,16384
+    hf-posext report results/
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+from hf_posext.cli import SUBCOMMANDS, parse_method_params
+
+__all__ = ["TASKS", "add_task_arguments", "run_task", "main_task"]
+
+TASKS = ("perplexity", "passkey", "needle")
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, help="hub name, local folder, smollm2-135m, or tiny[:FAMILY] (a random test model)")
+    parser.add_argument("--methods", default="none,yarn,dynamic-yarn", help="comma-separated methods; none = unpatched (default: %(default)s)")
+    parser.add_argument("--factor", type=float, help="scale factor for every method (default: longest length / original window)")
+    parser.add_argument("--param", action="append", metavar="KEY=VALUE", help="method parameter for every method but none, repeatable")
+    parser.add_argument("--lengths", required=True, help="comma-separated lengths in tokens, e.g. 4096,8192,16384 or 4k,8k")
+    parser.add_argument("--out", default="results", help="results folder (default: %(default)s)")
+    parser.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16 (default: %(default)s)")
+    parser.add_argument("--device", help="cpu, cuda, cuda:1, mps (default: this process's accelerator, else cpu)")
+    parser.add_argument("--device-map", help="e.g. auto: spread a model too big for one device (one process only)")
+    parser.add_argument("--attn-implementation", help="eager, sdpa, flash_attention_2 (default: the model's)")
+    parser.add_argument("--batch-size", type=int, default=1, help="windows/prompts per forward pass (default: %(default)s)")
+    parser.add_argument("--overwrite", action="store_true", help="recompute cells already in the results file")
+    parser.add_argument("--no-reuse", dest="reuse_identical", action="store_false",
+                        help="recompute even where two methods compute the same function at a length")
+    parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
+
+
+def _retrieval(parser: argparse.ArgumentParser, trials: int, max_new: int) -> None:
+    parser.add_argument("--depths", default="0,0.25,0.5,0.75,1", help="positions 0 (start) .. 1 (end) (default: %(default)s)")
+    parser.add_argument("--trials", type=int, default=trials, help="prompts per (length, depth) (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=0, help="RNG seed for the hidden numbers (default: %(default)s)")
+    parser.add_argument("--no-generate", dest="generate", action="store_false", help="teacher-forced score only (one forward per prompt)")
+    parser.add_argument("--max-new-tokens", type=int, default=max_new, help="greedy decoding steps (default: %(default)s)")
+
+
+def add_task_arguments(parser: argparse.ArgumentParser, task: str) -> None:
+    """Add the arguments of evaluation ``task`` to ``parser``."""
+    _common(parser)
+    if task == "perplexity":
+        parser.add_argument("--data", default="builtin:python-docs",
+                            help="text: .txt/.jsonl/.parquet file or folder, a datasets name[:config], or builtin:python-docs (default)")
+        parser.add_argument("--text-field", help="JSON field / column holding the text (default: text, content, document, body)")
+        parser.add_argument("--split", default="test", help="dataset split for a datasets name (default: %(default)s)")
+        parser.add_argument("--max-windows", type=int, default=8, help="windows per length (default: %(default)s)")
+        parser.add_argument("--bos", choices=("auto", "yes", "no"), default="auto", help="start windows with BOS (default: when the tokenizer adds it)")
+        parser.add_argument("--concatenate", action="store_true", help="join documents (EOS-separated) before cutting windows")
+        parser.add_argument("--chunk-size", type=int, default=2048, help="positions per output-head chunk (default: %(default)s)")
+    elif task == "passkey":
+        _retrieval(parser, trials=3, max_new=10)
+    elif task == "needle":
+        parser.add_argument("--haystack", default="builtin:python-docs", help="text folder/file/dataset for the haystack (default: %(default)s)")
+        parser.add_argument("--text-field", help="JSON field / column holding the text")
+        _retrieval(parser, trials=1, max_new=12)
+    else:
+        raise ValueError(f"Unknown evaluation task {task!r}; one of {', '.join(TASKS)}.")
+
+
+def run_task(task: str, args: argparse.Namespace) -> int:
+    """Run evaluation ``task`` with parsed ``args``; prints a summary table and writes plots."""
+    from hf_posext.evaluation import needle, passkey, perplexity
+    from hf_posext.evaluation.report import markdown_tables, write_plots
+    from hf_posext.evaluation.runner import Distributed, load_model_and_tokenizer, parse_floats, parse_lengths, parse_methods
+
+    started = time.time()
+    methods = parse_methods(args.methods, parse_method_params(args.param))
+    lengths = parse_lengths(args.lengths)
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}.")
+    dist = Distributed()
+    if args.device_map and dist.world_size > 1:
+        raise ValueError("--device-map spreads one model over devices: run it in one process (not under accelerate launch with several).")
+    device = None if args.device_map else (args.device or dist.default_device())
+    model, tokenizer = load_model_and_tokenizer(args.model, dtype=args.dtype, device=device, device_map=args.device_map,
+                                                attn_implementation=args.attn_implementation)
+    common: dict[str, Any] = dict(
+        methods=methods, lengths=lengths, factor=args.factor, out_dir=args.out, model_name=args.model, batch_size=args.batch_size,
+        overwrite=args.overwrite, reuse_identical=args.reuse_identical, dist=dist, extra_config={"dtype": args.dtype},
+    )
+    if task == "perplexity":
+        store = perplexity.evaluate_perplexity(
+            model, tokenizer, data=args.data, max_windows=args.max_windows, bos=args.bos, concatenate=args.concatenate,
+            text_field=args.text_field, split=args.split, chunk_size=args.chunk_size, **common,
+        )
+    else:
+        retrieval = dict(depths=parse_floats(args.depths, "depth"), trials=args.trials, seed=args.seed, generate=args.generate,
+                         max_new_tokens=args.max_new_tokens)
+        if task == "passkey":
+            store = passkey.evaluate_passkey(model, tokenizer, **retrieval, **common)
+        else:
+            store = needle.evaluate_needle(model, tokenizer, haystack=args.haystack, text_field=args.text_field, **retrieval, **common)
+    if dist.is_main:
+        print(markdown_tables([store.data]))
+        plots = write_plots([store.data], args.out)
+        print(f"\nresults: {store.path} (+ .csv); plots: {', '.join(str(p) for p in plots)}; {time.time() - started:.0f} s")
+    return 0
+
+
+def main_task(task: str, argv: list[str] | None = None) -> int:
+    """Entry point of ``eval/<task>.py``: parse arguments and run (errors print one line, exit 2)."""
+    parser = argparse.ArgumentParser(prog=f"eval/{task}.py", description=f"{task} evaluation, scaling methods side by side")
+    add_task_arguments(parser, task)
+    args = parser.parse_args(argv)
+    try:
+        return run_task(task, args)
+    except (ValueError, FileNotFoundError, ImportError) as error:
+        print(f"{task}: error: {error}", file=sys.stderr)
+        return 2
+
+
+def _add_eval_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="task", required=True)
+    for task in TASKS:
+        add_task_arguments(sub.add_parser(task, help=f"{task} evaluation"), task)
+
+
+def _run_eval(args: argparse.Namespace) -> int:
+    return run_task(args.task, args)
+
+
+def _add_report_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("folder", help="a results folder written by hf-posext eval / eval/*.py")
+    parser.add_argument("--out", help="where to write report.md and the plots (default: the results folder)")
+
+
+def _run_report(args: argparse.Namespace) -> int:
+    from hf_posext.evaluation.report import write_report
+
+    markdown, plots = write_report(args.folder, args.out)
+    print(markdown)
+    print("\nplots: " + ", ".join(str(p) for p in plots))
+    return 0
+
+
+SUBCOMMANDS.setdefault("eval", ("evaluate methods side by side: perplexity, passkey, needle", _add_eval_arguments, _run_eval))
+SUBCOMMANDS.setdefault("report", ("markdown tables and plots from a results folder", _add_report_arguments, _run_report))

@@ -1,0 +1,218 @@
+"""Perplexity at several context lengths, methods side by side (protocol: docs/evaluation.md).
+
+For each length n, the text is cut into non-overlapping windows of n tokens, document by document
+(windows never cross documents; a document shorter than one window is skipped and counted). With a
+BOS token (``bos="auto"`` uses one when the tokenizer adds it by itself), a window is BOS + n-1 text
+tokens. Every token of a window except the first is predicted from all the tokens before it in the
+window, so a window scores n-1 tokens; the result is the token-weighted mean NLL over the windows and
+its exponential, the perplexity. The loss is computed from the final hidden states in chunks, so the
+[tokens x vocabulary] logits never exist at once (at 16384 tokens and a 49k vocabulary they would take
+3.2 GB in float32).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from hf_posext.data import load_documents
+from hf_posext.evaluation.runner import (
+    Cell,
+    Distributed,
+    MethodRequest,
+    ResultStore,
+    Unit,
+    base_model,
+    head_logits,
+    run_grid,
+)
+
+__all__ = ["chunked_nll", "tokenize_documents", "make_windows", "evaluate_perplexity", "uses_bos"]
+
+
+@torch.no_grad()
+def chunked_nll(model: torch.nn.Module, input_ids: torch.Tensor, chunk_size: int = 2048) -> tuple[torch.Tensor, int]:
+    """Summed next-token NLL of each row of ``input_ids`` without materialising all logits.
+
+    Runs the decoder stack once, then the output head and cross-entropy over ``chunk_size`` positions
+    at a time.
+
+    Args:
+        model: a causal LM.
+        input_ids: ``[batch, tokens]`` token ids (no padding).
+        chunk_size: positions per head + loss chunk (memory ~ batch x chunk x vocabulary x 4 bytes).
+
+    Returns:
+        ``(nll_sum, scored)``: float64 ``[batch]`` sums over the ``tokens - 1`` predicted positions, and
+        that count per row.
+    """
+    if input_ids.dim() != 2 or input_ids.shape[1] < 2:
+        raise ValueError(f"input_ids must be [batch, tokens>=2], got shape {tuple(input_ids.shape)}.")
+    decoder = base_model(model)
+    device = next(decoder.parameters()).device
+    input_ids = input_ids.to(device)
+    hidden = decoder(input_ids=input_ids, use_cache=False).last_hidden_state
+    targets = input_ids[:, 1:]
+    total = torch.zeros(input_ids.shape[0], dtype=torch.float64)
+    positions = input_ids.shape[1] - 1
+    for start in range(0, positions, chunk_size):
+        end = min(start + chunk_size, positions)
+        logits = head_logits(model, hidden[:, start:end])
+        loss = F.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), targets[:, start:end].reshape(-1).to(logits.device), reduction="none"
+        )
+        total += loss.view(input_ids.shape[0], -1).double().sum(dim=1).cpu()
+        del logits, loss
+    return total, positions
+
+
+def uses_bos(tokenizer: Any, bos: str = "auto") -> int | None:
+    """The BOS id to start windows with: ``"yes"``/``"no"``, or ``"auto"`` = when the tokenizer adds one itself."""
+    bos_id = getattr(tokenizer, "bos_token_id", None)
+    if bos == "no":
+        return None
+    if bos == "yes":
+        if bos_id is None:
+            raise ValueError("bos='yes' but the tokenizer has no BOS token; use bos='auto' or 'no'.")
+        return int(bos_id)
+    if bos != "auto":
+        raise ValueError(f"bos must be 'auto', 'yes' or 'no', got {bos!r}.")
+    if bos_id is None:
+        return None
+    try:
+        with_special = tokenizer.encode("a", add_special_tokens=True)
+    except TypeError:
+        return None
+    return int(bos_id) if with_special and with_special[0] == bos_id else None
+
+
+def tokenize_documents(tokenizer: Any, documents: Sequence[str], concatenate: bool = False) -> list[list[int]]:
+    """Token ids of each document (no special tokens); ``concatenate`` joins them, EOS-separated, into one."""
+    token_docs = [list(tokenizer.encode(document, add_special_tokens=False)) for document in documents]
+    if concatenate and len(token_docs) > 1:
+        separator = [] if getattr(tokenizer, "eos_token_id", None) is None else [int(tokenizer.eos_token_id)]
+        joined: list[int] = []
+        for index, ids in enumerate(token_docs):
+            joined.extend(ids if index == 0 else separator + ids)
+        token_docs = [joined]
+    return token_docs
+
+
+def make_windows(
+    token_docs: Sequence[Sequence[int]], length: int, max_windows: int | None = None, bos_id: int | None = None
+) -> tuple[list[tuple[int, int, list[int]]], int]:
+    """Non-overlapping windows of ``length`` tokens (BOS + ``length-1`` text tokens with a BOS).
+
+    Returns:
+        ``(windows, skipped)``: ``(document index, start token, ids)`` triples in document order (at most
+        ``max_windows``), and the number of documents shorter than one window.
+
+    Raises:
+        ValueError: no document is long enough for one window.
+    """
+    text_tokens = length - (1 if bos_id is not None else 0)
+    windows: list[tuple[int, int, list[int]]] = []
+    skipped = 0
+    for doc_index, ids in enumerate(token_docs):
+        if len(ids) < text_tokens:
+            skipped += 1
+            continue
+        for start in range(0, len(ids) - text_tokens + 1, text_tokens):
+            if max_windows is not None and len(windows) >= max_windows:
+                break
+            window = list(ids[start : start + text_tokens])
+            windows.append((doc_index, start, ([bos_id] if bos_id is not None else []) + window))
+    if not windows:
+        longest = max((len(ids) for ids in token_docs), default=0)
+        raise ValueError(
+            f"No document has the {text_tokens} tokens a {length}-token window needs (the longest has {longest}, "
+            f"{skipped} skipped). Use shorter --lengths, longer documents, or --concatenate to join documents."
+        )
+    return windows, skipped
+
+
+def evaluate_perplexity(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    *,
+    data: str | os.PathLike | Sequence[str],
+    methods: Sequence[MethodRequest],
+    lengths: Sequence[int],
+    factor: float | None = None,
+    out_dir: str | os.PathLike = "results",
+    model_name: str = "model",
+    max_windows: int = 8,
+    bos: str = "auto",
+    concatenate: bool = False,
+    text_field: str | None = None,
+    split: str = "test",
+    chunk_size: int = 2048,
+    batch_size: int = 1,
+    overwrite: bool = False,
+    reuse_identical: bool = True,
+    dist: Distributed | None = None,
+    extra_config: dict[str, Any] | None = None,
+) -> ResultStore:
+    """Perplexity of ``model`` under each method at each length; records go to ``out_dir``.
+
+    Args:
+        model: the loaded (unpatched) model.
+        tokenizer: its tokenizer.
+        data: a text source (see :mod:`hf_posext.data`) or a list of document strings.
+        methods: methods to compare (``none`` = unpatched).
+        lengths: window lengths in tokens.
+        factor: scale factor for every method (None: longest length / original window).
+        out_dir: results folder.
+        model_name: how the model is named in the results.
+        max_windows: windows per length (the first ones, in document order).
+        bos: ``"auto"``, ``"yes"`` or ``"no"`` (see :func:`uses_bos`).
+        concatenate: join all documents into one (EOS between them) before cutting windows.
+        text_field: the text field/column of .jsonl/.parquet/dataset sources.
+        split: the dataset split of a dataset name.
+        chunk_size: positions per output-head chunk.
+        batch_size: windows per forward pass.
+        overwrite: recompute cells already in the results file.
+        reuse_identical: reuse results between methods that compute the same function at a length.
+        dist: process group (None: detected from the environment).
+        extra_config: more entries for the run config (e.g. the dtype), part of the results file key.
+
+    Returns:
+        The :class:`ResultStore` with one record per (method, length): ``nll``, ``ppl``, ``tokens``,
+        ``windows``, ``skipped_documents``.
+    """
+    dist = dist or Distributed()
+    documents = [str(d) for d in data] if isinstance(data, (list, tuple)) else load_documents(data, text_field=text_field, split=split)
+    token_docs = tokenize_documents(tokenizer, documents, concatenate)
+    bos_id = uses_bos(tokenizer, bos)
+    source = "<in-memory documents>" if isinstance(data, (list, tuple)) else str(data)
+    run_config = {
+        "task": "perplexity", "model": model_name, "data": source, "max_windows": max_windows, "bos": bos_id is not None,
+        "concatenate": concatenate, "text_field": text_field, **(extra_config or {}),
+    }
+    store = ResultStore(out_dir, "perplexity", run_config, overwrite=overwrite, write=dist.is_main)
+    device = next(base_model(model).parameters()).device
+
+    def plan(length: int) -> list[Cell]:
+        windows, skipped = make_windows(token_docs, length, max_windows, bos_id)
+        units = [Unit(("ppl", length, doc, start), ids) for doc, start, ids in windows]
+        return [Cell({}, units, {"skipped_documents": skipped, "documents": len(token_docs)})]
+
+    def evaluate(batch: list[list[int]]) -> list[dict[str, Any]]:
+        ids = torch.tensor(batch, dtype=torch.long, device=device)
+        nll, scored = chunked_nll(model, ids, chunk_size)
+        return [{"nll_sum": float(value), "tokens": scored} for value in nll]
+
+    def aggregate(results: list[dict[str, Any]]) -> dict[str, Any]:
+        tokens = sum(r["tokens"] for r in results)
+        nll = sum(r["nll_sum"] for r in results) / tokens
+        return {"nll": nll, "ppl": math.exp(min(nll, 700.0)), "tokens": tokens, "windows": len(results)}
+
+    return run_grid(
+        model=model, methods=methods, lengths=lengths, factor=factor, plan=plan, evaluate=evaluate,
+        aggregate=aggregate, store=store, dist=dist, batch_size=batch_size, reuse_identical=reuse_identical,
+        description="perplexity ",
+    )

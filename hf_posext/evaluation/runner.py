@@ -1,0 +1,558 @@
+"""The machinery every evaluation shares: models, methods, processes, results on disk, the grid loop.
+
+One run evaluates one model under several scaling methods side by side: the model is loaded once and
+patched with each method in turn (``"none"`` is the unpatched baseline), so every method sees exactly the
+same weights, text, passkeys and seeds.
+
+Work is a grid of *cells* (method x length x ...); each cell is made of *units* (perplexity windows,
+passkey trials). Under ``accelerate launch --num_processes N`` (or ``torchrun``) the pending units of a
+(method, length) step are split round-robin across processes, evaluated, and gathered to every process,
+so the numbers do not depend on N (with ``batch_size=1``). After each step the main process writes the
+cell records to one JSON file per run (plus a CSV), so an interrupted run resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _datetime
+import hashlib
+import json
+import os
+import platform
+import re
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+
+import hf_posext
+
+__all__ = [
+    "AsciiTokenizer",
+    "Distributed",
+    "MethodRequest",
+    "ResultStore",
+    "Unit",
+    "Cell",
+    "load_model_and_tokenizer",
+    "parse_methods",
+    "parse_lengths",
+    "parse_floats",
+    "resolve_factor_for",
+    "apply_method",
+    "run_grid",
+    "rope_fingerprint",
+    "base_model",
+    "head_logits",
+    "versions",
+]
+
+
+# --------------------------------------------------------------------------------------------------
+# Models and tokenizers
+# --------------------------------------------------------------------------------------------------
+
+
+class AsciiTokenizer:
+    """A character tokenizer for the 128-token tiny test models (``hf_posext.models.tiny_model``).
+
+    Token id = the character's code point for ASCII text; any other character becomes ``?``. It has no
+    special tokens. Real models use their own tokenizer; this one only makes tiny-model runs possible.
+    """
+
+    bos_token_id = None
+    eos_token_id = None
+    vocab_size = 128
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return [ord(c) if ord(c) < 128 else ord("?") for c in text]
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return "".join(chr(int(i)) for i in ids)
+
+
+def _dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    aliases = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "half": "float16"}
+    name = aliases.get(dtype, dtype)
+    value = getattr(torch, name, None)
+    if not isinstance(value, torch.dtype):
+        raise ValueError(f"Unknown dtype {dtype!r}; use float32, bfloat16 or float16.")
+    return value
+
+
+def load_model_and_tokenizer(
+    name: str,
+    *,
+    dtype: str | torch.dtype = "float32",
+    device: str | None = None,
+    device_map: str | None = None,
+    attn_implementation: str | None = None,
+):
+    """Load a causal LM and its tokenizer for evaluation.
+
+    Args:
+        name: a hub name, a local folder, ``"smollm2-135m"``, or ``"tiny"`` / ``"tiny:FAMILY"`` (a tiny
+            random model from :func:`hf_posext.models.tiny_model` with :class:`AsciiTokenizer`, for
+            smoke tests).
+        dtype: weights dtype.
+        device: where to put the model (ignored with ``device_map``).
+        device_map: e.g. ``"auto"`` to spread a model too big for one device.
+        attn_implementation: e.g. ``"sdpa"``, ``"eager"``, ``"flash_attention_2"``.
+
+    Returns:
+        ``(model, tokenizer)``, the model in eval mode.
+    """
+    from hf_posext.models import load_model, load_tokenizer, tiny_model
+
+    if name == "tiny" or name.startswith("tiny:"):
+        family = name.partition(":")[2] or "llama"
+        model = tiny_model(family).to(_dtype(dtype))
+        if device:
+            model.to(device)
+        return model, AsciiTokenizer()
+    kwargs: dict[str, Any] = {}
+    if device_map:
+        kwargs["device_map"] = device_map
+    if attn_implementation:
+        kwargs["attn_implementation"] = attn_implementation
+    model = load_model(name, dtype=_dtype(dtype), device=device, **kwargs)
+    return model, load_tokenizer(name)
+
+
+def base_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The decoder stack of a causal LM (``model.model`` for Llama, ``model.transformer`` for GPT-2)."""
+    prefix = getattr(model, "base_model_prefix", "")
+    base = getattr(model, prefix, None) if prefix else None
+    if isinstance(base, torch.nn.Module):
+        return base
+    if hasattr(model, "get_decoder"):
+        return model.get_decoder()
+    raise ValueError(f"Cannot find the decoder inside {type(model).__name__}: it has no {prefix!r} attribute or get_decoder().")
+
+
+def head_logits(model: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    """Float32 logits for final hidden states ``hidden`` (lm_head plus the model's logit transforms)."""
+    head = model.get_output_embeddings()
+    hidden = hidden.to(head.weight.device)
+    logits = head(hidden).float()
+    config = model.config
+    scale = getattr(config, "logit_scale", None)
+    if isinstance(scale, (int, float)) and scale != 1:
+        logits = logits * scale
+    cap = getattr(config, "final_logit_softcapping", None)
+    if cap:
+        logits = torch.tanh(logits / cap) * cap
+    return logits
+
+
+def versions() -> dict[str, str]:
+    """Versions of the software that produced a result."""
+    import accelerate
+    import transformers
+
+    return {
+        "hf_posext": hf_posext.__version__,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "accelerate": accelerate.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else platform.processor() or "cpu",
+    }
+
+
+# --------------------------------------------------------------------------------------------------
+# Methods
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MethodRequest:
+    """A method to evaluate: name, factor (None = chosen from the lengths) and method parameters."""
+
+    name: str
+    factor: float | None = None
+    params: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def params_dict(self) -> dict[str, Any]:
+        return dict(self.params)
+
+    @property
+    def label(self) -> str:
+        return self.name + ("" if not self.params else "(" + ",".join(f"{k}={v}" for k, v in self.params) + ")")
+
+
+def parse_methods(text: str | Sequence[str], params: dict[str, Any] | None = None) -> list[MethodRequest]:
+    """``"none,yarn,dynamic-yarn"`` -> method requests; each name is checked against the registry.
+
+    Raises:
+        ValueError: an empty list or an unknown method (the message lists the known ones).
+    """
+    names = [n.strip() for n in (text.split(",") if isinstance(text, str) else text) if n.strip()]
+    if not names:
+        raise ValueError("No method given: pass e.g. --methods none,yarn,dynamic-yarn.")
+    known = hf_posext.available_methods()
+    normalised = {k.replace("_", "-"): k for k in known}
+    requests = []
+    for name in names:
+        key = name.lower().replace("_", "-")
+        if key not in normalised:
+            raise ValueError(f"Unknown method {name!r}; available: {', '.join(known)} (see `hf-posext methods`).")
+        method = normalised[key]
+        method_params = tuple(sorted((params or {}).items())) if method != "none" else ()
+        requests.append(MethodRequest(method, None, method_params))
+    return requests
+
+
+def parse_lengths(text: str | Sequence[int]) -> list[int]:
+    """``"2048,4096"`` (or ``"4k,8k"``) -> sorted unique positive ints."""
+    items = text.split(",") if isinstance(text, str) else list(text)
+    lengths = []
+    for item in items:
+        item = str(item).strip().lower()
+        if not item:
+            continue
+        multiplier = 1024 if item.endswith("k") else 1
+        try:
+            value = int(float(item.rstrip("k")) * multiplier)
+        except ValueError as error:
+            raise ValueError(f"Bad length {item!r}: lengths are token counts such as 4096 or 4k.") from error
+        if value < 2:
+            raise ValueError(f"Length {value} is too short: a length is a number of tokens >= 2.")
+        lengths.append(value)
+    if not lengths:
+        raise ValueError("No length given: pass e.g. --lengths 2048,4096,8192.")
+    return sorted(set(lengths))
+
+
+def parse_floats(text: str | Sequence[float], name: str, low: float = 0.0, high: float = 1.0) -> list[float]:
+    """``"0,0.5,1"`` -> floats within [low, high]."""
+    items = text.split(",") if isinstance(text, str) else list(text)
+    values = []
+    for item in items:
+        if str(item).strip() == "":
+            continue
+        try:
+            value = float(item)
+        except ValueError as error:
+            raise ValueError(f"Bad {name} {item!r}: expected numbers such as 0,0.5,1.") from error
+        if not low <= value <= high:
+            raise ValueError(f"{name} {value} is outside [{low}, {high}].")
+        values.append(value)
+    if not values:
+        raise ValueError(f"No {name} given.")
+    return values
+
+
+def resolve_factor_for(method: MethodRequest, factor: float | None, lengths: Sequence[int], original_window: int) -> float:
+    """The factor a method runs with: 1 for ``none``, else ``factor``, else longest length / window (>= 1)."""
+    if method.name == "none":
+        return 1.0
+    if method.factor is not None:
+        return float(method.factor)
+    if factor is not None:
+        return float(factor)
+    return max(1.0, max(lengths) / original_window)
+
+
+@contextlib.contextmanager
+def apply_method(model: torch.nn.Module, method: MethodRequest, factor: float) -> Iterator[hf_posext.ScalingReport]:
+    """Patch ``model`` with ``method`` for the block, then restore it exactly; yields the scaling report."""
+    hf_posext.patch(model, method.name, factor, **method.params_dict)
+    try:
+        yield hf_posext.describe(model)
+    finally:
+        hf_posext.unpatch(model)
+
+
+def check_length(report: hf_posext.ScalingReport, length: int, method_label: str) -> str | None:
+    """Warn (never fail) when ``length`` exceeds what the method and factor claim to support."""
+    if report.dynamic or length <= report.current_window:
+        return None
+    message = (
+        f"{method_label} x{report.factor:g} supports {report.current_window} tokens; evaluating {length} "
+        "anyway (that is the experiment: expect degraded numbers)."
+    )
+    warnings.warn(message, stacklevel=2)
+    return message
+
+
+def rope_fingerprint(model: torch.nn.Module, length: int) -> str | None:
+    """A hash of the rotary cos/sin the model uses for ``length`` tokens (None if not a RoPE model).
+
+    Two methods with the same fingerprint compute the same function at this length (e.g. dynamic YaRN
+    equals the unpatched model inside the original window, and static YaRN with s = length / window at
+    ``length``): the grid then reuses the result instead of recomputing it, and records that it did.
+    """
+    try:
+        if hf_posext.describe(model).kind != "rope":
+            return None
+    except Exception:
+        return None
+    digest = hashlib.sha1()
+    found = False
+    with hf_posext.fixed_length(model, length):
+        for name, module in model.named_modules():
+            if not type(module).__name__.endswith("RotaryEmbedding"):
+                continue
+            buffer = next(module.buffers(), None)
+            device = buffer.device if buffer is not None else "cpu"
+            dtype = next(model.parameters()).dtype
+            try:
+                outputs = module(torch.zeros(1, dtype=dtype, device=device), torch.arange(length, device=device)[None])
+            except Exception:
+                return None
+            found = True
+            digest.update(name.encode())
+            for tensor in outputs:
+                digest.update(tensor.detach().float().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest() if found else None
+
+
+# --------------------------------------------------------------------------------------------------
+# Processes
+# --------------------------------------------------------------------------------------------------
+
+
+class Distributed:
+    """Rank, world size and gathering for ``accelerate launch`` / ``torchrun``; a no-op in one process."""
+
+    def __init__(self) -> None:
+        self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        self.rank = 0
+        self.state = None
+        if self.world_size > 1:
+            from accelerate import PartialState
+
+            self.state = PartialState()
+            self.rank = self.state.process_index
+            self.world_size = self.state.num_processes
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def default_device(self) -> str:
+        if self.state is not None:
+            return str(self.state.device)
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
+    def shard(self, items: Sequence[Any]) -> list[Any]:
+        """This process's share of ``items`` (round robin)."""
+        return list(items[self.rank :: self.world_size])
+
+    def gather(self, local: list[Any]) -> list[Any]:
+        """Concatenate every process's ``local`` list (same result on every process)."""
+        if self.world_size == 1:
+            return list(local)
+        import torch.distributed as dist
+
+        gathered: list[Any] = [None] * self.world_size
+        dist.all_gather_object(gathered, local)
+        return [item for part in gathered for item in part]
+
+    def barrier(self) -> None:
+        if self.state is not None:
+            self.state.wait_for_everyone()
+
+
+# --------------------------------------------------------------------------------------------------
+# Results on disk
+# --------------------------------------------------------------------------------------------------
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text.strip("/").split("/")[-1]).strip("-") or "model"
+
+
+class ResultStore:
+    """One JSON file per run (config, versions, per-cell records, timing) and a CSV next to it.
+
+    The file name is ``{task}-{model}-{hash of the run config}.json``: the same command finds its own
+    file again and skips the cells already in it; a different model, text or seed writes a new file.
+    Methods and lengths are cells, not config, so adding a method to a finished run only computes it.
+    """
+
+    def __init__(self, out_dir: str | os.PathLike, task: str, run_config: dict[str, Any], *, overwrite: bool = False, write: bool = True) -> None:
+        self.out_dir = Path(out_dir)
+        self.task = task
+        self.write = write
+        key = hashlib.sha1(json.dumps(run_config, sort_keys=True, default=str).encode()).hexdigest()[:8]
+        self.path = self.out_dir / f"{task}-{_slug(str(run_config.get('model', 'model')))}-{key}.json"
+        self.data: dict[str, Any] = {"task": task, "config": run_config, "versions": versions(), "cells": {}, "runs": []}
+        if self.path.exists() and not overwrite:
+            try:
+                previous = json.loads(self.path.read_text())
+                self.data["cells"] = previous.get("cells", {})
+                self.data["runs"] = previous.get("runs", [])
+            except json.JSONDecodeError:
+                warnings.warn(f"{self.path} is not valid JSON (an interrupted write?); starting it afresh.")
+        self._started = time.time()
+        self.data["runs"].append({"started": _datetime.datetime.now().isoformat(timespec="seconds"), "seconds": None})
+
+    def has(self, cell_id: str) -> bool:
+        return cell_id in self.data["cells"]
+
+    def get(self, cell_id: str) -> dict[str, Any]:
+        return self.data["cells"][cell_id]
+
+    @property
+    def cells(self) -> dict[str, dict[str, Any]]:
+        return self.data["cells"]
+
+    def put(self, cell_id: str, record: dict[str, Any]) -> None:
+        self.data["cells"][cell_id] = record
+        self.save()
+
+    def save(self, **run_info: Any) -> None:
+        self.data["runs"][-1]["seconds"] = round(time.time() - self._started, 2)
+        self.data["runs"][-1].update(run_info)
+        if not self.write:
+            return
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        temporary = self.path.with_suffix(".json.tmp")
+        temporary.write_text(json.dumps(self.data, indent=1, default=str))
+        temporary.replace(self.path)
+        from hf_posext.evaluation.report import write_csv
+
+        write_csv(self.data, self.path.with_suffix(".csv"))
+
+
+# --------------------------------------------------------------------------------------------------
+# The grid
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Unit:
+    """One piece of work: ``key`` identifies its input (for reuse), ``payload`` is what the evaluator needs."""
+
+    key: Any
+    payload: Any
+
+
+@dataclass
+class Cell:
+    """A grid cell at one length: its extra coordinates (e.g. depth) and its units."""
+
+    coords: dict[str, Any]
+    units: list[Unit]
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def cell_id(method: MethodRequest, factor: float, length: int, coords: dict[str, Any]) -> str:
+    parts = [method.label, f"factor={factor:g}", f"length={length}"] + [f"{k}={v}" for k, v in sorted(coords.items())]
+    return "|".join(parts)
+
+
+def run_grid(
+    *,
+    model: torch.nn.Module,
+    methods: Sequence[MethodRequest],
+    lengths: Sequence[int],
+    factor: float | None,
+    plan: Callable[[int], list[Cell]],
+    evaluate: Callable[[list[Any]], list[dict[str, Any]]],
+    aggregate: Callable[[list[dict[str, Any]]], dict[str, Any]],
+    store: ResultStore,
+    dist: Distributed | None = None,
+    batch_size: int = 1,
+    reuse_identical: bool = True,
+    progress: bool = True,
+    description: str = "",
+) -> ResultStore:
+    """Evaluate every (method, length, cell) not yet in ``store``, side by side on one model.
+
+    Args:
+        model: the loaded model (patched here with each method in turn, restored afterwards).
+        methods: methods to compare.
+        lengths: sequence lengths in tokens.
+        factor: the scale factor (None: longest length / the model's original window).
+        plan: ``length -> cells`` (same on every process: deterministic).
+        evaluate: evaluates a batch of unit payloads -> one result dict per payload (each with a
+            ``"seconds"`` entry added here).
+        aggregate: unit results of one cell -> the cell's metrics.
+        store: where records go (and which cells are done); build it with ``write=dist.is_main``.
+        dist: process group (None: one process).
+        batch_size: units per forward pass.
+        reuse_identical: reuse a unit result when another method computes the same function at this
+            length (see :func:`rope_fingerprint`).
+        progress: show a progress bar (main process only).
+        description: progress bar label.
+    """
+    from tqdm.auto import tqdm
+
+    dist = dist or Distributed()
+    original_window = hf_posext.describe(model).original_window
+    memo: dict[tuple[str, Any], tuple[dict[str, Any], str]] = {}
+    plans = {length: plan(length) for length in lengths}
+    for method in methods:
+        method_factor = resolve_factor_for(method, factor, lengths, original_window)
+        todo = {length: [c for c in plans[length] if not store.has(cell_id(method, method_factor, length, c.coords))] for length in lengths}
+        if not any(todo.values()):
+            continue
+        with apply_method(model, method, method_factor) as report:
+            for length in lengths:
+                cells = todo[length]
+                if not cells:
+                    continue
+                warning = check_length(report, length, method.label)
+                fingerprint = rope_fingerprint(model, length) if reuse_identical else None
+                units = [unit for cell in cells for unit in cell.units]
+                needed = [u for u in units if fingerprint is None or (fingerprint, u.key) not in memo]
+                local = dist.shard(needed)
+                results: list[tuple[int, dict[str, Any]]] = []
+                bar = tqdm(total=len(local), desc=f"{description}{method.label} @ {length}", disable=not (progress and dist.is_main), leave=False)
+                index_of = {id(u): i for i, u in enumerate(needed)}
+                for start in range(0, len(local), batch_size):
+                    batch = local[start : start + batch_size]
+                    began = time.time()
+                    outputs = evaluate([u.payload for u in batch])
+                    seconds = (time.time() - began) / len(batch)
+                    for unit, output in zip(batch, outputs):
+                        results.append((index_of[id(unit)], {**output, "seconds": seconds}))
+                    bar.update(len(batch))
+                bar.close()
+                gathered = dict(dist.gather(results))
+                label = f"{method.label} x{method_factor:g}"
+                computed = {}
+                for i, unit in enumerate(needed):
+                    computed[id(unit)] = gathered[i]
+                    if fingerprint is not None:
+                        memo[(fingerprint, unit.key)] = (gathered[i], label)
+                for cell in cells:
+                    unit_results, reused_from = [], set()
+                    for unit in cell.units:
+                        if id(unit) in computed:
+                            unit_results.append(computed[id(unit)])
+                        else:
+                            result, origin = memo[(fingerprint, unit.key)]
+                            unit_results.append({**result, "seconds": 0.0})
+                            reused_from.add(origin)
+                    record = {
+                        "method": method.name,
+                        "label": method.label,
+                        "params": method.params_dict,
+                        "factor": method_factor,
+                        "length": length,
+                        **cell.coords,
+                        **aggregate(unit_results),
+                        **cell.info,
+                        "supported_window": report.current_window,
+                        "dynamic": report.dynamic,
+                        "beyond_window": warning is not None,
+                        "seconds": round(sum(r["seconds"] for r in unit_results), 3),
+                        "units": unit_results,
+                    }
+                    if reused_from:
+                        record["reused_from"] = sorted(reused_from)
+                    store.put(cell_id(method, method_factor, length, cell.coords), record)
+                dist.barrier()
+    store.save(world_size=dist.world_size)
+    return store

@@ -1,0 +1,78 @@
+"""``hf-posext train``: run a fine-tuning recipe (also the body of ``recipes/finetune.py``).
+
+    hf-posext train --config recipes/configs/tiny/lora_pose.yaml train.max_steps=20
+    accelerate launch --num_processes 2 recipes/finetune.py --config CONFIG [key=value ...] [--resume [DIR]]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from hf_posext.cli import SUBCOMMANDS
+
+__all__ = ["add_train_arguments", "run_train", "main"]
+
+
+def add_train_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``hf-posext train`` / ``recipes/finetune.py``."""
+    parser.add_argument("--config", help="recipe YAML (recipes/configs/...); optional with --resume DIR")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. train.max_steps=10")
+    parser.add_argument(
+        "--resume", nargs="?", const=True, default=None, metavar="DIR",
+        help="continue from the latest checkpoint in output.dir, or from DIR (a run folder or a checkpoint)",
+    )
+    parser.add_argument("--overwrite", action="store_true", help="delete an existing run in output.dir and start over")
+    parser.add_argument("--stop-at-step", type=int, help="stop after this step without the final save (time-boxed runs)")
+    parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
+    parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+
+
+def run_train(args: argparse.Namespace) -> int:
+    """Run ``hf-posext train`` with parsed ``args``; returns the exit code."""
+    from hf_posext.training.config import load_config
+    from hf_posext.training.trainer import load_run_config, train
+
+    overrides = list(args.overrides or [])
+    resume = args.resume
+    if isinstance(resume, str) and "=" in resume and not Path(resume).exists():
+        overrides.append(resume)  # `--resume key=value`: the flag took an override as its value
+        resume = True
+    if args.config is None:
+        if not isinstance(resume, str):
+            raise ValueError("--config is required (or --resume DIR to continue a run with the config saved in it).")
+        config = load_run_config(resume)
+        if overrides:
+            from hf_posext.training.config import apply_overrides, config_from_dict
+
+            config = config_from_dict(apply_overrides(config.to_dict(), overrides)).validate()
+    else:
+        config = load_config(args.config, overrides)
+    if args.print_config:
+        print(config.to_yaml())
+        return 0
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    result = train(config, resume=resume, overwrite=args.overwrite, stop_at_step=args.stop_at_step, progress=args.progress)
+    from accelerate import PartialState
+
+    if PartialState().is_main_process:
+        print(json.dumps(result.__dict__, indent=2))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point for ``recipes/finetune.py`` (same arguments as ``hf-posext train``)."""
+    parser = argparse.ArgumentParser(prog="finetune.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_train_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return run_train(args)
+    except (ValueError, FileNotFoundError, FileExistsError, ImportError) as error:
+        print(f"finetune: error: {error}", file=sys.stderr)
+        return 2
+
+
+SUBCOMMANDS.setdefault("train", ("fine-tune a model (LoRA/full, PoSE) from a recipe config", add_train_arguments, run_train))

@@ -1,0 +1,378 @@
+"""The training recipe config: typed dataclasses loaded from YAML plus ``key=value`` overrides.
+
+A recipe YAML has six sections (``model``, ``scaling``, ``finetune``, ``data``, ``train``, ``output``);
+every field below is documented by its ``help``. Overrides use dotted keys, values are read as YAML::
+
+    train.max_steps=10  finetune.rank=16  data.source=my_books/  scaling.factor=4
+
+An unknown key is an error that suggests the closest known key; every value is type-checked and the
+whole config is validated before any model is loaded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+__all__ = [
+    "ConfigError",
+    "ModelSection",
+    "ScalingSection",
+    "FinetuneSection",
+    "DataSection",
+    "TrainSection",
+    "OutputSection",
+    "TrainConfig",
+    "load_config",
+    "apply_overrides",
+    "RESUME_IGNORED_KEYS",
+]
+
+
+class ConfigError(ValueError):
+    """A recipe config that cannot be used as written (the message says what to change)."""
+
+
+def _help(text: str, default: Any = dataclasses.MISSING, factory: Any = dataclasses.MISSING):
+    if factory is not dataclasses.MISSING:
+        return field(default_factory=factory, metadata={"help": text})
+    return field(default=default, metadata={"help": text})
+
+
+@dataclass
+class ModelSection:
+    name: str = _help("hub name, local folder, or 'smollm2-135m' (the embedded default)", "smollm2-135m")
+    precision: str = _help("'auto' (bf16 where the accelerator supports it, else fp32), 'bf16' or 'fp32'", "auto")
+    attn_implementation: str = _help(
+        "attention kernel: 'sdpa' or 'eager' (PoSE needs one that honours position ids with an explicit mask)", "sdpa"
+    )
+    gradient_checkpointing: bool = _help("recompute activations in backward (less memory, ~30% slower)", False)
+    trust_remote_code: bool = _help("passed to from_pretrained", False)
+
+
+@dataclass
+class ScalingSection:
+    method: str = _help("scaling method (hf_posext.available_methods())", "yarn")
+    factor: float | None = _help("scale factor s >= 1 (give this or target_length)", None)
+    target_length: int | None = _help("window to reach; factor = target_length / original window", None)
+    original_max_position_embeddings: int | None = _help("override the pre-training window read from the config", None)
+    params: dict = _help("method parameters, e.g. {beta_fast: 32, beta_slow: 1}", factory=dict)
+
+
+@dataclass
+class FinetuneSection:
+    mode: str = _help("'lora' (PEFT adapters) or 'full' (every weight)", "lora")
+    rank: int = _help("LoRA rank r", 8)
+    alpha: float = _help("LoRA alpha (update scaled by alpha / r)", 16.0)
+    dropout: float = _help("dropout on the LoRA input", 0.0)
+    target_modules: list = _help(
+        "module names to adapt (last name component, e.g. q_proj), or ['all-linear']",
+        factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
+    )
+    train_embeddings: bool = _help("also train the input embeddings (LongLoRA); tied output head included", False)
+    train_norms: bool = _help("also train every normalisation layer (LongLoRA)", False)
+
+
+@dataclass
+class DataSection:
+    source: str | None = _help(
+        "a .txt/.jsonl/.parquet file, a folder of them, a `datasets` name ('pg19', 'name:config'), "
+        "or 'builtin:python-docs' (see hf_posext.data)", None
+    )
+    split: str = _help("`datasets` split, for a hub dataset", "train")
+    text_field: str | None = _help("field holding the text in .jsonl/.parquet/datasets rows (null: text/content/...)", None)
+    window: int = _help("training window W: tokens per sample", 2048)
+    pose: bool = _help("PoSE: position ids skip so each W-token sample spans [0, pose_target_length)", False)
+    pose_target_length: int | None = _help("PoSE target T (default: the scaled window)", None)
+    pose_chunks: int = _help("PoSE chunks per sample (the paper uses 2)", 2)
+    max_tokens: int | None = _help("use at most this many tokens of the source (after tokenizing)", None)
+    max_documents: int | None = _help("use at most this many documents of the source", None)
+
+
+@dataclass
+class TrainSection:
+    max_steps: int = _help("optimizer steps", 100)
+    batch_size: int = _help("windows per process per micro-batch", 1)
+    gradient_accumulation_steps: int = _help("micro-batches per optimizer step", 1)
+    learning_rate: float = _help("peak learning rate", 2e-4)
+    lr_schedule: str = _help("'cosine', 'linear' or 'constant' (after warmup)", "cosine")
+    warmup_steps: int = _help("linear warmup steps", 0)
+    min_lr_ratio: float = _help("cosine/linear decay floor, as a fraction of the peak", 0.0)
+    weight_decay: float = _help("AdamW weight decay", 0.0)
+    adam_beta1: float = _help("AdamW beta1", 0.9)
+    adam_beta2: float = _help("AdamW beta2", 0.95)
+    adam_epsilon: float = _help("AdamW epsilon", 1e-8)
+    max_grad_norm: float | None = _help("clip the global gradient norm to this (null: no clipping)", 1.0)
+    seed: int = _help("seed for weights init, data order, PoSE draws, dropout", 0)
+
+
+@dataclass
+class OutputSection:
+    dir: str = _help("output folder (checkpoints/, adapter/, merged/, log.jsonl)", "runs/finetune")
+    checkpoint_every: int = _help("save a checkpoint every N optimizer steps (0: only the final save)", 50)
+    keep_last: int | None = _help("delete checkpoints older than the newest N, after the new one is complete (null: keep all)", None)
+    log_every: int = _help("log every N optimizer steps", 1)
+    report_to: list = _help("extra trackers: 'tensorboard', 'wandb' (must be installed)", factory=list)
+    save_merged: bool = _help("write the merged model (LoRA merged into the weights) at the end", True)
+
+
+@dataclass
+class TrainConfig:
+    """A full training recipe (see the module docstring)."""
+
+    model: ModelSection = field(default_factory=ModelSection)
+    scaling: ScalingSection = field(default_factory=ScalingSection)
+    finetune: FinetuneSection = field(default_factory=FinetuneSection)
+    data: DataSection = field(default_factory=DataSection)
+    train: TrainSection = field(default_factory=TrainSection)
+    output: OutputSection = field(default_factory=OutputSection)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    def fingerprint(self) -> str:
+        """Hash of every setting that changes the trained weights (output/logging keys excluded)."""
+        return hashlib.sha256(json.dumps(_resume_relevant(self.to_dict()), sort_keys=True).encode()).hexdigest()[:16]
+
+    def validate(self) -> "TrainConfig":
+        """Check values that types alone do not catch. Returns self; raises ConfigError."""
+        from hf_posext.methods import available_methods
+
+        m, s, f, d, t, o = self.model, self.scaling, self.finetune, self.data, self.train, self.output
+        _choice("model.precision", m.precision, ("auto", "bf16", "fp32"))
+        _choice("model.attn_implementation", m.attn_implementation, ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention"))
+        if d.pose and m.attn_implementation.startswith("flash_attention"):
+            raise ConfigError(
+                f"data.pose=true with model.attn_implementation={m.attn_implementation!r}: flash-attention kernels "
+                "read skipping position ids as boundaries between packed sequences, so PoSE chunks would not see "
+                "each other. Use model.attn_implementation=sdpa."
+            )
+        _choice("scaling.method", s.method, tuple(available_methods()))
+        if s.factor is not None and s.target_length is not None:
+            raise ConfigError("Give scaling.factor or scaling.target_length, not both (set the other to null).")
+        if s.factor is None and s.target_length is None:
+            raise ConfigError("Give scaling.factor (e.g. 4) or scaling.target_length (e.g. 32768).")
+        if s.factor is not None and s.factor < 1:
+            raise ConfigError(f"scaling.factor must be >= 1, got {s.factor}.")
+        _choice("finetune.mode", f.mode, ("lora", "full"))
+        _positive("finetune.rank", f.rank)
+        if not 0 <= f.dropout < 1:
+            raise ConfigError(f"finetune.dropout must be in [0, 1), got {f.dropout}.")
+        if f.mode == "lora" and not f.target_modules:
+            raise ConfigError("finetune.target_modules is empty: name the modules to adapt, e.g. [q_proj, v_proj].")
+        if not all(isinstance(x, str) for x in f.target_modules):
+            raise ConfigError(f"finetune.target_modules must be a list of names, got {f.target_modules!r}.")
+        if not d.source:
+            raise ConfigError("data.source is not set: give a .txt/.jsonl/.parquet file, a folder, or a datasets name.")
+        _positive("data.window", d.window)
+        _positive("data.pose_chunks", d.pose_chunks)
+        if d.pose_chunks > d.window:
+            raise ConfigError(f"data.pose_chunks ({d.pose_chunks}) cannot exceed data.window ({d.window}).")
+        if d.pose_target_length is not None and d.pose_target_length < d.window:
+            raise ConfigError(
+                f"data.window ({d.window}) is longer than data.pose_target_length ({d.pose_target_length}): a PoSE "
+                "window simulates a longer context, so it must not exceed it. Lower data.window or raise the target."
+            )
+        if s.target_length is not None and d.pose and d.pose_target_length is None and d.window > s.target_length:
+            raise ConfigError(
+                f"data.window ({d.window}) is longer than the target scaling.target_length ({s.target_length}). "
+                "Lower data.window."
+            )
+        for name in ("max_steps", "batch_size", "gradient_accumulation_steps"):
+            _positive(f"train.{name}", getattr(t, name))
+        if t.learning_rate <= 0:
+            raise ConfigError(f"train.learning_rate must be > 0, got {t.learning_rate}.")
+        _choice("train.lr_schedule", t.lr_schedule, ("cosine", "linear", "constant"))
+        if t.warmup_steps < 0 or t.warmup_steps > t.max_steps:
+            raise ConfigError(f"train.warmup_steps must be in [0, max_steps={t.max_steps}], got {t.warmup_steps}.")
+        if not 0 <= t.min_lr_ratio <= 1:
+            raise ConfigError(f"train.min_lr_ratio must be in [0, 1], got {t.min_lr_ratio}.")
+        if t.max_grad_norm is not None and t.max_grad_norm <= 0:
+            raise ConfigError(f"train.max_grad_norm must be > 0 or null, got {t.max_grad_norm}.")
+        if o.checkpoint_every < 0:
+            raise ConfigError(f"output.checkpoint_every must be >= 0, got {o.checkpoint_every}.")
+        if o.keep_last is not None:
+            _positive("output.keep_last", o.keep_last)
+        _positive("output.log_every", o.log_every)
+        for tracker in o.report_to:
+            _choice("output.report_to item", tracker, ("tensorboard", "wandb"))
+        return self
+
+
+# Keys that may change between an interrupted run and its resumption (they do not change the weights).
+RESUME_IGNORED_KEYS = ("output",)
+
+
+def _resume_relevant(data: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in data.items() if k not in RESUME_IGNORED_KEYS}
+
+
+def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """Dotted keys whose values differ between two config dicts (resume-relevant sections only)."""
+    out = []
+    saved, current = _resume_relevant(saved), _resume_relevant(current)
+    for section in sorted(set(saved) | set(current)):
+        a, b = saved.get(section, {}), current.get(section, {})
+        for key in sorted(set(a) | set(b)):
+            if a.get(key) != b.get(key):
+                out.append(f"{section}.{key}: {a.get(key)!r} -> {b.get(key)!r}")
+    return out
+
+
+def _choice(name: str, value: Any, allowed: tuple) -> None:
+    if value not in allowed:
+        close = difflib.get_close_matches(str(value), [str(a) for a in allowed], n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(f"{name}={value!r} is not one of {', '.join(map(str, allowed))}.{hint}")
+
+
+def _positive(name: str, value: int) -> None:
+    if value < 1:
+        raise ConfigError(f"{name} must be >= 1, got {value}.")
+
+
+def _sections() -> dict[str, type]:
+    return typing.get_type_hints(TrainConfig)
+
+
+def _known_keys() -> list[str]:
+    keys = []
+    for section, cls in _sections().items():
+        keys += [f"{section}.{f.name}" for f in dataclasses.fields(cls)]
+    return keys
+
+
+def _unknown(key: str) -> ConfigError:
+    known = _known_keys()
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.5)
+    if not close:  # a right field name in the wrong section, or a section-less key
+        leaf = key.rsplit(".", 1)[-1]
+        leaves = difflib.get_close_matches(leaf, [k.rsplit(".", 1)[-1] for k in known], n=1, cutoff=0.6)
+        close = [k for k in known if k.rsplit(".", 1)[-1] in leaves][:1]
+    hint = f" Did you mean {close[0]!r}?" if close else f" Known keys: {', '.join(known)}."
+    return ConfigError(f"Unknown config key {key!r}.{hint}")
+
+
+def _coerce(key: str, value: Any, annotation: Any) -> Any:
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        options = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if value is None:
+            return None
+        return _coerce(key, value, options[0])
+    if value is None:
+        raise ConfigError(f"{key} cannot be null; expected {getattr(annotation, '__name__', annotation)}.")
+    if annotation is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key} expects true or false, got {value!r}.")
+    if annotation is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise ConfigError(f"{key} expects an integer, got {value!r}.")
+    if annotation is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads 2e-5 (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{key} expects a number, got {value!r}.")
+    if annotation is str:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise ConfigError(f"{key} expects a string, got {value!r}.")
+    if annotation is list:
+        if isinstance(value, str):
+            return [value]
+        if isinstance(value, (list, tuple)):
+            return list(value)
+        raise ConfigError(f"{key} expects a list, got {value!r}.")
+    if annotation is dict:
+        if isinstance(value, dict):
+            return dict(value)
+        raise ConfigError(f"{key} expects a mapping, got {value!r}.")
+    return value
+
+
+def config_from_dict(data: dict[str, Any]) -> TrainConfig:
+    """Build a :class:`TrainConfig` from nested dicts, checking every key and type (not yet validated)."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"A recipe config must be a mapping of sections, got {type(data).__name__}.")
+    sections = _sections()
+    built = {}
+    for name, body in data.items():
+        if name not in sections:
+            raise _unknown(str(name))
+        if body is None:
+            body = {}
+        if not isinstance(body, dict):
+            raise ConfigError(f"Section {name!r} must be a mapping of keys, got {body!r}.")
+        cls = sections[name]
+        hints = typing.get_type_hints(cls)
+        values = {}
+        for key, value in body.items():
+            if key not in hints:
+                raise _unknown(f"{name}.{key}")
+            values[key] = _coerce(f"{name}.{key}", value, hints[key])
+        built[name] = cls(**values)
+    return TrainConfig(**built)
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``section.key=value`` overrides (values parsed as YAML) to a nested config dict."""
+    data = {k: dict(v or {}) for k, v in (data or {}).items()}
+    sections = _sections()
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"Override {item!r} is not key=value (e.g. train.max_steps=10).")
+        key, raw = item.split("=", 1)
+        key = key.strip()
+        if key.count(".") != 1:
+            raise _unknown(key)
+        section, name = key.split(".")
+        if section not in sections or name not in {f.name for f in dataclasses.fields(sections[section])}:
+            raise _unknown(key)
+        data.setdefault(section, {})[name] = yaml.safe_load(raw) if raw.strip() else None
+    return data
+
+
+def load_config(path: str | Path | None, overrides: list[str] | None = None, validate: bool = True) -> TrainConfig:
+    """Read a recipe YAML, apply overrides, check types and (by default) validate.
+
+    Args:
+        path: the YAML file (None: start from the defaults).
+        overrides: ``section.key=value`` strings.
+        validate: run :meth:`TrainConfig.validate`.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        ConfigError: unknown key (with the closest known one), wrong type, invalid value.
+    """
+    data: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"Recipe config {str(path)!r} not found (see recipes/configs/ for examples).")
+        data = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: expected a mapping of sections at the top level.")
+    config = config_from_dict(apply_overrides(data, overrides or []))
+    return config.validate() if validate else config

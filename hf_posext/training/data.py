@@ -1,0 +1,168 @@
+"""Training data: tokenize documents, pack them into fixed windows, and serve resumable batches.
+
+Documents come from :mod:`hf_posext.data` (local ``.txt``/``.jsonl``/``.parquet`` files or folders, a
+``datasets`` name, or ``builtin:python-docs``). They are tokenized, joined with the end-of-sequence token
+and cut into windows of ``W`` tokens (the remainder is dropped), so every training token is real text and
+every window has the same length.
+
+The order of windows is a pure function of ``(seed, global sample counter)``: epoch ``e`` visits the
+windows in ``randperm(N)`` drawn from a generator seeded by ``(seed, e)``, and PoSE position ids of a sample
+come from a generator seeded by ``(seed, e, index)``. A run resumed at optimizer step ``k`` therefore sees
+exactly the batches an uninterrupted run sees, on any number of processes, with nothing to store but ``k``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from hf_posext.training.pose import pose_position_ids, sample_generator
+
+__all__ = ["tokenize_and_pack", "PackedWindows", "load_packed_windows", "NoDataError"]
+
+logger = logging.getLogger(__name__)
+
+
+class NoDataError(ValueError):
+    """The data source yields too little text to fill one training window."""
+
+
+def tokenize_and_pack(
+    documents, tokenizer: Any, window: int, max_tokens: int | None = None, progress: bool = False
+) -> torch.Tensor:
+    """Tokenize ``documents`` and pack them into windows of ``window`` tokens.
+
+    Args:
+        documents: an iterable of strings.
+        tokenizer: a transformers tokenizer (its ``eos_token_id`` separates documents, when it has one).
+        window: tokens per window.
+        max_tokens: stop after this many tokens (None: all).
+        progress: show a tqdm bar over documents.
+
+    Returns:
+        LongTensor [num_windows, window].
+
+    Raises:
+        NoDataError: fewer than ``window`` tokens in total.
+    """
+    from tqdm.auto import tqdm
+
+    separator = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    chunks: list[torch.Tensor] = []
+    total = 0
+    for document in tqdm(documents, desc="tokenizing", unit="doc", disable=not progress):
+        ids = tokenizer(document, add_special_tokens=False)["input_ids"] + separator
+        if max_tokens is not None:
+            ids = ids[: max_tokens - total]
+        chunks.append(torch.tensor(ids, dtype=torch.long))
+        total += len(ids)
+        if max_tokens is not None and total >= max_tokens:
+            break
+    if total < window:
+        raise NoDataError(
+            f"The training text holds {total} tokens, fewer than one window of {window}: add text to "
+            "data.source, or lower data.window."
+        )
+    stream = torch.cat(chunks)
+    count = stream.numel() // window
+    return stream[: count * window].view(count, window)
+
+
+@dataclass
+class PackedWindows:
+    """Fixed-length token windows and the rule that turns a global sample counter into a batch.
+
+    Attributes:
+        windows: LongTensor [N, W].
+        seed: seeds the epoch permutations and PoSE draws.
+        pose_target_length: PoSE target T (None: plain positions 0..W-1).
+        pose_chunks: PoSE chunks per sample.
+    """
+
+    windows: torch.Tensor
+    seed: int = 0
+    pose_target_length: int | None = None
+    pose_chunks: int = 2
+
+    def __post_init__(self) -> None:
+        self._permutations: dict[int, torch.Tensor] = {}
+
+    def __len__(self) -> int:
+        return self.windows.shape[0]
+
+    @property
+    def window(self) -> int:
+        return self.windows.shape[1]
+
+    def _permutation(self, epoch: int) -> torch.Tensor:
+        if epoch not in self._permutations:
+            generator = torch.Generator().manual_seed(self.seed * 100_003 + epoch)
+            self._permutations = {epoch: torch.randperm(len(self), generator=generator)}
+        return self._permutations[epoch]
+
+    def sample(self, counter: int) -> dict[str, torch.Tensor]:
+        """The ``counter``-th sample of the infinite shuffled stream (epoch = counter // N)."""
+        epoch, offset = divmod(counter, len(self))
+        index = int(self._permutation(epoch)[offset])
+        input_ids = self.windows[index]
+        if self.pose_target_length is None:
+            position_ids = torch.arange(self.window, dtype=torch.long)
+        else:
+            position_ids = pose_position_ids(
+                self.window, self.pose_target_length, self.pose_chunks, sample_generator(self.seed, epoch, index)
+            )
+        return {"input_ids": input_ids, "position_ids": position_ids}
+
+    def batch(self, micro_batch: int, rank: int, num_processes: int, batch_size: int) -> dict[str, torch.Tensor]:
+        """The batch of process ``rank`` for global micro-batch ``micro_batch``.
+
+        Micro-batch m holds samples ``[m * P * B, (m + 1) * P * B)`` of the stream; process r takes the
+        r-th slice of B. ``attention_mask`` is always given: with no mask, transformers reads position ids
+        that skip (PoSE) as boundaries between packed sequences and would block attention across chunks.
+        """
+        first = (micro_batch * num_processes + rank) * batch_size
+        samples = [self.sample(first + j) for j in range(batch_size)]
+        input_ids = torch.stack([s["input_ids"] for s in samples])
+        return {
+            "input_ids": input_ids,
+            "position_ids": torch.stack([s["position_ids"] for s in samples]),
+            "attention_mask": torch.ones_like(input_ids),
+            "labels": input_ids.clone(),
+        }
+
+
+def load_packed_windows(data_config: Any, tokenizer: Any, seed: int, pose_target_length: int | None,
+                        progress: bool = False) -> PackedWindows:
+    """Read ``data_config.source`` through :mod:`hf_posext.data`, tokenize, pack, and wrap for training.
+
+    Args:
+        data_config: a :class:`~hf_posext.training.config.DataSection`.
+        tokenizer: the model's tokenizer.
+        seed: the run's seed.
+        pose_target_length: PoSE target (None when PoSE is off).
+        progress: tqdm bar while tokenizing.
+
+    Raises:
+        FileNotFoundError: a path that does not exist.
+        NoDataError: not enough text for one window.
+    """
+    from hf_posext.data import iter_documents
+
+    documents = iter_documents(data_config.source, text_field=data_config.text_field, split=data_config.split)
+
+    def limited():
+        count = 0
+        for document in documents:
+            if not document.strip():
+                continue
+            yield document
+            count += 1
+            if data_config.max_documents is not None and count >= data_config.max_documents:
+                return
+
+    windows = tokenize_and_pack(limited(), tokenizer, data_config.window, data_config.max_tokens, progress=progress)
+    logger.info("packed %d windows of %d tokens from %s", windows.shape[0], windows.shape[1], data_config.source)
+    return PackedWindows(windows, seed=seed, pose_target_length=pose_target_length, pose_chunks=data_config.pose_chunks)

@@ -1,0 +1,111 @@
+"""Which weights train: PEFT LoRA adapters (with optional LongLoRA-style embeddings and norms) or all.
+
+LongLoRA (Chen et al. 2023, "LongLoRA: Efficient Fine-tuning of Long-Context Large Language Models",
+arXiv:2309.12307) found LoRA alone weak for context extension and fixed it by also training the input
+embeddings and the normalisation layers; ``train_embeddings`` / ``train_norms`` switch that on. Those
+extra weights are trained in place (``requires_grad``), saved next to the adapter as
+``trainable_extras.safetensors``, and end up in the merged model.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any
+
+from torch import nn
+
+__all__ = ["LoraTargetError", "linear_module_names", "setup_trainable", "trainable_state_dict", "extra_parameter_names"]
+
+EXTRAS_FILE = "trainable_extras.safetensors"
+
+
+class LoraTargetError(ValueError):
+    """A LoRA target module name that matches no linear layer of the model."""
+
+
+def _is_linear(module: nn.Module) -> bool:
+    # transformers' Conv1D (GPT-2) is a linear layer with transposed weights; PEFT adapts both.
+    return isinstance(module, nn.Linear) or type(module).__name__ == "Conv1D"
+
+
+def linear_module_names(model: nn.Module) -> list[str]:
+    """Distinct last name components of the linear layers of ``model`` (e.g. ``q_proj``), output head excluded."""
+    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    names = {name.rsplit(".", 1)[-1] for name, module in model.named_modules() if _is_linear(module) and module is not output}
+    return sorted(names)
+
+
+def check_lora_targets(model: nn.Module, target_modules: list[str]) -> None:
+    """Raise :class:`LoraTargetError` naming every target that matches no linear layer, with suggestions."""
+    if list(target_modules) == ["all-linear"]:
+        return
+    available = linear_module_names(model)
+    full_names = {name for name, module in model.named_modules() if _is_linear(module)}
+    missing = [t for t in target_modules if t not in available and t not in full_names]
+    if missing:
+        hints = []
+        for target in missing:
+            close = difflib.get_close_matches(target, available, n=1)
+            hints.append(f"{target!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        raise LoraTargetError(
+            f"LoRA target module(s) {', '.join(hints)} not found in {type(model).__name__}. Its linear layers are: "
+            f"{', '.join(available)}. Set finetune.target_modules to some of these (or ['all-linear'])."
+        )
+
+
+def extra_parameter_names(model: nn.Module, train_embeddings: bool, train_norms: bool) -> list[str]:
+    """Names of the embedding and/or normalisation parameters to train (LongLoRA)."""
+    names = []
+    embedding = model.get_input_embeddings() if train_embeddings else None
+    for module_name, module in model.named_modules():
+        is_norm = train_norms and ("norm" in type(module).__name__.lower() or isinstance(module, nn.LayerNorm))
+        if module is embedding or is_norm:
+            for param_name, _ in module.named_parameters(recurse=False):
+                names.append(f"{module_name}.{param_name}" if module_name else param_name)
+    return names
+
+
+def setup_trainable(model: nn.Module, finetune: Any, seed: int = 0) -> nn.Module:
+    """Make the weights named by ``finetune`` trainable; wrap in PEFT LoRA in ``lora`` mode.
+
+    Args:
+        model: a (patched) causal LM.
+        finetune: a :class:`~hf_posext.training.config.FinetuneSection`.
+        seed: seeds the LoRA initialisation.
+
+    Returns:
+        ``model`` itself (full mode, every parameter trainable) or a ``peft.PeftModel`` around it.
+
+    Raises:
+        LoraTargetError: a target module that the model does not have.
+        ImportError: ``peft`` is not installed (LoRA mode).
+    """
+    import torch
+
+    if finetune.mode == "full":
+        for parameter in model.parameters():
+            parameter.requires_grad_(True)
+        return model
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError as error:
+        raise ImportError("finetune.mode=lora needs peft: pip install 'hf-posext[train]' (or pip install peft).") from error
+    check_lora_targets(model, list(finetune.target_modules))
+    targets = "all-linear" if list(finetune.target_modules) == ["all-linear"] else list(finetune.target_modules)
+    lora_config = LoraConfig(
+        r=finetune.rank, lora_alpha=finetune.alpha, lora_dropout=finetune.dropout,
+        target_modules=targets, bias="none", task_type="CAUSAL_LM",
+    )
+    extras = extra_parameter_names(model, finetune.train_embeddings, finetune.train_norms)
+    torch.manual_seed(seed)
+    peft_model = get_peft_model(model, lora_config)
+    base = peft_model.get_base_model()
+    parameters = dict(base.named_parameters())
+    for name in extras:
+        parameters[name].requires_grad_(True)
+    return peft_model
+
+
+def trainable_state_dict(model: nn.Module) -> dict[str, Any]:
+    """Detached copies of every trainable parameter, by name (what a checkpoint must hold)."""
+    return {name: p.detach().clone() for name, p in model.named_parameters() if p.requires_grad}

@@ -309,7 +309,10 @@ def find_rotary_sites(model: nn.Module) -> list[RotarySite]:
             theta, current = _identify(module, layout, dim, config, layer_type, path)
             site.bases[layer_type], site.current[layer_type] = theta, current
         local_theta = getattr(config, "rope_local_base_freq", None)
-        if not layer_types and local_theta is not None and site.bases[None] == float(local_theta) != _global_theta(config):
+        model_config = getattr(model, "config", config)
+        if hasattr(model_config, "get_text_config"):
+            model_config = model_config.get_text_config()
+        if not layer_types and local_theta is not None and site.bases[None] == float(local_theta) != _global_theta(model_config):
             # transformers 4.x Gemma 3 keeps a second rotary module for its sliding-window layers
             # (base rope_local_base_freq): those layers attend locally and are left unscaled.
             site.scaled_layer_types = ()

@@ -298,7 +298,7 @@ def patch(
     # Work out every config change before touching the model.
     configs = []
     for site in sites:
-        if all(site.config is not c for c in configs):
+        if site.scaled_layer_types and all(site.config is not c for c in configs):
             configs.append(site.config)
     theta = main_site.bases[main_type]
     planned = []
@@ -320,7 +320,7 @@ def patch(
             site_ok = all(
                 _stock_reproduces(site, module, work, scaling)
                 for site, module in zip(sites, new_modules)
-                if site.config is config
+                if site.config is config and site.scaled_layer_types
             )
         else:
             site_ok = False

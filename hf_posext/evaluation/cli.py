@@ -21,7 +21,7 @@ TASKS = ("perplexity", "passkey", "needle")
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, help="hub name, local folder, smollm2-135m, or tiny[:FAMILY] (a random test model)")
+    parser.add_argument("--model", required=True, help="hub name, local folder, smollm2-135m, or tiny[:FAMILY[:WINDOW]] (a random test model)")
     parser.add_argument("--methods", default="none,yarn,dynamic-yarn", help="comma-separated methods; none = unpatched (default: %(default)s)")
     parser.add_argument("--factor", type=float, help="scale factor for every method (default: longest length / original window)")
     parser.add_argument("--param", action="append", metavar="KEY=VALUE", help="method parameter for every method but none, repeatable")

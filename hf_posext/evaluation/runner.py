@@ -96,7 +96,7 @@ def load_model_and_tokenizer(
     """Load a causal LM and its tokenizer for evaluation.
 
     Args:
-        name: a hub name, a local folder, ``"smollm2-135m"``, or ``"tiny"`` / ``"tiny:FAMILY"`` (a tiny
+        name: a hub name, a local folder, ``"smollm2-135m"``, or ``"tiny"`` / ``"tiny:FAMILY"`` / ``"tiny:FAMILY:WINDOW"`` (a tiny
             random model from :func:`hf_posext.models.tiny_model` with :class:`AsciiTokenizer`, for
             smoke tests).
         dtype: weights dtype.
@@ -110,8 +110,13 @@ def load_model_and_tokenizer(
     from hf_posext.models import load_model, load_tokenizer, tiny_model
 
     if name == "tiny" or name.startswith("tiny:"):
-        family = name.partition(":")[2] or "llama"
-        model = tiny_model(family).to(_dtype(dtype))
+        _, family, window = (name.split(":") + ["", ""])[:3]
+        overrides = {}
+        if window:
+            if not window.isdigit():
+                raise ValueError(f"Bad tiny model spec {name!r}: use tiny, tiny:FAMILY or tiny:FAMILY:WINDOW (e.g. tiny:llama:512).")
+            overrides["n_positions" if family == "gptj" else "max_position_embeddings"] = int(window)
+        model = tiny_model(family or "llama", **overrides).to(_dtype(dtype))
         if device:
             model.to(device)
         return model, AsciiTokenizer()

@@ -1,0 +1,401 @@
+"""Absolute-position lab: how well does each way of extending a learned table work?
+
+Trains a small GPT-2 (window 256) on a folder of text on CPU, saves it, extends its learned position
+table 4x to 1024 positions, and reports perplexity at 256, 512 and 1024 tokens for:
+
+- ``reference``: the unpatched model truncated to its 256 window (sliding window, stride 128, over the
+  same tokens: every token is predicted with 128-255 tokens of context);
+- ``linear``: hf_posext's ``linear`` (T'[p] = interpolation of T at p/s);
+- ``dct-stretch``: band-limited interpolation (every DCT component of the table stretched by s), the
+  spectral counterpart of ``linear``, to separate "how to interpolate" from "what to interpolate";
+- ``spectral``: the frequency-aware variant (YaRN's ramp on the table's DCT spectrum): components whose
+  wavelength along the position axis is short keep their original resolution, long ones are
+  interpolated, a linear ramp in between;
+- ``linear+ft`` / ``spectral+ft``: each after a short full fine-tune at the new window.
+
+Also ``linear`` and ``spectral`` at s=2 (window 512), without fine-tuning. The spectral ramp is chosen on a
+validation slice (never on the test tokens). Writes ``absolute_lab.json``, ``absolute_lab.md`` and
+``absolute_lab.png`` under ``--out``.
+
+Run (about 12 minutes on 2 CPU cores):
+
+    python bench/absolute_lab.py --data /work/shared/data/books --out bench/results
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import sys
+import time
+from fractions import Fraction
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+import hf_posext
+from hf_posext.methods.learned import linear_table
+
+DEFAULT_DATA = "/work/shared/data/books"
+
+
+# --------------------------------------------------------------------------------------------------
+# The frequency-aware variant (kept here: it ships only with a measured win over linear)
+# --------------------------------------------------------------------------------------------------
+
+
+def dct_basis(length: int, positions: torch.Tensor, index_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """Orthonormal DCT-II basis a_k cos(pi k (x + 1/2) / L) evaluated at positions x (float64).
+
+    Args:
+        length: L, the table length the basis belongs to.
+        positions: [P] positions, or [P, L] when each component k has its own position (x_k(p)).
+        index_scale: unused placeholder for symmetry with callers (keep None).
+
+    Returns:
+        [P, L] matrix B with B[p, k] = a_k cos(pi k (x + 1/2) / L); a_0 = sqrt(1/L), a_k = sqrt(2/L).
+    """
+    k = torch.arange(length, dtype=torch.float64)
+    scale = torch.full((length,), math.sqrt(2.0 / length), dtype=torch.float64)
+    scale[0] = math.sqrt(1.0 / length)
+    x = positions.to(torch.float64)
+    if x.dim() == 1:
+        x = x[:, None]
+    return scale * torch.cos(math.pi * k * (x + 0.5) / length)
+
+
+def spectral_table(table: torch.Tensor, new_length: int, factor: Fraction, keep_below: float, interpolate_above: float) -> torch.Tensor:
+    """Frequency-aware extension of a learned table (YaRN's ramp applied to the table's DCT spectrum).
+
+    With c = DCT(T) along the position axis, component k has wavelength lambda_k = 2L/k tokens.
+    gamma_k = clamp((interpolate_above - lambda_k) / (interpolate_above - keep_below), 0, 1)
+    (1: a short wavelength, kept at the original resolution; 0: a long one, interpolated), and
+
+        T'[p] = sum_k c_k a_k cos(pi k (x_k(p) + 1/2) / L),   x_k(p) = p * ((1 - gamma_k) / s + gamma_k).
+
+    With every gamma_k = 0 this is band-limited interpolation ("dct-stretch"); with every gamma_k = 1 it
+    continues the table's cosine series past L (a mirror image of the table).
+
+    Args:
+        table: [L, d] position rows.
+        new_length: rows to produce.
+        factor: s.
+        keep_below: wavelength (tokens) under which a component keeps its resolution.
+        interpolate_above: wavelength over which a component is fully interpolated.
+    """
+    length = table.shape[0]
+    wide = table.detach().to(torch.float64)
+    coefficients = dct_basis(length, torch.arange(length)).T @ wide  # [L, d]
+    k = torch.arange(length, dtype=torch.float64)
+    wavelength = torch.where(k > 0, 2.0 * length / k.clamp(min=1), torch.full_like(k, float("inf")))
+    if interpolate_above <= keep_below:
+        gamma = (wavelength < keep_below).to(torch.float64)
+    else:
+        gamma = ((interpolate_above - wavelength) / (interpolate_above - keep_below)).clamp(0, 1)
+    step = (1.0 - gamma) / float(factor) + gamma  # [L]
+    positions = torch.arange(new_length, dtype=torch.float64)[:, None] * step[None, :]  # [P, L]
+    basis = dct_basis(length, positions)
+    return (basis @ coefficients).to(table.dtype)
+
+
+def apply_table(model, rows: torch.Tensor) -> None:
+    """Put a precomputed position table into a GPT-2 patched by hf_posext to the same size."""
+    with torch.no_grad():
+        model.transformer.wpe.weight.copy_(rows)
+
+
+# --------------------------------------------------------------------------------------------------
+# Data, tokenizer, model
+# --------------------------------------------------------------------------------------------------
+
+
+def read_texts(folder: str) -> list[tuple[str, str]]:
+    """(name, text) of every .txt file under ``folder``, sorted by name."""
+    files = sorted(Path(folder).rglob("*.txt"))
+    if not files:
+        raise SystemExit(f"No .txt files under {folder!r}: pass --data with a folder of text files.")
+    return [(f.name, f.read_text(encoding="utf-8", errors="replace")) for f in files]
+
+
+def train_tokenizer(texts: list[str], vocab_size: int):
+    """A byte-level BPE tokenizer trained on ``texts`` (seconds), as a transformers fast tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tokenizer.train_from_iterator(texts, trainer=trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|endoftext|>", bos_token="<|endoftext|>",
+                                   model_max_length=256)
+
+
+def split_tokens(tokenizer, texts: list[tuple[str, str]]) -> dict[str, torch.Tensor]:
+    """Train on the first 90% of each text; the last 10% is split into validation (first 2%) and test."""
+    train, validation, test = [], [], []
+    eos = tokenizer.eos_token_id
+    for _, text in texts:
+        ids = tokenizer(text)["input_ids"]
+        cut, cut_val = int(len(ids) * 0.9), int(len(ids) * 0.92)
+        train += ids[:cut] + [eos]
+        validation += ids[cut:cut_val] + [eos]
+        test += ids[cut_val:] + [eos]
+    return {name: torch.tensor(ids, dtype=torch.long) for name, ids in (("train", train), ("validation", validation), ("test", test))}
+
+
+def batches(tokens: torch.Tensor, length: int, batch_size: int, steps: int, seed: int):
+    generator = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        starts = torch.randint(0, tokens.numel() - length - 1, (batch_size,), generator=generator)
+        yield torch.stack([tokens[s : s + length] for s in starts])
+
+
+def train(model, tokens: torch.Tensor, length: int, batch_size: int, steps: int, lr: float, seed: int, desc: str) -> list[float]:
+    """AdamW with linear warm-up (5%) and cosine decay; returns the loss of every step."""
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.95))
+    warmup = max(1, steps // 20)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: min(1.0, (step + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(1.0, step / steps)))
+    )
+    losses = []
+    progress = tqdm(batches(tokens, length, batch_size, steps, seed), total=steps, desc=desc, mininterval=5)
+    for ids in progress:
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+        progress.set_postfix(loss=f"{loss.item():.3f}")
+    model.eval()
+    return losses
+
+
+@torch.no_grad()
+def perplexity(model, tokens: torch.Tensor, length: int, eval_tokens: int, window: int | None = None, batch_size: int = 4) -> float:
+    """Perplexity over non-overlapping ``length``-token segments (tokens 1..length-1 of each predicted).
+
+    With ``window`` (the reference), each segment is read through a sliding window of ``window`` tokens
+    and stride window/2, and each token is scored once, in the first window where it is new: the same
+    tokens are predicted, each with between window/2 and window-1 tokens of context.
+    """
+    count = max(1, eval_tokens // length)
+    segments = tokens[: count * length].view(count, length)
+    total, predicted = 0.0, 0
+    for start in range(0, count, batch_size):
+        batch = segments[start : start + batch_size]
+        if window is None or window >= length:
+            logits = model(input_ids=batch).logits[:, :-1].float()
+            nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1), reduction="sum")
+            total += nll.item()
+            predicted += batch[:, 1:].numel()
+            continue
+        stride = window // 2
+        scored_until = 1  # next token position to score
+        for begin in range(0, length - 1, stride):
+            end = min(begin + window, length)
+            piece = batch[:, begin:end]
+            logits = model(input_ids=piece).logits[:, :-1].float()
+            targets = piece[:, 1:]
+            first_new = scored_until - (begin + 1)  # index into targets of the first unscored token
+            if first_new >= targets.shape[1]:
+                continue
+            logits, targets = logits[:, first_new:], targets[:, first_new:]
+            total += torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="sum").item()
+            predicted += targets.numel()
+            scored_until = end
+            if end == length:
+                break
+    return math.exp(total / predicted)
+
+
+# --------------------------------------------------------------------------------------------------
+# The experiment
+# --------------------------------------------------------------------------------------------------
+
+
+def patched_copy(base_dir: str, method_rows=None, factor: int = 4):
+    """Load the saved base model, extend it with hf_posext ``linear``, optionally replace the rows."""
+    from transformers import GPT2LMHeadModel
+
+    model = GPT2LMHeadModel.from_pretrained(base_dir, attn_implementation="eager")
+    model.eval()
+    hf_posext.patch(model, "linear", factor=factor)
+    if method_rows is not None:
+        apply_table(model, method_rows)
+    return model
+
+
+def run(args: argparse.Namespace) -> dict:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    started = time.time()
+    texts = read_texts(args.data)
+    tokenizer = train_tokenizer([t for _, t in texts], args.vocab_size)
+    data = split_tokens(tokenizer, texts)
+    print(f"tokens: train {data['train'].numel()}, validation {data['validation'].numel()}, test {data['test'].numel()}")
+
+    window = 256
+    config = GPT2Config(vocab_size=len(tokenizer), n_positions=window, n_embd=args.width, n_layer=args.layers,
+                        n_head=args.heads, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                        bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id)
+    model = GPT2LMHeadModel(config)
+    pretrain_losses = train(model, data["train"], window, args.batch_size, args.train_steps, args.lr, args.seed, "pre-train @256")
+    base_dir = os.path.join(args.work_dir, "base")
+    model.save_pretrained(base_dir)
+    tokenizer.save_pretrained(base_dir)
+    pretrain_seconds = time.time() - started
+
+    lengths = [256, 512, 1024]
+    results: dict[str, dict[str, float]] = {}
+    test, validation = data["test"], data["validation"]
+    original_rows = model.transformer.wpe.weight.detach().clone()
+    s4, s2 = Fraction(4), Fraction(2)
+
+    results["reference (256, sliding)"] = {str(n): perplexity(model, test, n, args.eval_tokens, window=window) for n in lengths}
+
+    # Choose the spectral ramp on the validation slice (eval-only, at 1024).
+    candidates = [(8.0, 32.0), (16.0, 64.0), (32.0, 128.0)]
+    choice_scores = {}
+    for keep_below, interpolate_above in candidates:
+        rows = spectral_table(original_rows, 4 * window, s4, keep_below, interpolate_above)
+        candidate = patched_copy(base_dir, rows)
+        choice_scores[f"{keep_below:g}/{interpolate_above:g}"] = perplexity(candidate, validation, 1024, args.validation_tokens)
+    best = min(choice_scores, key=choice_scores.get)
+    keep_below, interpolate_above = (float(v) for v in best.split("/"))
+    print(f"spectral ramp on validation (PPL@1024): {choice_scores} -> keep_below={keep_below:g}, interpolate_above={interpolate_above:g}")
+
+    tables = {
+        "linear": linear_table(original_rows, 4 * window, s4),
+        "dct-stretch": spectral_table(original_rows, 4 * window, s4, 0.0, 0.0),
+        "spectral": spectral_table(original_rows, 4 * window, s4, keep_below, interpolate_above),
+    }
+    exact_rows = torch.equal(tables["linear"][::4], original_rows)
+    models = {}
+    for name, rows in tables.items():
+        models[name] = patched_copy(base_dir, rows)
+        results[f"{name} x4"] = {str(n): perplexity(models[name], test, n, args.eval_tokens) for n in lengths}
+    for name, rows in (("linear", linear_table(original_rows, 2 * window, s2)),
+                       ("spectral", spectral_table(original_rows, 2 * window, s2, keep_below, interpolate_above))):
+        half = patched_copy(base_dir, rows, factor=2)
+        results[f"{name} x2"] = {str(n): perplexity(half, test, n, args.eval_tokens) for n in lengths[:2]}
+
+    finetune_losses = {}
+    for name in ("linear", "spectral"):
+        tuned = models[name]
+        finetune_losses[name] = train(tuned, data["train"], 4 * window, max(1, args.batch_size // 4), args.finetune_steps,
+                                      args.finetune_lr, args.seed + 1, f"fine-tune {name} @1024")
+        results[f"{name} x4 + fine-tune"] = {str(n): perplexity(tuned, test, n, args.eval_tokens) for n in lengths}
+
+    return {
+        "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
+        "settings": {k: v for k, v in vars(args).items()},
+        "model": {"layers": args.layers, "width": args.width, "heads": args.heads, "window": window,
+                  "vocab": len(tokenizer), "parameters": sum(p.numel() for p in model.parameters())},
+        "tokens": {k: int(v.numel()) for k, v in data.items()},
+        "pretrain_final_loss": sum(pretrain_losses[-20:]) / min(20, len(pretrain_losses)),
+        "pretrain_seconds": round(pretrain_seconds, 1),
+        "finetune_final_loss": {k: sum(v[-10:]) / min(10, len(v)) for k, v in finetune_losses.items()},
+        "spectral_ramp_validation_ppl_1024": choice_scores,
+        "spectral_ramp": {"keep_below": keep_below, "interpolate_above": interpolate_above},
+        "linear_rows_exact_at_multiples_of_s": exact_rows,
+        "perplexity": results,
+        "seconds": round(time.time() - started, 1),
+        "machine": f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}",
+    }
+
+
+def write_outputs(report: dict, out: str) -> None:
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "absolute_lab.json"), "w") as handle:
+        json.dump(report, handle, indent=2)
+    lengths = ["256", "512", "1024"]
+    lines = [
+        "| method | PPL@256 | PPL@512 | PPL@1024 |",
+        "|---|---:|---:|---:|",
+    ]
+    for name, row in report["perplexity"].items():
+        lines.append(f"| {name} | " + " | ".join(f"{row[n]:.2f}" if n in row else "—" for n in lengths) + " |")
+    with open(os.path.join(out, "absolute_lab.md"), "w") as handle:
+        handle.write("# Absolute-position lab (learned GPT-2 table, window 256 -> 1024)\n\n")
+        handle.write(f"Command: `{report['command']}`  \n")
+        model = report["model"]
+        handle.write(
+            f"Model: GPT-2, {model['layers']} layers, width {model['width']}, {model['heads']} heads, vocab {model['vocab']} "
+            f"(BPE trained on the data), {model['parameters']:,} parameters, pre-trained {report['settings']['train_steps']} "
+            f"steps at 256 tokens (final loss {report['pretrain_final_loss']:.3f}). Fine-tunes: {report['settings']['finetune_steps']} "
+            f"steps at 1024 tokens. Test: {report['settings']['eval_tokens']} tokens per length from held-out text. "
+            f"Spectral ramp chosen on validation: keep_below={report['spectral_ramp']['keep_below']:g}, "
+            f"interpolate_above={report['spectral_ramp']['interpolate_above']:g}. Total {report['seconds']:.0f} s on {report['machine']}.\n\n"
+        )
+        handle.write("\n".join(lines) + "\n")
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no PNG written")
+        return
+    figure, axis = plt.subplots(figsize=(7, 4.5))
+    for name, row in report["perplexity"].items():
+        xs = [int(n) for n in lengths if n in row]
+        style = "--" if "fine-tune" not in name else "-"
+        axis.plot(xs, [row[str(x)] for x in xs], style, marker="o", label=name)
+    axis.set_xscale("log", base=2)
+    axis.set_xticks([256, 512, 1024], ["256", "512", "1024"])
+    axis.set_yscale("log")
+    axis.set_xlabel("evaluation length (tokens)")
+    axis.set_ylabel("perplexity (log scale)")
+    axis.set_title("Extending a learned position table 256 -> 1024 (small GPT-2)")
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(os.path.join(out, "absolute_lab.png"), dpi=120)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", default=DEFAULT_DATA if os.path.isdir(DEFAULT_DATA) else None,
+                        help=f"folder of .txt files (default {DEFAULT_DATA} when present)")
+    parser.add_argument("--out", default="bench/results", help="where absolute_lab.{json,md,png} go")
+    parser.add_argument("--work-dir", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "hf_posext_absolute_lab"),
+                        help="where the trained model is saved")
+    parser.add_argument("--vocab-size", type=int, default=4096)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--width", type=int, default=128)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--batch-size", type=int, default=16, help="pre-training sequences per step (fine-tune: a quarter)")
+    parser.add_argument("--train-steps", type=int, default=600)
+    parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--finetune-steps", type=int, default=60)
+    parser.add_argument("--finetune-lr", type=float, default=3e-4)
+    parser.add_argument("--eval-tokens", type=int, default=32768, help="test tokens per evaluation length")
+    parser.add_argument("--validation-tokens", type=int, default=8192)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    if args.data is None:
+        parser.error(f"--data is required ({DEFAULT_DATA} does not exist here)")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    report = run(args)
+    write_outputs(report, args.out)
+    print(open(os.path.join(args.out, "absolute_lab.md")).read())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

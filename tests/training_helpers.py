@@ -1,0 +1,33 @@
+"""Shared helpers for the tests/test_training_*.py modules (the tiny recipe, paths, weight comparison)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+TINY_RECIPE = REPO / "recipes" / "configs" / "tiny" / "lora_pose_cpu.yaml"
+TINY_MODEL = REPO / "tests" / "data" / "training" / "tiny-llama"
+TINY_CORPUS = REPO / "tests" / "data" / "training" / "corpus"
+
+
+def tiny_config(output_dir: Path, *overrides: str):
+    """The tiny recipe with absolute asset paths, writing to ``output_dir``, plus ``overrides``."""
+    from hf_posext.training.config import load_config
+
+    return load_config(
+        TINY_RECIPE,
+        [f"model.name={TINY_MODEL}", f"data.source={TINY_CORPUS}", f"output.dir={output_dir}", *overrides],
+    )
+
+
+def load_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(path))
+
+
+def max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert sorted(a) == sorted(b), (sorted(a), sorted(b))
+    return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)

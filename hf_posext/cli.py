@@ -149,4 +149,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run through the importable module so subcommands that plugins registered into
+    # `hf_posext.cli.SUBCOMMANDS` are seen (under `python -m`, this file is `__main__`, a second copy).
+    from hf_posext.cli import main as _main
+
+    sys.exit(_main())

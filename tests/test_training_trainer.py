@@ -8,6 +8,7 @@ import shutil
 import pytest
 import torch
 
+from tests.training_helpers import one_thread  # noqa: F401  (autouse fixture)
 from tests.training_helpers import TINY_MODEL, load_safetensors, max_difference, tiny_config
 
 import hf_posext
@@ -16,7 +17,7 @@ from hf_posext.training.trainer import find_latest_checkpoint, lr_multiplier, tr
 
 
 @pytest.fixture(scope="module")
-def finished_run(tmp_path_factory):
+def finished_run(tmp_path_factory, one_thread):
     """One uninterrupted 12-step run of the tiny recipe (shared by several tests)."""
     out = tmp_path_factory.mktemp("runs") / "full"
     result = train(tiny_config(out), progress=False)
@@ -139,7 +140,9 @@ def test_existing_output_folder_needs_overwrite(finished_run, tmp_path):
 
 def test_overwrite_replaces_a_previous_run(tmp_path):
     out = tmp_path / "run"
-    train(tiny_config(out, "train.max_steps=1", "train.warmup_steps=0", "output.checkpoint_every=1", "output.save_merged=false"), progress=False)
+    train(tiny_config(out, "train.max_steps=2", "train.warmup_steps=0", "output.checkpoint_every=1", "output.keep_last=1",
+                      "output.save_merged=false"), progress=False)
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-00000002"]  # keep_last=1
     with pytest.raises(FileExistsError):
         train(tiny_config(out, "train.max_steps=2", "train.warmup_steps=0"), progress=False)
     result = train(tiny_config(out, "train.max_steps=2", "train.warmup_steps=0", "output.checkpoint_every=0", "output.save_merged=false"),
@@ -163,7 +166,16 @@ def test_missing_data_and_lora_target_errors(tmp_path):
         train(tiny_config(tmp_path / "a", f"data.source={tmp_path}/no_such_books/"), progress=False)
     with pytest.raises(LoraTargetError, match=r"'q_projj' \(did you mean 'q_proj'\?\)"):
         train(tiny_config(tmp_path / "b", "finetune.target_modules=[q_projj, v_proj]"), progress=False)
-    with pytest.raises(ConfigError, match="data.window .* longer than the PoSE target"):
+    with pytest.raises(ConfigError, match=r"data.window \(32\) is longer than data.pose_target_length \(16\)"):
         train(tiny_config(tmp_path / "c", "data.pose_target_length=16"), progress=False)
     with pytest.raises(ConfigError, match="longer than the scaled window"):
         train(tiny_config(tmp_path / "d", "data.pose=false", "data.window=300"), progress=False)
+
+
+def test_trackers_must_be_installed_when_asked(tmp_path):
+    import importlib.util
+
+    if importlib.util.find_spec("tensorboard") is not None:
+        pytest.skip("tensorboard is installed here")
+    with pytest.raises(ImportError, match="pip install tensorboard"):
+        train(tiny_config(tmp_path / "tb", "output.report_to=[tensorboard]"), progress=False)

@@ -32,7 +32,15 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    """Run ``hf-posext train`` with parsed ``args``; returns the exit code."""
+    """Run ``hf-posext train`` with parsed ``args``; returns the exit code (2 on bad input)."""
+    try:
+        return _run_train(args)
+    except (FileExistsError, ImportError) as error:  # hf_posext.cli reports ValueError/FileNotFoundError itself
+        print(f"hf-posext train: error: {error}", file=sys.stderr)
+        return 2
+
+
+def _run_train(args: argparse.Namespace) -> int:
     from hf_posext.training.config import load_config
     from hf_posext.training.trainer import load_run_config, train
 

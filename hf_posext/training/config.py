@@ -57,6 +57,9 @@ class ModelSection:
     )
     gradient_checkpointing: bool = _help("recompute activations in backward (less memory, ~30% slower)", False)
     trust_remote_code: bool = _help("passed to from_pretrained", False)
+    config_overrides: dict = _help(
+        "model config fields to change at load time, e.g. {sliding_window: null} (passed to from_pretrained)", factory=dict
+    )
 
 
 @dataclass
@@ -87,6 +90,9 @@ class DataSection:
     source: str | None = _help(
         "a .txt/.jsonl/.parquet file, a folder of them, a `datasets` name ('pg19', 'name:config'), "
         "or 'builtin:python-docs' (see hf_posext.data)", None
+    )
+    exclude: list = _help(
+        "file-name patterns (fnmatch) to leave out of a source folder, e.g. held-apart evaluation books", factory=list
     )
     split: str = _help("`datasets` split, for a hub dataset", "train")
     text_field: str | None = _help("field holding the text in .jsonl/.parquet/datasets rows (null: text/content/...)", None)

@@ -13,8 +13,10 @@ exactly the batches an uninterrupted run sees, on any number of processes, with 
 
 from __future__ import annotations
 
+import fnmatch
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -149,9 +151,23 @@ def load_packed_windows(data_config: Any, tokenizer: Any, seed: int, pose_target
         FileNotFoundError: a path that does not exist.
         NoDataError: not enough text for one window.
     """
-    from hf_posext.data import iter_documents
+    from hf_posext.data import TEXT_SUFFIXES, iter_documents
 
-    documents = iter_documents(data_config.source, text_field=data_config.text_field, split=data_config.split)
+    source = Path(str(data_config.source)).expanduser()
+    if data_config.exclude:
+        if not source.is_dir():
+            raise ValueError(f"data.exclude applies to a source folder, but data.source={data_config.source!r} is not one.")
+        files = sorted(
+            p for p in source.rglob("*")
+            if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES
+            and not any(fnmatch.fnmatch(p.name, pattern) for pattern in data_config.exclude)
+        )
+        if not files:
+            raise NoDataError(f"data.exclude={data_config.exclude} leaves no file to train on in {source}.")
+        logger.info("training on %d files of %s (excluded: %s)", len(files), source, ", ".join(data_config.exclude))
+        documents = (d for f in files for d in iter_documents(f, text_field=data_config.text_field))
+    else:
+        documents = iter_documents(data_config.source, text_field=data_config.text_field, split=data_config.split)
 
     def limited():
         count = 0

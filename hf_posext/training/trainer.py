@@ -23,7 +23,6 @@ states and then continues exactly where the interrupted run was.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
@@ -297,6 +296,12 @@ def _precision(config: TrainConfig) -> str:
     return "bf16" if supported else "no"
 
 
+def _has_accelerator() -> bool:
+    if hasattr(torch, "accelerator"):
+        return bool(torch.accelerator.is_available())
+    return torch.cuda.is_available()
+
+
 def _check_trackers(report_to: list[str]) -> None:
     import importlib.util
 
@@ -313,6 +318,7 @@ def _load_and_patch(config: TrainConfig, dtype: torch.dtype):
     kwargs: dict[str, Any] = {"attn_implementation": config.model.attn_implementation}
     if config.model.trust_remote_code:
         kwargs["trust_remote_code"] = True
+    kwargs.update(config.model.config_overrides)
     model = load_model(config.model.name, dtype=dtype, **kwargs)
     s = config.scaling
     hf_posext.patch(
@@ -481,12 +487,22 @@ def train(
 
     mixed_precision = _precision(config)
     accelerator = Accelerator(
+        # Without an accelerator, say cpu=True: accelerate then joins the processes that
+        # `accelerate launch`/torchrun started into one gloo group (MULTI_CPU) instead of
+        # running each as an independent single-process job.
+        cpu=not _has_accelerator(),
         mixed_precision=mixed_precision,
+        gradient_accumulation_steps=config.train.gradient_accumulation_steps,
         log_with=list(config.output.report_to) or None,
         project_dir=str(output_dir / "trackers"),
     )
     main = accelerator.is_main_process
     world = accelerator.num_processes
+    if os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true" and not _sharded(accelerator):
+        logger.warning(
+            "An FSDP launch config was given, but accelerate %s enables FSDP only on GPUs: running plain data "
+            "parallel (%s) instead.", __import__("accelerate").__version__, accelerator.distributed_type,
+        )
     if saved_state is not None and saved_state.get("num_processes", world) != world:
         raise ConfigError(
             f"{resume_from} was written by a run with {saved_state['num_processes']} processes; resume it with the "
@@ -555,23 +571,27 @@ def train(
     began = time.perf_counter()
     finished = True
     while step < t.max_steps:
-        step_began = time.perf_counter()
+        step_began, step_cpu_began = time.perf_counter(), time.process_time()
         loss_sum = torch.zeros((), device=accelerator.device)
+        lr = scheduler.get_last_lr()[0]
+        grad_norm = float("nan")
         for micro in range(accumulation):
             batch = data.batch(step * accumulation + micro, accelerator.process_index, world, t.batch_size)
             batch = {k: v.to(accelerator.device) for k, v in batch.items()}
-            sync = micro == accumulation - 1
-            context = contextlib.nullcontext() if sync or world == 1 else accelerator.no_sync(model)
-            with context:
+            # accumulate(): skips the gradient all-reduce (DDP) and the optimizer step until the last
+            # micro-batch, divides the loss by the accumulation steps, and drives DeepSpeed's own counter.
+            with accelerator.accumulate(model):
                 with accelerator.autocast():
                     loss = model(**batch, use_cache=False).loss
-                accelerator.backward(loss / accumulation)
+                accelerator.backward(loss)
+                if accelerator.sync_gradients:
+                    grad_norm = clip_gradients(accelerator, trainable, t.max_grad_norm)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
             loss_sum += loss.detach().float()
-        grad_norm = clip_gradients(accelerator, trainable, t.max_grad_norm)
-        lr = scheduler.get_last_lr()[0]
-        optimizer.step()
+        if not accelerator.sync_gradients:
+            raise RuntimeError("gradient accumulation fell out of step with the optimizer; please report this.")
         scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
         step += 1
         tokens_seen += tokens_per_step
         step_seconds = time.perf_counter() - step_began
@@ -584,6 +604,9 @@ def train(
             record = {
                 "step": step, "loss": mean_loss, "lr": lr, "grad_norm": grad_norm,
                 "tokens_per_second": tokens_per_step / step_seconds, "seconds_per_step": step_seconds,
+                # CPU time of this process (all its threads): on a shared machine it shows the cost of a
+                # step independently of how much of the CPU other jobs took.
+                "process_cpu_seconds": time.process_time() - step_cpu_began,
                 "tokens_seen": tokens_seen, "time": time.time(),
             }
             if main:

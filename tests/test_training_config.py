@@ -1,0 +1,129 @@
+"""Recipe configs: YAML + overrides, type checks, validation, and every shipped config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.training_helpers import REPO, TINY_RECIPE
+
+from hf_posext.training.config import ConfigError, TrainConfig, config_differences, load_config
+
+CONFIGS = sorted((REPO / "recipes" / "configs").rglob("*.yaml"))
+ACCELERATE = sorted((REPO / "recipes" / "accelerate").glob("*.yaml"))
+
+
+def test_the_shipped_recipes_are_all_found():
+    names = {p.relative_to(REPO / "recipes" / "configs").as_posix() for p in CONFIGS}
+    assert "tiny/lora_pose_cpu.yaml" in names
+    assert {"smollm2-135m", "llama-2-7b", "llama-3-8b", "mistral-7b"} <= {n.split("/")[0] for n in names}
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.relative_to(REPO / "recipes" / "configs").as_posix())
+def test_every_recipe_loads_validates_and_documents_its_launch(path):
+    config = load_config(path)
+    assert isinstance(config, TrainConfig)
+    head = path.read_text().split("\n\n")[0]
+    assert head.startswith("#"), "a recipe starts with a comment"
+    assert "recipes/finetune.py" in head or "hf-posext train" in head, "the comment gives the launch command"
+    assert "Hardware:" in head and "Expected time:" in head
+    # every section written in the file is a real section (load_config would have raised otherwise)
+    assert set(yaml.safe_load(path.read_text())) <= set(config.to_dict())
+
+
+@pytest.mark.parametrize("path", ACCELERATE, ids=lambda p: p.name)
+def test_accelerate_configs_parse_with_accelerate(path):
+    from accelerate.commands.config.config_args import ClusterConfig
+    from accelerate.commands.launch import launch_command_parser
+
+    config = ClusterConfig.from_yaml_file(str(path))
+    assert config.num_processes >= 1
+    launch_options = {action.dest for action in launch_command_parser()._actions}
+    for section in ("fsdp_config", "deepspeed_config"):
+        unknown = [key for key in (getattr(config, section) or {}) if key not in launch_options]
+        assert not unknown, f"{path.name}: {section} keys accelerate launch does not know: {unknown}"
+    assert path.read_text().startswith("#") and "accelerate launch" in path.read_text().split("\n\n")[0]
+
+
+def test_fsdp_config_builds_an_fsdp_plugin(monkeypatch):
+    """accelerate (1.15) enables FSDP only on GPUs, so on CPU the FSDP config is validated, not run: its
+    settings, passed as `accelerate launch` passes them, must build a valid FSDP-2 plugin."""
+    from accelerate import FullyShardedDataParallelPlugin
+
+    settings = yaml.safe_load((REPO / "recipes" / "accelerate" / "fsdp.yaml").read_text())
+    assert settings["distributed_type"] == "FSDP"
+    for key, value in settings["fsdp_config"].items():
+        monkeypatch.setenv("FSDP_" + key.removeprefix("fsdp_").upper(), str(value).lower() if isinstance(value, bool) else str(value))
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    plugin = FullyShardedDataParallelPlugin()
+    assert plugin.fsdp_version == 2 and plugin.reshard_after_forward is True
+    assert "SHARDED_STATE_DICT" in str(plugin.state_dict_type)
+
+
+def test_overrides_are_typed_and_yaml_parsed():
+    config = load_config(TINY_RECIPE, ["train.max_steps=3", "train.learning_rate=2e-5", "finetune.target_modules=[q_proj]",
+                                       "scaling.params={beta_fast: 16}", "output.report_to=tensorboard", "data.pose=false"])
+    assert config.train.max_steps == 3 and config.train.learning_rate == 2e-5
+    assert config.finetune.target_modules == ["q_proj"] and config.scaling.params == {"beta_fast": 16}
+    assert config.output.report_to == ["tensorboard"] and config.data.pose is False
+
+
+@pytest.mark.parametrize("override,suggestion", [
+    ("train.max_step=3", "train.max_steps"),
+    ("trian.max_steps=3", "train.max_steps"),
+    ("lora.rank=4", "finetune.rank"),
+    ("rank=4", "finetune.rank"),
+    ("data.windw=64", "data.window"),
+])
+def test_unknown_keys_suggest_the_closest(override, suggestion):
+    with pytest.raises(ConfigError, match=f"Unknown config key .*Did you mean '{suggestion}'"):
+        load_config(TINY_RECIPE, [override])
+
+
+def test_unknown_key_in_a_yaml_file(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("model:\n  name: x\n  precission: fp32\n")
+    with pytest.raises(ConfigError, match="'model.precision'"):
+        load_config(path)
+
+
+@pytest.mark.parametrize("override,match", [
+    ("train.max_steps=abc", "train.max_steps expects an integer"),
+    ("data.pose=maybe", "data.pose expects true or false"),
+    ("model.precision=fp8", "model.precision='fp8' is not one of"),
+    ("scaling.method=yarm", "Did you mean 'yarn'"),
+    ("scaling.target_length=256", "not both"),
+    ("data.pose_target_length=16", r"data.window \(32\) is longer than data.pose_target_length \(16\)"),
+    ("data.source=null", "data.source is not set"),
+    ("finetune.target_modules=[]", "target_modules is empty"),
+    ("train.warmup_steps=99", "warmup_steps must be in"),
+    ("model.attn_implementation=flash_attention_2", "Use model.attn_implementation=sdpa"),
+    ("train.max_grad_norm=0", "max_grad_norm must be > 0"),
+])
+def test_bad_values_are_refused_with_the_fix(override, match):
+    with pytest.raises(ConfigError, match=match):
+        load_config(TINY_RECIPE, [override])
+
+
+def test_missing_config_file_and_malformed_override():
+    with pytest.raises(FileNotFoundError, match="not found"):
+        load_config("recipes/configs/no/such.yaml")
+    with pytest.raises(ConfigError, match="not key=value"):
+        load_config(TINY_RECIPE, ["train.max_steps"])
+
+
+def test_fingerprint_ignores_output_keys_only():
+    base = load_config(TINY_RECIPE)
+    moved = load_config(TINY_RECIPE, ["output.dir=elsewhere", "output.log_every=5"])
+    changed = load_config(TINY_RECIPE, ["finetune.rank=8"])
+    assert base.fingerprint() == moved.fingerprint() != changed.fingerprint()
+    assert config_differences(base.to_dict(), changed.to_dict()) == ["finetune.rank: 4 -> 8"]
+
+
+def test_yaml_round_trip(tmp_path):
+    config = load_config(TINY_RECIPE, ["train.learning_rate=3e-4"])
+    path = tmp_path / "again.yaml"
+    path.write_text(config.to_yaml())
+    assert load_config(path).to_dict() == config.to_dict()

@@ -1,0 +1,52 @@
+"""The tiny recipe on 2 CPU processes (gloo, via `accelerate launch`) gives the weights one process gets
+with the same global batch (kill-and-resume is tested single-process in test_training_trainer.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.training_helpers import one_thread  # noqa: F401  (autouse fixture)
+from tests.training_helpers import REPO, TINY_CORPUS, TINY_MODEL, TINY_RECIPE, load_safetensors, max_difference, tiny_config
+
+from hf_posext.training.trainer import train
+
+pytestmark = pytest.mark.multiprocess
+
+COMMON = ["finetune.dropout=0", "train.max_steps=4", "output.checkpoint_every=2", "output.save_merged=false"]
+
+
+def _launch(out, *extra):
+    command = [
+        sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(REPO / "recipes/accelerate/cpu_2proc.yaml"),
+        "--main_process_port", "0", str(REPO / "recipes/finetune.py"), "--config", str(TINY_RECIPE),
+        f"model.name={TINY_MODEL}", f"data.source={TINY_CORPUS}", f"output.dir={out}", "train.batch_size=1",
+        *COMMON, "--no-progress", *extra,
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done
+
+
+def test_two_processes_match_one_process_with_the_same_global_batch(tmp_path):
+    out = tmp_path / "two"
+    _launch(out)
+    assert (out / "adapter" / "adapter_model.safetensors").is_file()
+    state = json.loads((out / "checkpoints" / "step-00000002" / "state.json").read_text())
+    assert state["num_processes"] == 2 and state["samples_seen"] == 2 * 2 * 2
+    assert (out / "checkpoints" / "step-00000002" / "rng-rank1.pt").is_file()
+
+    # one process, 2 windows per micro-batch: the same global batches as 2 processes x 1 window
+    single = tmp_path / "one"
+    train(tiny_config(single, "train.batch_size=2", *COMMON), progress=False)
+    a = load_safetensors(out / "checkpoints" / "step-00000004" / "trainable.safetensors")
+    b = load_safetensors(single / "checkpoints" / "step-00000004" / "trainable.safetensors")
+    assert max_difference(a, b) < 1e-5
+    losses = [json.loads(line)["loss"] for line in (out / "log.jsonl").read_text().splitlines()]
+    single_losses = [json.loads(line)["loss"] for line in (single / "log.jsonl").read_text().splitlines()]
+    assert losses == pytest.approx(single_losses, abs=1e-5)

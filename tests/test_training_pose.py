@@ -1,0 +1,126 @@
+"""PoSE position-id sampling and the packed, resumable training batches."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.training_helpers import one_thread  # noqa: F401  (autouse fixture)
+
+from hf_posext.training.data import PackedWindows, tokenize_and_pack
+from hf_posext.training.pose import pose_position_ids, sample_generator
+
+
+@pytest.mark.parametrize("window,target,chunks", [(8, 32, 2), (16, 64, 3), (5, 6, 2), (32, 256, 4), (2, 1000, 2)])
+def test_positions_increase_start_at_zero_and_stay_inside_the_target(window, target, chunks):
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(300):
+        positions = pose_position_ids(window, target, chunks, generator)
+        assert positions.shape == (window,) and positions.dtype == torch.long
+        assert int(positions[0]) == 0 and int(positions[-1]) <= target - 1
+        steps = positions[1:] - positions[:-1]
+        assert bool((steps >= 1).all())
+        # contiguous inside chunks: at most chunks - 1 jumps
+        assert int((steps > 1).sum()) <= chunks - 1
+
+
+def test_draws_cover_the_whole_target_range():
+    """Over many samples the last position reaches the end of the target and the skips span [0, T - W]."""
+    window, target = 8, 40
+    generator = torch.Generator().manual_seed(1)
+    lasts, seen = set(), torch.zeros(target, dtype=torch.bool)
+    for _ in range(3000):
+        positions = pose_position_ids(window, target, 2, generator)
+        lasts.add(int(positions[-1]))
+        seen[positions] = True
+    assert max(lasts) == target - 1 and min(lasts) == window - 1
+    assert bool(seen.all())  # every position of [0, T) is trained
+
+
+def test_two_chunks_follow_the_paper_rule():
+    """N = 2: the second chunk is shifted by one bias u ~ U{0..T-W}; chunk 1 stays at 0..l-1."""
+    generator = torch.Generator().manual_seed(2)
+    biases = set()
+    for _ in range(2000):
+        positions = pose_position_ids(6, 12, 2, generator)
+        shift = positions - torch.arange(6)
+        cut = int((shift == 0).sum()) if int(shift[-1]) else 6
+        assert bool((shift[:cut] == 0).all()) and len(set(shift[cut:].tolist())) <= 1
+        biases.add(int(shift[-1]))
+    assert biases == set(range(0, 12 - 6 + 1))
+
+
+def test_degenerate_cases_and_determinism():
+    assert torch.equal(pose_position_ids(8, 8, 2), torch.arange(8))  # no room to skip
+    assert torch.equal(pose_position_ids(8, 100, 1), torch.arange(8))  # one chunk
+    a = pose_position_ids(16, 128, 3, sample_generator(0, 1, 5))
+    b = pose_position_ids(16, 128, 3, sample_generator(0, 1, 5))
+    c = pose_position_ids(16, 128, 3, sample_generator(0, 1, 6))
+    assert torch.equal(a, b) and not torch.equal(a, c)
+
+
+@pytest.mark.parametrize("args,match", [
+    ((16, 8), "must be an int >= the training window"),
+    ((0, 8), "positive int"),
+    ((8, 32, 9), "num_chunks"),
+    ((8, 32, 0), "num_chunks"),
+])
+def test_bad_arguments_raise_clear_errors(args, match):
+    with pytest.raises(ValueError, match=match):
+        pose_position_ids(*args)
+
+
+class _CharTokenizer:
+    eos_token_id = 0
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [1 + (ord(c) % 100) for c in text]}
+
+
+def test_packing_fills_whole_windows_and_errors_on_too_little_text():
+    tokenizer = _CharTokenizer()
+    windows = tokenize_and_pack(["abcdefg", "hijk"], tokenizer, window=4)
+    # 7 + eos + 4 + eos = 13 tokens: three full windows, the last token dropped
+    stream = tokenizer("abcdefg")["input_ids"] + [0] + tokenizer("hijk")["input_ids"]
+    assert windows.shape == (3, 4) and windows.flatten().tolist() == stream[:12]
+    assert tokenize_and_pack(["abcdefg", "hijk"], tokenizer, window=4, max_tokens=9).shape == (2, 4)
+    from hf_posext.training.data import NoDataError
+
+    with pytest.raises(NoDataError, match="fewer than one window"):
+        tokenize_and_pack(["ab"], _CharTokenizer(), window=16)
+
+
+def test_batches_are_a_function_of_the_step_and_split_across_processes():
+    windows = torch.arange(40 * 8).view(40, 8)
+    data = PackedWindows(windows, seed=3, pose_target_length=64)
+    single = data.batch(micro_batch=5, rank=0, num_processes=1, batch_size=4)
+    again = PackedWindows(windows, seed=3, pose_target_length=64).batch(5, 0, 1, 4)
+    for key in single:
+        assert torch.equal(single[key], again[key])
+    # two processes with 2 samples each see exactly the 4 samples one process sees
+    rank0, rank1 = data.batch(5, 0, 2, 2), data.batch(5, 1, 2, 2)
+    assert torch.equal(torch.cat([rank0["input_ids"], rank1["input_ids"]]), single["input_ids"])
+    assert torch.equal(torch.cat([rank0["position_ids"], rank1["position_ids"]]), single["position_ids"])
+    assert bool((single["attention_mask"] == 1).all()) and torch.equal(single["labels"], single["input_ids"])
+    # one epoch visits every window once
+    seen = torch.cat([data.batch(m, 0, 1, 4)["input_ids"][:, 0] for m in range(10)])
+    assert sorted((seen // 8).tolist()) == list(range(40))
+
+
+def test_pose_chunks_attend_to_each_other_in_the_model():
+    """The batch's explicit attention mask keeps transformers from reading PoSE skips as packed-sequence
+    boundaries: changing a token of chunk 1 must change the predictions in chunk 2."""
+    from hf_posext.models import tiny_model
+
+    model = tiny_model("llama", attn_implementation="sdpa")
+    windows = torch.randint(3, 128, (1, 16), generator=torch.Generator().manual_seed(0))
+    data = PackedWindows(windows, seed=0, pose_target_length=64)
+    batch = data.batch(0, 0, 1, 1)
+    positions = batch["position_ids"][0]
+    jump = int(torch.nonzero(positions[1:] - positions[:-1] > 1)[0]) + 1
+    changed = {k: v.clone() for k, v in batch.items()}
+    changed["input_ids"][0, 0] = (changed["input_ids"][0, 0] + 1) % 128
+    with torch.no_grad():
+        a = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], attention_mask=batch["attention_mask"]).logits
+        b = model(input_ids=changed["input_ids"], position_ids=changed["position_ids"], attention_mask=changed["attention_mask"]).logits
+    assert (a[0, jump:] - b[0, jump:]).abs().max() > 1e-4

@@ -247,7 +247,7 @@ def _has_rotary(model: nn.Module) -> bool:
     for _, module in model.named_modules():
         if type(module).__name__ == "ScaledRotaryEmbedding":
             return True
-        if families._accepts_position_ids(module) and families._frequency_buffers(module) is not None:
+        if families.accepts_position_ids(module) and families.frequency_buffers(module) is not None:
             return True
     return False
 
@@ -319,12 +319,16 @@ def _find_sinusoids(model: nn.Module, fields: dict[str, int]) -> list[SinusoidSi
     return sites
 
 
-def _declares_alibi(model: nn.Module) -> bool:
-    config = model.config
+def _config_declares_alibi(config) -> bool:
+    """Falcon's ``alibi=True``, MPT's ``attn_config.alibi``: ALiBi even where a rotary module exists unused."""
     if getattr(config, "alibi", False) is True:
         return True
     attn_config = getattr(config, "attn_config", None)
-    if attn_config is not None and getattr(attn_config, "alibi", False) is True:
+    return attn_config is not None and getattr(attn_config, "alibi", False) is True
+
+
+def _declares_alibi(model: nn.Module) -> bool:
+    if _config_declares_alibi(model.config):
         return True
     for _, module in model.named_modules():
         if getattr(module, "use_alibi", False) is True:
@@ -382,12 +386,15 @@ def find_absolute_positions(model: nn.Module) -> AbsolutePositions | None:
         UnsupportedModelError: a model with both a learned table and a sinusoidal encoding.
     """
     config = getattr(model, "config", None)
-    if config is None or _has_rotary(model):
+    if config is None:
+        return None
+    alibi_by_config = _config_declares_alibi(config)
+    if not alibi_by_config and _has_rotary(model):
         return None
     family = getattr(config, "model_type", type(model).__name__)
     fields = _window_fields(config)
-    tables = _find_tables(model, fields)
-    sinusoids = _find_sinusoids(model, fields)
+    tables = [] if alibi_by_config else _find_tables(model, fields)
+    sinusoids = [] if alibi_by_config else _find_sinusoids(model, fields)
     if tables and sinusoids:
         raise UnsupportedModelError(
             f"{type(model).__name__} has both learned position tables ({', '.join(t.path for t in tables)}) and "
@@ -697,8 +704,6 @@ def patch_absolute(
             f"The new window ({new_window} = {window} x {scale:g}) is shorter than the {positions.window} positions "
             f"the model already has; use a factor of at least {positions.window / window:g}."
         )
-    if positions.kind == "learned" and method_name == "none" and new_window != positions.window:
-        get_method("none", "learned").compute(positions.tables[0].original_weight[:1].expand(positions.window, -1), new_window, exact)
     original_config = {}
     config = positions.config
     for name, value in positions.config_fields.items():
@@ -710,12 +715,13 @@ def patch_absolute(
         original_config[CONFIG_KEY] = base_record
     record = _record(scaling, positions, new_window, json.loads(json.dumps(original_config, default=str)))
     assignments = _plan(positions, scaling, exact, new_window, record, base_record)
-    tokenizers = _update_tokenizers(tokenizer, new_window)
+    _update_tokenizers(tokenizer, new_window)  # validates before anything changes
 
     if previous is not None:
         _revert(previous.assignments)
         for tok, value in previous.tokenizers:
             tok.model_max_length = value
+    tokenizers = _update_tokenizers(tokenizer, new_window)  # original lengths, after the previous patch is undone
     try:
         _apply(assignments)
     except Exception:
@@ -794,7 +800,7 @@ def _kind_notes(positions: AbsolutePositions) -> list[str]:
     if positions.kind == "alibi":
         limit = ", ".join(f"config.{name}={value}" for name, value in positions.config_fields.items())
         return [
-            "ALiBi biases attention by distance and extrapolates by design: no scaling is needed. "
+            "ALiBi needs no scaling: it biases attention by distance and extrapolates by design. "
             + (f"hf_posext.patch only lifts the length limit ({limit})." if limit else "This model has no length limit to lift.")
         ]
     if positions.kind == "sinusoidal":

@@ -35,6 +35,8 @@ __all__ = [
     "set_rope_parameters",
     "original_window",
     "SUPPORTED_FAMILIES",
+    "accepts_position_ids",
+    "frequency_buffers",
 ]
 
 #: Families covered by the tests (any model with the same structure works too).
@@ -192,14 +194,14 @@ class RotarySite:
         return torch.device("cpu")
 
 
-def _accepts_position_ids(module: nn.Module) -> bool:
+def accepts_position_ids(module: nn.Module) -> bool:
     try:
         return "position_ids" in inspect.signature(module.forward).parameters
     except (TypeError, ValueError):
         return False
 
 
-def _frequency_buffers(module: nn.Module) -> tuple[str, dict[str | None, int]] | None:
+def frequency_buffers(module: nn.Module) -> tuple[str, dict[str | None, int]] | None:
     """(layout, rotary dim per layer type) from a module's own buffers, or None if it holds no RoPE."""
     buffers = dict(module.named_buffers(recurse=False))
     if "inv_freq" in buffers:
@@ -288,9 +290,9 @@ def find_rotary_sites(model: nn.Module) -> list[RotarySite]:
     """
     sites = []
     for path, module in model.named_modules():
-        if isinstance(module, ScaledRotaryEmbedding) or not _accepts_position_ids(module):
+        if isinstance(module, ScaledRotaryEmbedding) or not accepts_position_ids(module):
             continue
-        found = _frequency_buffers(module)
+        found = frequency_buffers(module)
         if found is None:
             continue
         layout, dims = found

@@ -255,7 +255,9 @@ def patch(
         factor: scale s >= 1; the new window is L * s. Give this or ``target_length``.
         target_length: the window you need (factor = target_length / L).
         original_max_position_embeddings: override the pre-training window L read from the config.
-        **method_params: the method's parameters (e.g. ``beta_fast=32``, ``low_freq_factor=1``).
+        **method_params: the method's parameters (e.g. ``beta_fast=32``, ``low_freq_factor=1``). For
+            learned/sinusoidal/ALiBi models, ``tokenizer=`` also sets the tokenizer's
+            ``model_max_length`` (restored by ``unpatch``); see docs/absolute.md.
 
     Returns:
         The same model, patched. Patching again replaces the previous scaling (it never compounds).

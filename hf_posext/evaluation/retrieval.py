@@ -14,6 +14,7 @@ cached keys and new queries share one rotation.
 
 from __future__ import annotations
 
+import inspect
 import re
 from typing import Any, Sequence
 
@@ -33,11 +34,22 @@ def first_integer(text: str) -> str | None:
     return match.group(0) if match else None
 
 
-def _crop(cache: Any, length: int) -> None:
-    if hasattr(cache, "crop"):
-        cache.crop(length)
-    else:  # legacy tuple caches are not used by transformers >= 4.57 models
+def _drop_last(cache: Any, count: int) -> None:
+    # A negative crop removes tokens from the end in transformers 4.57 and 5.x alike.
+    if count <= 0:
+        return
+    if not hasattr(cache, "crop"):
         raise TypeError(f"Cannot rewind a {type(cache).__name__} KV cache; use generate=False.")
+    cache.crop(-count)
+
+
+def _cache_argument(decoder: torch.nn.Module) -> str:
+    # transformers 5.x renamed the decoder's ``past_key_values`` argument to ``cache``.
+    return "cache" if "cache" in inspect.signature(decoder.forward).parameters else "past_key_values"
+
+
+def _returned_cache(output: Any) -> Any:
+    return output.get("cache", None) if output.get("cache", None) is not None else output.get("past_key_values")
 
 
 @torch.no_grad()
@@ -84,13 +96,14 @@ def score_retrieval(
             hidden = decoder(input_ids=ids, use_cache=False).last_hidden_state
             logits = head_logits(model, hidden[:, prompt_length - 1 :])
         else:
+            cache_name = _cache_argument(decoder)
             out = decoder(input_ids=prompt_ids, use_cache=True)
-            cache = out.past_key_values
+            cache = _returned_cache(out)
             first = head_logits(model, out.last_hidden_state[:, -1:])
             if answer_length > 1:
-                rest = decoder(input_ids=answer_ids[:, :-1], past_key_values=cache, use_cache=True).last_hidden_state
+                rest = decoder(input_ids=answer_ids[:, :-1], use_cache=True, **{cache_name: cache}).last_hidden_state
                 logits = torch.cat([first, head_logits(model, rest)], dim=1)
-                _crop(cache, prompt_length)
+                _drop_last(cache, answer_length - 1)
             else:
                 logits = first
         predicted = logits.argmax(-1).to(answer_ids.device)
@@ -104,7 +117,7 @@ def score_retrieval(
             token = first[:, -1].argmax(-1).to(device)
             generated = [token]
             for _ in range(max_new_tokens - 1):
-                hidden = decoder(input_ids=token[:, None], past_key_values=cache, use_cache=True).last_hidden_state
+                hidden = decoder(input_ids=token[:, None], use_cache=True, **{cache_name: cache}).last_hidden_state
                 token = head_logits(model, hidden[:, -1:])[:, -1].argmax(-1).to(device)
                 generated.append(token)
             tokens = torch.stack(generated, dim=1).tolist()

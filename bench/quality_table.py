@@ -1,0 +1,99 @@
+#!/usr/bin/env python
+"""Quality table on SmolLM2: methods x lengths, perplexity on books and passkey, resumable.
+
+Runs the library's perplexity and passkey evaluations (one model load, methods side by side), then the
+longest extra lengths (default 32768) for the three methods with the best perplexity at the longest
+regular length, and writes ``quality.md`` (tables + which method wins where) and plots next to the JSON.
+Interrupt it at any time: the same command continues where it stopped.
+
+    python bench/quality_table.py                                   # 4096,8192,16384 (+32768 for the best 3)
+    python bench/quality_table.py --lengths 4096,8192 --extra-lengths "" --passkey-trials 1   # a CPU subset
+    python bench/quality_table.py --device cuda --dtype bfloat16 --extra-lengths 32768,65536    # on a GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+METHODS = "none,linear,ntk,dynamic-ntk,yarn,dynamic-yarn"
+
+
+def winners(cells: dict, metric: str, lower_is_better: bool) -> dict[int, tuple[str, float]]:
+    """Best method per length by the mean of ``metric`` over that length's cells."""
+    values: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for record in cells.values():
+        if record.get(metric) is not None:
+            name = record["method"] if record["method"] == "none" else f"{record['method']} x{record['factor']:g}"
+            values[record["length"]][name].append(record[metric])
+    best = {}
+    for length, by_method in values.items():
+        means = {m: sum(v) / len(v) for m, v in by_method.items()}
+        name = (min if lower_is_better else max)(means, key=means.get)
+        best[length] = (name, means[name])
+    return best
+
+
+def main() -> int:
+    from hf_posext.evaluation import evaluate_passkey, evaluate_perplexity, parse_lengths, parse_methods
+    from hf_posext.evaluation.report import markdown_tables, write_plots
+    from hf_posext.evaluation.runner import Distributed, load_model_and_tokenizer
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--methods", default=METHODS)
+    parser.add_argument("--lengths", default="4096,8192,16384")
+    parser.add_argument("--extra-lengths", default="32768", help="lengths run only for the best --extra-top methods ('' for none)")
+    parser.add_argument("--extra-top", type=int, default=3)
+    parser.add_argument("--factor", type=float, help="scale factor (default: longest length / 8192, per phase)")
+    parser.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "books"))
+    parser.add_argument("--max-windows", type=int, default=4)
+    parser.add_argument("--passkey-trials", type=int, default=3)
+    parser.add_argument("--passkey-depths", default="0.1,0.5,0.9")
+    parser.add_argument("--no-generate", dest="generate", action="store_false", help="passkey: teacher-forced only")
+    parser.add_argument("--device", default=None)
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--batch-size", type=int, default=1)
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "quality"))
+    args = parser.parse_args()
+
+    dist = Distributed()
+    model, tokenizer = load_model_and_tokenizer(args.model, dtype=args.dtype, device=args.device or dist.default_device())
+    lengths = parse_lengths(args.lengths)
+    methods = parse_methods(args.methods)
+    depths = [float(d) for d in args.passkey_depths.split(",")]
+    common = dict(out_dir=args.out, model_name=args.model, batch_size=args.batch_size, dist=dist, extra_config={"dtype": args.dtype})
+
+    def run(phase_methods, phase_lengths, factor):
+        ppl = evaluate_perplexity(model, tokenizer, data=args.data, methods=phase_methods, lengths=phase_lengths, factor=factor,
+                                  max_windows=args.max_windows, **common)
+        key = evaluate_passkey(model, tokenizer, methods=phase_methods, lengths=phase_lengths, factor=factor, depths=depths,
+                               trials=args.passkey_trials, generate=args.generate, **common)
+        return ppl, key
+
+    factor = args.factor or max(lengths) / 8192
+    ppl, key = run(methods, lengths, factor)
+    extra = parse_lengths(args.extra_lengths) if args.extra_lengths.strip() else []
+    if extra:
+        at_longest = {r["method"]: r["ppl"] for r in ppl.cells.values() if r["length"] == max(lengths) and r["method"] != "none"}
+        top = sorted(at_longest, key=at_longest.get)[: args.extra_top]
+        extra_factor = args.factor or max(extra) / 8192
+        ppl, key = run(parse_methods(",".join(top)), extra, extra_factor)
+    if dist.is_main:
+        lines = [f"# Quality table: {args.model}", "", "Command: `python " + " ".join(sys.argv) + "`", "", markdown_tables([ppl.data, key.data]), "",
+                 "## Winners", ""]
+        for metric, lower, label in (("ppl", True, "perplexity"), ("teacher_forced_accuracy", False, "passkey (teacher-forced)")):
+            source = ppl.cells if metric == "ppl" else key.cells
+            for length, (name, value) in sorted(winners(source, metric, lower).items()):
+                lines.append(f"- {label} at {length}: **{name}** ({value:.3f})")
+        (Path(args.out) / "quality.md").write_text("\n".join(lines) + "\n")
+        write_plots([ppl.data, key.data], args.out)
+        print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

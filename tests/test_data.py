@@ -1,0 +1,111 @@
+"""Text sources: local files and folders, built-in text, errors."""
+
+import json
+
+import pytest
+
+from hf_posext import data
+
+
+def test_txt_file_is_one_document_and_bad_bytes_are_replaced(tmp_path):
+    path = tmp_path / "book.txt"
+    path.write_bytes(b"First line.\nSecond \xff line.\n")
+    documents = data.load_documents(path)
+    assert len(documents) == 1
+    assert documents[0].startswith("First line.")
+    assert "\ufffd" in documents[0]
+
+
+def test_jsonl_reads_default_and_named_fields(tmp_path):
+    path = tmp_path / "docs.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in [{"text": "alpha"}, {"text": "beta"}, {"content": "gamma"}]) + "\n\n")
+    assert data.load_documents(path) == ["alpha", "beta", "gamma"]
+    named = tmp_path / "named.jsonl"
+    named.write_text(json.dumps({"body_text": "delta", "text": "ignored"}) + "\n")
+    assert data.load_documents(named, text_field="body_text") == ["delta"]
+
+
+def test_jsonl_without_text_field_names_the_problem(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps({"title": "x"}) + "\n")
+    with pytest.raises(ValueError, match="no text field"):
+        data.load_documents(path)
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text("{not json\n")
+    with pytest.raises(ValueError, match="broken.jsonl:1"):
+        data.load_documents(broken)
+
+
+def test_folder_is_read_recursively_in_sorted_order(tmp_path):
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "2.txt").write_text("second")
+    (tmp_path / "a.txt").write_text("first")
+    (tmp_path / "notes.md").write_text("ignored")
+    (tmp_path / "c.jsonl").write_text(json.dumps({"text": "third"}) + "\n")
+    assert data.load_documents(tmp_path) == ["first", "second", "third"]
+    assert data.load_documents(tmp_path, max_documents=2) == ["first", "second"]
+
+
+def test_parquet_column(tmp_path):
+    pyarrow = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as parquet
+
+    path = tmp_path / "docs.parquet"
+    parquet.write_table(pyarrow.table({"text": ["one", "two"], "id": [1, 2]}), path)
+    assert data.load_documents(path) == ["one", "two"]
+    with pytest.raises(ValueError, match="no text column"):
+        data.load_documents(path, text_field="missing")
+
+
+def test_missing_path_and_empty_sources_fail_clearly(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        data.load_documents(tmp_path / "nope.txt")
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        data.load_documents("./no/such/folder")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ValueError, match="holds no"):
+        data.load_documents(empty)
+    blank = tmp_path / "blank.txt"
+    blank.write_text("   \n")
+    with pytest.raises(ValueError, match="no non-empty document"):
+        data.load_documents(blank)
+    with pytest.raises(ValueError, match="Unknown built-in"):
+        data.load_documents("builtin:nothing")
+
+
+def test_dataset_name_streams_through_datasets(monkeypatch):
+    import sys
+    import types
+
+    calls = []
+
+    def load_dataset(name, config_name, split, streaming):
+        calls.append((name, config_name, split, streaming))
+        return iter([{"text": "row one"}, {"text": ""}, {"text": "row two"}, {"text": "row three"}])
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    assert data.load_documents("wikitext:wikitext-103-raw-v1", max_documents=2) == ["row one", "row two"]
+    assert calls == [("wikitext", "wikitext-103-raw-v1", "test", True)]
+
+
+def test_dataset_name_without_datasets_says_how_to_install(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "datasets", None)
+    with pytest.raises(ImportError, match="pip install datasets"):
+        data.load_documents("some-org/some-dataset")
+
+
+def test_builtin_python_docs_is_long_prose_and_deterministic():
+    text = data.python_docs_text()
+    assert len(text) > 200_000
+    assert text == data.load_documents("builtin:python-docs")[0]
+    assert ">>>" not in text
+    assert len(data.split_sentences(text)) > 2000
+
+
+def test_split_sentences_keeps_the_end_marks():
+    assert data.split_sentences("One. Two! Three? Four") == ["One.", "Two!", "Three?", "Four"]
+    assert data.split_sentences('He said "Go." Then left.') == ['He said "Go."', "Then left."]
+    assert data.split_sentences("") == []

@@ -1,0 +1,92 @@
+"""Passkey: prompt format and exact length, seeded keys, cached scoring equals generate and one forward."""
+
+import pytest
+import torch
+
+import hf_posext
+from hf_posext.evaluation import passkey
+from hf_posext.evaluation.retrieval import first_integer, score_retrieval
+from hf_posext.evaluation.runner import AsciiTokenizer, parse_methods
+from hf_posext.models import tiny_model
+
+TOKENIZER = AsciiTokenizer()
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model("llama", seed=0, max_position_embeddings=256)
+
+
+@pytest.mark.parametrize("depth", [0.0, 0.5, 1.0])
+def test_prompt_has_the_landmark_format_and_exact_length(depth):
+    prompt, answer = passkey.build_passkey_prompt(TOKENIZER, 700, depth, "48213")
+    text = TOKENIZER.decode(prompt)
+    assert len(prompt) == 700
+    assert text.startswith(passkey.TASK_DESCRIPTION)
+    assert text.endswith("What is the pass key? The pass key is")
+    assert "The pass key is 48213. Remember it. 48213 is the pass key." in text
+    assert passkey.FILLER.strip() in text
+    assert TOKENIZER.decode(answer) == " 48213"
+
+
+def test_depth_moves_the_passkey():
+    positions = []
+    for depth in (0.0, 0.25, 0.5, 0.75, 1.0):
+        text = TOKENIZER.decode(passkey.build_passkey_prompt(TOKENIZER, 2000, depth, "11111")[0])
+        positions.append(text.index("The pass key is 11111"))
+    assert positions == sorted(positions) and positions[0] < 200 and positions[-1] > 1500
+
+
+def test_too_short_a_length_fails_clearly():
+    with pytest.raises(ValueError, match="no room"):
+        passkey.build_passkey_prompt(TOKENIZER, 100, 0.5, "12345")
+
+
+def test_passkeys_are_seeded():
+    assert passkey.draw_passkey(0, 4096, 0.5, 0) == passkey.draw_passkey(0, 4096, 0.5, 0)
+    keys = {passkey.draw_passkey(0, 4096, 0.5, t) for t in range(20)}
+    assert len(keys) > 15 and all(len(k) == 5 for k in keys)
+    assert passkey.draw_passkey(1, 4096, 0.5, 0) != passkey.draw_passkey(0, 4096, 0.5, 0)
+
+
+def test_first_integer():
+    assert first_integer(" 48213. Remember") == "48213"
+    assert first_integer("no digits") is None
+
+
+@pytest.mark.parametrize("method", ["none", "yarn", "dynamic-yarn"])
+def test_cached_scoring_matches_generate_and_one_forward(model, method):
+    hf_posext.patch(model, method, 2.0 if method != "none" else 1.0)
+    try:
+        prompt, answer = passkey.build_passkey_prompt(TOKENIZER, 340, 0.5, "48213")
+        with_generation = score_retrieval(model, TOKENIZER, [prompt], [answer], ["48213"], max_new_tokens=8)[0]
+        teacher_only = score_retrieval(model, TOKENIZER, [prompt], [answer], ["48213"], max_new_tokens=8, generate=False)[0]
+        assert with_generation["answer_token_accuracy"] == teacher_only["answer_token_accuracy"]
+        reference = model.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False)[0, len(prompt):]
+        assert with_generation["generated"] == TOKENIZER.decode(reference.tolist())
+    finally:
+        hf_posext.unpatch(model)
+
+
+def test_teacher_forced_score_counts_argmax_tokens(model):
+    prompt, _ = passkey.build_passkey_prompt(TOKENIZER, 340, 0.5, "48213")
+    # Use the model's own greedy continuation as the "answer": every token is then the argmax.
+    greedy = model.generate(torch.tensor([prompt]), max_new_tokens=4, do_sample=False)[0, len(prompt):].tolist()
+    result = score_retrieval(model, TOKENIZER, [prompt], [greedy], ["0"], max_new_tokens=4)[0]
+    assert result["teacher_forced"] and result["answer_token_accuracy"] == 1.0
+    shifted = [(t + 1) % 128 for t in greedy]
+    result = score_retrieval(model, TOKENIZER, [prompt], [shifted], ["0"], max_new_tokens=4)[0]
+    assert not result["teacher_forced"] and result["answer_token_accuracy"] == 0.0
+
+
+def test_evaluate_passkey_grid(model, tmp_path):
+    store = passkey.evaluate_passkey(
+        model, TOKENIZER, methods=parse_methods("none,yarn"), lengths=[350, 512], depths=[0.0, 1.0], trials=2,
+        out_dir=tmp_path, model_name="tiny", max_new_tokens=6, batch_size=2,
+    )
+    assert len(store.cells) == 2 * 2 * 2
+    record = next(c for c in store.cells.values() if c["method"] == "yarn" and c["length"] == 512 and c["depth"] == 1.0)
+    assert record["factor"] == 2.0 and record["trials"] == 2
+    assert set(record) >= {"greedy_accuracy", "teacher_forced_accuracy", "answer_token_accuracy"}
+    keys = {u["passkey"] for c in store.cells.values() if c["length"] == 512 and c["depth"] == 1.0 for u in c["units"]}
+    assert len(keys) == 2  # both methods saw the same two passkeys

@@ -1,0 +1,119 @@
+"""Perplexity: chunked loss parity, windows, the side-by-side grid, resume, warnings."""
+
+import json
+import math
+
+import pytest
+import torch
+
+import hf_posext
+from hf_posext.evaluation import perplexity
+from hf_posext.evaluation.runner import AsciiTokenizer, MethodRequest, parse_methods
+from hf_posext.models import tiny_model
+
+TEXT = ("The quick brown fox jumps over the lazy dog. " * 40).strip()
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model("llama", seed=0)
+
+
+@pytest.mark.parametrize("chunk_size", [1, 7, 64, 4096])
+def test_chunked_nll_matches_the_full_logits_loss(model, chunk_size):
+    torch.manual_seed(1)
+    ids = torch.randint(0, 128, (2, 48))
+    nll, scored = perplexity.chunked_nll(model, ids, chunk_size)
+    assert scored == 47
+    for row in range(2):
+        reference = model(ids[row : row + 1], labels=ids[row : row + 1]).loss.double() * 47
+        torch.testing.assert_close(nll[row], reference, rtol=1e-5, atol=1e-5)
+
+
+def test_chunked_nll_rejects_bad_shapes(model):
+    with pytest.raises(ValueError, match="batch, tokens>=2"):
+        perplexity.chunked_nll(model, torch.tensor([1, 2, 3]))
+
+
+def test_windows_skip_short_documents_and_start_with_bos():
+    docs = [list(range(10)), list(range(3)), list(range(25))]
+    windows, skipped = perplexity.make_windows(docs, 8, bos_id=None)
+    assert skipped == 1
+    assert [(d, s) for d, s, _ in windows] == [(0, 0), (2, 0), (2, 8), (2, 16)]
+    windows, _ = perplexity.make_windows(docs, 8, max_windows=2, bos_id=99)
+    assert windows[0][2] == [99] + list(range(7)) and len(windows) == 2
+    with pytest.raises(ValueError, match="longest has 25"):
+        perplexity.make_windows(docs, 64)
+
+
+def test_bos_auto_follows_the_tokenizer():
+    assert perplexity.uses_bos(AsciiTokenizer(), "auto") is None
+    with pytest.raises(ValueError, match="no BOS"):
+        perplexity.uses_bos(AsciiTokenizer(), "yes")
+
+
+def test_concatenate_joins_documents():
+    class Tok(AsciiTokenizer):
+        eos_token_id = 3
+
+    joined = perplexity.tokenize_documents(Tok(), ["ab", "cd"], concatenate=True)
+    assert joined == [[97, 98, 3, 99, 100]]
+
+
+def _run(model, tmp_path, methods="none,yarn,dynamic-yarn", lengths=(32, 64, 128), **kwargs):
+    return perplexity.evaluate_perplexity(
+        model, AsciiTokenizer(), data=[TEXT, "short"], methods=parse_methods(methods), lengths=lengths,
+        out_dir=tmp_path, model_name="tiny", max_windows=2, **kwargs,
+    )
+
+
+def test_side_by_side_grid_factor_reuse_and_records(model, tmp_path):
+    with pytest.warns(UserWarning, match="supports 64 tokens; evaluating 128"):
+        store = _run(model, tmp_path)
+    cells = store.cells
+    assert len(cells) == 9
+    none = {c["length"]: c for c in cells.values() if c["method"] == "none"}
+    yarn = {c["length"]: c for c in cells.values() if c["method"] == "yarn"}
+    dynamic = {c["length"]: c for c in cells.values() if c["method"] == "dynamic-yarn"}
+    # factor omitted: longest length / window = 128 / 64
+    assert yarn[32]["factor"] == 2.0 and none[32]["factor"] == 1.0
+    assert none[128]["beyond_window"] and not yarn[128]["beyond_window"]
+    for length in (32, 64, 128):
+        assert none[length]["tokens"] == 2 * (length - 1)
+        assert none[length]["skipped_documents"] == 1
+        assert math.isclose(none[length]["ppl"], math.exp(none[length]["nll"]))
+    # dynamic YaRN is the unpatched model inside the window and static YaRN x2 at 2x the window
+    assert dynamic[64]["nll"] == none[64]["nll"] and dynamic[64]["reused_from"] == ["none x1"]
+    assert dynamic[128]["nll"] == yarn[128]["nll"] and dynamic[128]["reused_from"] == ["yarn x2"]
+    assert yarn[32]["nll"] != none[32]["nll"]
+    saved = json.loads(store.path.read_text())
+    assert saved["config"]["model"] == "tiny" and "torch" in saved["versions"]
+    assert store.path.with_suffix(".csv").read_text().count("\n") == 10
+
+
+def test_reuse_can_be_switched_off_and_gives_the_same_numbers(model, tmp_path):
+    store = _run(model, tmp_path / "a", methods="none,dynamic-yarn", lengths=(64,), reuse_identical=False)
+    records = {c["method"]: c for c in store.cells.values()}
+    assert "reused_from" not in records["dynamic-yarn"]
+    assert records["dynamic-yarn"]["nll"] == pytest.approx(records["none"]["nll"], abs=1e-6)
+
+
+def test_rerun_resumes_and_overwrite_recomputes(model, tmp_path, monkeypatch):
+    _run(model, tmp_path, methods="none", lengths=(32,), factor=2.0)
+    calls = []
+    original = perplexity.chunked_nll
+    monkeypatch.setattr(perplexity, "chunked_nll", lambda *a, **k: calls.append(1) or original(*a, **k))
+    store = _run(model, tmp_path, methods="none,linear", lengths=(32,), factor=2.0)
+    assert len(calls) == 2  # only linear's two windows: none was read back
+    assert len(store.cells) == 2 and len(store.data["runs"]) == 2
+    calls.clear()
+    _run(model, tmp_path, methods="none,linear", lengths=(32,), factor=2.0, overwrite=True)
+    assert len(calls) == 4
+
+
+def test_unknown_method_and_model_is_left_unpatched(model, tmp_path):
+    with pytest.raises(ValueError, match="Unknown method 'yran'"):
+        parse_methods("none,yran")
+    _run(model, tmp_path, methods="yarn", lengths=(32,))
+    assert hf_posext.describe(model).method == "none"
+    assert MethodRequest("yarn").label == "yarn"

@@ -6,6 +6,9 @@ only imports the registration (:mod:`hf_posext.lm_eval_plugin`), maps embedded m
 (``pretrained=smollm2-135m``) to their local folder so that tasks which load the tokenizer by name
 (RULER's synthetic data) find it offline, and hands over to the harness's own entry point.
 
+:func:`compare_methods` (``hf-posext lm-eval-compare``) evaluates one model under several scaling
+methods on the same tasks, built once, and :func:`format_comparison` prints the table.
+
 Example:
     python -m hf_posext.lm_eval run --model hf-posext \\
         --model_args pretrained=smollm2-135m,posext_method=yarn,posext_factor=2,dtype=float32 \\
@@ -14,15 +17,23 @@ Example:
 
 from __future__ import annotations
 
+import gc
+import json
+import logging
 import re
 import sys
+import time
+from pathlib import Path
+from typing import Any
 
-__all__ = ["main", "resolve_embedded_names", "MIN_LM_EVAL_VERSION"]
+__all__ = ["main", "resolve_embedded_names", "parse_method_spec", "compare_methods", "format_comparison", "MIN_LM_EVAL_VERSION"]
 
 #: The oldest harness release whose CLI (``lm_eval.__main__.cli_evaluate``) this was tested with.
 MIN_LM_EVAL_VERSION = "0.4.13"
 
 _MODEL_NAME_KEYS = ("pretrained", "tokenizer")
+
+logger = logging.getLogger(__name__)
 
 
 def resolve_embedded_names(argv: list[str]) -> list[str]:
@@ -85,6 +96,150 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         sys.argv = saved_argv
     return 0
+
+
+def parse_method_spec(spec: str) -> dict[str, Any]:
+    """Turn ``"yarn:factor=2,beta_fast=32"`` into ``posext_*`` model arguments (validated).
+
+    Args:
+        spec: ``METHOD`` or ``METHOD:key=value,key=value`` with keys ``factor``, ``target_length``,
+            ``original_max_position_embeddings`` or any parameter of the method.
+
+    Returns:
+        e.g. ``{"posext_method": "yarn", "posext_factor": 2, "posext_beta_fast": 32}``.
+
+    Raises:
+        ValueError: malformed text, unknown method or parameter, missing factor.
+    """
+    from hf_posext.lm_eval_plugin import POSEXT_PREFIX, parse_posext_args
+
+    method, _, rest = spec.partition(":")
+    if not method.strip():
+        raise ValueError(f"Method spec {spec!r} names no method; write e.g. 'yarn:factor=2' or 'none'.")
+    arguments: dict[str, Any] = {f"{POSEXT_PREFIX}method": method.strip()}
+    for item in filter(None, (part.strip() for part in rest.split(","))):
+        key, equals, value = item.partition("=")
+        if not equals or not key.strip():
+            raise ValueError(f"Method spec {spec!r}: expected key=value after ':', got {item!r} (e.g. yarn:factor=2).")
+        arguments[POSEXT_PREFIX + key.strip()] = value.strip()
+    request, _ = parse_posext_args(arguments)  # raises on anything unknown
+    return {f"{POSEXT_PREFIX}{k}": v for k, v in request.to_dict().items() if k != "params" and v is not None} | {
+        f"{POSEXT_PREFIX}{k}": v for k, v in request.params.items()
+    }
+
+
+def _leaf_tasks(task_dict: dict) -> list:
+    leaves = []
+    for value in task_dict.values():
+        leaves.extend(_leaf_tasks(value) if isinstance(value, dict) else [value])
+    return leaves
+
+
+def _score_rows(label: str, results: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    for task, metrics in sorted(results.get("results", {}).items()):
+        for key, value in metrics.items():
+            metric, _, filter_name = key.partition(",")
+            if not filter_name or "stderr" in metric or not isinstance(value, (int, float)) or isinstance(value, bool):
+                continue
+            if value == -1:  # RULER reports -1 for the lengths it did not run
+                continue
+            rows.append({"method": label, "task": task, "metric": metric, "value": float(value)})
+    return rows
+
+
+def compare_methods(
+    pretrained: str,
+    methods: list[str],
+    tasks: list[str],
+    *,
+    max_seq_lengths: list[int] | None = None,
+    limit: int | float | None = None,
+    max_length: int | None = None,
+    model_args: dict[str, Any] | None = None,
+    device: str = "cpu",
+    batch_size: int | str = 1,
+    include_path: str | None = None,
+    output_path: str | Path | None = None,
+) -> list[dict[str, Any]]:
+    """Evaluate one model under several scaling methods on the same harness tasks.
+
+    The tasks (for RULER: 500 synthetic samples per length, minutes to build at 16k) are built once
+    and reused for every method; each method loads the model afresh through ``hf-posext``.
+
+    Args:
+        pretrained: hub name, local folder or ``smollm2-135m``.
+        methods: specs for :func:`parse_method_spec`, e.g. ``["none", "yarn:factor=2"]``.
+        tasks: harness task names, e.g. ``["niah_single_1", "ruler_vt"]``.
+        max_seq_lengths: RULER lengths (task metadata ``max_seq_lengths``); None for other tasks.
+        limit: samples per task (the harness's ``--limit``).
+        max_length: the harness's context limit for every method (give it for a fair comparison:
+            without it an unscaled model is truncated to its own window).
+        model_args: further ``hf`` model arguments (e.g. ``{"dtype": "float32"}``).
+        device: torch device.
+        batch_size: harness batch size.
+        include_path: folder of extra task YAMLs.
+        output_path: JSON file to write ``{"rows": [...], "reports": {...}, "settings": {...}}`` to.
+
+    Returns:
+        One row per (method, task, metric): ``{"method", "task", "metric", "value"}``.
+    """
+    _import_harness()
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager, get_task_dict
+
+    from hf_posext.lm_eval_plugin import PosextHFLM
+    from hf_posext.models import resolve_model_path
+
+    specs = {spec: parse_method_spec(spec) for spec in methods}  # every spec checked before any work
+    path = resolve_model_path(pretrained)
+    metadata: dict[str, Any] = {"pretrained": path, "tokenizer": path}
+    if max_seq_lengths:
+        metadata["max_seq_lengths"] = list(max_seq_lengths)
+    task_manager = None
+    if include_path:  # indexing the harness's ~15k built-in tasks takes ~20 s: skip it when not needed
+        local = TaskManager(include_path=include_path, include_defaults=False, metadata=metadata)
+        if all(task in local.all_tasks for task in tasks):
+            task_manager = local
+    if task_manager is None:
+        task_manager = TaskManager(include_path=include_path, metadata=metadata)
+    task_objects = _leaf_tasks(get_task_dict(tasks, task_manager))
+    rows: list[dict[str, Any]] = []
+    reports: dict[str, Any] = {}
+    for spec, posext_args in specs.items():
+        started = time.perf_counter()
+        lm = PosextHFLM(
+            pretrained=path, device=device, batch_size=batch_size, max_length=max_length,
+            **dict(model_args or {}), **posext_args,
+        )
+        results = simple_evaluate(
+            model=lm, tasks=task_objects, limit=limit, batch_size=batch_size, device=device, task_manager=task_manager,
+        )
+        logger.info("%s done in %.0f s: %s", spec, time.perf_counter() - started, _score_rows(spec, results))
+        rows.extend(_score_rows(spec, results))
+        reports[spec] = {"report": lm.posext_report, "seconds": round(time.perf_counter() - started, 1)}
+        del lm, results
+        gc.collect()
+        if output_path is not None:  # after every method: a long comparison keeps what it finished
+            settings = {"pretrained": pretrained, "tasks": tasks, "max_seq_lengths": max_seq_lengths, "limit": limit,
+                        "max_length": max_length, "model_args": model_args, "device": device}
+            Path(output_path).parent.mkdir(parents=True, exist_ok=True)
+            Path(output_path).write_text(
+                json.dumps({"rows": rows, "reports": reports, "settings": settings}, indent=2, default=str)
+            )
+    return rows
+
+
+def format_comparison(rows: list[dict[str, Any]]) -> str:
+    """A markdown table: one row per method, one column per task/metric."""
+    columns = list(dict.fromkeys(f"{r['task']} {r['metric']}" for r in rows))
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    values = {(r["method"], f"{r['task']} {r['metric']}"): r["value"] for r in rows}
+    lines = ["| method | " + " | ".join(columns) + " |", "|---|" + "---:|" * len(columns)]
+    for method in methods:
+        cells = [f"{values[(method, c)]:.3f}" if (method, c) in values else "" for c in columns]
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

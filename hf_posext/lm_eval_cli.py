@@ -1,16 +1,19 @@
-"""``hf-posext lm-eval <lm_eval arguments>``: the harness's CLI with the ``hf-posext`` model registered.
+"""lm-evaluation-harness subcommands; the harness is imported only when one runs.
 
-Every argument after ``lm-eval`` goes to the harness unchanged (see :mod:`hf_posext.lm_eval`). The
-harness is imported only when the subcommand runs, so ``hf-posext`` works without lm-eval installed.
+* ``hf-posext lm-eval <lm_eval arguments>``: the harness's own CLI with the ``hf-posext`` model
+  registered; every argument goes to the harness unchanged (see :mod:`hf_posext.lm_eval`).
+* ``hf-posext lm-eval-compare MODEL --methods none yarn:factor=2 ... --tasks ...``: one model under
+  several methods on the same tasks (built once), printed as a table (:func:`hf_posext.lm_eval.compare_methods`).
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 
 from hf_posext.cli import SUBCOMMANDS
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["add_arguments", "run", "add_compare_arguments", "run_compare"]
 
 _HELP = "run lm-evaluation-harness (any task) on a scaled model: --model hf-posext"
 _EPILOG = """\
@@ -38,4 +41,44 @@ def run(args: argparse.Namespace) -> int:
     return main(list(args.extra))
 
 
+def add_compare_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``hf-posext lm-eval-compare``."""
+    parser.add_argument("model", help="hub name, local folder or smollm2-135m")
+    parser.add_argument("--methods", nargs="+", required=True, metavar="SPEC",
+                        help="METHOD or METHOD:key=value,... e.g. none yarn:factor=2 dynamic-yarn:factor=2")
+    parser.add_argument("--tasks", nargs="+", required=True, help="harness task names, e.g. niah_single_1 ruler_vt")
+    parser.add_argument("--seq-lengths", nargs="+", type=int, help="RULER lengths (metadata max_seq_lengths)")
+    parser.add_argument("--limit", type=float, help="samples per task")
+    parser.add_argument("--max-length", type=int,
+                        help="context limit for every method (default: each model's scaled window; set it so an "
+                             "unscaled baseline is not truncated to its own window)")
+    parser.add_argument("--model-args", default="", help="extra hf model args, e.g. dtype=float32")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--batch-size", default="1")
+    parser.add_argument("--include-path", help="folder of extra task YAMLs")
+    parser.add_argument("--out", help="JSON file for the rows, the scaling reports and the settings")
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    """Run :func:`hf_posext.lm_eval.compare_methods` and print its table."""
+    from hf_posext.lm_eval import _import_harness, compare_methods, format_comparison
+
+    _import_harness()  # a clear message when lm-eval is missing
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from lm_eval.utils import simple_parse_args_string
+
+    limit = None if args.limit is None else (int(args.limit) if float(args.limit).is_integer() else args.limit)
+    batch_size = int(args.batch_size) if str(args.batch_size).isdigit() else args.batch_size
+    rows = compare_methods(
+        args.model, args.methods, args.tasks, max_seq_lengths=args.seq_lengths, limit=limit,
+        max_length=args.max_length, model_args=simple_parse_args_string(args.model_args), device=args.device,
+        batch_size=batch_size, include_path=args.include_path, output_path=args.out,
+    )
+    print(format_comparison(rows))
+    return 0
+
+
 SUBCOMMANDS.setdefault("lm-eval", (_HELP, add_arguments, run))
+SUBCOMMANDS.setdefault(
+    "lm-eval-compare", ("compare scaling methods on lm-eval tasks (tasks built once)", add_compare_arguments, run_compare)
+)

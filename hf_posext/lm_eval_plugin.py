@@ -4,6 +4,8 @@ Importing this module registers ``hf-posext`` with the harness. The class is a s
 harness's own ``hf`` model (``lm_eval.models.huggingface.HFLM``) that patches the model right after
 the harness creates it, so batching, ``max_length``, ``accelerate launch`` data parallelism,
 ``parallelize=True`` (``device_map``), PEFT adapters and the rest behave exactly as with ``hf``.
+One addition: under ``accelerate launch`` on CPU (gloo) the requests are sharded across processes
+too (the ``hf`` model shards only across GPUs, so every CPU process would repeat all the work).
 
 Model arguments (``--model_args``), on top of every ``hf`` argument:
 
@@ -61,7 +63,7 @@ def _coerce(value: Any) -> Any:
     text = value.strip()
     if text.lower() in ("true", "false"):
         return text.lower() == "true"
-    if text.lower() in ("none", "null"):
+    if text.lower() in ("none", "null"):  # as the harness reads it
         return None
     try:
         return json.loads(text)
@@ -158,8 +160,30 @@ def parse_posext_args(model_args: dict[str, Any]) -> tuple[PosextRequest, dict[s
         name = key[len(POSEXT_PREFIX):]
         if not name:
             raise ValueError(f"Model argument {key!r} names no parameter: use posext_<name>=<value>.")
+        if name == "method":
+            # The harness reads the text "none" as None: posext_method=none is the baseline method.
+            scaling[name] = "none" if value is None else value
+            continue
         (scaling if name in _SCALING_KEYS else params)[name] = _coerce(value)
     return PosextRequest(**scaling, params=params), rest
+
+
+def _prefer_gloo_on_cpu() -> None:
+    """Under a multi-process launch on a machine without accelerators, make accelerate use gloo.
+
+    ``accelerate`` (1.x) sets up ``MULTI_CPU`` only when asked for the CPU; without it, processes started
+    by ``accelerate launch --multi_gpu`` / ``torchrun`` on a CPU-only machine each see a world of one.
+    """
+    import os
+
+    import torch
+
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return
+    accelerator_api = getattr(torch, "accelerator", None)
+    has_accelerator = accelerator_api.is_available() if accelerator_api is not None else torch.cuda.is_available()
+    if not has_accelerator:
+        os.environ.setdefault("ACCELERATE_USE_CPU", "true")
 
 
 @register_model(MODEL_NAME)
@@ -184,10 +208,25 @@ class PosextHFLM(HFLM):
             pretrained = resolve_model_path(pretrained)
             if isinstance(rest.get("tokenizer"), str):
                 rest["tokenizer"] = resolve_model_path(rest["tokenizer"])
+        _prefer_gloo_on_cpu()
         super().__init__(pretrained=pretrained, **rest)
         if not isinstance(pretrained, str):
             # The harness skips model creation for an already-loaded model: patch it here.
             self._apply_posext()
+        self._enable_cpu_data_parallel()
+
+    def _enable_cpu_data_parallel(self) -> None:
+        # The harness shards requests across `accelerate launch` processes only when it counts several
+        # GPUs; on CPU (gloo) every process would evaluate everything. Shard there too: the evaluator's
+        # gathers (accelerator.gather, torch.distributed.gather_object) work on gloo.
+        accelerator = getattr(self, "accelerator", None)
+        if accelerator is None or accelerator.num_processes <= 1 or self._world_size > 1:
+            return
+        if self.device.type != "cpu":
+            return
+        self._rank = accelerator.process_index
+        self._world_size = accelerator.num_processes
+        logger.info("hf-posext: data parallel on CPU, process %d of %d", self._rank, self._world_size)
 
     def _create_model(self, pretrained: str, **kwargs: Any) -> None:
         super()._create_model(pretrained, **kwargs)
@@ -196,8 +235,9 @@ class PosextHFLM(HFLM):
     def _patch_target(self):
         # A PEFT wrapper forwards to the base model; the rotary modules live there.
         model = self._model
-        get_base_model = getattr(model, "get_base_model", None)
-        return get_base_model() if callable(get_base_model) else model
+        if hasattr(model, "peft_config") and callable(getattr(model, "get_base_model", None)):
+            return model.get_base_model()
+        return model
 
     def _apply_posext(self) -> None:
         model = self._patch_target()

@@ -7,4 +7,4 @@ PY=${PYTHON:-python3}
 if ! $PY -c "import torch" 2>/dev/null; then
   $PY -m pip install --quiet "torch==2.13.0"
 fi
-$PY -m pip install --quiet -e ".[test]"
+$PY -m pip install --quiet -e ".[test,train,eval,lm-eval]"

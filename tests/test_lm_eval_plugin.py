@@ -1,0 +1,228 @@
+"""The ``hf-posext`` lm-evaluation-harness model: argument handling, patching inside the harness,
+the ``hf-posext lm-eval`` command on a small local task, and RULER on SmolLM2 (real_model)."""
+
+from __future__ import annotations
+
+import json
+import math
+import string
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+lm_eval = pytest.importorskip("lm_eval")
+
+import hf_posext  # noqa: E402
+from hf_posext.lm_eval import compare_methods, format_comparison, parse_method_spec, resolve_embedded_names  # noqa: E402
+from hf_posext.lm_eval_plugin import MODEL_NAME, PosextHFLM, parse_posext_args  # noqa: E402
+from hf_posext.models import tiny_model  # noqa: E402
+
+TASKS_DIR = Path(__file__).parent / "lm_eval_tasks"
+REPO_ROOT = Path(__file__).resolve().parents[1]
+PASSAGE = json.loads((TASKS_DIR / "posext_tiny.jsonl").read_text().splitlines()[0])["text"]
+
+
+def _char_tokenizer():
+    """A character-level tokenizer (76 ids: fits the tiny models' 128-token vocabulary), built offline."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<pad>", "<s>", "</s>", "<unk>"]  # ids 0, 1, 2 match tiny_model's pad/bos/eos
+    vocab = {token: i for i, token in enumerate(specials + list(string.ascii_letters + string.digits + " .,:;?!'-\n"))}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<pad>"
+    )
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory) -> str:
+    """A tiny llama (window 64) and a character tokenizer saved to a folder, as a user's model would be."""
+    folder = tmp_path_factory.mktemp("tiny_llama")
+    tiny_model("llama").save_pretrained(folder)
+    _char_tokenizer().save_pretrained(folder)
+    return str(folder)
+
+
+def _rolling_loglikelihood(lm: PosextHFLM, text: str) -> float:
+    from lm_eval.api.instance import Instance
+
+    request = Instance("loglikelihood_rolling", {}, (text,), 0)
+    return lm.loglikelihood_rolling([request], disable_tqdm=True)[0]
+
+
+# ------------------------------------------------------------------ arguments (nothing is loaded)
+
+
+def test_parse_posext_args_splits_scaling_params_and_the_rest():
+    request, rest = parse_posext_args(
+        {"pretrained": "m", "dtype": "float32", "posext_method": "yarn", "posext_factor": 2, "posext_beta_fast": "16"}
+    )
+    assert (request.method, request.factor, request.params) == ("yarn", 2.0, {"beta_fast": 16})
+    assert rest == {"pretrained": "m", "dtype": "float32"}
+
+
+def test_posext_method_none_is_the_baseline_even_when_the_harness_reads_it_as_None():
+    request, _ = parse_posext_args({"posext_method": None})  # the harness parses the text "none" to None
+    assert (request.method, request.factor) == ("none", 1.0)
+    assert parse_method_spec("none") == {"posext_method": "none", "posext_factor": 1.0}
+    assert parse_method_spec("dynamic-yarn:target_length=16384,beta_fast=16") == {
+        "posext_method": "dynamic-yarn", "posext_target_length": 16384, "posext_beta_fast": 16,
+    }
+
+
+@pytest.mark.parametrize(
+    "posext_args, message",
+    [
+        ({"posext_method": "yran", "posext_factor": 2}, "Did you mean 'yarn'"),
+        ({"posext_method": "yarn", "posext_factor": 2, "posext_beta_fats": 16}, "Did you mean 'beta_fast'"),
+        ({"posext_factor": 2}, "without posext_method"),
+        ({"posext_method": "yarn"}, "exactly one of posext_factor"),
+        ({"posext_method": "yarn", "posext_factor": 2, "posext_target_length": 4096}, "exactly one of posext_factor"),
+        ({"posext_method": "linear", "posext_factor": 0.5}, "posext_factor must be a number >= 1"),
+        ({"posext_method": "linear", "posext_target_length": "long"}, "posext_target_length must be a positive integer"),
+    ],
+)
+def test_bad_posext_arguments_fail_before_the_model_loads(tmp_path, posext_args, message):
+    # The folder does not exist: reaching the loader would raise OSError, not this ValueError.
+    with pytest.raises(ValueError, match=message):
+        PosextHFLM(pretrained=str(tmp_path / "no-such-model"), device="cpu", **posext_args)
+
+
+def test_embedded_model_names_become_local_paths(monkeypatch):
+    monkeypatch.setattr("hf_posext.models.resolve_model_path", lambda name: f"/cache/{name.lower()}")
+    argv = ["run", "--model_args", "pretrained=smollm2-135m,posext_method=yarn", "--metadata",
+            '{"tokenizer": "SmolLM2-135M"}', "--model_args=pretrained=smollm2-135m-other,tokenizer=smollm2-135m"]
+    assert resolve_embedded_names(argv) == [
+        "run", "--model_args", "pretrained=/cache/smollm2-135m,posext_method=yarn", "--metadata",
+        '{"tokenizer": "/cache/smollm2-135m"}', "--model_args=pretrained=smollm2-135m-other,tokenizer=/cache/smollm2-135m",
+    ]
+
+
+# ------------------------------------------------------------------ the model inside the harness
+
+
+def test_model_is_patched_when_the_harness_creates_it(tiny_dir):
+    baseline = PosextHFLM(pretrained=tiny_dir, device="cpu", posext_method="none")
+    scaled = PosextHFLM(pretrained=tiny_dir, device="cpu", posext_method="linear", posext_target_length=256)
+    report = hf_posext.describe(scaled.model)
+    assert (report.method, report.factor, report.original_window, report.current_window) == ("linear", 4.0, 64, 256)
+    assert scaled.posext_report == report.to_dict()
+    assert (baseline.max_length, scaled.max_length) == (64, 256)
+    info = scaled.get_model_info()  # what the harness writes to results["config"]
+    assert info["posext"]["method"] == "linear" and info["posext_request"]["target_length"] == 256
+    # The passage is ~200 tokens: the scaled model reads it in one window, the baseline in rolling 64-token ones.
+    assert len(scaled.tok_encode(PASSAGE)) > 128
+    assert _rolling_loglikelihood(scaled, PASSAGE) != _rolling_loglikelihood(baseline, PASSAGE)
+
+
+def test_dynamic_method_sets_the_harness_context_to_the_scaled_window(tiny_dir):
+    lm = PosextHFLM(pretrained=tiny_dir, device="cpu", posext_method="dynamic-yarn", posext_factor=2)
+    assert lm.model.config.max_position_embeddings == 64  # dynamic methods keep the config's window...
+    assert lm.max_length == 128  # ...so the plugin tells the harness the scaled one
+    explicit = PosextHFLM(pretrained=tiny_dir, device="cpu", posext_method="dynamic-yarn", posext_factor=2, max_length=100)
+    assert explicit.max_length == 100
+    assert math.isfinite(_rolling_loglikelihood(lm, PASSAGE))
+
+
+def test_saved_patched_model_gets_its_scaling_back(tiny_dir, tmp_path):
+    # dynamic-yarn is not a transformers rope type: stock loading drops it, the plugin re-applies it.
+    model = hf_posext.patch(tiny_model("llama"), "dynamic-yarn", factor=2)
+    model.save_pretrained(tmp_path)
+    _char_tokenizer().save_pretrained(tmp_path)
+    lm = PosextHFLM(pretrained=str(tmp_path), device="cpu")
+    assert (lm.posext_report["method"], lm.posext_report["factor"]) == ("dynamic-yarn", 2.0)
+    ids = torch.randint(4, 76, (1, 100), generator=torch.Generator().manual_seed(0))
+    reference = hf_posext.load(str(tmp_path))
+    with torch.no_grad():
+        torch.testing.assert_close(lm.model(ids).logits, reference(ids).logits)
+
+
+def test_already_loaded_model_is_patched_too(tiny_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir)
+    lm = PosextHFLM(pretrained=model, tokenizer=AutoTokenizer.from_pretrained(tiny_dir), posext_method="yarn", posext_factor=2)
+    assert hf_posext.describe(model).method == "yarn" and lm.max_length == 128
+
+
+def test_registered_with_the_harness():
+    from lm_eval.api.registry import get_model
+
+    assert get_model(MODEL_NAME) is PosextHFLM
+
+
+# ------------------------------------------------------------------ the commands
+
+
+def test_hf_posext_lm_eval_command_runs_a_local_task(tiny_dir, tmp_path):
+    from hf_posext.cli import main
+
+    code = main([
+        "lm-eval", "run", "--model", MODEL_NAME, "--device", "cpu", "--batch_size", "2",
+        "--model_args", f"pretrained={tiny_dir},posext_method=linear,posext_target_length=512",
+        "--include_path", str(TASKS_DIR), "--tasks", "posext_tiny_ppl", "posext_tiny_choice",
+        "--output_path", str(tmp_path),
+    ])
+    assert code == 0
+    (results_file,) = tmp_path.rglob("results_*.json")
+    results = json.loads(results_file.read_text())
+    posext = results["config"]["posext"]  # describe(model) as seen inside the harness
+    assert (posext["method"], posext["factor"], posext["current_window"]) == ("linear", 8.0, 512)
+    ppl = results["results"]["posext_tiny_ppl"]
+    assert ppl["sample_len"] == 6 and 1 < ppl["word_perplexity,none"] < math.inf
+    assert 0 <= results["results"]["posext_tiny_choice"]["acc,none"] <= 1
+
+
+def test_compare_methods_builds_tasks_once_and_scores_each_method(tiny_dir, tmp_path):
+    out = tmp_path / "comparison.json"
+    rows = compare_methods(
+        tiny_dir, ["none", "linear:target_length=256"], ["posext_tiny_ppl"], include_path=str(TASKS_DIR),
+        max_length=256, limit=3, output_path=out,
+    )
+    scores = {(r["method"], r["metric"]): r["value"] for r in rows}
+    assert set(scores) >= {("none", "bits_per_byte"), ("linear:target_length=256", "bits_per_byte")}
+    assert scores[("none", "bits_per_byte")] != scores[("linear:target_length=256", "bits_per_byte")]
+    saved = json.loads(out.read_text())
+    assert saved["reports"]["linear:target_length=256"]["report"]["factor"] == 4.0
+    assert "| linear:target_length=256 |" in format_comparison(rows)
+
+
+def test_eval_script_reaches_the_harness_not_itself():
+    # eval/lm_eval.py shares the harness's package name; it must still import the real harness.
+    result = subprocess.run([sys.executable, str(REPO_ROOT / "eval" / "lm_eval.py"), "run", "--help"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "--model_args" in result.stdout
+
+
+# ------------------------------------------------------------------ RULER on the real model
+
+
+@pytest.mark.real_model
+def test_ruler_niah_on_smollm2_offline(tmp_path):
+    pytest.importorskip("wonderwords")
+    pytest.importorskip("nltk")
+    from hf_posext.cli import main
+
+    # niah_single_1 builds its haystack from a repeated sentence: no dataset download. The tokenizer
+    # comes from the local SmolLM2 folder (the command maps smollm2-135m to it).
+    code = main([
+        "lm-eval", "run", "--model", MODEL_NAME, "--device", "cpu",
+        "--model_args", "pretrained=smollm2-135m,posext_method=yarn,posext_factor=2,dtype=float32",
+        "--tasks", "niah_single_1", "--metadata", '{"max_seq_lengths": [1024]}', "--limit", "2",
+        "--gen_kwargs", "max_gen_toks=24", "--output_path", str(tmp_path),
+    ])
+    assert code == 0
+    (results_file,) = tmp_path.rglob("results_*.json")
+    results = json.loads(results_file.read_text())
+    assert results["config"]["posext"]["method"] == "yarn" and results["config"]["posext"]["current_window"] == 16384
+    niah = results["results"]["niah_single_1"]
+    assert niah["sample_len"] == 2
+    # Well inside SmolLM2's 8192 window, yarn x2 still finds the needle (measured: 2 of 2).
+    assert niah["1024,none"] >= 0.5

@@ -10,6 +10,7 @@ from hf_posext.config import ScalingConfig
 from hf_posext.families import UnsupportedModelError
 from hf_posext.methods import available_methods
 from hf_posext.patching import ScalingReport, describe, fixed_length, load, patch, unpatch
+from hf_posext.search import SearchResult, search_factors
 
 __version__ = "0.1.0"
 
@@ -20,6 +21,8 @@ __all__ = [
     "describe",
     "load",
     "fixed_length",
+    "search_factors",
+    "SearchResult",
     "ScalingConfig",
     "ScalingReport",
     "UnsupportedModelError",

@@ -202,7 +202,10 @@ def parse_methods(text: str | Sequence[str], params: dict[str, Any] | None = Non
     names = [n.strip() for n in (text.split(",") if isinstance(text, str) else text) if n.strip()]
     if not names:
         raise ValueError("No method given: pass e.g. --methods none,yarn,dynamic-yarn.")
-    known = hf_posext.available_methods()
+    known = dict(hf_posext.available_methods())
+    from hf_posext import self_extend  # attention-level methods are patched by the same call
+
+    known.update({name: "Self-Extend (grouped attention)" for name in self_extend.METHOD_NAMES})
     normalised = {k.replace("_", "-"): k for k in known}
     requests = []
     for name in names:

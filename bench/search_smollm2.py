@@ -1,0 +1,76 @@
+"""LongRoPE-style factor search on SmolLM2-135M (or any model), sized to finish within a time budget.
+
+Runs :func:`hf_posext.search_factors` and writes the JSON that ``patch(model, "longrope", factors=...)``
+reads. Every candidate costs ``--windows`` forward passes at ``--target-length`` tokens; the search
+stops before a generation that would overrun ``--time-budget-minutes`` (estimated from the measured
+time per candidate) and returns the best factors found so far.
+
+Usage (the settings that fit an hour on 2 CPU cores; see docs/beyond_rescaling.md for the arithmetic):
+    python bench/search_smollm2.py                                   # 16384 tokens, 55-minute budget
+    python bench/search_smollm2.py --target-length 32768 --time-budget-minutes 240
+    accelerate launch --multi_gpu --num_processes 2 bench/search_smollm2.py   # candidates split over 2 processes
+    torchrun --nproc_per_node 2 bench/search_smollm2.py --model tiny --target-length 128 --data text.txt  # smoke run
+Then:
+    hf-posext eval perplexity --model smollm2-135m --methods longrope --factor 2 \
+        --param factors=bench/results/search_smollm2-135m_16384.json --lengths 8192,16384 --data /work/shared/data/books
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_BOOKS = Path("/work/shared/data/books")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2-135m", help="model name/folder, smollm2-135m, or tiny[:FAMILY[:WINDOW]]")
+    parser.add_argument("--target-length", type=int, default=16384, help="length the factors are searched for (default: %(default)s)")
+    parser.add_argument("--data", default=str(DEFAULT_BOOKS) if DEFAULT_BOOKS.is_dir() else "builtin:python-docs",
+                        help="calibration text: file, folder, dataset name or builtin:python-docs (default: %(default)s)")
+    parser.add_argument("--windows", type=int, default=1, help="calibration windows per candidate (default: %(default)s)")
+    parser.add_argument("--population", type=int, default=8, help="candidates per generation (default: %(default)s)")
+    parser.add_argument("--generations", type=int, default=20, help="most generations after the first (default: %(default)s)")
+    parser.add_argument("--parents", type=int, default=3, help="best candidates kept and bred from (default: %(default)s)")
+    parser.add_argument("--time-budget-minutes", type=float, default=55.0, help="stop before overrunning this (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--chunk-size", type=int, default=2048, help="positions per loss chunk (default: %(default)s)")
+    parser.add_argument("--out", help="result JSON (default: bench/results/search_<model>_<target>.json)")
+    parser.add_argument("--no-progress", dest="progress", action="store_false")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    from hf_posext.evaluation.runner import Distributed, load_model_and_tokenizer
+    from hf_posext.search import search_factors
+
+    dist = Distributed()
+    if dist.world_size > 1 and not os.environ.get("OMP_NUM_THREADS"):
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // dist.world_size))
+    model, tokenizer = load_model_and_tokenizer(args.model, dtype=args.dtype, device=dist.default_device())
+    slug = args.model.replace("/", "_").replace(":", "-")
+    out = Path(args.out or ROOT / "bench" / "results" / f"search_{slug}_{args.target_length}.json")
+    result = search_factors(
+        model, args.target_length, args.data, tokenizer=tokenizer, windows=args.windows, population=args.population,
+        generations=args.generations, parents=args.parents, time_budget_s=args.time_budget_minutes * 60,
+        seed=args.seed, chunk_size=args.chunk_size, output=out, progress=args.progress,
+    )
+    if dist.is_main:
+        summary = {
+            "model": args.model, "target_length": args.target_length, "evaluations": result.evaluations,
+            "minutes": round(result.seconds / 60, 2), "best_ppl": round(result.best_ppl, 4),
+            "initial_ppl": {k: round(v, 4) for k, v in result.to_dict()["initial_ppl"].items()},
+            "processes": dist.world_size, "out": str(out),
+        }
+        print(json.dumps(summary, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,380 @@
+"""Searched per-dimension RoPE rescale factors, LongRoPE-style (Ding et al. 2024).
+
+Ding, Zhang, Zhang, Xu, Shang, Xu, Yang, Yang 2024, "LongRoPE: Extending LLM Context Window Beyond 2
+Million Tokens" (arXiv:2402.13753), section 3.2: an evolutionary search over per-dimension rescale
+factors lambda_i (theta'_i = theta_i / lambda_i), with the fitness the perplexity at the target length.
+
+What this module does, and where it differs from the paper:
+
+* Search space: d/2 factors, each in ``[1, max_factor]`` and non-decreasing with the dimension index
+  (low frequencies are stretched at least as much as high ones: the paper's monotonicity constraint).
+  Every candidate is projected onto that space by a running maximum.
+* Initial population: the frequency parts of PI (every factor s), YaRN (theta_i / theta'_i of
+  :func:`hf_posext.methods.rope.yarn`) and NTK-aware scaling, then mutations of them. The paper also
+  searches n-hat, a number of initial tokens left unscaled; we do not (it needs a position-dependent
+  rotary table, which ``longrope`` does not have).
+* Generations: keep the best ``parents`` (elitism), fill the population with mutations (each factor
+  multiplied by ``exp(N(0, mutation_scale))`` with probability ``mutation_rate``) and one-point
+  crossovers of two parents; a candidate already evaluated is never evaluated twice.
+* Fitness: mean next-token NLL (log-perplexity) of ``model`` patched with ``longrope`` and the
+  candidate, on calibration windows of exactly ``target_length`` tokens; the loss runs over chunks of
+  the final hidden states (:func:`hf_posext.evaluation.perplexity.chunked_nll`), never the full logits.
+  The attention factor is LongRoPE's sqrt(1 + ln s / ln L) for every candidate, as ``longrope`` applies.
+* Data parallel: launched with several processes (``accelerate launch --num_processes N`` or
+  ``torchrun``), each process evaluates its share of a generation's candidates and the results are
+  gathered; every process draws the same candidates from the same seed, so they stay in step.
+
+The result is a JSON file that ``hf_posext.patch(model, "longrope", factor=s, factors=PATH)`` reads.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["SearchResult", "search_factors", "initial_factors", "make_monotone", "calibration_windows"]
+
+
+@dataclass
+class SearchResult:
+    """What :func:`search_factors` found.
+
+    Attributes:
+        long_factor: the best per-dimension factors (d/2 values, non-decreasing).
+        factor: the scale s = target_length / original window that ``longrope`` needs alongside them.
+        target_length: the length the fitness was measured at.
+        original_max_position_embeddings: the model's pre-training window L.
+        best_nll: fitness of ``long_factor`` (mean NLL per token; perplexity = exp).
+        initial_nll: fitness of each named starting point (``pi``, ``yarn``, ``ntk``).
+        history: per generation: best NLL so far, candidates evaluated, seconds elapsed.
+        evaluations: candidates evaluated in all.
+        seconds: wall-clock time of the search.
+        settings: the search settings (population, generations, ...), for the record.
+    """
+
+    long_factor: list[float]
+    factor: float
+    target_length: int
+    original_max_position_embeddings: int
+    best_nll: float
+    initial_nll: dict[str, float]
+    history: list[dict[str, Any]] = field(default_factory=list)
+    evaluations: int = 0
+    seconds: float = 0.0
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def best_ppl(self) -> float:
+        return math.exp(self.best_nll)
+
+    @property
+    def initial_best_nll(self) -> float:
+        return min(self.initial_nll.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["method"] = "longrope"
+        data["best_ppl"] = self.best_ppl
+        data["initial_ppl"] = {name: math.exp(nll) for name, nll in self.initial_nll.items()}
+        data["usage"] = f"hf_posext.patch(model, 'longrope', factor={self.factor:g}, factors='THIS_FILE.json')"
+        return data
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write the JSON that ``patch(model, "longrope", factor=s, factors=path)`` reads."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_dict(), indent=2))
+        return path
+
+
+def make_monotone(factors: torch.Tensor, max_factor: float) -> torch.Tensor:
+    """Project factors onto the search space: clamp to ``[1, max_factor]``, then a running maximum."""
+    clamped = factors.double().clamp(1.0, max_factor)
+    return torch.cummax(clamped, dim=-1).values
+
+
+def initial_factors(theta: float, dim: int, original_length: int, factor: float) -> dict[str, torch.Tensor]:
+    """The starting points: per-dimension factors theta_i / theta'_i of PI, YaRN and NTK-aware scaling."""
+    from hf_posext.methods import get_method
+    from hf_posext.methods.rope import RotaryBase
+
+    rope = RotaryBase(theta, dim)
+    original = rope.inv_freq().double()
+    starts = {}
+    for name, method in (("pi", "linear"), ("yarn", "yarn"), ("ntk", "ntk")):
+        spec = get_method(method)
+        inv_freq, _ = spec.compute(rope, original_length, factor, None, spec.parse_params({}))
+        starts[name] = original / inv_freq.double()
+    return starts
+
+
+def calibration_windows(
+    data: Any, target_length: int, windows: int, tokenizer: Any = None, *, bos: str = "auto", text_field: str | None = None
+) -> torch.Tensor:
+    """``[windows, target_length]`` token ids to measure the fitness on.
+
+    Args:
+        data: token ids (a tensor or list of lists, each at least ``target_length`` long), or text: a
+            source understood by :func:`hf_posext.data.load_documents` (file, folder, dataset name,
+            ``builtin:python-docs``) or a list of document strings (needs ``tokenizer``).
+        target_length: tokens per window.
+        windows: how many windows (the first ones, documents joined).
+        tokenizer: the model's tokenizer, for text.
+        bos: start windows with BOS: ``"auto"`` (when the tokenizer adds one), ``"yes"``, ``"no"``.
+        text_field: JSON field / column holding the text of .jsonl / .parquet sources.
+
+    Raises:
+        ValueError: too little data for one window, text without a tokenizer.
+    """
+    if isinstance(data, torch.Tensor) or (isinstance(data, (list, tuple)) and data and not isinstance(data[0], str)):
+        rows = [list(map(int, row)) for row in (data.tolist() if isinstance(data, torch.Tensor) else data)]
+        rows = [row[:target_length] for row in rows if len(row) >= target_length][:windows]
+        if not rows:
+            raise ValueError(f"No row of the given token ids has the {target_length} tokens one calibration window needs.")
+        return torch.tensor(rows, dtype=torch.long)
+    if tokenizer is None:
+        raise ValueError("Calibration text needs the model's tokenizer: search_factors(..., tokenizer=tokenizer).")
+    from hf_posext.data import load_documents
+    from hf_posext.evaluation.perplexity import make_windows, tokenize_documents, uses_bos
+
+    documents = [str(d) for d in data] if isinstance(data, (list, tuple)) else load_documents(data, text_field=text_field)
+    token_docs = tokenize_documents(tokenizer, documents, concatenate=True)
+    found, _ = make_windows(token_docs, target_length, windows, uses_bos(tokenizer, bos))
+    return torch.tensor([ids for _, _, ids in found], dtype=torch.long)
+
+
+def _key(factors: torch.Tensor) -> tuple[float, ...]:
+    return tuple(round(float(v), 4) for v in factors)
+
+
+def _mutate(parent: torch.Tensor, generator: torch.Generator, rate: float, scale: float, max_factor: float) -> torch.Tensor:
+    chosen = torch.rand(parent.shape, generator=generator, dtype=torch.float64) < rate
+    if not bool(chosen.any()):
+        chosen[int(torch.randint(parent.numel(), (1,), generator=generator))] = True
+    noise = torch.exp(torch.randn(parent.shape, generator=generator, dtype=torch.float64) * scale)
+    return make_monotone(torch.where(chosen, parent * noise, parent), max_factor)
+
+
+def _crossover(first: torch.Tensor, second: torch.Tensor, generator: torch.Generator, max_factor: float) -> torch.Tensor:
+    cut = int(torch.randint(1, first.numel(), (1,), generator=generator)) if first.numel() > 1 else 0
+    return make_monotone(torch.cat((first[:cut], second[cut:])), max_factor)
+
+
+def _check_positive_int(name: str, value: Any, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.")
+    return value
+
+
+def search_factors(
+    model: nn.Module,
+    target_length: int,
+    data: Any,
+    *,
+    tokenizer: Any = None,
+    windows: int = 1,
+    population: int = 8,
+    generations: int = 4,
+    parents: int = 3,
+    mutation_rate: float = 0.3,
+    mutation_scale: float = 0.15,
+    crossover_fraction: float = 0.5,
+    max_factor: float | None = None,
+    original_max_position_embeddings: int | None = None,
+    time_budget_s: float | None = None,
+    chunk_size: int = 2048,
+    seed: int = 0,
+    output: str | os.PathLike | None = None,
+    progress: bool = True,
+    bos: str = "auto",
+    text_field: str | None = None,
+) -> SearchResult:
+    """Evolutionary search for per-dimension RoPE factors (LongRoPE) minimising perplexity at a length.
+
+    Args:
+        model: an unpatched RoPE causal LM (it is patched per candidate and unpatched at the end).
+        target_length: the length to extend to; the fitness is measured on windows of this many tokens.
+        data: calibration text or token ids (see :func:`calibration_windows`).
+        tokenizer: the model's tokenizer (needed when ``data`` is text).
+        windows: calibration windows per candidate (each one forward pass of ``target_length`` tokens).
+        population: candidates per generation (the first generation: PI, YaRN, NTK and their mutations).
+        generations: generations after the first (the search evaluates about
+            ``population + generations * (population - parents)`` candidates).
+        parents: best candidates kept each generation and bred from.
+        mutation_rate: chance that each factor of a child is mutated.
+        mutation_scale: standard deviation of the log-normal mutation step.
+        crossover_fraction: share of children made by crossing two parents (the rest: mutations).
+        max_factor: upper bound of every factor (default: 2 s, room above PI's s for low frequencies).
+        original_max_position_embeddings: override the pre-training window L read from the config.
+        time_budget_s: stop before a generation that would not finish within this many seconds
+            (estimated from the measured time per candidate); the best found so far is returned.
+        chunk_size: positions per output-head chunk of the loss.
+        seed: RNG seed (every process must use the same one).
+        output: write the result JSON there (main process only).
+        progress: show a progress bar per generation.
+        bos, text_field: how calibration text is cut (see :func:`calibration_windows`).
+
+    Returns:
+        A :class:`SearchResult`; ``result.best_nll <= min(result.initial_nll.values())`` always.
+
+    Raises:
+        ValueError: bad settings, a patched model, a target inside the original window, too little data.
+
+    Example:
+        >>> result = hf_posext.search_factors(model, 16384, "books/", tokenizer=tok, output="factors.json")
+        >>> hf_posext.patch(model, "longrope", factor=result.factor, factors="factors.json")
+    """
+    from hf_posext.evaluation.perplexity import chunked_nll
+    from hf_posext.evaluation.runner import Distributed
+    from hf_posext.families import find_rotary_sites
+    from hf_posext.patching import patch, unpatch
+
+    start_time = time.perf_counter()
+    _check_positive_int("target_length", target_length, 2)
+    _check_positive_int("windows", windows)
+    _check_positive_int("population", population, 2)
+    _check_positive_int("generations", generations, 0)
+    _check_positive_int("parents", parents)
+    if parents >= population:
+        raise ValueError(f"parents ({parents}) must be smaller than population ({population}) so each generation has children.")
+    for name, value, low, high in (("mutation_rate", mutation_rate, 0.0, 1.0), ("crossover_fraction", crossover_fraction, 0.0, 1.0)):
+        if not isinstance(value, (int, float)) or not low <= value <= high:
+            raise ValueError(f"{name} must be in [{low}, {high}], got {value!r}.")
+    if not isinstance(mutation_scale, (int, float)) or mutation_scale <= 0:
+        raise ValueError(f"mutation_scale must be positive, got {mutation_scale!r}.")
+    if "_hf_posext_state" in model.__dict__ or "_hf_posext_self_extend_state" in model.__dict__:
+        raise ValueError("search_factors needs the unpatched model: call hf_posext.unpatch(model) first.")
+
+    sites = find_rotary_sites(model)
+    main = next(site for site in sites if site.scaled_layer_types)
+    layer_type = main.scaled_layer_types[0]
+    current = main.current[layer_type]
+    if current.method != "none":
+        raise ValueError(
+            f"The model's config already scales RoPE ({current.method}); search factors from an unscaled model "
+            "(load it without rope scaling)."
+        )
+    original_length = original_max_position_embeddings or current.original_max_position_embeddings
+    if target_length <= original_length:
+        raise ValueError(
+            f"target_length={target_length} is inside the original window ({original_length} tokens): LongRoPE's long "
+            "factors only apply past it. Use a target_length above the window."
+        )
+    scale = target_length / original_length
+    max_factor = float(max_factor) if max_factor is not None else 2.0 * scale
+    if max_factor < scale:
+        raise ValueError(f"max_factor ({max_factor}) must be at least the scale s = {scale:g} (PI's factor).")
+    theta, dim = main.bases[layer_type], main.dims[layer_type]
+    ids = calibration_windows(data, target_length, windows, tokenizer, bos=bos, text_field=text_field)
+    device = next(model.parameters()).device
+    dist = Distributed()
+    generator = torch.Generator().manual_seed(seed)
+    settings = {
+        "population": population, "generations": generations, "parents": parents, "mutation_rate": mutation_rate,
+        "mutation_scale": mutation_scale, "crossover_fraction": crossover_fraction, "max_factor": max_factor,
+        "windows": int(ids.shape[0]), "seed": seed, "processes": dist.world_size, "time_budget_s": time_budget_s,
+    }
+
+    fitness: dict[tuple[float, ...], float] = {}
+    vectors: dict[tuple[float, ...], torch.Tensor] = {}
+    eval_seconds: list[float] = []
+
+    def evaluate(candidates: list[torch.Tensor], label: str) -> None:
+        todo = []
+        for candidate in candidates:
+            key = _key(candidate)
+            if key not in fitness and key not in [k for k, _ in todo]:
+                todo.append((key, candidate))
+        mine = dist.shard(todo)
+        results = []
+        iterator = mine
+        if progress and dist.is_main:
+            from tqdm.auto import tqdm
+
+            iterator = tqdm(mine, desc=f"search {label}", unit="cand")
+        for key, candidate in iterator:
+            began = time.perf_counter()
+            patch(model, "longrope", scale, original_max_position_embeddings=original_length,
+                  long_factor=[float(v) for v in candidate])
+            total, tokens = 0.0, 0
+            with torch.no_grad():
+                for row in ids:
+                    nll, scored = chunked_nll(model, row[None].to(device), chunk_size)
+                    total += float(nll.sum())
+                    tokens += scored
+            results.append((key, total / tokens, time.perf_counter() - began))
+        for key, value, seconds in dist.gather(results):
+            fitness[key] = value
+            eval_seconds.append(seconds)
+        for key, candidate in todo:
+            vectors[key] = candidate
+
+    def ranked() -> list[tuple[float, ...]]:
+        return sorted(fitness, key=lambda k: fitness[k])
+
+    def children(count: int, parent_keys: list[tuple[float, ...]]) -> list[torch.Tensor]:
+        made: list[torch.Tensor] = []
+        seen = set(fitness)
+        attempts = 0
+        while len(made) < count and attempts < 50 * count:
+            attempts += 1
+            if len(parent_keys) > 1 and float(torch.rand((), generator=generator)) < crossover_fraction:
+                a, b = torch.randperm(len(parent_keys), generator=generator)[:2].tolist()
+                child = _crossover(vectors[parent_keys[a]], vectors[parent_keys[b]], generator, max_factor)
+                if _key(child) in seen:
+                    child = _mutate(child, generator, mutation_rate, mutation_scale, max_factor)
+            else:
+                index = int(torch.randint(len(parent_keys), (1,), generator=generator))
+                child = _mutate(vectors[parent_keys[index]], generator, mutation_rate, mutation_scale, max_factor)
+            if _key(child) not in seen:
+                seen.add(_key(child))
+                made.append(child)
+        return made
+
+    try:
+        starts = {name: make_monotone(values, max_factor) for name, values in initial_factors(theta, dim, original_length, scale).items()}
+        first = list(starts.values())
+        seeds = list(first)
+        while len(first) < population:
+            extra = children(1, [_key(s) for s in seeds]) if fitness else None
+            if not extra:
+                parent = seeds[int(torch.randint(len(seeds), (1,), generator=generator))]
+                extra = [_mutate(parent, generator, mutation_rate, mutation_scale, max_factor)]
+            if all(_key(extra[0]) != _key(c) for c in first):
+                first.append(extra[0])
+        evaluate(first, "generation 0")
+        initial_nll = {name: fitness[_key(values)] for name, values in starts.items()}
+        history = [{"generation": 0, "best_nll": fitness[ranked()[0]], "evaluations": len(fitness),
+                    "seconds": time.perf_counter() - start_time}]
+        for generation in range(1, generations + 1):
+            per_candidate = sum(eval_seconds) / max(1, len(eval_seconds))
+            wave = math.ceil((population - parents) / dist.world_size) * per_candidate
+            if time_budget_s is not None and time.perf_counter() - start_time + wave > time_budget_s:
+                history.append({"generation": generation, "stopped": "time budget", "estimated_seconds": wave})
+                break
+            parent_keys = ranked()[:parents]
+            evaluate(children(population - parents, parent_keys), f"generation {generation}")
+            history.append({"generation": generation, "best_nll": fitness[ranked()[0]], "evaluations": len(fitness),
+                            "seconds": time.perf_counter() - start_time})
+    finally:
+        if "_hf_posext_state" in model.__dict__:
+            unpatch(model)
+
+    best = ranked()[0]
+    result = SearchResult(
+        long_factor=[float(v) for v in vectors[best]], factor=scale, target_length=target_length,
+        original_max_position_embeddings=original_length, best_nll=fitness[best], initial_nll=initial_nll,
+        history=history, evaluations=len(fitness), seconds=time.perf_counter() - start_time, settings=settings,
+    )
+    if output is not None and dist.is_main:
+        result.save(output)
+    dist.barrier()
+    return result

@@ -1,0 +1,285 @@
+"""Self-Extend (grouped attention through transformers' attention registry) on tiny random models."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+import hf_posext
+from hf_posext import self_extend
+from hf_posext.families import UnsupportedModelError
+from hf_posext.models import TINY_FAMILIES, tiny_model
+from hf_posext.self_extend import grouped_attention, max_extended_length, rotate, size_for_target
+from tests.conftest import logits_of, transformers_major
+
+pytestmark = pytest.mark.skipif(transformers_major() < 5, reason="attention registry dispatch as in transformers 5.x")
+
+FAMILIES = [f for f in TINY_FAMILIES if f != "falcon"]  # Falcon's attention bypasses the registry (tested below)
+
+
+def _ids(length: int, batch: int = 1, seed: int = 0) -> torch.Tensor:
+    return torch.randint(3, 128, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def _rope(states: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """Standard rotate_half RoPE of unrotated ``states`` [B, H, T, D] at ``positions`` [B, T] (float64)."""
+    angles = positions.double()[:, None, :, None] * inv_freq.double()
+    cos, sin = torch.cat((angles.cos(), angles.cos()), -1), torch.cat((angles.sin(), angles.sin()), -1)
+    half = states.shape[-1] // 2
+    rotated_half = torch.cat((-states[..., half:], states[..., :half]), -1)
+    return states.double() * cos + rotated_half.double() * sin
+
+
+def _reference(q, k, v, group_size, window, inv_freq):
+    """The paper's construction written out: rotate raw q/k at exact and at grouped positions, merge, softmax."""
+    length = q.shape[2]
+    pos = torch.arange(length)[None]
+    shift = window - window // group_size
+    neighbour = _rope(q, pos, inv_freq) @ _rope(k, pos, inv_freq).transpose(2, 3)
+    grouped = _rope(q, pos // group_size + shift, inv_freq) @ _rope(k, pos // group_size, inv_freq).transpose(2, 3)
+    distance = pos[0][:, None] - pos[0][None, :]
+    scores = torch.where(distance < window, neighbour, grouped) / math.sqrt(q.shape[-1])
+    scores = scores.masked_fill(distance < 0, float("-inf"))
+    return (torch.softmax(scores, -1) @ v.double()).transpose(1, 2)
+
+
+@pytest.mark.parametrize("block_elements", [1 << 26, 4 * 3 * 7])
+def test_grouped_attention_matches_the_papers_construction(block_elements):
+    torch.manual_seed(0)
+    q, k, v = torch.randn(1, 4, 50, 8), torch.randn(1, 4, 50, 8), torch.randn(1, 4, 50, 8)
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, 8, 2).double() / 8))
+    pos = torch.arange(50)[None]
+    out = grouped_attention(
+        _rope(q, pos, inv_freq).float(), _rope(k, pos, inv_freq).float(), v, None, pos, pos,
+        inv_freq, 8, False, group_size=3, window=7, scaling=8 ** -0.5, block_elements=block_elements,
+    )
+    torch.testing.assert_close(out.double(), _reference(q, k, v, 3, 7, inv_freq), atol=1e-5, rtol=1e-5)
+
+
+def test_rotate_composes_with_rope_both_layouts():
+    torch.manual_seed(0)
+    x = torch.randn(1, 2, 5, 8)
+    inv_freq = 1.0 / (100 ** (torch.arange(0, 4, 2).double() / 4))
+    pos = torch.arange(5)[None] * 7
+    # partial rotary (first 4 of 8 channels), rotate_half layout
+    rotated = torch.cat((_rope(x[..., :4], pos, inv_freq), x[..., 4:].double()), -1)
+    moved = rotate(rotated.float(), torch.full((1, 5), 11), inv_freq, 4, False)
+    expected = torch.cat((_rope(x[..., :4], pos + 11, inv_freq), x[..., 4:].double()), -1)
+    torch.testing.assert_close(moved.double(), expected, atol=1e-5, rtol=1e-5)
+    # interleaved pairs (GPT-J): rotating by +d then -d is the identity
+    back = rotate(rotate(x, torch.full((1, 5), 5), inv_freq, 4, True), torch.full((1, 5), -5), inv_freq, 4, True)
+    torch.testing.assert_close(back, x, atol=1e-5, rtol=1e-5)
+
+
+def test_sizing_rule_matches_the_paper():
+    # Figure 3 of the paper: L = 7, W = 4, G = 2 covers a sequence of 10 tokens.
+    assert max_extended_length(7, 2, 4) == 10
+    # SmolLM2 (L = 8192), default W = L/4 = 2048: 2x needs G = 3, 4x needs G = 6 (G = 5 would put the
+    # farthest pair at grouped distance 8192, one past the window).
+    assert size_for_target(8192, 16384) == (3, 2048)
+    assert size_for_target(8192, 32768) == (6, 2048)
+    assert (32767 // 5) + 2048 - 2048 // 5 == 8192
+    assert size_for_target(8192, 32768, window=1024) == (5, 1024)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_family_identity_inside_window_extends_and_unpatches_to_the_bit(family):
+    model = tiny_model(family)
+    ids = _ids(100)
+    before_config = json.loads(model.config.to_json_string())
+    before_dict = dict(model.config.__dict__)
+    base = logits_of(model, ids[:, :60])  # inside the window (GPT-J's table stops at 64)
+    # Window covering the whole sequence: exactly the original model.
+    hf_posext.patch(model, "self-extend", group_size=4, window=63)
+    torch.testing.assert_close(logits_of(model, ids[:, :60]), base, atol=0, rtol=0)
+    report = hf_posext.describe(model)
+    assert report.kind == "attention" and report.method == "self-extend"
+    assert report.current_window == max_extended_length(64, 4, 63)
+    # Extended: runs past the original window, and differs from the unpatched model past W.
+    hf_posext.patch(model, "self-extend", target_length=256)
+    assert hf_posext.describe(model).current_window >= 256
+    extended = logits_of(model, ids)
+    assert torch.isfinite(extended).all()
+    assert not torch.allclose(extended[:, :60], base)
+    hf_posext.unpatch(model)
+    assert json.loads(model.config.to_json_string()) == before_config
+    assert model.config.__dict__ == before_dict
+    torch.testing.assert_close(logits_of(model, ids[:, :60]), base, atol=0, rtol=0)
+    assert not any(hasattr(m, "_hf_posext_self_extend") for m in model.modules())
+
+
+@pytest.mark.parametrize(
+    "family, implementation", [("llama", "eager"), ("llama", "sdpa"), ("gemma3", "sdpa"), ("gpt_neox", "eager")]
+)
+def test_cached_generation_matches_full_recompute(family, implementation):
+    model = tiny_model(family)
+    model.set_attn_implementation(implementation)
+    hf_posext.patch(model, "self-extend", group_size=3, window=10)
+    assert model.config._attn_implementation == self_extend.IMPLEMENTATIONS[implementation]
+    ids = _ids(120)
+    full = logits_of(model, ids)
+    with torch.no_grad():
+        out = model(ids[:, :90], use_cache=True)
+        cache, steps = out.past_key_values, [out.logits]
+        for start in range(90, 120, 10):  # chunks of 10, then single tokens
+            out = model(ids[:, start : start + 10], past_key_values=cache, use_cache=True)
+            cache = out.past_key_values
+            steps.append(out.logits)
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-4, rtol=1e-4)
+    with torch.no_grad():
+        out = model(ids[:, :114], use_cache=True)
+        cache = out.past_key_values
+        for t in range(114, 120):
+            out = model(ids[:, t : t + 1], past_key_values=cache, use_cache=True)
+            cache = out.past_key_values
+            torch.testing.assert_close(out.logits[:, -1], full[:, t], atol=1e-4, rtol=1e-4)
+
+
+def test_sdpa_and_eager_paths_agree():
+    eager, sdpa = tiny_model("llama"), tiny_model("llama")
+    sdpa.set_attn_implementation("sdpa")
+    ids = _ids(120, batch=2)
+    for model in (eager, sdpa):
+        hf_posext.patch(model, "self-extend", group_size=4, window=16)
+    torch.testing.assert_close(logits_of(sdpa, ids), logits_of(eager, ids), atol=1e-4, rtol=1e-4)
+    hf_posext.unpatch(sdpa)
+    assert sdpa.config._attn_implementation == "sdpa"
+
+
+def test_generate_with_cache_equals_generate_without():
+    model = tiny_model("llama")
+    model.set_attn_implementation("sdpa")
+    hf_posext.patch(model, "self-extend", group_size=4, window=12)
+    ids = _ids(80)
+    kwargs = dict(max_new_tokens=8, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        cached = model.generate(ids, use_cache=True, **kwargs)
+        uncached = model.generate(ids, use_cache=False, **kwargs)
+    assert cached.shape == (1, 88)
+    assert torch.equal(cached, uncached)
+
+
+def test_beam_search_with_cache_equals_without():
+    # Beam search reorders the KV cache between steps (the reuse check itself is tested directly below).
+    model = tiny_model("llama")
+    model.set_attn_implementation("sdpa")
+    hf_posext.patch(model, "self-extend", group_size=4, window=12)
+    ids = _ids(70)
+    kwargs = dict(max_new_tokens=6, do_sample=False, num_beams=3, num_return_sequences=3, pad_token_id=0)
+    with torch.no_grad():
+        cached = model.generate(ids, use_cache=True, **kwargs)
+        uncached = model.generate(ids, use_cache=False, **kwargs)
+    assert torch.equal(cached, uncached)
+
+
+@pytest.mark.parametrize("reorder", [False, True])
+def test_grouped_keys_kept_between_steps_are_reused_only_for_the_same_cache(reorder):
+    from types import SimpleNamespace
+
+    from hf_posext.self_extend import _LayerSettings, self_extend_attention
+
+    torch.manual_seed(0)
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, 8, 2).double() / 8))
+    q, k, v = torch.randn(2, 4, 41, 8), torch.randn(2, 2, 41, 8), torch.randn(2, 2, 41, 8)
+
+    def module():
+        settings = _LayerSettings(inv_freq, 8, False, 3, 5, "sdpa")
+        return SimpleNamespace(num_key_value_groups=2, is_causal=True, training=False, _hf_posext_self_extend=settings)
+
+    stepping = module()
+    self_extend_attention(stepping, q[:, :, :40], k[:, :, :40], v[:, :, :40], None, position_ids=torch.arange(40)[None])
+    rows = [1, 0] if reorder else [0, 1]  # beam search reorders the cache between steps
+    step = (q[rows, :, 40:], k[rows], v[rows])
+    out, _ = self_extend_attention(stepping, *step, None, position_ids=torch.tensor([[40]]))
+    expected, _ = self_extend_attention(module(), *step, None, position_ids=torch.tensor([[40]]))
+    torch.testing.assert_close(out, expected, atol=1e-6, rtol=1e-6)
+    assert stepping._hf_posext_self_extend.grouped_keys[0].shape[2] == 41
+
+
+def test_left_padded_batch_matches_single_rows():
+    model = tiny_model("llama")
+    model.set_attn_implementation("sdpa")
+    hf_posext.patch(model, "self-extend", group_size=4, window=12)
+    long_row, short_row = _ids(90, seed=1)[0], _ids(75, seed=2)[0]
+    batch = torch.stack((long_row, torch.cat((torch.zeros(15, dtype=torch.long), short_row))))
+    mask = torch.ones_like(batch)
+    mask[1, :15] = 0
+    kwargs = dict(max_new_tokens=4, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        together = model.generate(batch, attention_mask=mask, **kwargs)
+        alone = model.generate(short_row[None], **kwargs)
+    assert torch.equal(together[1, 15:], alone[0])
+
+
+def test_replace_not_compound_and_previous_frequency_patch_is_removed():
+    model = tiny_model("llama")
+    ids = _ids(150)
+    hf_posext.patch(model, "self-extend", group_size=4, window=16)
+    first = logits_of(model, ids)
+    hf_posext.patch(model, "self-extend", group_size=2, window=8)
+    hf_posext.patch(model, "self-extend", group_size=4, window=16)
+    torch.testing.assert_close(logits_of(model, ids), first, atol=0, rtol=0)
+    hf_posext.patch(model, "yarn", factor=2)  # a frequency method replaces Self-Extend
+    assert hf_posext.describe(model).kind == "rope"
+    assert model.config._attn_implementation == "eager"
+    hf_posext.patch(model, "self-extend", group_size=4, window=16)  # and the other way round
+    assert hf_posext.describe(model).method == "self-extend"
+    torch.testing.assert_close(logits_of(model, ids), first, atol=0, rtol=0)
+
+
+def test_save_and_load_round_trip(tmp_path):
+    model = tiny_model("llama")
+    model.set_attn_implementation("sdpa")
+    hf_posext.patch(model, "self-extend", group_size=3, window=16)
+    ids = _ids(150)
+    expected = logits_of(model, ids)
+    model.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["hf_posext"]["kind"] == "attention"
+    assert "hf_posext_self_extend" not in json.dumps(saved)  # stock transformers can still load it
+    loaded = hf_posext.load(tmp_path)
+    assert hf_posext.describe(loaded).params["group_size"] == 3
+    torch.testing.assert_close(logits_of(loaded, ids), expected, atol=1e-5, rtol=1e-5)
+    hf_posext.unpatch(loaded)
+    assert not hasattr(loaded.config, "hf_posext")
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({}, "needs its size"),
+        ({"group_size": 0}, "group_size must be an integer"),
+        ({"group_size": 2.5}, "group_size must be an integer"),
+        ({"group_size": 2, "window": 64}, "smaller than the model's original window"),
+        ({"group_size": 2, "windw": 8}, "Did you mean 'window'"),
+        ({"factor": 0.5}, "below 1"),
+        ({"factor": 8, "group_size": 2, "window": 16}, "use group_size >= 11"),
+        ({"factor": 2, "target_length": 128}, "exactly one"),
+    ],
+)
+def test_bad_settings_raise_clear_errors_and_leave_the_model_untouched(kwargs, message):
+    model = tiny_model("llama")
+    before = dict(model.config.__dict__)
+    with pytest.raises(ValueError, match=message):
+        hf_posext.patch(model, "self-extend", **kwargs)
+    assert model.config.__dict__ == before
+    assert not self_extend.is_patched(model)
+
+
+def test_model_whose_attention_bypasses_the_registry_is_refused():
+    model = tiny_model("falcon")
+    before = dict(model.config.__dict__)
+    with pytest.raises(UnsupportedModelError, match="registry"):
+        hf_posext.patch(model, "self-extend", group_size=2, window=8)
+    assert model.config.__dict__ == before
+
+
+def test_absolute_position_model_is_refused():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    model = GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=1, n_head=2, n_positions=64, vocab_size=128))
+    with pytest.raises(ValueError):
+        hf_posext.patch(model, "self-extend", group_size=2, window=8)

@@ -12,8 +12,9 @@ It prints a table and writes JSON, CSV and PNG plots to ``results/demo`` (``resu
 ``--quick``, which uses 1024 and 2048 tokens with the same factor 2: a smoke run of a minute or two,
 inside the window, so it shows only what scaling costs at short lengths). Re-running resumes: finished cells are read back, not recomputed.
 
-Budget (2 CPU cores, float32): one forward pass takes about 15 s at 4096 tokens, 37 s at 8192 and
-110 s at 16384, so a full run is ~4 x (15 + 37 + 110) s plus loading: inside 15 minutes because
+Budget (2 idle CPU cores, float32, measured 2026-11-26): one forward pass takes about 18 s at 4096
+tokens, 52 s at 8192 and 160 s at 16384; the whole demo took 898 s (15:02 wall with start-up and
+loading, ``/usr/bin/time -v hf-posext demo``). It stays near 15 minutes because
 ``dynamic-yarn`` is computed by nothing new. Inside the window it is the unpatched model, and at 16384
 tokens it is ``yarn`` with s = 2 (the grid detects equal rotary tables and reuses the result, and the
 JSON says so under ``reused_from``).
@@ -73,7 +74,7 @@ def run_demo(quick: bool = False, out_dir: str | Path | None = None) -> int:
     lengths = QUICK_LENGTHS if quick else DEMO_LENGTHS
     out = Path(out_dir or ("results/demo-quick" if quick else "results/demo"))
     print(f"hf-posext demo: {DEMO_MODEL}, methods {DEMO_METHODS}, lengths {', '.join(map(str, lengths))}; results in {out}/")
-    print(f"torch threads: {torch.get_num_threads()}; estimated ~12 minutes on 2 otherwise idle CPU cores (one forward: 15 s at 4096 tokens, 110 s at 16384).", flush=True)
+    print(f"torch threads: {torch.get_num_threads()}; about 15 minutes on 2 otherwise idle CPU cores (measured 898 s; one forward: ~18 s at 4096 tokens, ~160 s at 16384).", flush=True)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model, tokenizer = load_model_and_tokenizer(DEMO_MODEL, dtype="float32", device=device)
     methods = parse_methods(DEMO_METHODS)

@@ -45,7 +45,7 @@ from hf_posext.config import ScalingConfig, resolve_factor
 from hf_posext.families import UnsupportedModelError
 from hf_posext.methods import get_method
 from hf_posext.methods.learned import MAX_TABLE_ROWS, exact_factor
-from hf_posext.patching import CONFIG_KEY, ScalingReport
+from hf_posext.patching import CONFIG_KEY, ScalingReport, _config_attr
 
 __all__ = [
     "detect",
@@ -228,15 +228,11 @@ class AbsolutePositions:
         return paths or ["(attention bias: ALiBi)"]
 
 
-def _config_attribute(config, key: str) -> str:
-    return getattr(config, "attribute_map", {}).get(key, key)
-
-
 def _window_fields(config) -> dict[str, int]:
     """Config attribute name -> value, for each field that holds a maximum length."""
     found = {}
     for key in _WINDOW_FIELDS:
-        name = _config_attribute(config, key)
+        name = _config_attr(config, key)
         value = config.__dict__.get(name, None)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             found[name] = value

@@ -51,6 +51,8 @@ def main() -> int:
     parser.add_argument("--factor", type=float, help="scale factor (default: longest length / 8192, per phase)")
     parser.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "books"))
     parser.add_argument("--max-windows", type=int, default=4)
+    parser.add_argument("--max-tokens", type=int, default=16384,
+                        help="perplexity windows per length = max(1, N // length): the same first N tokens at every length")
     parser.add_argument("--passkey-trials", type=int, default=3)
     parser.add_argument("--passkey-depths", default="0.1,0.5,0.9")
     parser.add_argument("--no-generate", dest="generate", action="store_false", help="passkey: teacher-forced only")
@@ -69,7 +71,7 @@ def main() -> int:
 
     def run(phase_methods, phase_lengths, factor):
         ppl = evaluate_perplexity(model, tokenizer, data=args.data, methods=phase_methods, lengths=phase_lengths, factor=factor,
-                                  max_windows=args.max_windows, **common)
+                                  max_windows=args.max_windows, max_tokens=args.max_tokens, **common)
         key = evaluate_passkey(model, tokenizer, methods=phase_methods, lengths=phase_lengths, factor=factor, depths=depths,
                                trials=args.passkey_trials, generate=args.generate, **common)
         return ppl, key

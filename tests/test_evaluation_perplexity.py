@@ -117,3 +117,17 @@ def test_unknown_method_and_model_is_left_unpatched(model, tmp_path):
     _run(model, tmp_path, methods="yarn", lengths=(32,))
     assert hf_posext.describe(model).method == "none"
     assert MethodRequest("yarn").label == "yarn"
+
+
+def test_max_tokens_reads_the_same_leading_tokens_at_every_length(model, tmp_path):
+    documents = [" ".join(f"word{i}" for i in range(400))]
+    store = perplexity.evaluate_perplexity(
+        model, AsciiTokenizer(), data=documents, methods=parse_methods("none"), lengths=(16, 32, 64), factor=2.0,
+        out_dir=tmp_path, model_name="tiny", max_windows=3, max_tokens=64, bos="no",
+    )
+    windows = {c["length"]: c["windows"] for c in store.cells.values()}
+    assert windows == {16: 3, 32: 2, 64: 1}  # 64 // 16 = 4, capped by max_windows=3; 64 // 32 = 2; one of 64
+    assert json.loads(store.path.read_text())["config"]["max_tokens"] == 64
+    with pytest.raises(ValueError, match="max_tokens must be a positive"):
+        perplexity.evaluate_perplexity(model, AsciiTokenizer(), data=documents, methods=parse_methods("none"),
+                                       lengths=(16,), out_dir=tmp_path, max_tokens=0)

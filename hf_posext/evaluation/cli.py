@@ -55,6 +55,8 @@ def add_task_arguments(parser: argparse.ArgumentParser, task: str) -> None:
         parser.add_argument("--text-field", help="JSON field / column holding the text (default: text, content, document, body)")
         parser.add_argument("--split", default="test", help="dataset split for a datasets name (default: %(default)s)")
         parser.add_argument("--max-windows", type=int, default=8, help="windows per length (default: %(default)s)")
+        parser.add_argument("--max-tokens", type=int,
+                            help="at most max(1, N // length) windows per length, so every length reads the same first N tokens")
         parser.add_argument("--bos", choices=("auto", "yes", "no"), default="auto", help="start windows with BOS (default: when the tokenizer adds it)")
         parser.add_argument("--concatenate", action="store_true", help="join documents (EOS-separated) before cutting windows")
         parser.add_argument("--chunk-size", type=int, default=2048, help="positions per output-head chunk (default: %(default)s)")
@@ -91,7 +93,7 @@ def run_task(task: str, args: argparse.Namespace) -> int:
     )
     if task == "perplexity":
         store = perplexity.evaluate_perplexity(
-            model, tokenizer, data=args.data, max_windows=args.max_windows, bos=args.bos, concatenate=args.concatenate,
+            model, tokenizer, data=args.data, max_windows=args.max_windows, max_tokens=args.max_tokens, bos=args.bos, concatenate=args.concatenate,
             text_field=args.text_field, split=args.split, chunk_size=args.chunk_size, **common,
         )
     else:

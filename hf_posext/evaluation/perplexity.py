@@ -146,6 +146,7 @@ def evaluate_perplexity(
     out_dir: str | os.PathLike = "results",
     model_name: str = "model",
     max_windows: int = 8,
+    max_tokens: int | None = None,
     bos: str = "auto",
     concatenate: bool = False,
     text_field: str | None = None,
@@ -169,6 +170,9 @@ def evaluate_perplexity(
         out_dir: results folder.
         model_name: how the model is named in the results.
         max_windows: windows per length (the first ones, in document order).
+        max_tokens: if given, at most ``max(1, max_tokens // length)`` windows per length (still capped
+            by ``max_windows``), so every length reads the same leading tokens: 4 windows of 4096 and one
+            of 16384 cover the same 16384 tokens.
         bos: ``"auto"``, ``"yes"`` or ``"no"`` (see :func:`uses_bos`).
         concatenate: join all documents into one (EOS between them) before cutting windows.
         text_field: the text field/column of .jsonl/.parquet/dataset sources.
@@ -193,11 +197,16 @@ def evaluate_perplexity(
         "task": "perplexity", "model": model_name, "data": source, "max_windows": max_windows, "bos": bos_id is not None,
         "concatenate": concatenate, "text_field": text_field, **(extra_config or {}),
     }
+    if max_tokens is not None:
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens must be a positive number of tokens, got {max_tokens}")
+        run_config["max_tokens"] = max_tokens  # only when set: keeps the results-file key of older runs
     store = ResultStore(out_dir, "perplexity", run_config, overwrite=overwrite, write=dist.is_main)
     device = next(base_model(model).parameters()).device
 
     def plan(length: int) -> list[Cell]:
-        windows, skipped = make_windows(token_docs, length, max_windows, bos_id)
+        count = max_windows if max_tokens is None else min(max_windows, max(1, max_tokens // length))
+        windows, skipped = make_windows(token_docs, length, count, bos_id)
         units = [Unit(("ppl", length, doc, start), ids) for doc, start, ids in windows]
         return [Cell({}, units, {"skipped_documents": skipped, "documents": len(token_docs)})]
 

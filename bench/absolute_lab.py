@@ -178,35 +178,52 @@ def train(model, tokens: torch.Tensor, length: int, batch_size: int, steps: int,
     return losses
 
 
+def eval_segments(tokens: torch.Tensor, length: int, eval_tokens: int, repeat: bool = False) -> tuple[torch.Tensor, int]:
+    """[count, length] test segments and the first position whose prediction is scored.
+
+    Plain: non-overlapping ``length``-token segments, every token after the first scored. ``repeat``: each
+    segment is a ``length/2``-token passage written twice and only the second copy is scored, so a model
+    that can look ``length/2`` tokens back can copy it (the lab's long-range retrieval test).
+    """
+    if not repeat:
+        count = max(1, eval_tokens // length)
+        return tokens[: count * length].view(count, length), 1
+    half = length // 2
+    count = max(1, eval_tokens // half)
+    passages = tokens[: count * half].view(count, half)
+    return torch.cat([passages, passages], dim=1), half
+
+
 @torch.no_grad()
-def perplexity(model, tokens: torch.Tensor, length: int, eval_tokens: int, window: int | None = None, batch_size: int = 4) -> float:
-    """Perplexity over non-overlapping ``length``-token segments (tokens 1..length-1 of each predicted).
+def perplexity(model, tokens: torch.Tensor, length: int, eval_tokens: int, window: int | None = None, batch_size: int = 4,
+               repeat: bool = False) -> float:
+    """Perplexity over the :func:`eval_segments` of ``length`` tokens (positions from the first scored one).
 
     With ``window`` (the reference), each segment is read through a sliding window of ``window`` tokens
     and stride window/2, and each token is scored once, in the first window where it is new: the same
     tokens are predicted, each with between window/2 and window-1 tokens of context.
     """
-    count = max(1, eval_tokens // length)
-    segments = tokens[: count * length].view(count, length)
+    segments, score_from = eval_segments(tokens, length, eval_tokens, repeat)
+    count = segments.shape[0]
     total, predicted = 0.0, 0
     for start in range(0, count, batch_size):
         batch = segments[start : start + batch_size]
         if window is None or window >= length:
-            logits = model(input_ids=batch).logits[:, :-1].float()
-            nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1), reduction="sum")
-            total += nll.item()
-            predicted += batch[:, 1:].numel()
+            logits = model(input_ids=batch).logits[:, score_from - 1 : -1].float()
+            targets = batch[:, score_from:]
+            total += torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="sum").item()
+            predicted += targets.numel()
             continue
         stride = window // 2
-        scored_until = 1  # next token position to score
+        scored_until = score_from  # next token position to score
         for begin in range(0, length - 1, stride):
             end = min(begin + window, length)
+            if end <= scored_until:
+                continue
             piece = batch[:, begin:end]
             logits = model(input_ids=piece).logits[:, :-1].float()
             targets = piece[:, 1:]
             first_new = scored_until - (begin + 1)  # index into targets of the first unscored token
-            if first_new >= targets.shape[1]:
-                continue
             logits, targets = logits[:, first_new:], targets[:, first_new:]
             total += torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="sum").item()
             predicted += targets.numel()
@@ -276,7 +293,14 @@ def run(args: argparse.Namespace) -> dict:
     original_rows = model.transformer.wpe.weight.detach().clone()
     s4, s2 = Fraction(4), Fraction(2)
 
-    results["reference (256, sliding)"] = {str(n): perplexity(model, test, n, args.eval_tokens, window=window) for n in lengths}
+    repeats: dict[str, dict[str, float]] = {}  # second copy of a repeated passage: can the model look back?
+
+    def measure(name: str, candidate, measured_lengths, reference_window=None) -> None:
+        results[name] = {str(n): perplexity(candidate, test, n, args.eval_tokens, window=reference_window) for n in measured_lengths}
+        repeats[name] = {str(n): perplexity(candidate, test, n, args.eval_tokens, window=reference_window, repeat=True)
+                         for n in measured_lengths}
+
+    measure("reference (256, sliding)", model, lengths, reference_window=window)
 
     # Choose the spectral ramp on the validation slice (eval-only, at 1024).
     candidates = [(8.0, 32.0), (16.0, 64.0), (32.0, 128.0)]
@@ -298,18 +322,18 @@ def run(args: argparse.Namespace) -> dict:
     models = {}
     for name, rows in tables.items():
         models[name] = patched_copy(base_dir, rows)
-        results[f"{name} x4"] = {str(n): perplexity(models[name], test, n, args.eval_tokens) for n in lengths}
+        measure(f"{name} x4", models[name], lengths)
     for name, rows in (("linear", linear_table(original_rows, 2 * window, s2)),
                        ("spectral", spectral_table(original_rows, 2 * window, s2, keep_below, interpolate_above))):
         half = patched_copy(base_dir, rows, factor=2)
-        results[f"{name} x2"] = {str(n): perplexity(half, test, n, args.eval_tokens) for n in lengths[:2]}
+        measure(f"{name} x2", half, lengths[:2])
 
     finetune_losses = {}
     for name in ("linear", "spectral"):
         tuned = models[name]
         finetune_losses[name] = train(tuned, data["train"], 4 * window, max(1, args.batch_size // 4), args.finetune_steps,
                                       args.finetune_lr, args.seed + 1, f"fine-tune {name} @1024")
-        results[f"{name} x4 + fine-tune"] = {str(n): perplexity(tuned, test, n, args.eval_tokens) for n in lengths}
+        measure(f"{name} x4 + fine-tune (lr {args.finetune_lr:g})", tuned, lengths)
 
     return {
         "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
@@ -326,6 +350,7 @@ def run(args: argparse.Namespace) -> dict:
         "spectral_ramp": {"keep_below": keep_below, "interpolate_above": interpolate_above},
         "linear_rows_exact_at_multiples_of_s": exact_rows,
         "perplexity": results,
+        "repeated_passage_perplexity": repeats,
         "seconds": round(time.time() - started, 1),
         "machine": f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}",
     }
@@ -355,6 +380,15 @@ def write_outputs(report: dict, out: str) -> None:
             f"interpolate_above={report['spectral_ramp']['interpolate_above']:g}. Total {report['seconds']:.0f} s wall, {report['cpu_seconds']:.0f} s CPU on {report['machine']}.\n\n"
         )
         handle.write("\n".join(lines) + "\n")
+        repeats = report.get("repeated_passage_perplexity")
+        if repeats:
+            handle.write(
+                "\nRepeated passage (each test segment is an n/2-token passage written twice; perplexity of the second "
+                "copy only). A model that attends n/2 tokens back can copy it; the 256-token reference cannot at "
+                "n >= 512.\n\n| method | n=256 | n=512 | n=1024 |\n|---|---:|---:|---:|\n"
+            )
+            for name, row in repeats.items():
+                handle.write(f"| {name} | " + " | ".join(f"{row[n]:.2f}" if n in row else "—" for n in lengths) + " |\n")
     try:
         import matplotlib
 
@@ -363,17 +397,21 @@ def write_outputs(report: dict, out: str) -> None:
     except ImportError:
         print("matplotlib not installed: no PNG written")
         return
-    figure, axis = plt.subplots(figsize=(7, 4.5))
-    for name, row in report["perplexity"].items():
-        xs = [int(n) for n in lengths if n in row]
-        style = "--" if "fine-tune" not in name else "-"
-        axis.plot(xs, [row[str(x)] for x in xs], style, marker="o", label=name)
-    axis.set_xscale("log", base=2)
-    axis.set_xticks([256, 512, 1024], ["256", "512", "1024"])
-    axis.set_xlabel("evaluation length (tokens)")
-    axis.set_ylabel("perplexity (held-out text)")
-    axis.set_title("Extending a learned position table 256 -> 1024 (small GPT-2)")
-    axis.legend(fontsize=8)
+    panels = [("perplexity", "held-out text")]
+    if report.get("repeated_passage_perplexity"):
+        panels.append(("repeated_passage_perplexity", "second copy of a repeated passage"))
+    figure, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), 4.5), squeeze=False)
+    for axis, (key, label) in zip(axes[0], panels):
+        for name, row in report[key].items():
+            xs = [int(n) for n in lengths if n in row]
+            style = "--" if "fine-tune" not in name else "-"
+            axis.plot(xs, [row[str(x)] for x in xs], style, marker="o", label=name)
+        axis.set_xscale("log", base=2)
+        axis.set_xticks([256, 512, 1024], ["256", "512", "1024"])
+        axis.set_xlabel("evaluation length (tokens)")
+        axis.set_ylabel(f"perplexity ({label})")
+        axis.set_title("Extending a learned position table 256 -> 1024 (small GPT-2)")
+        axis.legend(fontsize=8)
     figure.tight_layout()
     figure.savefig(os.path.join(out, "absolute_lab.png"), dpi=120)
 

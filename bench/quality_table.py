@@ -53,7 +53,8 @@ def main() -> int:
     parser.add_argument("--max-windows", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=16384,
                         help="perplexity windows per length = max(1, N // length): the same first N tokens at every length")
-    parser.add_argument("--passkey-trials", type=int, default=3)
+    parser.add_argument("--passkey-trials", type=int, default=1,
+                        help="trials per depth (default 1: 3 depths x 1 = 3 trials per method and length)")
     parser.add_argument("--passkey-depths", default="0.1,0.5,0.9")
     parser.add_argument("--no-generate", dest="generate", action="store_false", help="passkey: teacher-forced only")
     parser.add_argument("--device", default=None)

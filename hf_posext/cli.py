@@ -87,7 +87,7 @@ def _run_patch(args: argparse.Namespace) -> int:
 def _run_demo(args: argparse.Namespace) -> int:
     from hf_posext.demo import run_demo
 
-    return run_demo(quick=args.quick)
+    return run_demo(quick=args.quick, out_dir=args.out)
 
 
 def _builtin_subcommands() -> None:
@@ -104,6 +104,7 @@ def _builtin_subcommands() -> None:
 
     def demo_args(p: argparse.ArgumentParser) -> None:
         p.add_argument("--quick", action="store_true", help="shorter lengths (a smoke run)")
+        p.add_argument("--out", help="results folder (default: results/demo, or results/demo-quick with --quick)")
 
     SUBCOMMANDS.setdefault("methods", ("list the scaling methods", lambda p: None, _run_methods))
     SUBCOMMANDS.setdefault("describe", ("describe a model's position scaling", describe_args, _run_describe))

@@ -1,7 +1,8 @@
 """The main job on the embedded default model: does SmolLM2-135M still work at 2x its window?
 
 ``hf-posext demo`` loads ``smollm2-135m`` (window 8192) once and compares, side by side, the unpatched
-model (``none``), ``yarn`` and ``dynamic-yarn`` (factor 2 = 16384 / 8192) at 4096, 8192 and 16384 tokens:
+model (``none``), ``yarn`` and ``dynamic-yarn`` (factor 2 = 16384 / 8192) at 8192 tokens (the window:
+what scaling costs) and 16384 (twice the window: what it buys):
 
 * perplexity on one window per length of ``builtin:python-docs`` (the docstrings of the installed Python
   standard library: English prose available offline on any machine, not stored in this repository);
@@ -12,12 +13,11 @@ It prints a table and writes JSON, CSV and PNG plots to ``results/demo`` (``resu
 ``--quick``, which uses 1024 and 2048 tokens with the same factor 2: a smoke run of a minute or two,
 inside the window, so it shows only what scaling costs at short lengths). Re-running resumes: finished cells are read back, not recomputed.
 
-Budget (2 idle CPU cores, float32, measured 2026-11-26): one forward pass takes about 18 s at 4096
-tokens, 52 s at 8192 and 160 s at 16384; the whole demo took 898 s (15:02 wall with start-up and
-loading, ``/usr/bin/time -v hf-posext demo``). It stays near 15 minutes because
-``dynamic-yarn`` is computed by nothing new. Inside the window it is the unpatched model, and at 16384
-tokens it is ``yarn`` with s = 2 (the grid detects equal rotary tables and reuses the result, and the
-JSON says so under ``reused_from``).
+Budget (2 idle CPU cores, float32, measured 2026-11-26): one forward pass takes about 50 s at 8192
+tokens and 155 s at 16384; the whole demo took 800 s by its own clock (13:23 wall with start-up and
+loading, ``/usr/bin/time -v hf-posext demo``). ``dynamic-yarn`` is computed by nothing new: inside the
+window it is the unpatched model, and at 16384 tokens it is ``yarn`` with s = 2 (the grid detects equal
+rotary tables and reuses the result, and the JSON says so under ``reused_from``).
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def run_demo(quick: bool = False, out_dir: str | Path | None = None) -> int:
     lengths = QUICK_LENGTHS if quick else DEMO_LENGTHS
     out = Path(out_dir or ("results/demo-quick" if quick else "results/demo"))
     print(f"hf-posext demo: {DEMO_MODEL}, methods {DEMO_METHODS}, lengths {', '.join(map(str, lengths))}; results in {out}/")
-    print(f"torch threads: {torch.get_num_threads()}; about 15 minutes on 2 otherwise idle CPU cores (measured 898 s; one forward: ~18 s at 4096 tokens, ~160 s at 16384).", flush=True)
+    print(f"torch threads: {torch.get_num_threads()}; about 14 minutes on 2 otherwise idle CPU cores (measured 800 s; one forward: ~50 s at 8192 tokens, ~155 s at 16384).", flush=True)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model, tokenizer = load_model_and_tokenizer(DEMO_MODEL, dtype="float32", device=device)
     methods = parse_methods(DEMO_METHODS)

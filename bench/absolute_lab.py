@@ -17,9 +17,11 @@ Also ``linear`` and ``spectral`` at s=2 (window 512), without fine-tuning. The s
 validation slice (never on the test tokens). Writes ``absolute_lab.json``, ``absolute_lab.md`` and
 ``absolute_lab.png`` under ``--out``.
 
-Run (measured: 507 s of CPU on 1 thread; wall time depends on how busy the machine is):
+Run (measured 2026-11-26: pre-training 2500 steps + everything, 2862 s of CPU on a busy 2-core machine;
+``--reuse-base`` redoes the evaluations and fine-tunes on the saved model in 1227 s of CPU):
 
-    python bench/absolute_lab.py --data /work/shared/data/books --out bench/results
+    python bench/absolute_lab.py --train-steps 2500 --threads 2 --finetune-steps 100 --finetune-lr 1e-4 \
+        --data /work/shared/data/books --out bench/results
 """
 
 from __future__ import annotations
@@ -250,6 +252,45 @@ def patched_copy(base_dir: str, method_rows=None, factor: int = 4):
     return model
 
 
+def finetune_with_recipe_trainer(extended, tokenizer, name: str, train_text: str, args: argparse.Namespace):
+    """Full fine-tune of an extended model at 1024 tokens with hf_posext's recipe trainer.
+
+    The extended model is saved as a plain 1024-position GPT-2 (its table is just a bigger table) and
+    trained by :func:`hf_posext.training.train` with the identity scaling (``linear`` x1), so the linear
+    and spectral tables go through the same recipe: AdamW, 5% warm-up, cosine decay, clipping at 1.0.
+    Returns the trained model and its logged losses.
+    """
+    from transformers import GPT2LMHeadModel
+
+    from hf_posext.training import train as recipe_train
+    from hf_posext.training.config import config_from_dict
+
+    folder = os.path.join(args.work_dir, f"extended-{name}")
+    config = extended.config.to_dict()
+    config.pop("hf_posext", None)
+    plain = GPT2LMHeadModel(type(extended.config).from_dict(config))
+    plain.load_state_dict(extended.state_dict())
+    plain.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    run_dir = os.path.join(args.work_dir, f"finetune-{name}")
+    recipe = config_from_dict({
+        "model": {"name": folder, "precision": "fp32", "attn_implementation": "eager"},
+        "scaling": {"method": "linear", "factor": 1.0},
+        "finetune": {"mode": "full"},
+        "data": {"source": train_text, "window": 4 * 256},
+        "train": {"max_steps": args.finetune_steps, "batch_size": max(1, args.batch_size // 4),
+                  "learning_rate": args.finetune_lr, "warmup_steps": max(1, args.finetune_steps // 20),
+                  "lr_schedule": "cosine", "weight_decay": 0.01, "adam_beta2": 0.95, "max_grad_norm": 1.0,
+                  "seed": args.seed + 1},
+        "output": {"dir": run_dir, "checkpoint_every": 0, "log_every": 1},
+    })
+    recipe_train(recipe, overwrite=True, progress=True)
+    with open(os.path.join(run_dir, "log.jsonl")) as handle:
+        losses = [json.loads(line)["loss"] for line in handle if '"loss"' in line]
+    tuned = GPT2LMHeadModel.from_pretrained(os.path.join(run_dir, "merged"), attn_implementation="eager").eval()
+    return tuned, losses
+
+
 def run(args: argparse.Namespace) -> dict:
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -329,10 +370,11 @@ def run(args: argparse.Namespace) -> dict:
         measure(f"{name} x2", half, lengths[:2])
 
     finetune_losses = {}
+    train_text = os.path.join(args.work_dir, "train.txt")
+    with open(train_text, "w", encoding="utf-8") as handle:  # the training split, for the recipe trainer
+        handle.write(tokenizer.decode(data["train"].tolist()))
     for name in ("linear", "spectral"):
-        tuned = models[name]
-        finetune_losses[name] = train(tuned, data["train"], 4 * window, max(1, args.batch_size // 4), args.finetune_steps,
-                                      args.finetune_lr, args.seed + 1, f"fine-tune {name} @1024")
+        tuned, finetune_losses[name] = finetune_with_recipe_trainer(models[name], tokenizer, name, train_text, args)
         measure(f"{name} x4 + fine-tune (lr {args.finetune_lr:g})", tuned, lengths)
 
     return {
@@ -428,10 +470,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--width", type=int, default=128)
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--batch-size", type=int, default=8, help="pre-training sequences per step (fine-tune: a quarter)")
-    parser.add_argument("--train-steps", type=int, default=400)
+    parser.add_argument("--train-steps", type=int, default=2500)
     parser.add_argument("--lr", type=float, default=2e-3)
-    parser.add_argument("--finetune-steps", type=int, default=50)
-    parser.add_argument("--finetune-lr", type=float, default=3e-4)
+    parser.add_argument("--finetune-steps", type=int, default=100)
+    parser.add_argument("--finetune-lr", type=float, default=1e-4)
     parser.add_argument("--eval-tokens", type=int, default=16384, help="test tokens per evaluation length")
     parser.add_argument("--validation-tokens", type=int, default=8192)
     parser.add_argument("--reuse-base", action="store_true",

@@ -98,6 +98,18 @@ def test_patching_twice_replaces_never_compounds(token_ids):
     assert _config_dict(twice) == original_config
 
 
+def test_none_needs_no_factor_and_undoes_a_scaling(token_ids):
+    model = tiny_model("llama")
+    before = logits_of(model, token_ids)
+    hf_posext.patch(model, "yarn", factor=4)
+    hf_posext.patch(model, "none")
+    report = hf_posext.describe(model)
+    assert (report.method, report.factor, report.current_window) == ("none", 1.0, 64)
+    assert torch.equal(logits_of(model, token_ids), before)
+    with pytest.raises(ValueError, match="factor"):
+        hf_posext.patch(model, "yarn")  # every other method still needs a factor or a target length
+
+
 def test_target_length_sets_the_factor():
     model = hf_posext.patch(tiny_model("llama"), "linear", target_length=320)
     report = hf_posext.describe(model)

@@ -67,7 +67,15 @@ def _rotary_call_ms(model, length: int, calls: int = 50) -> float:
     return 1000 * (time.perf_counter() - start) / calls
 
 
-def rotary_only(model, methods: list[str], lengths: list[int], args: argparse.Namespace) -> int:
+def write_results(out: Path, result: dict, lines: list[str]) -> None:
+    """Write ``result`` as JSON at ``out`` and the markdown ``lines`` next to it; print the table."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def rotary_only(model, methods: list[str], lengths: list[int], args: argparse.Namespace, command: str) -> int:
     """``--rotary-only``: time the rotary module alone, unpatched vs each method (seconds, not minutes)."""
     rows = []
     for n in lengths:
@@ -77,16 +85,13 @@ def rotary_only(model, methods: list[str], lengths: list[int], args: argparse.Na
             _apply(model, method)
             rows.append({"method": method, "length": n, "unpatched_ms": base, "patched_ms": _rotary_call_ms(model, n)})
         _apply(model, None)
-    command = "python bench/overhead.py " + " ".join(sys.argv[1:])
     out = Path(args.out or f"bench/results/overhead_rotary_{args.device.split(':')[0]}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"model": args.model, "device": args.device, "dtype": args.dtype, "torch": torch.__version__,
-                               "threads": torch.get_num_threads(), "rows": rows, "command": command}, indent=2))
+    result = {"model": args.model, "device": args.device, "dtype": args.dtype, "torch": torch.__version__,
+              "threads": torch.get_num_threads(), "rows": rows, "command": command}
     lines = [f"Rotary module call, mean of 50 (`{args.model}`, {args.dtype}, {args.device}, {torch.get_num_threads()} threads). "
              f"Command: `{command}`", "", "| method | length | unpatched (ms) | patched (ms) |", "|---|---|---|---|"]
     lines += [f"| {r['method']} | {r['length']} | {r['unpatched_ms']:.3f} | {r['patched_ms']:.3f} |" for r in rows]
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_results(out, result, lines)
     return 0
 
 
@@ -118,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rotary-only", action="store_true",
                         help="time only the rotary module (what patching replaces): robust on a noisy CPU, takes seconds")
     args = parser.parse_args(argv)
+    command = "python bench/overhead.py " + " ".join(argv if argv is not None else sys.argv[1:])
 
     methods = [m for m in args.methods.split(",") if m]
     lengths = [int(n) for n in args.lengths.split(",")]
@@ -131,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         model = load_model(args.model, dtype=args.dtype, device=args.device)
     if args.rotary_only:
-        return rotary_only(model, methods, lengths, args)
+        return rotary_only(model, methods, lengths, args, command)
     vocab = model.config.vocab_size
     generator = torch.Generator().manual_seed(0)
     inputs = {n: torch.randint(0, vocab, (1, n), generator=generator).to(args.device) for n in lengths}
@@ -169,14 +175,12 @@ def main(argv: list[str] | None = None) -> int:
         "lengths": lengths, "torch": torch.__version__, "python": platform.python_version(),
         "device_name": torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor() or platform.machine(),
         "threads": torch.get_num_threads(), "rows": rows, "raw_seconds": times,
-        "command": "python bench/overhead.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": command,
     }
     import transformers
 
     result["transformers"] = transformers.__version__
     out = Path(args.out or f"bench/results/overhead_{args.device.split(':')[0]}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
     lines = [
         f"Forward time of `{args.model}` ({args.dtype}, {result['device_name']}), median of {args.repeats} interleaved runs; "
         f"ratio = patched / unpatched. Command: `{result['command']}`",
@@ -189,8 +193,7 @@ def main(argv: list[str] | None = None) -> int:
             f"| {row['method']} | {row['length']} | {row['unpatched_median_s']:.4f} | {row['median_s']:.4f} | "
             f"{row['ratio']:.3f} | {row['ratio_min']:.3f} | {row['patch_ms']:.1f} |"
         )
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_results(out, result, lines)
     return 0
 
 

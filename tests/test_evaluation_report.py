@@ -34,9 +34,21 @@ def test_report_tables_and_plots(tmp_path):
     tables = markdown_tables(runs)
     assert "| none | 10.00 | 90.00 |" in tables and "| yarn x2 |  | 12.50 |" in tables
     assert "| none | 0.50 |" in tables  # greedy accuracy averaged over the two depths
+    assert "scored tokens per length 64: 63, 128: 127)" in tables
     markdown, plots = write_report(tmp_path)
     assert {p.name for p in plots} >= {"perplexity.png", "passkey.png", "passkey-heatmap-none.png"}
     assert (tmp_path / "report.md").read_text().startswith("Perplexity")
+
+
+def test_report_token_note_covers_every_method(tmp_path):
+    # A length that only some methods reach (the quality table's longest column) still gets its count.
+    _write(tmp_path, "perplexity", {
+        "a": _record("none", 1.0, 64, ppl=10.0, nll=2.3, tokens=63),
+        "b": _record("yarn", 4.0, 256, ppl=12.0, nll=2.5, tokens=255),
+        "c": _record("ntk", 4.0, 64, ppl=11.0, nll=2.4, tokens=60),
+    })
+    tables = markdown_tables(load_results(tmp_path))
+    assert "scored tokens per length 64: 60/63, 256: 255)" in tables
 
 
 def test_report_errors(tmp_path):

@@ -104,7 +104,11 @@ def markdown_tables(runs: list[dict[str, Any]]) -> str:
     perplexity = _task_records(runs, "perplexity")
     if perplexity:
         tokens = _by_method_length(perplexity, "tokens")
-        note = ", ".join(f"{n}: {int(v[0])}" for n, v in sorted(next(iter(tokens.values())).items()))
+        per_length: dict[int, set[int]] = {}
+        for by_length in tokens.values():
+            for length, values in by_length.items():
+                per_length.setdefault(length, set()).update(int(v) for v in values)
+        note = ", ".join(f"{n}: {'/'.join(map(str, sorted(v)))}" for n, v in sorted(per_length.items()))
         sections.append("Perplexity (lower is better; scored tokens per length " + note + ")\n\n" + _format_table(_by_method_length(perplexity, "ppl"), ".2f", "method"))
     for task, name in (("passkey", "Passkey"), ("needle", "Needle")):
         records = _task_records(runs, task)

@@ -24,14 +24,16 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_BOOKS = Path("/work/shared/data/books")
+# Calibration text: a book other than austen-emma.txt, the first file of the books folder and the text
+# every perplexity table here is scored on, so searched factors are never scored on what they were fit to.
+DEFAULT_BOOKS = ROOT.parent / "shared" / "data" / "books" / "austen-persuasion.txt"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m", help="model name/folder, smollm2-135m, or tiny[:FAMILY[:WINDOW]]")
     parser.add_argument("--target-length", type=int, default=16384, help="length the factors are searched for (default: %(default)s)")
-    parser.add_argument("--data", default=str(DEFAULT_BOOKS) if DEFAULT_BOOKS.is_dir() else "builtin:python-docs",
+    parser.add_argument("--data", default=str(DEFAULT_BOOKS) if DEFAULT_BOOKS.is_file() else "builtin:python-docs",
                         help="calibration text: file, folder, dataset name or builtin:python-docs (default: %(default)s)")
     parser.add_argument("--windows", type=int, default=1, help="calibration windows per candidate (default: %(default)s)")
     parser.add_argument("--population", type=int, default=8, help="candidates per generation (default: %(default)s)")

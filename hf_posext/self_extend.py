@@ -27,13 +27,14 @@ rotary module that feeds it (found and verified by :func:`hf_posext.families.fin
 probe at patch time checks that the q and k reaching the registry really are rotated that way.
 
 Cost (say it plainly): inside the window nothing changes (the SDPA path even calls transformers' SDPA
-function). Past the window every attention call materialises its scores block by block (no fused
-SDPA kernel), computes the grouped scores for all earlier keys plus the neighbour scores for a band
-of W (+ block) keys, and re-rotates q and k: roughly ``(n + W + block) / n`` times the score FLOPs of
-plain attention plus the memory traffic of explicit scores, about what eager attention costs; each
-layer also keeps its keys rotated to grouped positions during generation (one more copy of the key
-cache) so a decode step rotates only the new key. ``bench/self_extend_cost.py`` measures it (on CPU
-one attention call costs 4-12x SDPA and 0.6-2x eager; docs/beyond_rescaling.md).
+function). Past the window, on the SDPA path (the default), each query block runs up to three fused
+attention calls (neighbour band, grouped band, grouped bulk) and merges them by their log-sum-exp
+(:func:`split_grouped_attention`): the extra work is the re-rotation of q and k, a second pass over a
+band of about W + 512 keys, and the masks of the two bands. On the eager path, or with a logit cap,
+training dropout or per-row positions (a left-padded batch), the scores are materialised block by block
+instead (:func:`grouped_attention`), about what eager attention costs. During generation each layer
+keeps its keys rotated to grouped positions (one more copy of the key cache) so a decode step rotates
+only the new key. ``bench/self_extend_cost.py`` measures it (docs/beyond_rescaling.md).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ __all__ = [
     "max_extended_length",
     "size_for_target",
     "grouped_attention",
+    "split_grouped_attention",
     "self_extend_attention",
     "is_patched",
     "patch_self_extend",
@@ -373,6 +375,115 @@ def grouped_attention(
     return torch.cat(outputs, dim=2).transpose(1, 2).contiguous()
 
 
+#: Queries per block on the split path: each block's masked band is (block + W) keys wide.
+SPLIT_QUERY_BLOCK = 512
+
+
+def _attention_with_lse(query, key, value, mask, scaling):
+    """Attention output and log-sum-exp of its scores: ``([B, H, q, D], [B, H, q])``.
+
+    ``mask`` is None or a bool tensor broadcastable to ``[B, H, q, k]`` (True = attend). On CPU it calls
+    PyTorch's fused flash-attention kernel, the one ``scaled_dot_product_attention`` itself dispatches to,
+    which also returns the log-sum-exp; elsewhere it computes the same two tensors explicitly. Rows with
+    no key to attend give output 0 and log-sum-exp -inf.
+    """
+    flash = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    if flash is not None and query.device.type == "cpu" and query.dtype in (torch.float32, torch.bfloat16):
+        bias = None
+        if mask is not None:
+            bias = torch.zeros(mask.shape, dtype=query.dtype, device=query.device).masked_fill_(~mask, float("-inf"))
+        output, lse = flash(query, key, value, 0.0, False, attn_mask=bias, scale=scaling)[:2]
+        lse = lse.to(torch.float32)
+        if mask is not None:  # the kernel leaves rows without any key undefined: make them empty
+            empty = ~mask.any(dim=-1)
+            output = output.masked_fill(empty[..., None], 0.0)
+            lse = lse.masked_fill(empty, float("-inf"))
+        return output, lse
+    scores = torch.matmul(query, key.transpose(2, 3)).float() * scaling
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)
+    probs = torch.nan_to_num(torch.exp(scores - lse[..., None]), nan=0.0).to(value.dtype)
+    return torch.matmul(probs, value), lse
+
+
+def split_grouped_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_grouped: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    query_positions: torch.Tensor,
+    key_positions: torch.Tensor,
+    inv_freq: torch.Tensor,
+    rotary_dim: int,
+    interleaved: bool,
+    group_size: int,
+    window: int,
+    scaling: float,
+    block: int = SPLIT_QUERY_BLOCK,
+) -> torch.Tensor:
+    """Self-Extend attention as fused attention calls merged by their log-sum-exp (same result as
+    :func:`grouped_attention`, without materialising the long rows of scores).
+
+    For a block of queries, the keys split into three sets: the neighbour band (exact q and k, keys at
+    distance ``0 <= d < W``), the grouped band next to it (grouped q and k, ``d >= W``, masked) and the
+    grouped bulk (grouped q and k, keys far enough for every query of the block: no mask). Each set is
+    one fused attention call returning its output ``o_s`` and log-sum-exp ``l_s``; the softmax over the
+    merged row is ``sum_s o_s * exp(l_s - logsumexp_s l_s)``, exactly (the paper merges the scores before
+    one softmax: this is that softmax, taken in pieces).
+
+    Needs the same positions in every batch row, non-decreasing key positions and a bool (or no) mask;
+    :func:`self_extend_attention` checks and otherwise calls :func:`grouped_attention`.
+
+    Args: as :func:`grouped_attention`; ``key_grouped`` are the keys rotated to their grouped positions,
+    ``attention_mask`` None or bool broadcastable to ``[batch, heads, q_len, kv_len]``.
+
+    Returns:
+        ``[batch, q_len, heads, head_dim]``.
+    """
+    batch, heads, q_len, head_dim = query.shape
+    kv_heads = key.shape[1]
+    groups = heads // kv_heads
+    q_pos = query_positions.to(key.device).reshape(-1, q_len)[0]
+    k_pos = key_positions.to(key.device).reshape(-1, key.shape[2])[0].contiguous()
+    query_grouped = _to_grouped(query, q_pos[None], "query", group_size, window, inv_freq, rotary_dim, interleaved)
+
+    outputs = []
+    for start in range(0, q_len, block):
+        end = min(start + block, q_len)
+        rows = q_pos[start:end]
+        low_limit, high_limit = rows.min(), rows.max()
+        # keys [0, bulk): grouped for every query; [bulk, grouped_end): grouped for some; [bulk, high): neighbours
+        bulk, grouped_end, high = (int(i) for i in torch.searchsorted(
+            k_pos, torch.stack((low_limit - window, high_limit - window, high_limit)), right=True))
+
+        def part(q, k, first, last, band):
+            distance = rows[:, None] - k_pos[None, first:last]
+            mask = None if band is None else band(distance)
+            if attention_mask is not None:
+                allowed = attention_mask[..., start:end, first:last] if attention_mask.shape[-2] > 1 else attention_mask[..., first:last]
+                mask = allowed if mask is None else allowed & mask
+            # Grouped-query attention without copying keys per head: the query heads sharing a kv head
+            # become extra rows of it (row g * rows + r is head g's query r), and the mask repeats per head.
+            q = q[:, :, start:end].reshape(batch, kv_heads, groups * (end - start), head_dim)
+            if mask is not None and groups > 1:
+                mask = mask.expand(*mask.shape[:-2], end - start, last - first)
+                mask = torch.cat([mask] * groups, dim=-2)
+            output, lse = _attention_with_lse(q, k[:, :, first:last], value[:, :, first:last], mask, scaling)
+            return output.reshape(batch, heads, end - start, head_dim), lse.reshape(batch, heads, end - start)
+
+        parts = [part(query, key, bulk, high, lambda d: (d >= 0) & (d < window))]
+        if grouped_end > bulk:
+            parts.append(part(query_grouped, key_grouped, bulk, grouped_end, lambda d: d >= window))
+        if bulk > 0:
+            parts.append(part(query_grouped, key_grouped, 0, bulk, None))
+        lse = torch.stack([p[1] for p in parts]).logsumexp(dim=0)
+        merged = sum(o.float() * torch.nan_to_num(torch.exp(l - lse), nan=0.0)[..., None] for o, l in parts)
+        outputs.append(merged.to(value.dtype))
+    return torch.cat(outputs, dim=2).transpose(1, 2).contiguous()
+
+
 def _positions(query: torch.Tensor, key: torch.Tensor, position_ids: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """Query and key positions: ``position_ids`` for the queries; keys contiguous up to the last query."""
     q_len, kv_len = query.shape[2], key.shape[2]
@@ -431,6 +542,12 @@ def self_extend_attention(
 
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     key_grouped = None if plain else _grouped_keys(settings, key, key_positions, query.shape[2])
+    if not plain and _can_split(settings, attention_mask, query_positions, key_positions, softcap, dropout, module):
+        output = split_grouped_attention(
+            query, key, value, key_grouped, attention_mask, query_positions, key_positions,
+            settings.inv_freq, settings.rotary_dim, settings.interleaved, settings.group_size, settings.window, scaling,
+        )
+        return output, None
     output = grouped_attention(
         query, key, value, attention_mask, query_positions, key_positions,
         settings.inv_freq, settings.rotary_dim, settings.interleaved,
@@ -438,6 +555,20 @@ def self_extend_attention(
         scaling, softcap=softcap, dropout=dropout, training=module.training, key_grouped=key_grouped,
     )
     return output, None
+
+
+def _can_split(settings, attention_mask, query_positions, key_positions, softcap, dropout, module) -> bool:
+    """Whether :func:`split_grouped_attention` applies: SDPA convention (bool or no mask), no logit cap,
+    no training dropout, one set of positions for the whole batch, keys in position order."""
+    if settings.mask_kind != "sdpa" or softcap is not None or (dropout and module.training):
+        return False
+    if attention_mask is not None and (attention_mask.dtype != torch.bool or attention_mask.dim() != 4 or attention_mask.shape[1] != 1):
+        return False
+    for positions in (query_positions, key_positions):
+        if positions.shape[0] > 1 and not bool((positions == positions[:1]).all()):
+            return False
+    keys = key_positions[0]
+    return keys.numel() < 2 or bool((keys[1:] >= keys[:-1]).all())
 
 
 def _grouped_keys(settings: _LayerSettings, key: torch.Tensor, key_positions: torch.Tensor, q_len: int) -> torch.Tensor:

@@ -12,7 +12,7 @@ import hf_posext
 from hf_posext import self_extend
 from hf_posext.families import UnsupportedModelError
 from hf_posext.models import TINY_FAMILIES, tiny_model
-from hf_posext.self_extend import grouped_attention, max_extended_length, rotate, size_for_target
+from hf_posext.self_extend import grouped_attention, max_extended_length, rotate, size_for_target, split_grouped_attention
 from tests.conftest import logits_of, transformers_major
 
 pytestmark = pytest.mark.skipif(transformers_major() < 5, reason="attention registry dispatch as in transformers 5.x")
@@ -57,6 +57,46 @@ def test_grouped_attention_matches_the_papers_construction(block_elements):
         inv_freq, 8, False, group_size=3, window=7, scaling=8 ** -0.5, block_elements=block_elements,
     )
     torch.testing.assert_close(out.double(), _reference(q, k, v, 3, 7, inv_freq), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])  # fused CPU kernel / explicit fallback
+@pytest.mark.parametrize("block", [512, 7])
+def test_split_attention_matches_the_papers_construction(dtype, block):
+    torch.manual_seed(0)
+    q, k, v = torch.randn(1, 4, 50, 8), torch.randn(1, 2, 50, 8), torch.randn(1, 2, 50, 8)  # grouped-query
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, 8, 2).double() / 8))
+    pos = torch.arange(50)[None]
+    rq, rk = _rope(q, pos, inv_freq).to(dtype), _rope(k, pos, inv_freq).to(dtype)
+    key_grouped = self_extend._to_grouped(rk, pos, "key", 3, 7, inv_freq, 8, False)
+    expected = _reference(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), 3, 7, inv_freq)
+    out = split_grouped_attention(rq, rk, v.to(dtype), key_grouped, None, pos, pos, inv_freq, 8, False, 3, 7, 8 ** -0.5, block=block)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)
+    # The last 12 queries against all 50 keys (a KV cache), with a bool mask hiding keys 3 and 20-24:
+    # same rows as the explicit blockwise function given the same mask.
+    mask = torch.ones(1, 1, 12, 50, dtype=torch.bool).tril(diagonal=38)
+    mask[..., 3] = False
+    mask[..., 20:25] = False
+    args = (pos[:, 38:], pos, inv_freq, 8, False)
+    explicit = grouped_attention(rq[:, :, 38:], rk, v.to(dtype), mask, *args, group_size=3, window=7, scaling=8 ** -0.5)
+    split = split_grouped_attention(rq[:, :, 38:], rk, v.to(dtype), key_grouped, mask, *args, 3, 7, 8 ** -0.5, block=block)
+    torch.testing.assert_close(split.double(), explicit.double(), atol=1e-5, rtol=1e-5)
+
+
+def test_sdpa_path_uses_the_split_attention_and_eager_does_not(monkeypatch):
+    calls = []
+    original = self_extend.split_grouped_attention
+    monkeypatch.setattr(self_extend, "split_grouped_attention", lambda *a, **kw: calls.append(1) or original(*a, **kw))
+    ids = _ids(100)
+    outputs = {}
+    for implementation in ("sdpa", "eager"):
+        model = tiny_model("llama")
+        model.set_attn_implementation(implementation)
+        hf_posext.patch(model, "self-extend", group_size=3, window=10)
+        calls.clear()
+        outputs[implementation] = logits_of(model, ids)
+        assert bool(calls) == (implementation == "sdpa")
+    torch.testing.assert_close(outputs["sdpa"], outputs["eager"], atol=1e-4, rtol=1e-4)
 
 
 def test_rotate_composes_with_rope_both_layouts():

@@ -433,8 +433,10 @@ def split_grouped_attention(
     merged row is ``sum_s o_s * exp(l_s - logsumexp_s l_s)``, exactly (the paper merges the scores before
     one softmax: this is that softmax, taken in pieces).
 
-    Needs the same positions in every batch row, non-decreasing key positions and a bool (or no) mask;
-    :func:`self_extend_attention` checks and otherwise calls :func:`grouped_attention`.
+    Needs the same positions in every batch row, non-decreasing key positions and a bool (or no) mask,
+    and is for inference: PyTorch's fused CPU kernel returns the log-sum-exp without differentiating it,
+    so gradients through the merge would be wrong. :func:`self_extend_attention` checks all of this and
+    otherwise calls :func:`grouped_attention`.
 
     Args: as :func:`grouped_attention`; ``key_grouped`` are the keys rotated to their grouped positions,
     ``attention_mask`` None or bool broadcastable to ``[batch, heads, q_len, kv_len]``.
@@ -542,7 +544,7 @@ def self_extend_attention(
 
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     key_grouped = None if plain else _grouped_keys(settings, key, key_positions, query.shape[2])
-    if not plain and _can_split(settings, attention_mask, query_positions, key_positions, softcap, dropout, module):
+    if not plain and _can_split(settings, attention_mask, query_positions, key_positions, softcap, dropout, module, (query, key, value)):
         output = split_grouped_attention(
             query, key, value, key_grouped, attention_mask, query_positions, key_positions,
             settings.inv_freq, settings.rotary_dim, settings.interleaved, settings.group_size, settings.window, scaling,
@@ -557,10 +559,14 @@ def self_extend_attention(
     return output, None
 
 
-def _can_split(settings, attention_mask, query_positions, key_positions, softcap, dropout, module) -> bool:
+def _can_split(settings, attention_mask, query_positions, key_positions, softcap, dropout, module, tensors=()) -> bool:
     """Whether :func:`split_grouped_attention` applies: SDPA convention (bool or no mask), no logit cap,
-    no training dropout, one set of positions for the whole batch, keys in position order."""
+    no training dropout, no gradient (the fused CPU kernel does not differentiate its log-sum-exp, so
+    training goes through the explicit scores), one set of positions for the whole batch, keys in
+    position order."""
     if settings.mask_kind != "sdpa" or softcap is not None or (dropout and module.training):
+        return False
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         return False
     if attention_mask is not None and (attention_mask.dtype != torch.bool or attention_mask.dim() != 4 or attention_mask.shape[1] != 1):
         return False

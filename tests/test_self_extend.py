@@ -97,6 +97,19 @@ def test_sdpa_path_uses_the_split_attention_and_eager_does_not(monkeypatch):
         outputs[implementation] = logits_of(model, ids)
         assert bool(calls) == (implementation == "sdpa")
     torch.testing.assert_close(outputs["sdpa"], outputs["eager"], atol=1e-4, rtol=1e-4)
+    # With gradients (fine-tuning a Self-Extend model) the explicit scores are used: the fused kernel
+    # does not differentiate the log-sum-exp the merge needs. Same gradients as eager.
+    grads = {}
+    for implementation in ("sdpa", "eager"):
+        torch.manual_seed(0)
+        model = tiny_model("llama")
+        model.set_attn_implementation(implementation)
+        hf_posext.patch(model, "self-extend", group_size=3, window=10)
+        calls.clear()
+        model(ids, labels=ids).loss.backward()
+        assert not calls
+        grads[implementation] = model.model.layers[0].self_attn.q_proj.weight.grad
+    torch.testing.assert_close(grads["sdpa"], grads["eager"], atol=1e-4, rtol=1e-3)
 
 
 def test_rotate_composes_with_rope_both_layouts():

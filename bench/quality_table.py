@@ -41,7 +41,7 @@ def winners(cells: dict, metric: str, lower_is_better: bool) -> dict[int, tuple[
 
 def main() -> int:
     from hf_posext.evaluation import evaluate_passkey, evaluate_perplexity, parse_lengths, parse_methods
-    from hf_posext.evaluation.report import markdown_tables, write_plots
+    from hf_posext.evaluation.report import load_results, markdown_tables, write_plots
     from hf_posext.evaluation.runner import Distributed, load_model_and_tokenizer
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -98,7 +98,7 @@ def main() -> int:
             for length, (name, value) in sorted(winners(source, metric, lower).items()):
                 lines.append(f"- {label} at {length}: **{name}** ({value:.3f})")
         (Path(args.out) / "quality.md").write_text("\n".join(lines) + "\n")
-        write_plots([ppl.data, key.data], args.out)
+        write_plots(load_results(args.out), args.out)  # the folder's plots cover every results file in it
         print("\n".join(lines))
     return 0
 

@@ -51,6 +51,23 @@ def test_report_token_note_covers_every_method(tmp_path):
     assert "scored tokens per length 64: 60/63, 256: 255)" in tables
 
 
+def test_report_keeps_models_apart(tmp_path):
+    # A base model and its fine-tuned copy in one folder (bench/finetune_smollm2.sh): same method, two rows.
+    for name, model, ppl in (("base", "smollm2-135m", 28.2), ("tuned", "runs/smollm2-8k-32k/merged", 25.0)):
+        (tmp_path / f"perplexity-{name}.json").write_text(json.dumps({"task": "perplexity", "config": {"model": model}, "cells": {
+            "a": _record("yarn", 4.0, 128, ppl=ppl, nll=3.0, tokens=127)}}))
+        (tmp_path / f"passkey-{name}.json").write_text(json.dumps({"task": "passkey", "config": {"model": model}, "cells": {
+            depth: _record("yarn", 4.0, 128, depth=depth, greedy_accuracy=float(name == "tuned"), teacher_forced_accuracy=1.0, trials=1)
+            for depth in (0.1, 0.9)}}))
+    tables = markdown_tables(load_results(tmp_path))
+    assert "| smollm2-135m: yarn x4 | 28.20 |" in tables
+    assert "| smollm2-8k-32k/merged: yarn x4 | 25.00 |" in tables
+    assert "| smollm2-8k-32k/merged: yarn x4 | 1.00 |" in tables and "| smollm2-135m: yarn x4 | 0.00 |" in tables
+    _, plots = write_report(tmp_path)
+    names = {p.name for p in plots}
+    assert {"passkey-heatmap-smollm2-135m-yarnx4.png", "passkey-heatmap-smollm2-8k-32k-merged-yarnx4.png"} <= names
+
+
 def test_report_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         load_results(tmp_path / "missing")

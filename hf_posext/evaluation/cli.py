@@ -105,9 +105,21 @@ def run_task(task: str, args: argparse.Namespace) -> int:
             store = needle.evaluate_needle(model, tokenizer, haystack=args.haystack, text_field=args.text_field, **retrieval, **common)
     if dist.is_main:
         print(markdown_tables([store.data]))
-        plots = write_plots([store.data], args.out)
+        # Plots cover every results file in the folder (other models and tasks included), so an
+        # evaluation never replaces a plot with one showing only its own cells.
+        plots = write_plots(_folder_runs(args.out, store.data), args.out)
         print(f"\nresults: {store.path} (+ .csv); plots: {', '.join(str(p) for p in plots)}; {time.time() - started:.0f} s")
     return 0
+
+
+def _folder_runs(folder: str, current: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every results file in ``folder`` (this run's is written by now); just this run if none can be read."""
+    from hf_posext.evaluation.report import load_results
+
+    try:
+        return load_results(folder)
+    except (FileNotFoundError, ValueError):
+        return [current]
 
 
 def main_task(task: str, argv: list[str] | None = None) -> int:

@@ -14,6 +14,7 @@ import csv
 import json
 import math
 import os
+import re
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterable
@@ -70,7 +71,19 @@ def write_csv(run: dict[str, Any], path: str | os.PathLike) -> None:
 
 def _method_key(record: dict[str, Any]) -> str:
     label = record.get("label") or record["method"]
-    return label if record["method"] == "none" else f"{label} x{record['factor']:g}"
+    key = label if record["method"] == "none" else f"{label} x{record['factor']:g}"
+    model = record.get("_model")
+    return f"{model}: {key}" if model else key
+
+
+def _model_name(model: Any) -> str:
+    """A short, still distinct name for a model: the last two parts of a path, else the name as given."""
+    parts = [part for part in str(model).replace("\\", "/").split("/") if part not in ("", ".")]
+    return "/".join(parts[-2:]) if len(parts) > 2 else str(model)
+
+
+def _models(runs: list[dict[str, Any]]) -> list[str]:
+    return sorted({str(run["config"].get("model", "model")) for run in runs})
 
 
 def _by_method_length(records: Iterable[dict[str, Any]], metric: str) -> dict[str, dict[int, list[float]]]:
@@ -83,13 +96,26 @@ def _by_method_length(records: Iterable[dict[str, Any]], metric: str) -> dict[st
 
 
 def _task_records(runs: list[dict[str, Any]], task: str) -> list[dict[str, Any]]:
-    return [record for run in runs if run["task"] == task for record in run["cells"].values()]
+    """The cells of ``task``; when ``runs`` hold more than one model, each is tagged with its model so
+    that the tables and plots keep the models apart instead of averaging them."""
+    several = len(_models(runs)) > 1
+    records = []
+    for run in runs:
+        if run["task"] != task:
+            continue
+        model = _model_name(run["config"].get("model", "model")) if several else None
+        records.extend({**record, "_model": model} if model else record for record in run["cells"].values())
+    return records
+
+
+def _is_unpatched(key: str) -> bool:
+    return key == "none" or key.endswith(": none")
 
 
 def _format_table(table: dict[str, dict[int, list[float]]], fmt: str, title: str) -> str:
     lengths = sorted({length for row in table.values() for length in row})
     lines = [f"| {title} | " + " | ".join(str(n) for n in lengths) + " |", "|---|" + "---:|" * len(lengths)]
-    for method in sorted(table, key=lambda m: (m != "none", m)):
+    for method in sorted(table, key=lambda m: (m.rsplit(": ", 1)[0] if ": " in m else "", not _is_unpatched(m), m)):
         cells = []
         for length in lengths:
             values = table[method].get(length)
@@ -150,7 +176,7 @@ def _line_plot(table: dict[str, dict[int, list[float]]], ylabel: str, title: str
     import matplotlib.pyplot as plt
 
     figure, axis = plt.subplots(figsize=(6.4, 4.2))
-    for method in sorted(table, key=lambda m: (m != "none", m)):
+    for method in sorted(table, key=lambda m: (m.rsplit(": ", 1)[0] if ": " in m else "", not _is_unpatched(m), m)):
         points = sorted((n, sum(v) / len(v)) for n, v in table[method].items() if v)
         axis.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=method)
     for window in sorted(windows):
@@ -180,7 +206,8 @@ def write_plots(runs: list[dict[str, Any]], out_dir: str | os.PathLike) -> list[
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
-    model = next((run["config"].get("model") for run in runs), "model")
+    models = _models(runs)
+    model = models[0] if len(models) == 1 else f"{len(models)} models"
     perplexity = _task_records(runs, "perplexity")
     if perplexity:
         path = out / "perplexity.png"
@@ -199,7 +226,7 @@ def write_plots(runs: list[dict[str, Any]], out_dir: str | os.PathLike) -> list[
             by_method[_method_key(record)].append(record)
         if len({r["depth"] for r in records}) > 1 or task == "needle":
             for method, method_records in sorted(by_method.items()):
-                name = method.replace(" ", "").replace("/", "-")
+                name = re.sub(r"[^A-Za-z0-9._-]+", "-", method.replace(" ", "").replace(":", "-"))
                 path = out / (f"needle-{name}.png" if task == "needle" else f"passkey-heatmap-{name}.png")
                 _heatmap(method_records, metric, f"{task} {metric.replace('_', ' ')}: {method}", path)
                 written.append(path)

@@ -11,8 +11,8 @@
 #    folder (that is austen-emma.txt, held apart: files are read in name order) and passkey at depths
 #    0.1/0.5/0.9, one trial each. Results resume too; `hf-posext report` prints the side-by-side table.
 #
-# Cost on 2 CPU cores: training about an hour; each evaluated model 4 forwards at 16384 tokens and
-# 4 at 32768. The baseline cells at 32768 are the ones bench/quality_table.py computes (same settings):
+# Cost on 2 idle CPU cores (measured 2026-11-26): training 36 min; each evaluated model about 40 min
+# (4 forwards at 16384 tokens, 155-195 s each, and 4 at 32768, 436-514 s each). Results: docs/training.md. The baseline cells at 32768 are the ones bench/quality_table.py computes (same settings):
 # point OUT at its folder to reuse them.
 set -euo pipefail
 cd "$(dirname "$0")/.."

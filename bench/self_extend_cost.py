@@ -91,9 +91,9 @@ def main(argv: list[str] | None = None) -> int:
             for repeat in range(args.repeats + 1):  # the first round warms up and is dropped
                 for patched in ((False, True) if repeat % 2 == 0 else (True, False)):
                     _set(model, patched, args.group_size, args.window)
-                    seconds = _timed(lambda: decoder(ids[:, :n], use_cache=False), args.device)
+                    forward_seconds = _timed(lambda: decoder(ids[:, :n], use_cache=False), args.device)
                     if repeat:
-                        forward[patched].append(seconds)
+                        forward[patched].append(forward_seconds)
                     if args.decode:
                         with torch.no_grad():
                             cache = decoder(ids[:, :n], use_cache=True).past_key_values
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
                         if repeat:
                             step[patched].append(seconds)
                     label = "self-extend" if patched else "plain"
-                    print(f"{implementation} n={n} {label} round {repeat}: forward {forward[patched][-1] if repeat else seconds:.3f}s",
+                    print(f"{implementation} n={n} {label} round {repeat}{' (warm-up)' if not repeat else ''}: forward {forward_seconds:.3f}s",
                           file=sys.stderr)
             _set(model, False, args.group_size, args.window)
             row = {

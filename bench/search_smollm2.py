@@ -8,6 +8,8 @@ time per candidate) and returns the best factors found so far.
 Usage (the settings that fit an hour on 2 CPU cores; see docs/beyond_rescaling.md for the arithmetic):
     python bench/search_smollm2.py                                   # 16384 tokens, 55-minute budget
     python bench/search_smollm2.py --target-length 32768 --time-budget-minutes 240
+    python bench/search_smollm2.py --target-length 32768 --population 4 --parents 2 \
+        --start-from bench/results/search_smollm2-135m_16384.json   # 4x seeded from the 2x search
     accelerate launch --multi_gpu --num_processes 2 bench/search_smollm2.py   # candidates split over 2 processes
     torchrun --nproc_per_node 2 bench/search_smollm2.py --model tiny --target-length 128 --data text.txt  # smoke run
 Then:
@@ -40,6 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--generations", type=int, default=20, help="most generations after the first (default: %(default)s)")
     parser.add_argument("--parents", type=int, default=3, help="best candidates kept and bred from (default: %(default)s)")
     parser.add_argument("--time-budget-minutes", type=float, default=55.0, help="stop before overrunning this (default: %(default)s)")
+    parser.add_argument("--start-from", action="append", metavar="JSON",
+                        help="an earlier search's result (another scale) to seed the first generation; repeatable")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--chunk-size", type=int, default=2048, help="positions per loss chunk (default: %(default)s)")
@@ -61,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     result = search_factors(
         model, args.target_length, args.data, tokenizer=tokenizer, windows=args.windows, population=args.population,
         generations=args.generations, parents=args.parents, time_budget_s=args.time_budget_minutes * 60,
-        seed=args.seed, chunk_size=args.chunk_size, output=out, progress=args.progress,
+        seed=args.seed, chunk_size=args.chunk_size, output=out, progress=args.progress, start_from=args.start_from,
     )
     if dist.is_main:
         summary = {

@@ -10,7 +10,10 @@ What this module does, and where it differs from the paper:
   (low frequencies are stretched at least as much as high ones: the paper's monotonicity constraint).
   Every candidate is projected onto that space by a running maximum.
 * Initial population: the frequency parts of PI (every factor s), YaRN (theta_i / theta'_i of
-  :func:`hf_posext.methods.rope.yarn`) and NTK-aware scaling, then mutations of them. The paper also
+  :func:`hf_posext.methods.rope.yarn`) and NTK-aware scaling, then mutations of them. ``start_from=``
+  adds the factors of earlier searches at other scales (LongRoPE extends progressively, each search
+  seeded from the one before), carried to the new scale s' by ``lambda_i ** (ln s' / ln s)``: that maps
+  an extrapolated dimension (1) to 1 and an interpolated one (s) to s', and keeps the order. The paper also
   searches n-hat, a number of initial tokens left unscaled; we do not (it needs a position-dependent
   rotary table, which ``longrope`` does not have).
 * Generations: keep the best ``parents`` (elitism), fill the population with mutations (each factor
@@ -40,7 +43,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["SearchResult", "search_factors", "initial_factors", "make_monotone", "calibration_windows"]
+__all__ = ["SearchResult", "search_factors", "initial_factors", "rescale_factors", "make_monotone", "calibration_windows"]
 
 
 @dataclass
@@ -53,7 +56,8 @@ class SearchResult:
         target_length: the length the fitness was measured at.
         original_max_position_embeddings: the model's pre-training window L.
         best_nll: fitness of ``long_factor`` (mean NLL per token; perplexity = exp).
-        initial_nll: fitness of each named starting point (``pi``, ``yarn``, ``ntk``).
+        initial_nll: fitness of each named starting point (``pi``, ``yarn``, ``ntk``, and ``start_from``
+            when an earlier search seeded this one).
         history: per generation: best NLL so far, candidates evaluated, seconds elapsed.
         evaluations: candidates evaluated in all.
         seconds: wall-clock time of the search.
@@ -114,6 +118,57 @@ def initial_factors(theta: float, dim: int, original_length: int, factor: float)
         inv_freq, _ = spec.compute(rope, original_length, factor, None, spec.parse_params({}))
         starts[name] = original / inv_freq.double()
     return starts
+
+
+def rescale_factors(factors: Any, to_scale: float, *, dim: int | None = None, original_length: int | None = None) -> torch.Tensor:
+    """Carry factors searched at scale s to scale s' = ``to_scale``: ``lambda_i ** (ln s' / ln s)``.
+
+    A dimension left unscaled (1) stays 1, one interpolated by PI's s becomes s', and the order of the
+    factors is kept, so the result is a valid starting point of a search at the new scale.
+
+    Args:
+        factors: a :class:`SearchResult`, the path of the JSON it wrote, or a mapping with ``long_factor``
+            and ``factor`` (the scale s the factors were searched at).
+        to_scale: the new scale s' (> 1).
+        dim: when given, the rotary dimension the factors must fit (``dim // 2`` values).
+        original_length: when given, the pre-training window the factors must have been searched for.
+
+    Raises:
+        ValueError: a missing or unreadable file, no ``long_factor``/``factor``, a scale <= 1, factors
+            for another rotary dimension or window.
+    """
+    if isinstance(factors, SearchResult):
+        data: dict[str, Any] = factors.to_dict()
+        source = "the given SearchResult"
+    elif isinstance(factors, (str, os.PathLike)):
+        path = Path(factors)
+        if not path.is_file():
+            raise ValueError(f"start_from: no file {str(path)!r}; give the JSON an earlier search_factors run wrote.")
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as error:
+            raise ValueError(f"start_from: {str(path)!r} is not JSON ({error}).") from error
+        source = repr(str(path))
+    elif isinstance(factors, dict):
+        data, source = factors, "the given mapping"
+    else:
+        raise ValueError(f"start_from takes search results (JSON paths, SearchResult or dicts), got {type(factors).__name__}.")
+    if not isinstance(data, dict) or "long_factor" not in data or "factor" not in data:
+        raise ValueError(f"start_from: {source} needs 'long_factor' and 'factor' (the JSON search_factors writes).")
+    old_scale = float(data["factor"])
+    if old_scale <= 1.0 or to_scale <= 1.0:
+        raise ValueError(f"start_from: both scales must exceed 1 (searched at {old_scale:g}, now {to_scale:g}).")
+    values = torch.tensor([float(v) for v in data["long_factor"]], dtype=torch.float64)
+    if dim is not None and values.numel() != dim // 2:
+        raise ValueError(
+            f"start_from: {source} holds {values.numel()} factors, this model's rotary dimension {dim} needs {dim // 2}."
+        )
+    searched_window = data.get("original_max_position_embeddings")
+    if original_length is not None and searched_window is not None and int(searched_window) != original_length:
+        raise ValueError(
+            f"start_from: {source} was searched for a {searched_window}-token window, this model's is {original_length}."
+        )
+    return values.clamp_min(1.0) ** (math.log(to_scale) / math.log(old_scale))
 
 
 def calibration_windows(
@@ -196,6 +251,7 @@ def search_factors(
     progress: bool = True,
     bos: str = "auto",
     text_field: str | None = None,
+    start_from: Any = None,
 ) -> SearchResult:
     """Evolutionary search for per-dimension RoPE factors (LongRoPE) minimising perplexity at a length.
 
@@ -221,6 +277,9 @@ def search_factors(
         output: write the result JSON there (main process only).
         progress: show a progress bar per generation.
         bos, text_field: how calibration text is cut (see :func:`calibration_windows`).
+        start_from: earlier search results (a JSON path, :class:`SearchResult` or dict, or a list of
+            them), e.g. the factors searched at 2x when searching 4x; each joins the first generation,
+            carried to this scale by :func:`rescale_factors`, named ``start_from`` (``start_from_1``, ...).
 
     Returns:
         A :class:`SearchResult`; ``result.best_nll <= min(result.initial_nll.values())`` always.
@@ -273,6 +332,8 @@ def search_factors(
     if max_factor < scale:
         raise ValueError(f"max_factor ({max_factor}) must be at least the scale s = {scale:g} (PI's factor).")
     theta, dim = main.bases[layer_type], main.dims[layer_type]
+    previous = [] if start_from is None else list(start_from) if isinstance(start_from, (list, tuple)) else [start_from]
+    carried = [rescale_factors(item, scale, dim=dim, original_length=original_length) for item in previous]
     ids = calibration_windows(data, target_length, windows, tokenizer, bos=bos, text_field=text_field)
     device = next(model.parameters()).device
     dist = Distributed()
@@ -281,6 +342,7 @@ def search_factors(
         "population": population, "generations": generations, "parents": parents, "mutation_rate": mutation_rate,
         "mutation_scale": mutation_scale, "crossover_fraction": crossover_fraction, "max_factor": max_factor,
         "windows": int(ids.shape[0]), "seed": seed, "processes": dist.world_size, "time_budget_s": time_budget_s,
+        "start_from": [str(item) if isinstance(item, (str, os.PathLike)) else type(item).__name__ for item in previous],
     }
 
     fitness: dict[tuple[float, ...], float] = {}
@@ -341,7 +403,12 @@ def search_factors(
 
     try:
         starts = {name: make_monotone(values, max_factor) for name, values in initial_factors(theta, dim, original_length, scale).items()}
-        first = list(starts.values())
+        for index, values in enumerate(carried):
+            starts["start_from" if index == 0 else f"start_from_{index}"] = make_monotone(values, max_factor)
+        first = []
+        for values in starts.values():
+            if all(_key(values) != _key(c) for c in first):
+                first.append(values)
         seeds = list(first)
         while len(first) < population:
             extra = children(1, [_key(s) for s in seeds]) if fitness else None

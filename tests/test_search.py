@@ -14,7 +14,7 @@ import torch
 
 import hf_posext
 from hf_posext.models import tiny_model
-from hf_posext.search import initial_factors, make_monotone, search_factors
+from hf_posext.search import initial_factors, make_monotone, rescale_factors, search_factors
 from tests.conftest import logits_of
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -85,6 +85,40 @@ def test_text_calibration_with_a_tokenizer():
     assert result.settings["windows"] == 1 and len(result.long_factor) == 4
 
 
+def test_rescale_factors_maps_unscaled_to_one_and_pi_to_the_new_scale(tmp_path):
+    path = tmp_path / "two.json"
+    path.write_text(json.dumps({"long_factor": [1.0, 1.5, 2.0, 3.0], "factor": 2.0, "original_max_position_embeddings": 64}))
+    carried = rescale_factors(str(path), 4.0, dim=8, original_length=64)
+    torch.testing.assert_close(carried, torch.tensor([1.0, 2.25, 4.0, 9.0], dtype=torch.float64))
+    with pytest.raises(ValueError, match="rotary dimension 16 needs 8"):
+        rescale_factors(str(path), 4.0, dim=16)
+    with pytest.raises(ValueError, match="64-token window, this model's is 32"):
+        rescale_factors(str(path), 4.0, original_length=32)
+    with pytest.raises(ValueError, match="no file"):
+        rescale_factors(str(tmp_path / "missing.json"), 4.0)
+    with pytest.raises(ValueError, match="'long_factor' and 'factor'"):
+        rescale_factors({"long_factor": [1.0]}, 4.0)
+
+
+def test_a_search_seeded_from_an_earlier_scale_starts_from_its_carried_factors():
+    model = tiny_model("llama", initializer_range=0.5)
+    at_two = search_factors(model, 128, _calibration(), windows=2, population=4, generations=1, parents=2,
+                            seed=0, progress=False)
+    at_four = search_factors(model, 256, _calibration(256), windows=2, population=4, generations=0, parents=2,
+                             seed=0, progress=False, start_from=at_two)
+    assert set(at_four.initial_nll) == {"pi", "yarn", "ntk", "start_from"}
+    # The carried start is scored: patching it by hand reproduces its fitness.
+    from hf_posext.evaluation.perplexity import chunked_nll
+
+    carried = make_monotone(rescale_factors(at_two, 4.0), at_four.settings["max_factor"])
+    hf_posext.patch(model, "longrope", factor=4.0, long_factor=carried.tolist())
+    with torch.no_grad():
+        nll, scored = chunked_nll(model, _calibration(256))
+    hf_posext.unpatch(model)
+    assert float(nll.sum()) / (scored * 2) == pytest.approx(at_four.initial_nll["start_from"], rel=1e-6)
+    assert at_four.best_nll <= min(at_four.initial_nll.values())
+
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [
@@ -94,6 +128,7 @@ def test_text_calibration_with_a_tokenizer():
         ({"max_factor": 1.5}, "at least the scale"),
         ({"data": "some text"}, "tokenizer"),
         ({"data": torch.zeros(1, 50, dtype=torch.long)}, "128 tokens"),
+        ({"start_from": {"long_factor": [1.0, 2.0], "factor": 2.0}}, "needs 4"),
     ],
 )
 def test_bad_settings_raise_clear_errors(kwargs, message):

@@ -3,13 +3,16 @@
 Runs :func:`hf_posext.search_factors` and writes the JSON that ``patch(model, "longrope", factors=...)``
 reads. Every candidate costs ``--windows`` forward passes at ``--target-length`` tokens; the search
 stops before a generation that would overrun ``--time-budget-minutes`` (estimated from the measured
-time per candidate) and returns the best factors found so far.
+time per candidate) and returns the best factors found so far. The JSON is rewritten after every
+generation; ``--resume`` continues a stopped search without evaluating its candidates again.
 
 Usage (the settings that fit an hour on 2 CPU cores; see docs/beyond_rescaling.md for the arithmetic):
     python bench/search_smollm2.py                                   # 16384 tokens, 55-minute budget
     python bench/search_smollm2.py --target-length 32768 --time-budget-minutes 240
     python bench/search_smollm2.py --target-length 32768 --population 4 --parents 2 \
         --start-from bench/results/search_smollm2-135m_16384.json   # 4x seeded from the 2x search
+    python bench/search_smollm2.py --target-length 32768 --population 4 --parents 2 \
+        --resume bench/results/search_smollm2-135m_32768.json      # more generations of that search
     accelerate launch --multi_gpu --num_processes 2 bench/search_smollm2.py   # candidates split over 2 processes
     torchrun --nproc_per_node 2 bench/search_smollm2.py --model tiny --target-length 128 --data text.txt  # smoke run
 Then:
@@ -44,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--time-budget-minutes", type=float, default=55.0, help="stop before overrunning this (default: %(default)s)")
     parser.add_argument("--start-from", action="append", metavar="JSON",
                         help="an earlier search's result (another scale) to seed the first generation; repeatable")
+    parser.add_argument("--resume", metavar="JSON",
+                        help="continue this search's result (same target and data): more generations, nothing re-evaluated")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--chunk-size", type=int, default=2048, help="positions per loss chunk (default: %(default)s)")
@@ -66,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         model, args.target_length, args.data, tokenizer=tokenizer, windows=args.windows, population=args.population,
         generations=args.generations, parents=args.parents, time_budget_s=args.time_budget_minutes * 60,
         seed=args.seed, chunk_size=args.chunk_size, output=out, progress=args.progress, start_from=args.start_from,
+        resume=args.resume,
     )
     if dist.is_main:
         summary = {

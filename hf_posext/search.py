@@ -36,6 +36,8 @@ import json
 import math
 import os
 import time
+import dataclasses
+import hashlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,6 +64,8 @@ class SearchResult:
         evaluations: candidates evaluated in all.
         seconds: wall-clock time of the search.
         settings: the search settings (population, generations, ...), for the record.
+        candidates: every candidate evaluated: ``long_factor``, ``nll``, ``generation``, ``seconds``;
+            what ``search_factors(..., resume=...)`` continues from.
     """
 
     long_factor: list[float]
@@ -74,6 +78,7 @@ class SearchResult:
     evaluations: int = 0
     seconds: float = 0.0
     settings: dict[str, Any] = field(default_factory=dict)
+    candidates: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def best_ppl(self) -> float:
@@ -90,6 +95,22 @@ class SearchResult:
         data["initial_ppl"] = {name: math.exp(nll) for name, nll in self.initial_nll.items()}
         data["usage"] = f"hf_posext.patch(model, 'longrope', factor={self.factor:g}, factors='THIS_FILE.json')"
         return data
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> SearchResult:
+        """Read the JSON :meth:`save` wrote."""
+        path = Path(path)
+        if not path.is_file():
+            raise ValueError(f"No search result {str(path)!r}; give the JSON an earlier search_factors run wrote.")
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{str(path)!r} is not JSON ({error}).") from error
+        names = {f.name for f in dataclasses.fields(cls)}
+        missing = {"long_factor", "factor", "target_length", "original_max_position_embeddings", "best_nll", "initial_nll"} - set(data)
+        if missing:
+            raise ValueError(f"{str(path)!r} is not a search result: it lacks {sorted(missing)}.")
+        return cls(**{key: value for key, value in data.items() if key in names})
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write the JSON that ``patch(model, "longrope", factor=s, factors=path)`` reads."""
@@ -223,6 +244,32 @@ def _crossover(first: torch.Tensor, second: torch.Tensor, generator: torch.Gener
     return make_monotone(torch.cat((first[:cut], second[cut:])), max_factor)
 
 
+def _resumable(
+    resume: Any, target_length: int, original_length: int, dim: int, calibration_sha1: str
+) -> SearchResult | None:
+    """Load and check a search to continue: same target, window, rotary dimension and calibration."""
+    if resume is None:
+        return None
+    previous = resume if isinstance(resume, SearchResult) else SearchResult.load(resume)
+    name = "the given SearchResult" if isinstance(resume, SearchResult) else repr(str(resume))
+    problems = []
+    if previous.target_length != target_length:
+        problems.append(f"target_length {previous.target_length} (now {target_length})")
+    if previous.original_max_position_embeddings != original_length:
+        problems.append(f"a {previous.original_max_position_embeddings}-token window (this model's is {original_length})")
+    if len(previous.long_factor) != dim // 2:
+        problems.append(f"{len(previous.long_factor)} factors (this model needs {dim // 2})")
+    if previous.settings.get("calibration_sha1") not in (None, calibration_sha1):
+        problems.append("other calibration windows (data, windows or bos differ)")
+    if problems:
+        raise ValueError(f"resume: {name} is another search: " + "; ".join(problems) + ". Start a new search, or "
+                         "pass it as start_from= to seed one.")
+    if not previous.candidates:
+        raise ValueError(f"resume: {name} lists no evaluated candidates (written before resume existed); "
+                         "pass it as start_from= instead.")
+    return previous
+
+
 def _check_positive_int(name: str, value: Any, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.")
@@ -252,6 +299,7 @@ def search_factors(
     bos: str = "auto",
     text_field: str | None = None,
     start_from: Any = None,
+    resume: str | os.PathLike | SearchResult | None = None,
 ) -> SearchResult:
     """Evolutionary search for per-dimension RoPE factors (LongRoPE) minimising perplexity at a length.
 
@@ -280,6 +328,12 @@ def search_factors(
         start_from: earlier search results (a JSON path, :class:`SearchResult` or dict, or a list of
             them), e.g. the factors searched at 2x when searching 4x; each joins the first generation,
             carried to this scale by :func:`rescale_factors`, named ``start_from`` (``start_from_1``, ...).
+        resume: a result of this same search (JSON path or :class:`SearchResult`: same target length,
+            window and calibration windows) to continue: its candidates are not evaluated again, it
+            goes on with up to ``generations`` more generations, and ``time_budget_s`` counts this run
+            only. With ``output``, the JSON is rewritten after every generation, so a search that was
+            stopped (time budget, crash) resumes from its last finished generation. The children drawn
+            after a resume differ from those an uninterrupted run would have drawn.
 
     Returns:
         A :class:`SearchResult`; ``result.best_nll <= min(result.initial_nll.values())`` always.
@@ -335,6 +389,8 @@ def search_factors(
     previous = [] if start_from is None else list(start_from) if isinstance(start_from, (list, tuple)) else [start_from]
     carried = [rescale_factors(item, scale, dim=dim, original_length=original_length) for item in previous]
     ids = calibration_windows(data, target_length, windows, tokenizer, bos=bos, text_field=text_field)
+    calibration_sha1 = hashlib.sha1(ids.to(torch.int64).numpy().tobytes()).hexdigest()[:16]
+    resumed = _resumable(resume, target_length, original_length, dim, calibration_sha1)
     device = next(model.parameters()).device
     dist = Distributed()
     generator = torch.Generator().manual_seed(seed)
@@ -343,13 +399,26 @@ def search_factors(
         "mutation_scale": mutation_scale, "crossover_fraction": crossover_fraction, "max_factor": max_factor,
         "windows": int(ids.shape[0]), "seed": seed, "processes": dist.world_size, "time_budget_s": time_budget_s,
         "start_from": [str(item) if isinstance(item, (str, os.PathLike)) else type(item).__name__ for item in previous],
+        "calibration_sha1": calibration_sha1,
+        "resumed_from": None if resume is None else str(resume) if isinstance(resume, (str, os.PathLike)) else "SearchResult",
     }
 
     fitness: dict[tuple[float, ...], float] = {}
     vectors: dict[tuple[float, ...], torch.Tensor] = {}
     eval_seconds: list[float] = []
+    records: list[dict[str, Any]] = []
+    seconds_before = 0.0
+    if resumed is not None:
+        for record in resumed.candidates:
+            values = torch.tensor(record["long_factor"], dtype=torch.float64)
+            fitness[_key(values)], vectors[_key(values)] = float(record["nll"]), values
+            if record.get("seconds"):
+                eval_seconds.append(float(record["seconds"]))
+        records = [dict(record) for record in resumed.candidates]
+        seconds_before = float(resumed.seconds)
 
-    def evaluate(candidates: list[torch.Tensor], label: str) -> None:
+    def evaluate(candidates: list[torch.Tensor], generation: int) -> None:
+        label = f"generation {generation}"
         todo = []
         for candidate in candidates:
             key = _key(candidate)
@@ -373,11 +442,14 @@ def search_factors(
                     total += float(nll.sum())
                     tokens += scored
             results.append((key, total / tokens, time.perf_counter() - began))
+        seconds_of = {}
         for key, value, seconds in dist.gather(results):
-            fitness[key] = value
+            fitness[key], seconds_of[key] = value, seconds
             eval_seconds.append(seconds)
         for key, candidate in todo:
             vectors[key] = candidate
+            records.append({"long_factor": [float(v) for v in candidate], "nll": fitness[key],
+                            "generation": generation, "seconds": seconds_of[key]})
 
     def ranked() -> list[tuple[float, ...]]:
         return sorted(fitness, key=lambda k: fitness[k])
@@ -401,6 +473,19 @@ def search_factors(
                 made.append(child)
         return made
 
+    def result() -> SearchResult:
+        best = ranked()[0]
+        return SearchResult(
+            long_factor=[float(v) for v in vectors[best]], factor=scale, target_length=target_length,
+            original_max_position_embeddings=original_length, best_nll=fitness[best], initial_nll=initial_nll,
+            history=history, evaluations=len(fitness), seconds=seconds_before + time.perf_counter() - start_time,
+            settings=settings, candidates=records,
+        )
+
+    def checkpoint() -> None:
+        if output is not None and dist.is_main:
+            result().save(output)
+
     try:
         starts = {name: make_monotone(values, max_factor) for name, values in initial_factors(theta, dim, original_length, scale).items()}
         for index, values in enumerate(carried):
@@ -417,31 +502,33 @@ def search_factors(
                 extra = [_mutate(parent, generator, mutation_rate, mutation_scale, max_factor)]
             if all(_key(extra[0]) != _key(c) for c in first):
                 first.append(extra[0])
-        evaluate(first, "generation 0")
-        initial_nll = {name: fitness[_key(values)] for name, values in starts.items()}
-        history = [{"generation": 0, "best_nll": fitness[ranked()[0]], "evaluations": len(fitness),
-                    "seconds": time.perf_counter() - start_time}]
-        for generation in range(1, generations + 1):
+        if resumed is None:
+            evaluate(first, 0)
+            initial_nll = {name: fitness[_key(values)] for name, values in starts.items()}
+            history = [{"generation": 0, "best_nll": fitness[ranked()[0]], "evaluations": len(fitness),
+                        "seconds": time.perf_counter() - start_time}]
+            checkpoint()
+        else:
+            initial_nll = dict(resumed.initial_nll)
+            history = [entry for entry in resumed.history if "best_nll" in entry]
+        done = max(entry["generation"] for entry in history)
+        for generation in range(done + 1, done + generations + 1):
             per_candidate = sum(eval_seconds) / max(1, len(eval_seconds))
             wave = math.ceil((population - parents) / dist.world_size) * per_candidate
             if time_budget_s is not None and time.perf_counter() - start_time + wave > time_budget_s:
                 history.append({"generation": generation, "stopped": "time budget", "estimated_seconds": wave})
                 break
             parent_keys = ranked()[:parents]
-            evaluate(children(population - parents, parent_keys), f"generation {generation}")
+            evaluate(children(population - parents, parent_keys), generation)
             history.append({"generation": generation, "best_nll": fitness[ranked()[0]], "evaluations": len(fitness),
-                            "seconds": time.perf_counter() - start_time})
+                            "seconds": seconds_before + time.perf_counter() - start_time})
+            checkpoint()
     finally:
         if "_hf_posext_state" in model.__dict__:
             unpatch(model)
 
-    best = ranked()[0]
-    result = SearchResult(
-        long_factor=[float(v) for v in vectors[best]], factor=scale, target_length=target_length,
-        original_max_position_embeddings=original_length, best_nll=fitness[best], initial_nll=initial_nll,
-        history=history, evaluations=len(fitness), seconds=time.perf_counter() - start_time, settings=settings,
-    )
+    found = result()
     if output is not None and dist.is_main:
-        result.save(output)
+        found.save(output)
     dist.barrier()
-    return result
+    return found

@@ -119,6 +119,50 @@ def test_a_search_seeded_from_an_earlier_scale_starts_from_its_carried_factors()
     assert at_four.best_nll <= min(at_four.initial_nll.values())
 
 
+def test_a_stopped_search_resumes_without_evaluating_anything_twice(tmp_path, monkeypatch):
+    import hf_posext.evaluation.perplexity as perplexity
+
+    model = tiny_model("llama", initializer_range=0.5)
+    path = tmp_path / "search.json"
+    settings = dict(windows=2, population=4, parents=2, seed=0, progress=False, output=path)
+    real_nll, calls = perplexity.chunked_nll, []
+
+    def crashing_nll(*args, **kwargs):
+        calls.append(1)
+        if len(calls) > 4 * 2 + 2 * 2:  # generation 0 (4 candidates x 2 windows) and generation 1 finish
+            raise RuntimeError("simulated crash")
+        return real_nll(*args, **kwargs)
+
+    monkeypatch.setattr(perplexity, "chunked_nll", crashing_nll)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        search_factors(model, 128, _calibration(), generations=3, **settings)
+    assert "_hf_posext_state" not in model.__dict__
+    saved = hf_posext.search.SearchResult.load(path)  # checkpointed after generation 1
+    assert [h["generation"] for h in saved.history] == [0, 1] and len(saved.candidates) == 6
+
+    monkeypatch.setattr(perplexity, "chunked_nll", real_nll)
+    calls.clear()
+    monkeypatch.setattr(perplexity, "chunked_nll", lambda *a, **k: (calls.append(1), real_nll(*a, **k))[1])
+    resumed = search_factors(model, 128, _calibration(), generations=2, resume=path, **settings)
+    assert len(calls) == 2 * 2 * 2  # only the 2 new generations' 2 children, 2 windows each
+    assert [h["generation"] for h in resumed.history] == [0, 1, 2, 3]
+    assert resumed.candidates[:6] == saved.candidates and resumed.evaluations == len(resumed.candidates) == 10
+    assert resumed.initial_nll == saved.initial_nll and resumed.best_nll <= saved.best_nll
+    assert resumed.seconds >= saved.seconds and resumed.settings["resumed_from"] == str(path)
+
+
+def test_resume_refuses_another_search(tmp_path):
+    model = tiny_model("llama")
+    path = tmp_path / "search.json"
+    search_factors(model, 128, _calibration(), population=3, generations=0, parents=1, progress=False, output=path)
+    with pytest.raises(ValueError, match="target_length 128 \\(now 256\\)"):
+        search_factors(model, 256, _calibration(256), population=3, generations=0, parents=1, progress=False, resume=path)
+    with pytest.raises(ValueError, match="other calibration windows"):
+        search_factors(model, 128, _calibration().flip(-1), population=3, generations=0, parents=1, progress=False, resume=path)
+    with pytest.raises(ValueError, match="No search result"):
+        search_factors(model, 128, _calibration(), progress=False, resume=tmp_path / "missing.json")
+
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [

@@ -111,6 +111,31 @@ def test_rerun_resumes_and_overwrite_recomputes(model, tmp_path, monkeypatch):
     assert len(calls) == 4
 
 
+def test_a_rewritten_factors_file_recomputes_its_cells(model, tmp_path, monkeypatch):
+    factors = tmp_path / "factors.json"
+    factors.write_text(json.dumps({"long_factor": [1.0, 1.5, 2.0, 2.0]}))
+    methods = parse_methods("longrope", {"factors": str(factors)})
+    first = perplexity.evaluate_perplexity(model, AsciiTokenizer(), data=[TEXT], methods=methods, lengths=(128,),
+                                           factor=2.0, out_dir=tmp_path, model_name="tiny", max_windows=1)
+    (before,) = first.cells.values()
+    calls = []
+    original = perplexity.chunked_nll
+    monkeypatch.setattr(perplexity, "chunked_nll", lambda *a, **k: calls.append(1) or original(*a, **k))
+    # Same factors, more keys (a search checkpoint adds its candidates): still the same cell.
+    factors.write_text(json.dumps({"long_factor": [1.0, 1.5, 2.0, 2.0], "candidates": []}))
+    perplexity.evaluate_perplexity(model, AsciiTokenizer(), data=[TEXT], methods=methods, lengths=(128,),
+                                   factor=2.0, out_dir=tmp_path, model_name="tiny", max_windows=1)
+    assert calls == []
+    # Other factors under the same path: the stored cell is stale and is recomputed, with a warning.
+    factors.write_text(json.dumps({"long_factor": [1.0, 1.0, 1.0, 4.0]}))
+    with pytest.warns(UserWarning, match="another rotary embedding"):
+        again = perplexity.evaluate_perplexity(model, AsciiTokenizer(), data=[TEXT], methods=methods, lengths=(128,),
+                                               factor=2.0, out_dir=tmp_path, model_name="tiny", max_windows=1)
+    (after,) = again.cells.values()
+    assert len(calls) == 1 and len(again.cells) == 1
+    assert after["nll"] != before["nll"] and after["rope_fingerprint"] != before["rope_fingerprint"]
+
+
 def test_unknown_method_and_model_is_left_unpatched(model, tmp_path):
     with pytest.raises(ValueError, match="Unknown method 'yran'"):
         parse_methods("none,yran")

@@ -510,16 +510,26 @@ def run_grid(
     plans = {length: plan(length) for length in lengths}
     for method in methods:
         method_factor = resolve_factor_for(method, factor, lengths, original_window)
-        todo = {length: [c for c in plans[length] if not store.has(cell_id(method, method_factor, length, c.coords))] for length in lengths}
-        if not any(todo.values()):
-            continue
+        ids = {length: [cell_id(method, method_factor, length, c.coords) for c in plans[length]] for length in lengths}
+        stored = [store.get(i) for length in lengths for i in ids[length] if store.has(i)]
+        if len(stored) == sum(map(len, ids.values())) and not any("rope_fingerprint" in r for r in stored):
+            continue  # all done, nothing to re-check
         with apply_method(model, method, method_factor) as report:
             for length in lengths:
-                cells = todo[length]
+                # A stored cell counts only if the method still computes the same rotary function: a
+                # factors file rewritten by a new search, or a changed formula, makes it stale.
+                current = rope_fingerprint(model, length)
+                stale = [i for i in ids[length] if store.has(i) and current is not None
+                         and store.get(i).get("rope_fingerprint") not in (None, current)]
+                if stale:
+                    warnings.warn(f"{method.label} x{method_factor:g} @ {length}: {len(stale)} stored cell(s) were computed "
+                                  "with another rotary embedding (changed parameters or factors file); recomputing them.",
+                                  stacklevel=2)
+                cells = [c for c, i in zip(plans[length], ids[length]) if not store.has(i) or i in stale]
                 if not cells:
                     continue
                 warning = check_length(report, length, method.label)
-                fingerprint = rope_fingerprint(model, length) if reuse_identical else None
+                fingerprint = current if reuse_identical else None
                 units = [unit for cell in cells for unit in cell.units]
                 needed = [u for u in units if fingerprint is None or (fingerprint, u.key) not in memo]
                 local = dist.shard(needed)
@@ -568,6 +578,8 @@ def run_grid(
                     }
                     if reused_from:
                         record["reused_from"] = sorted(reused_from)
+                    if current is not None:
+                        record["rope_fingerprint"] = current
                     store.put(cell_id(method, method_factor, length, cell.coords), record)
                 dist.barrier()
     store.save(world_size=dist.world_size)

@@ -99,13 +99,7 @@ class SearchResult:
     @classmethod
     def load(cls, path: str | os.PathLike) -> SearchResult:
         """Read the JSON :meth:`save` wrote."""
-        path = Path(path)
-        if not path.is_file():
-            raise ValueError(f"No search result {str(path)!r}; give the JSON an earlier search_factors run wrote.")
-        try:
-            data = json.loads(path.read_text())
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{str(path)!r} is not JSON ({error}).") from error
+        data = _read_result_json(path, "search result")
         names = {f.name for f in dataclasses.fields(cls)}
         missing = {"long_factor", "factor", "target_length", "original_max_position_embeddings", "best_nll", "initial_nll"} - set(data)
         if missing:
@@ -118,6 +112,16 @@ class SearchResult:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(self.to_dict(), indent=2))
         return path
+
+
+def _read_result_json(path: str | os.PathLike, what: str) -> Any:
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{what}: no file {str(path)!r}; give the JSON an earlier search_factors run wrote.")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{what}: {str(path)!r} is not JSON ({error}).") from error
 
 
 def make_monotone(factors: torch.Tensor, max_factor: float) -> torch.Tensor:
@@ -162,14 +166,8 @@ def rescale_factors(factors: Any, to_scale: float, *, dim: int | None = None, or
         data: dict[str, Any] = factors.to_dict()
         source = "the given SearchResult"
     elif isinstance(factors, (str, os.PathLike)):
-        path = Path(factors)
-        if not path.is_file():
-            raise ValueError(f"start_from: no file {str(path)!r}; give the JSON an earlier search_factors run wrote.")
-        try:
-            data = json.loads(path.read_text())
-        except json.JSONDecodeError as error:
-            raise ValueError(f"start_from: {str(path)!r} is not JSON ({error}).") from error
-        source = repr(str(path))
+        data = _read_result_json(factors, "start_from")
+        source = repr(str(factors))
     elif isinstance(factors, dict):
         data, source = factors, "the given mapping"
     else:

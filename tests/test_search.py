@@ -159,7 +159,7 @@ def test_resume_refuses_another_search(tmp_path):
         search_factors(model, 256, _calibration(256), population=3, generations=0, parents=1, progress=False, resume=path)
     with pytest.raises(ValueError, match="other calibration windows"):
         search_factors(model, 128, _calibration().flip(-1), population=3, generations=0, parents=1, progress=False, resume=path)
-    with pytest.raises(ValueError, match="No search result"):
+    with pytest.raises(ValueError, match="search result: no file"):
         search_factors(model, 128, _calibration(), progress=False, resume=tmp_path / "missing.json")
 
 

@@ -32,12 +32,12 @@ The result is a JSON file that ``hf_posext.patch(model, "longrope", factor=s, fa
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import math
 import os
 import time
-import dataclasses
-import hashlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -384,6 +384,8 @@ def search_factors(
     if max_factor < scale:
         raise ValueError(f"max_factor ({max_factor}) must be at least the scale s = {scale:g} (PI's factor).")
     theta, dim = main.bases[layer_type], main.dims[layer_type]
+    if resume is not None and start_from is not None:
+        raise ValueError("Give start_from= (seed a new search) or resume= (continue one), not both.")
     previous = [] if start_from is None else list(start_from) if isinstance(start_from, (list, tuple)) else [start_from]
     carried = [rescale_factors(item, scale, dim=dim, original_length=original_length) for item in previous]
     ids = calibration_windows(data, target_length, windows, tokenizer, bos=bos, text_field=text_field)
@@ -488,19 +490,19 @@ def search_factors(
         starts = {name: make_monotone(values, max_factor) for name, values in initial_factors(theta, dim, original_length, scale).items()}
         for index, values in enumerate(carried):
             starts["start_from" if index == 0 else f"start_from_{index}"] = make_monotone(values, max_factor)
-        first = []
-        for values in starts.values():
-            if all(_key(values) != _key(c) for c in first):
-                first.append(values)
-        seeds = list(first)
-        while len(first) < population:
-            extra = children(1, [_key(s) for s in seeds]) if fitness else None
-            if not extra:
-                parent = seeds[int(torch.randint(len(seeds), (1,), generator=generator))]
-                extra = [_mutate(parent, generator, mutation_rate, mutation_scale, max_factor)]
-            if all(_key(extra[0]) != _key(c) for c in first):
-                first.append(extra[0])
         if resumed is None:
+            first = []
+            for values in starts.values():
+                if all(_key(values) != _key(c) for c in first):
+                    first.append(values)
+            seeds = list(first)
+            while len(first) < population:
+                extra = children(1, [_key(s) for s in seeds]) if fitness else None
+                if not extra:
+                    parent = seeds[int(torch.randint(len(seeds), (1,), generator=generator))]
+                    extra = [_mutate(parent, generator, mutation_rate, mutation_scale, max_factor)]
+                if all(_key(extra[0]) != _key(c) for c in first):
+                    first.append(extra[0])
             evaluate(first, 0)
             initial_nll = {name: fitness[_key(values)] for name, values in starts.items()}
             history = [{"generation": 0, "best_nll": fitness[ranked()[0]], "evaluations": len(fitness),

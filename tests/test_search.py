@@ -173,6 +173,7 @@ def test_resume_refuses_another_search(tmp_path):
         ({"data": "some text"}, "tokenizer"),
         ({"data": torch.zeros(1, 50, dtype=torch.long)}, "128 tokens"),
         ({"start_from": {"long_factor": [1.0, 2.0], "factor": 2.0}}, "needs 4"),
+        ({"start_from": {"long_factor": [1.0] * 4, "factor": 2.0}, "resume": "x.json"}, "not both"),
     ],
 )
 def test_bad_settings_raise_clear_errors(kwargs, message):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import inspect
 import math
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -266,6 +267,10 @@ def _identify(site_module: nn.Module, layout: str, dim: int, config, layer_type:
             f"The rotary module at {path!r} ({type(site_module).__name__}) could not be called as "
             f"forward(x, position_ids{', layer_type' if layer_type else ''}): {error}"
         ) from error
+    # A model cast with .half() / .to(torch.bfloat16) carries rounded inverse frequencies: compare against
+    # ours rounded the same way (the patched module keeps them float32, as loading with dtype= does).
+    rounded = {b.dtype for name, b in site_module.named_buffers() if "inv_freq" in name and b.is_floating_point()}
+    rounded = [d for d in rounded if d != torch.float32]
     tried = []
     for theta in _candidate_thetas(config, params):
         current = scaling_from_transformers(config, params, window)
@@ -273,6 +278,18 @@ def _identify(site_module: nn.Module, layout: str, dim: int, config, layer_type:
         ours = ScaledRotaryEmbedding({None: entry}, layout=layout, device=positions.device)
         if outputs_match(probe(ours, positions), actual):
             return theta, current
+        if len(rounded) == 1:
+            buffer = ours._buffers[ours._buffer_name(None)]
+            ours._buffers[ours._buffer_name(None)] = buffer.to(rounded[0]).float()
+            if outputs_match(probe(ours, positions), actual):
+                warnings.warn(
+                    f"The rotary frequencies at {path!r} are stored in {rounded[0]} (the model was cast with "
+                    ".half() or .to(dtype)), which rounds them and shifts every position's angle. The patched "
+                    "model computes them in float32, as from_pretrained(..., dtype=...) does; unpatch restores "
+                    "the rounded ones. Load with dtype= instead of casting to keep the original model exact.",
+                    stacklevel=4,
+                )
+                return theta, current
         tried.append(f"{theta:g}")
     raise UnsupportedModelError(
         f"The rotary module at {path!r} ({type(site_module).__name__}, layer type {layer_type!r}) does not "

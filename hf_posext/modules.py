@@ -69,6 +69,21 @@ class ScaledRotaryEmbedding(nn.Module):
             self.register_buffer(self._buffer_name(layer_type), inv_freq.to(device), persistent=False)
             self.attention_scaling[layer_type] = attention
 
+    def _apply(self, fn, recurse: bool = True):
+        """Follow device moves but not dtype casts: the frequency tables stay float32.
+
+        ``model.half()`` or ``model.to(torch.bfloat16)`` would otherwise round the inverse frequencies to
+        8 (bf16) or 11 (fp16) significant bits, and the angle ``position * inv_freq`` inherits that relative
+        error: at position 32768 the fastest dimension would be off by ~100 radians in bfloat16.
+        """
+        exact = {name: buffer for name, buffer in self._buffers.items() if buffer is not None}
+        super()._apply(fn, recurse)
+        for name, before in exact.items():
+            after = self._buffers[name]
+            if after is not None and after.dtype != before.dtype:
+                self._buffers[name] = before.to(device=after.device)
+        return self
+
     @staticmethod
     def _buffer_name(layer_type: str | None) -> str:
         # Not "inv_freq"/"original_inv_freq": transformers' weight init re-derives buffers with those

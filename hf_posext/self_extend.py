@@ -198,7 +198,7 @@ def rotate(states: torch.Tensor, delta: torch.Tensor, inv_freq: torch.Tensor, ro
         The rotated tensor, same shape and dtype. Angles are computed in float64 so the extra rotation
         adds no error of its own at long positions.
     """
-    angles = delta.to(torch.float64)[:, None, :, None] * inv_freq.to(device=states.device, dtype=torch.float64)
+    angles = delta.to(device=states.device, dtype=torch.float64)[:, None, :, None] * inv_freq.to(device=states.device, dtype=torch.float64)
     return _rotate_with(states, angles.cos(), angles.sin(), rotary_dim, interleaved)
 
 

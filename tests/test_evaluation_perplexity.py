@@ -106,6 +106,9 @@ def test_rerun_resumes_and_overwrite_recomputes(model, tmp_path, monkeypatch):
     store = _run(model, tmp_path, methods="none,linear", lengths=(32,), factor=2.0)
     assert len(calls) == 2  # only linear's two windows: none was read back
     assert len(store.cells) == 2 and len(store.data["runs"]) == 2
+    # Provenance: each run keeps its versions, each cell the run that computed it.
+    assert [cell["run"] for cell in store.cells.values()] == [0, 1]
+    assert all(run["versions"]["torch"] == torch.__version__ for run in store.data["runs"])
     calls.clear()
     _run(model, tmp_path, methods="none,linear", lengths=(32,), factor=2.0, overwrite=True)
     assert len(calls) == 4

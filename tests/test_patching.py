@@ -310,3 +310,33 @@ def test_deepcopy_and_device_moves_keep_the_patch(token_ids):
     model = hf_posext.patch(tiny_model("llama"), "yarn", factor=2)
     clone = copy.deepcopy(model).to("cpu")
     torch.testing.assert_close(logits_of(clone, token_ids), logits_of(model, token_ids))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_model_cast_to_half_precision_is_patched_and_restored(dtype, token_ids):
+    # model.to(dtype) rounds transformers' inv_freq buffer too; identification must still recognise it.
+    model = tiny_model("llama").to(dtype)
+    before = logits_of(model, token_ids)
+    with pytest.warns(UserWarning, match="stored in torch"):
+        hf_posext.patch(model, "dynamic-yarn", factor=4)
+    (buffer,) = [b for name, b in model.named_buffers() if "inv_freq" in name]
+    assert buffer.dtype == torch.float32
+    # Inside the window dynamic-yarn is the original model, up to the original's rounded frequencies.
+    torch.testing.assert_close(logits_of(model, token_ids).float(), before.float(), atol=5e-3, rtol=0)
+    hf_posext.unpatch(model)
+    assert torch.equal(logits_of(model, token_ids), before)
+    assert model.model.rotary_emb.inv_freq.dtype == dtype
+
+
+def test_casting_a_patched_model_keeps_the_frequency_tables_float32():
+    model = hf_posext.patch(tiny_model("llama"), "yarn", factor=4)
+    (exact,) = [b.clone() for name, b in model.named_buffers() if "inv_freq" in name]
+    for cast in (lambda m: m.half(), lambda m: m.to(torch.bfloat16), lambda m: m.float()):
+        cast(model)
+        (buffer,) = [b for name, b in model.named_buffers() if "inv_freq" in name]
+        assert buffer.dtype == torch.float32 and torch.equal(buffer, exact)
+    # The rotary output is the float32 table rounded once, at the end, to the activations' dtype.
+    positions = torch.arange(4000)[None]
+    cos16, _ = model.model.rotary_emb(torch.zeros(1, 1, dtype=torch.float16), positions)
+    cos32, _ = model.model.rotary_emb(torch.zeros(1, 1), positions)
+    assert torch.equal(cos16, cos32.half())

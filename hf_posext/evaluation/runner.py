@@ -390,6 +390,9 @@ def _slug(text: str) -> str:
 class ResultStore:
     """One JSON file per run (config, versions, per-cell records, timing) and a CSV next to it.
 
+    ``versions`` is the latest run's; ``runs[i]["versions"]`` is run i's, and each cell's ``run`` says
+    which run computed it.
+
     The file name is ``{task}-{model}-{hash of the run config}.json``: the same command finds its own
     file again and skips the cells already in it; a different model, text or seed writes a new file.
     Methods and lengths are cells, not config, so adding a method to a finished run only computes it.
@@ -410,7 +413,10 @@ class ResultStore:
             except json.JSONDecodeError:
                 warnings.warn(f"{self.path} is not valid JSON (an interrupted write?); starting it afresh.")
         self._started = time.time()
-        self.data["runs"].append({"started": _datetime.datetime.now().isoformat(timespec="seconds"), "seconds": None})
+        # Cells of one file can come from several runs on different machines (a CPU and a GPU, say): each
+        # run keeps its own versions, and each cell the index of the run that computed it.
+        self.data["runs"].append({"started": _datetime.datetime.now().isoformat(timespec="seconds"), "seconds": None,
+                                  "versions": self.data["versions"]})
 
     def has(self, cell_id: str) -> bool:
         return cell_id in self.data["cells"]
@@ -423,7 +429,7 @@ class ResultStore:
         return self.data["cells"]
 
     def put(self, cell_id: str, record: dict[str, Any]) -> None:
-        self.data["cells"][cell_id] = record
+        self.data["cells"][cell_id] = {**record, "run": len(self.data["runs"]) - 1}
         self.save()
 
     def save(self, **run_info: Any) -> None:

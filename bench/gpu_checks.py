@@ -21,6 +21,7 @@ import sys
 import torch
 
 import hf_posext
+from hf_posext.evaluation.retrieval import _cache_argument, _returned_cache
 from hf_posext.models import tiny_model
 
 
@@ -31,12 +32,13 @@ def _logits(model, ids):
 
 def _cached_logits(model, ids, prefix: int, step: int):
     """Logits of ``ids`` computed as a prefix, then chunks of ``step`` tokens through the KV cache."""
+    argument = _cache_argument(model)  # "cache" in newer transformers, "past_key_values" before
     with torch.no_grad():
         out = model(ids[:, :prefix], use_cache=True)
-        cache, parts = out.past_key_values, [out.logits]
+        cache, parts = _returned_cache(out), [out.logits]
         for start in range(prefix, ids.shape[1], step):
-            out = model(ids[:, start : start + step], past_key_values=cache, use_cache=True)
-            cache, parts = out.past_key_values, parts + [out.logits]
+            out = model(ids[:, start : start + step], use_cache=True, **{argument: cache})
+            cache, parts = _returned_cache(out), parts + [out.logits]
     return torch.cat(parts, 1)
 
 

@@ -74,7 +74,8 @@ class ScaledRotaryEmbedding(nn.Module):
 
         ``model.half()`` or ``model.to(torch.bfloat16)`` would otherwise round the inverse frequencies to
         8 (bf16) or 11 (fp16) significant bits, and the angle ``position * inv_freq`` inherits that relative
-        error: at position 32768 the fastest dimension would be off by ~100 radians in bfloat16.
+        error: for base 1e5 and rotary dim 64, position 32768 would be up to 45 radians off in bfloat16
+        (3 in float16).
         """
         exact = {name: buffer for name, buffer in self._buffers.items() if buffer is not None}
         super()._apply(fn, recurse)

@@ -1,14 +1,16 @@
 """Perplexity: chunked loss parity, windows, the side-by-side grid, resume, warnings."""
 
+import copy
 import json
 import math
+import warnings
 
 import pytest
 import torch
 
 import hf_posext
 from hf_posext.evaluation import perplexity
-from hf_posext.evaluation.runner import AsciiTokenizer, MethodRequest, parse_methods
+from hf_posext.evaluation.runner import AsciiTokenizer, MethodRequest, parse_methods, rope_frequencies, same_frequencies
 from hf_posext.models import tiny_model
 
 TEXT = ("The quick brown fox jumps over the lazy dog. " * 40).strip()
@@ -137,6 +139,42 @@ def test_a_rewritten_factors_file_recomputes_its_cells(model, tmp_path, monkeypa
     (after,) = again.cells.values()
     assert len(calls) == 1 and len(again.cells) == 1
     assert after["nll"] != before["nll"] and after["rope_fingerprint"] != before["rope_fingerprint"]
+    assert not same_frequencies(after["rope_frequencies"], before["rope_frequencies"])
+
+
+def test_cells_from_another_machine_are_not_stale(model, tmp_path, monkeypatch):
+    # Another machine (a GPU, other CPU instructions) rounds cos/sin differently: its fingerprint differs
+    # and its frequencies agree to float32 rounding. Neither makes the stored cell stale.
+    store = _run(model, tmp_path, methods="yarn", lengths=(64,), factor=2.0)
+    path = store.path
+    data = json.loads(path.read_text())
+    (cell,) = data["cells"].values()
+    cell["rope_fingerprint"] = "computed-elsewhere"
+    cell["rope_frequencies"][0]["inv_freq"] = [v * (1 + 2 ** -24) for v in cell["rope_frequencies"][0]["inv_freq"]]
+    path.write_text(json.dumps(data))
+    calls = []
+    original = perplexity.chunked_nll
+    monkeypatch.setattr(perplexity, "chunked_nll", lambda *a, **k: calls.append(1) or original(*a, **k))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # no "another rotary embedding" warning either
+        _run(model, tmp_path, methods="yarn", lengths=(64,), factor=2.0)
+    assert calls == []
+    # Records written before frequencies were kept are trusted by their label, as before.
+    del cell["rope_frequencies"]
+    path.write_text(json.dumps(data))
+    _run(model, tmp_path, methods="yarn", lengths=(64,), factor=2.0)
+    assert calls == []
+
+
+def test_rope_frequencies_tell_methods_apart_and_match_dynamic_equivalents(model):
+    none = rope_frequencies(model, 128)
+    with_yarn = rope_frequencies(hf_posext.patch(copy.deepcopy(model), "yarn", factor=2), 128)
+    dynamic = rope_frequencies(hf_posext.patch(copy.deepcopy(model), "dynamic-yarn", factor=2), 128)
+    inside = rope_frequencies(hf_posext.patch(copy.deepcopy(model), "dynamic-yarn", factor=2), 32)
+    assert not same_frequencies(none, with_yarn)
+    assert same_frequencies(dynamic, with_yarn)  # dynamic YaRN at L*s is static YaRN xs
+    assert same_frequencies(inside, rope_frequencies(model, 32))  # and the original model inside L
+    json.dumps(with_yarn)  # stored as JSON
 
 
 def test_unknown_method_and_model_is_left_unpatched(model, tmp_path):

@@ -17,6 +17,7 @@ import contextlib
 import datetime as _datetime
 import hashlib
 import json
+import math
 import os
 import platform
 import re
@@ -45,6 +46,8 @@ __all__ = [
     "apply_method",
     "run_grid",
     "rope_fingerprint",
+    "rope_frequencies",
+    "same_frequencies",
     "base_model",
     "head_logits",
     "versions",
@@ -323,6 +326,70 @@ def rope_fingerprint(model: torch.nn.Module, length: int) -> str | None:
     return digest.hexdigest() if found else None
 
 
+def rope_frequencies(model: torch.nn.Module, length: int) -> list[dict[str, Any]] | None:
+    """The inverse frequencies and attention factor of every rotary module for ``length`` tokens.
+
+    What a stored cell is checked against when it is read back (see :func:`run_grid`).
+    :func:`rope_fingerprint` hashes the cos/sin tables bit for bit, which is right within one run but
+    not across machines: a GPU, or a CPU with other vector instructions, rounds the trigonometry
+    differently in the last bit. The frequencies are computed before any trigonometry, on the CPU, so
+    two machines agree on them to a float32 rounding; :func:`same_frequencies` compares them with a
+    tolerance far below what any change of method or factors makes. None if the model has no RoPE.
+    """
+    from hf_posext.modules import ScaledRotaryEmbedding
+
+    try:
+        if hf_posext.describe(model).kind != "rope":
+            return None
+    except Exception:
+        return None
+    entries: list[dict[str, Any]] = []
+    with hf_posext.fixed_length(model, length):
+        for name, module in model.named_modules():
+            if isinstance(module, ScaledRotaryEmbedding):
+                for layer_type in module.entries:
+                    inv_freq, attention = module.frequencies(length, layer_type, device="cpu")
+                    entries.append({"module": name, "layer_type": layer_type, "inv_freq": inv_freq.float().tolist(),
+                                    "attention": float(attention)})
+            elif type(module).__name__.endswith("RotaryEmbedding"):
+                buffer = next(module.buffers(), None)
+                device = buffer.device if buffer is not None else "cpu"
+                try:  # a dynamic rope type updates its buffers for the length on a forward
+                    module(torch.zeros(1, dtype=torch.float32, device=device), torch.arange(length, device=device)[None])
+                except Exception:
+                    pass  # another forward signature (e.g. per layer type): static buffers are read as they are
+                for buffer_name, tensor in module.named_buffers(recurse=False):
+                    if not buffer_name.endswith("inv_freq") or "original" in buffer_name:
+                        continue
+                    # transformers names them inv_freq, or {layer_type}_inv_freq with several layer types
+                    layer_type = None if buffer_name == "inv_freq" else buffer_name[: -len("_inv_freq")]
+                    scaling = getattr(module, f"{layer_type}_attention_scaling", None) if layer_type else None
+                    if scaling is None:
+                        scaling = getattr(module, "attention_scaling", 1.0)
+                    if isinstance(scaling, dict):
+                        scaling = scaling.get(layer_type, 1.0)
+                    entries.append({"module": name, "layer_type": layer_type, "inv_freq": tensor.float().cpu().tolist(),
+                                    "attention": float(scaling) if isinstance(scaling, (int, float)) else repr(scaling)})
+    return sorted(entries, key=lambda e: (e["module"], str(e["layer_type"]))) or None
+
+
+def same_frequencies(a: list[dict[str, Any]], b: list[dict[str, Any]], rtol: float = 1e-6) -> bool:
+    """Whether two :func:`rope_frequencies` results describe the same rotary embedding (to ``rtol``)."""
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b):
+        if (x["module"], x["layer_type"]) != (y["module"], y["layer_type"]) or len(x["inv_freq"]) != len(y["inv_freq"]):
+            return False
+        if isinstance(x["attention"], str) or isinstance(y["attention"], str):
+            if x["attention"] != y["attention"]:
+                return False
+        elif not math.isclose(x["attention"], y["attention"], rel_tol=rtol):
+            return False
+        if not all(math.isclose(u, v, rel_tol=rtol) for u, v in zip(x["inv_freq"], y["inv_freq"])):
+            return False
+    return True
+
+
 # --------------------------------------------------------------------------------------------------
 # Processes
 # --------------------------------------------------------------------------------------------------
@@ -518,15 +585,19 @@ def run_grid(
         method_factor = resolve_factor_for(method, factor, lengths, original_window)
         ids = {length: [cell_id(method, method_factor, length, c.coords) for c in plans[length]] for length in lengths}
         stored = [store.get(i) for length in lengths for i in ids[length] if store.has(i)]
-        if len(stored) == sum(map(len, ids.values())) and not any("rope_fingerprint" in r for r in stored):
+        if len(stored) == sum(map(len, ids.values())) and not any("rope_frequencies" in r for r in stored):
             continue  # all done, nothing to re-check
         with apply_method(model, method, method_factor) as report:
             for length in lengths:
                 # A stored cell counts only if the method still computes the same rotary function: a
-                # factors file rewritten by a new search, or a changed formula, makes it stale.
+                # factors file rewritten by a new search, or a changed formula, makes it stale. The check
+                # compares frequencies, so cells computed on another machine (a GPU) are not stale.
+                # Records without frequencies (written before they were kept) are trusted by label.
                 current = rope_fingerprint(model, length)
-                stale = [i for i in ids[length] if store.has(i) and current is not None
-                         and store.get(i).get("rope_fingerprint") not in (None, current)]
+                frequencies = rope_frequencies(model, length)
+                stale = [i for i in ids[length] if store.has(i) and frequencies is not None
+                         and store.get(i).get("rope_frequencies") is not None
+                         and not same_frequencies(store.get(i)["rope_frequencies"], frequencies)]
                 if stale:
                     warnings.warn(f"{method.label} x{method_factor:g} @ {length}: {len(stale)} stored cell(s) were computed "
                                   "with another rotary embedding (changed parameters or factors file); recomputing them.",
@@ -586,6 +657,8 @@ def run_grid(
                         record["reused_from"] = sorted(reused_from)
                     if current is not None:
                         record["rope_fingerprint"] = current
+                    if frequencies is not None:
+                        record["rope_frequencies"] = frequencies
                     store.put(cell_id(method, method_factor, length, cell.coords), record)
                 dist.barrier()
     store.save(world_size=dist.world_size)

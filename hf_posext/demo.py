@@ -75,7 +75,7 @@ def run_demo(quick: bool = False, out_dir: str | Path | None = None) -> int:
     out = Path(out_dir or ("results/demo-quick" if quick else "results/demo"))
     print(f"hf-posext demo: {DEMO_MODEL}, methods {DEMO_METHODS}, lengths {', '.join(map(str, lengths))}; results in {out}/")
     budget = ("about 1.5 minutes with set-up (measured 60 s)" if quick else
-              "about 14 minutes on 2 otherwise idle CPU cores (measured 800 s; one forward: ~50 s at 8192 tokens, ~155 s at 16384)")
+              "about 13-16 minutes on 2 otherwise idle CPU cores (measured 800 s and 920 s; one forward: ~50 s at 8192 tokens, ~155 s at 16384)")
     print(f"torch threads: {torch.get_num_threads()}; {budget}.", flush=True)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model, tokenizer = load_model_and_tokenizer(DEMO_MODEL, dtype="float32", device=device)

@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 
 import hf_posext
+from hf_posext.evaluation.retrieval import _cache_argument, _returned_cache
 from hf_posext import self_extend
 
 
@@ -96,8 +97,9 @@ def main(argv: list[str] | None = None) -> int:
                         forward[patched].append(forward_seconds)
                     if args.decode:
                         with torch.no_grad():
-                            cache = decoder(ids[:, :n], use_cache=True).past_key_values
-                        seconds = _timed(lambda: decoder(ids[:, n:], past_key_values=cache, use_cache=True), args.device)
+                            cache = _returned_cache(decoder(ids[:, :n], use_cache=True))
+                        step_kwargs = {_cache_argument(decoder): cache, "use_cache": True}  # "cache" in newer transformers
+                        seconds = _timed(lambda: decoder(ids[:, n:], **step_kwargs), args.device)
                         if repeat:
                             step[patched].append(seconds)
                     label = "self-extend" if patched else "plain"

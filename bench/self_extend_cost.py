@@ -32,8 +32,8 @@ from pathlib import Path
 import torch
 
 import hf_posext
-from hf_posext.evaluation.retrieval import _cache_argument, _returned_cache
 from hf_posext import self_extend
+from hf_posext.evaluation.retrieval import _cache_argument, _returned_cache
 
 
 def _sync(device: str) -> None:

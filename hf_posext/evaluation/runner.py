@@ -295,46 +295,31 @@ def check_length(report: hf_posext.ScalingReport, length: int, method_label: str
 
 
 def rope_fingerprint(model: torch.nn.Module, length: int) -> str | None:
-    """A hash of the rotary cos/sin the model uses for ``length`` tokens (None if not a RoPE model).
+    """A hash of the rotary frequencies the model uses for ``length`` tokens (None if not a RoPE model).
 
     Two methods with the same fingerprint compute the same function at this length (e.g. dynamic YaRN
     equals the unpatched model inside the original window, and static YaRN with s = length / window at
     ``length``): the grid then reuses the result instead of recomputing it, and records that it did.
+    The hash is exact, so it is for comparisons on one machine; across machines compare
+    :func:`rope_frequencies` with :func:`same_frequencies`.
     """
-    try:
-        if hf_posext.describe(model).kind != "rope":
-            return None
-    except Exception:
+    return _hash_frequencies(rope_frequencies(model, length))
+
+
+def _hash_frequencies(frequencies: list[dict[str, Any]] | None) -> str | None:
+    if frequencies is None:
         return None
-    digest = hashlib.sha1()
-    found = False
-    with hf_posext.fixed_length(model, length):
-        for name, module in model.named_modules():
-            if not type(module).__name__.endswith("RotaryEmbedding"):
-                continue
-            buffer = next(module.buffers(), None)
-            device = buffer.device if buffer is not None else "cpu"
-            dtype = next(model.parameters()).dtype
-            try:
-                outputs = module(torch.zeros(1, dtype=dtype, device=device), torch.arange(length, device=device)[None])
-            except Exception:
-                return None
-            found = True
-            digest.update(name.encode())
-            for tensor in outputs:
-                digest.update(tensor.detach().float().cpu().contiguous().numpy().tobytes())
-    return digest.hexdigest() if found else None
+    return hashlib.sha1(json.dumps(frequencies, sort_keys=True).encode()).hexdigest()
 
 
 def rope_frequencies(model: torch.nn.Module, length: int) -> list[dict[str, Any]] | None:
     """The inverse frequencies and attention factor of every rotary module for ``length`` tokens.
 
-    What a stored cell is checked against when it is read back (see :func:`run_grid`).
-    :func:`rope_fingerprint` hashes the cos/sin tables bit for bit, which is right within one run but
-    not across machines: a GPU, or a CPU with other vector instructions, rounds the trigonometry
-    differently in the last bit. The frequencies are computed before any trigonometry, on the CPU, so
-    two machines agree on them to a float32 rounding; :func:`same_frequencies` compares them with a
-    tolerance far below what any change of method or factors makes. None if the model has no RoPE.
+    What a stored cell is checked against when it is read back (see :func:`run_grid`). Frequencies,
+    not the cos/sin tables: a GPU, or a CPU with other vector instructions, rounds the trigonometry
+    differently in the last bit, while the frequencies are computed before any trigonometry, on the
+    CPU, so two machines agree on them to a float32 rounding. :func:`same_frequencies` compares them
+    with a tolerance far below what any change of method or factors makes. None if the model has no RoPE.
     """
     from hf_posext.modules import ScaledRotaryEmbedding
 
@@ -593,8 +578,8 @@ def run_grid(
                 # factors file rewritten by a new search, or a changed formula, makes it stale. The check
                 # compares frequencies, so cells computed on another machine (a GPU) are not stale.
                 # Records without frequencies (written before they were kept) are trusted by label.
-                current = rope_fingerprint(model, length)
                 frequencies = rope_frequencies(model, length)
+                current = _hash_frequencies(frequencies)
                 stale = [i for i in ids[length] if store.has(i) and frequencies is not None
                          and store.get(i).get("rope_frequencies") is not None
                          and not same_frequencies(store.get(i)["rope_frequencies"], frequencies)]

@@ -208,7 +208,7 @@ def heatmap_figure(records: Sequence[dict[str, Any]], metric: str, title: str, m
     panel_width = max(2.7, 0.62 * len(lengths) + 0.7)
     columns = max(1, min(len(labels), max_columns, int(15 // panel_width)))
     rows = math.ceil(len(labels) / columns)
-    figure, axes = plt.subplots(rows, columns, figsize=(panel_width * columns + 1.1, (0.36 * len(depths) + 1.6) * rows + 0.6),
+    figure, axes = plt.subplots(rows, columns, figsize=(panel_width * columns + 1.1, max(3.2, (0.36 * len(depths) + 1.6) * rows + 0.6)),
                                 squeeze=False, sharex=True, sharey=True, layout="constrained")
     colour_map = plt.get_cmap("RdYlGn").with_extremes(bad="#e4e4e4")
     image = None
@@ -236,7 +236,7 @@ def heatmap_figure(records: Sequence[dict[str, Any]], metric: str, title: str, m
     for row in axes:
         row[0].set_ylabel("depth (0 = start)", fontsize=8)
     bar = figure.colorbar(image, ax=axes, shrink=0.9, aspect=25)
-    bar.set_label("accuracy (cells: found / trials; grey: not run)", fontsize=8)
+    bar.set_label("accuracy (found / trials;\ngrey: not run)", fontsize=8)
     _suptitle(figure, title)
     return figure
 

@@ -24,7 +24,8 @@ body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; ma
 h1 { font-size: 1.5em; margin-bottom: 0.2em; } h2 { font-size: 1.2em; margin-top: 1.6em; border-bottom: 1px solid #ddd; }
 h3 { font-size: 1.0em; margin: 1.2em 0 0.4em; }
 table { border-collapse: collapse; margin: 0.4em 0 1em; font-size: 0.9em; }
-th, td { border: 1px solid #d0d0d0; padding: 3px 8px; } th { background: #f2f2f2; }
+th, td { border: 1px solid #d0d0d0; padding: 3px 8px; white-space: nowrap; } th { background: #f2f2f2; }
+td.wrap { white-space: normal; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
 td.method { font-family: ui-monospace, Menlo, Consolas, monospace; font-size: 0.92em; }
 .src { color: #777; font-size: 0.75em; margin-left: 4px; }
@@ -66,6 +67,11 @@ def _table_html(table: Table, ids: dict[str, str]) -> str:
             + "\n".join(rows) + "\n</tbody></table>")
 
 
+def _version_cell(key: str, value: Any) -> str:
+    css = ' class="wrap"' if key == "platform" else ""
+    return f"<td{css}>{html.escape(str(value))}</td>"
+
+
 def _provenance_html(runs: Sequence[dict[str, Any]], ids: dict[str, str]) -> str:
     keys = ("device", "hf_posext", "torch", "transformers", "accelerate", "python", "platform")
     parts = []
@@ -77,11 +83,12 @@ def _provenance_html(runs: Sequence[dict[str, Any]], ids: dict[str, str]) -> str
             versions = info.get("versions") or {}
             rows.append("<tr>" + f"<td>r{index}</td><td>{html.escape(str(info.get('started', '')))}</td>"
                         f"<td class=\"num\">{html.escape(str(info.get('seconds', '')))}</td>"
-                        + "".join(f"<td>{html.escape(str(versions.get(k, '')))}</td>" for k in keys) + "</tr>")
+                        + "".join(_version_cell(k, versions.get(k, "")) for k in keys) + "</tr>")
         unrecorded = sum(1 for record in run["cells"].values() if record.get("run") is None)
-        note = (f'<p class="note">{unrecorded} cell(s) tagged r? were written before each cell recorded its run; '
-                f"the file-level versions were: {html.escape(', '.join(f'{k}={v}' for k, v in (run.get('versions') or {}).items()))}</p>"
-                if unrecorded else "")
+        devices = sorted({str((info.get("versions") or {}).get("device", "?")) for info in run.get("runs") or []})
+        note = (f'<p class="note">{unrecorded} cell(s) tagged r? were written before each cell recorded its run: each comes '
+                f"from one of the runs above (devices: {html.escape(', '.join(devices) or 'not recorded')}), which one is not "
+                "recorded.</p>" if unrecorded else "")
         parts.append(
             f"<h3>{ids.get(file, 'F?')}: <code>{html.escape(Path(file).name)}</code> ({html.escape(run['task'])}, "
             f"{len(run['cells'])} cells)</h3>\n<p class=\"note\">config: {html.escape(config)}</p>\n"

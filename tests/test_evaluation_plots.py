@@ -72,6 +72,12 @@ def test_layout_check_catches_a_legend_over_the_data_and_a_clipped_title():
     figure.suptitle("a title far too long for this figure " * 6, fontsize=11)  # deliberately unwrapped
     assert any("clipped by the figure's edge" in p for p in layout_problems(figure))
     plt.close(figure)
+    figure, axis = plt.subplots(figsize=(4, 3), layout="constrained")
+    axis.plot([1, 2], [1, 2], label="a method")
+    figure.legend(loc="outside right upper", title="a legend title")
+    figure.suptitle("a figure title long enough to reach the legend")  # the old needle.png fault
+    assert any("legend overlaps the title" in p for p in layout_problems(figure))
+    plt.close(figure)
     figure, axis = plt.subplots(figsize=(2, 2))
     axis.set_xticks(range(12), [f"label number {i}" for i in range(12)])  # deliberately crowded
     assert any("tick labels" in p and "overlap" in p for p in layout_problems(figure))

@@ -9,7 +9,7 @@ it. Conventions, the same in every figure of a report:
   in every factor panel of its model as the reference;
 * heatmaps: lengths across, depths down, one panel per method side by side on the same axes, one
   shared colour scale; cells a method did not run are left grey;
-* line plots: the legend outside the axes, the original window as a dotted line, and points of
+* line plots: the legend below the axes, the original window as a dotted line, and points of
   different methods at one length offset sideways so that equal values (ties) stay visible.
 
 :func:`layout_problems` checks a figure's layout from matplotlib's own geometry (legends against
@@ -101,14 +101,14 @@ def _mean_by_length(records: Iterable[dict[str, Any]], metric: str) -> dict[int,
     return {length: sum(v) / len(v) for length, v in values.items()}
 
 
-def _length_axis(axis, lengths: Sequence[int]) -> None:
+def _length_axis(axis, lengths: Sequence[int], window: int | None = None) -> None:
     from matplotlib.ticker import FixedLocator, NullLocator
 
     axis.set_xscale("log", base=2)
     axis.xaxis.set_major_locator(FixedLocator(list(lengths)))
     axis.xaxis.set_minor_locator(NullLocator())
     axis.set_xticklabels([format_length(n) for n in lengths], rotation=90 if len(lengths) > 6 else 0)
-    low, high = min(lengths), max(lengths)
+    low, high = min(list(lengths) + ([window] if window else [])), max(list(lengths) + ([window] if window else []))
     axis.set_xlim(low / 2 ** 0.4, high * 2 ** 0.4)
 
 
@@ -135,7 +135,11 @@ def line_figure(records: Sequence[dict[str, Any]], metric: str, ylabel: str, tit
     columns = min(len(groups), 3)
     rows = math.ceil(len(groups) / columns)
     panel_width = max(3.4, 0.42 * len(lengths) + 1.2)
-    figure, axes = plt.subplots(rows, columns, figsize=(panel_width * columns + 2.8, 3.0 * rows + 0.7), squeeze=False,
+    labels_shown = len({_label(r) for r in records}) + 1
+    width = max(panel_width * columns + 0.8, 7.0)
+    legend_columns = max(1, min(labels_shown, int(width // 3.4)))
+    legend_height = 0.5 + 0.36 * math.ceil(labels_shown / legend_columns)
+    figure, axes = plt.subplots(rows, columns, figsize=(width, 3.0 * rows + 0.7 + legend_height), squeeze=False,
                                 sharey=True, layout="constrained")
     used: dict[str, Any] = {}
     window_handle = None
@@ -154,13 +158,13 @@ def line_figure(records: Sequence[dict[str, Any]], metric: str, ylabel: str, tit
         if window:
             axis.axvline(window, color="grey", linestyle=":", linewidth=1.2)
             window_handle = Line2D([], [], color="grey", linestyle=":", linewidth=1.2)
-        _length_axis(axis, lengths)
+        _length_axis(axis, lengths, window)
         if log_y:
-            from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
+            from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
             axis.set_yscale("log")
-            axis.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 1.5, 2.0, 3.0, 5.0, 7.0)))
-            axis.yaxis.set_major_formatter(ScalarFormatter())
+            axis.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 7.0)))
+            axis.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
             axis.yaxis.set_minor_formatter(NullFormatter())
         axis.set_title(_panel_title(model, factor), fontsize=10)
         axis.set_xlabel("length (tokens)")
@@ -170,12 +174,12 @@ def line_figure(records: Sequence[dict[str, Any]], metric: str, ylabel: str, tit
     for row in axes:
         row[0].set_ylabel(ylabel)
     handles = [used[label] for label in sorted(used, key=lambda m: (m != "none", m))]
-    names = [wrap_label(label, 42) for label in sorted(used, key=lambda m: (m != "none", m))]
+    names = [wrap_label(label, 46) for label in sorted(used, key=lambda m: (m != "none", m))]
     if window_handle is not None:
         handles.append(window_handle)
         names.append("original window")
-    figure.legend(handles, names, loc="outside right upper", fontsize=8, frameon=False,
-                  title="method (points offset\nsideways: ties stay visible)", title_fontsize=8)
+    figure.legend(handles, names, loc="outside lower center", ncols=legend_columns, fontsize=8, frameon=False,
+                  title="method (points of different methods are offset sideways, so that ties stay visible)", title_fontsize=8)
     _suptitle(figure, title)
     return figure
 
@@ -281,6 +285,11 @@ def layout_problems(figure) -> list[str]:
             if box.overlaps(axis.get_window_extent(renderer)):
                 problems.append(f"a legend overlaps the axes {axis.get_title()!r}")
     texts: list[Text] = [text for text in figure.texts]
+    for legend in legends:
+        box = legend.get_window_extent(renderer)
+        for text in texts + [axis.title for axis in axes]:
+            if text.get_visible() and text.get_text().strip() and box.overlaps(text.get_window_extent(renderer)):
+                problems.append(f"a legend overlaps the title {text.get_text()!r}")
     for axis in axes:
         texts += [axis.title, axis.xaxis.label, axis.yaxis.label]
         texts += _visible_tick_labels(axis, "x") + _visible_tick_labels(axis, "y")

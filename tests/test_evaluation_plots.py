@@ -41,6 +41,7 @@ HEATMAP_CASES = {
     "one length": _records(METHODS, [16384], depths=(0.1, 0.5, 0.9)),
     "twelve lengths": _records(METHODS, [1024 * k for k in range(1, 13)], depths=(0, 0.25, 0.5, 0.75, 1)),
     "one method, one length": _records(["yarn"], [16384], depths=(0.5,)),
+    "two long labels": _records([LONG, LONG.replace("_gpu", "")], [32768], depths=(0.1, 0.5, 0.9)),
     "eleven methods": _records(METHODS + [f"m{i}" for i in range(6)], [4096, 8192], depths=(0.1, 0.9)),
 }
 
@@ -69,7 +70,7 @@ def test_layout_check_catches_a_legend_over_the_data_and_a_clipped_title():
     assert any("legend overlaps the axes" in p for p in layout_problems(figure))
     plt.close(figure)
     figure = heatmap_figure(HEATMAP_CASES["one length"], "teacher_forced_accuracy", "t")
-    figure.suptitle("a title far too long for this figure " * 6, fontsize=11)  # deliberately unwrapped
+    figure.suptitle("a title far too long for this figure " * 20, fontsize=11)  # deliberately unwrapped
     assert any("clipped by the figure's edge" in p for p in layout_problems(figure))
     plt.close(figure)
     figure, axis = plt.subplots(figsize=(4, 3), layout="constrained")

@@ -113,7 +113,7 @@ def _length_axis(axis, lengths: Sequence[int], window: int | None = None) -> Non
 
 
 def line_figure(records: Sequence[dict[str, Any]], metric: str, ylabel: str, title: str,
-                styles: dict[str, tuple[Any, str]], log_y: bool = False):
+                styles: dict[str, tuple[Any, str]], log_y: bool = False, rate: bool = False):
     """Metric against length: one panel per (model, factor), one line per method, the legend outside.
 
     Args:
@@ -123,6 +123,7 @@ def line_figure(records: Sequence[dict[str, Any]], metric: str, ylabel: str, tit
         title: the figure's title.
         styles: :func:`method_styles` of every label in the report.
         log_y: logarithmic y axis (perplexity).
+        rate: the metric is a rate: the y axis spans 0 to 1 in every panel.
 
     Returns:
         The figure.
@@ -166,6 +167,8 @@ def line_figure(records: Sequence[dict[str, Any]], metric: str, ylabel: str, tit
             axis.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 7.0)))
             axis.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
             axis.yaxis.set_minor_formatter(NullFormatter())
+        if rate:
+            axis.set_ylim(-0.05, 1.05)
         axis.set_title(_panel_title(model, factor), fontsize=10)
         axis.set_xlabel("length (tokens)")
         axis.grid(alpha=0.3)
@@ -209,7 +212,9 @@ def heatmap_figure(records: Sequence[dict[str, Any]], metric: str, title: str, m
     lengths = sorted({r["length"] for r in records})
     depths = sorted({r["depth"] for r in records})
     labels = sorted({_label(r) for r in records}, key=lambda m: (m != "none", m))
-    panel_width = max(2.7, 0.62 * len(lengths) + 0.7)
+    titles = {label: wrap_label(label, 44) for label in labels}
+    longest = max(len(line) for title in titles.values() for line in title.splitlines())
+    panel_width = max(2.7, 0.62 * len(lengths) + 0.7, 0.075 * longest + 0.3)  # 8-point titles: ~0.075 in per character
     columns = max(1, min(len(labels), max_columns, int(15 // panel_width)))
     rows = math.ceil(len(labels) / columns)
     figure, axes = plt.subplots(rows, columns, figsize=(panel_width * columns + 1.1, max(3.2, (0.36 * len(depths) + 1.6) * rows + 0.6)),
@@ -229,7 +234,7 @@ def heatmap_figure(records: Sequence[dict[str, Any]], metric: str, title: str, m
             for j in range(len(lengths)):
                 if not math.isnan(grid[i, j]):
                     axis.text(j, i, _cell_text(grid[i, j], trials[i, j]), ha="center", va="center", fontsize=8)
-        axis.set_title(wrap_label(label, max(14, int(panel_width * 15))), fontsize=8)
+        axis.set_title(titles[label], fontsize=8)
         axis.set_xticks(range(len(lengths)), [format_length(n) for n in lengths], rotation=90 if len(lengths) > 5 else 0)
         axis.set_yticks(range(len(depths)), [f"{d:g}" for d in depths])
         axis.tick_params(labelsize=8)
@@ -304,6 +309,8 @@ def layout_problems(figure) -> list[str]:
             for other in axes:
                 if other is not axis and title_box.overlaps(other.get_window_extent(renderer)):
                     problems.append(f"title {axis.get_title()!r} overlaps another panel")
+                if other is not axis and other.get_title() and title_box.overlaps(other.title.get_window_extent(renderer)):
+                    problems.append(f"title {axis.get_title()!r} overlaps the title {other.get_title()!r}")
         for which in ("x", "y"):
             boxes = sorted((label.get_window_extent(renderer) for label in _visible_tick_labels(axis, which)),
                            key=lambda b: b.x0 if which == "x" else b.y0)

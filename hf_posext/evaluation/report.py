@@ -97,7 +97,8 @@ def write_plots(runs: Sequence[dict[str, Any]], out_dir: str | os.PathLike) -> l
         metric = _accuracy_metric(records)
         scoring = "greedy generation" if metric == "greedy_accuracy" else "teacher-forced"
         figure = line_figure(records, metric, "accuracy (mean over depths)",
-                             f"{_TASK_TITLES[task]} accuracy against length ({scoring}): {_subject(records, runs)}", styles)
+                             f"{_TASK_TITLES[task]} accuracy against length ({scoring}): {_subject(records, runs)}", styles,
+                             rate=True)
         written.append(save_figure(figure, out / f"{task}.png"))
         if len({r["depth"] for r in records}) < 2 and task != "needle":
             continue

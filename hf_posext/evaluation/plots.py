@@ -215,7 +215,7 @@ def heatmap_figure(records: Sequence[dict[str, Any]], metric: str, title: str, m
     titles = {label: wrap_label(label, 44) for label in labels}
     longest = max(len(line) for title in titles.values() for line in title.splitlines())
     panel_width = max(2.7, 0.62 * len(lengths) + 0.7, 0.075 * longest + 0.3)  # 8-point titles: ~0.075 in per character
-    columns = max(1, min(len(labels), max_columns, int(15 // panel_width)))
+    columns = max(1, min(len(labels), max_columns, int(18 // panel_width)))
     rows = math.ceil(len(labels) / columns)
     figure, axes = plt.subplots(rows, columns, figsize=(panel_width * columns + 1.1, max(3.2, (0.36 * len(depths) + 1.6) * rows + 0.6)),
                                 squeeze=False, sharex=True, sharey=True, layout="constrained")
@@ -240,8 +240,10 @@ def heatmap_figure(records: Sequence[dict[str, Any]], metric: str, title: str, m
         axis.tick_params(labelsize=8)
     for axis in axes.flat[len(labels):]:
         axis.set_visible(False)
-    for axis in axes[-1]:
-        axis.set_xlabel("length (tokens)", fontsize=8)
+    for index, axis in enumerate(axes.flat[: len(labels)]):
+        if index + columns >= len(labels):  # nothing below it: it shows the lengths
+            axis.xaxis.set_tick_params(labelbottom=True)
+            axis.set_xlabel("length (tokens)", fontsize=8)
     for row in axes:
         row[0].set_ylabel("depth (0 = start)", fontsize=8)
     bar = figure.colorbar(image, ax=axes, shrink=0.9, aspect=25)

@@ -179,3 +179,17 @@ def test_cli_bad_input_gives_one_clear_line(tmp_path, capsys, argv, message):
     code = main(["eval", "perplexity", "--model", "tiny", "--out", str(tmp_path)] + argv)
     assert code == 2
     assert message in capsys.readouterr().err
+
+
+def test_eval_names_a_damaged_file_beside_its_results(tmp_path, capsys):
+    # the plots after an evaluation cover the folder; a damaged file there is named, not silently left out
+    data = tmp_path / "text.txt"
+    data.write_text("Some words to read. " * 30)
+    out = tmp_path / "results"
+    out.mkdir()
+    (out / "passkey-old.json").write_text("[]")
+    code = main(["eval", "perplexity", "--model", "tiny", "--methods", "none", "--lengths", "32", "--data", str(data),
+                 "--out", str(out), "--max-windows", "1", "--no-progress"])
+    assert code == 0
+    err = capsys.readouterr().err
+    assert "warning: plots cover only this run:" in err and "passkey-old.json holds a JSON list" in err

@@ -115,9 +115,13 @@ def run_task(task: str, args: argparse.Namespace) -> int:
 def _folder_runs(folder: str, current: dict[str, Any]) -> list[dict[str, Any]]:
     """Every results file in ``folder`` (this run's is written by now); just this run if none can be read."""
     from hf_posext.evaluation.report import load_results
+    from hf_posext.evaluation.results_files import ResultsFileError
 
     try:
         return load_results(folder)
+    except ResultsFileError as error:  # named, not silently left out of the plots
+        print(f"warning: plots cover only this run: {error}", file=sys.stderr)
+        return [current]
     except (FileNotFoundError, ValueError):
         return [current]
 

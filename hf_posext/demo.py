@@ -44,6 +44,15 @@ RETRIEVAL_METHODS = ("dynamic-yarn", "dynamic-ntk", "longrope")
 LONGROPE_FACTORS = Path(__file__).resolve().parents[1] / "bench" / "results" / "search_smollm2-135m_16384.json"
 
 
+def _display_path(path: Path) -> str:
+    """``path`` relative to the working directory when it lies inside it (the cell ids then do not depend on
+    where the repository was cloned), else absolute."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path.resolve())
+
+
 def demo_methods(names: tuple[str, ...], factors_file: Path = LONGROPE_FACTORS) -> list:
     """Method requests for ``names``; ``longrope`` gets the searched factors file.
 
@@ -59,7 +68,7 @@ def demo_methods(names: tuple[str, ...], factors_file: Path = LONGROPE_FACTORS) 
             if not factors_file.is_file():
                 raise FileNotFoundError(f"The demo's longrope factors file {factors_file} is missing; run the demo from a clone "
                                         "of the hf-posext repository (bash scripts/demo.sh).")
-            request = MethodRequest("longrope", None, (("factors", str(factors_file)),))
+            request = MethodRequest("longrope", None, (("factors", _display_path(factors_file)),))
         requests.append(request)
     return requests
 

@@ -1,6 +1,7 @@
 """Reports: tables, CSV, plots from results folders; the demo table; the CLI subcommands."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -151,7 +152,7 @@ def test_demo_methods_use_the_searched_factors_and_check_them_first(tmp_path):
 
     requests = demo_methods(RETRIEVAL_METHODS)
     assert [r.name for r in requests] == ["dynamic-yarn", "dynamic-ntk", "longrope"]
-    assert requests[2].params_dict == {"factors": str(LONGROPE_FACTORS)} and LONGROPE_FACTORS.is_file()
+    assert LONGROPE_FACTORS.is_file() and Path(requests[2].params_dict["factors"]).resolve() == LONGROPE_FACTORS.resolve()
     assert [r.name for r in demo_methods(PERPLEXITY_METHODS)] == ["none", "dynamic-yarn", "self-extend"]
     with pytest.raises(FileNotFoundError, match="factors file .*missing"):
         demo_methods(("longrope",), tmp_path / "gone.json")
@@ -167,7 +168,9 @@ def test_cli_eval_and_report_end_to_end(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "| linear x2 |" in printed and "perplexity.png" in printed
     assert main(["report", str(out)]) == 0
-    assert "Perplexity" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "Perplexity" in printed and f"HTML report (self-contained, opens offline): {out / 'report.html'}" in printed
+    assert (out / "report.html").is_file()
 
 
 @pytest.mark.parametrize("argv, message", [

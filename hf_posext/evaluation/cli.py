@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from hf_posext.cli import SUBCOMMANDS, parse_method_params
@@ -159,6 +160,7 @@ def _run_report(args: argparse.Namespace) -> int:
     markdown, plots = write_report(args.folder, args.out)
     print(markdown)
     print("\nplots: " + ", ".join(str(p) for p in plots))
+    print(f"HTML report (self-contained, opens offline): {Path(args.out or args.folder) / 'report.html'}")
     return 0
 
 

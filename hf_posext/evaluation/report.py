@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from hf_posext.evaluation.html_report import write_html
-from hf_posext.evaluation.labels import short_label
+from hf_posext.evaluation.labels import model_name, short_label
 from hf_posext.evaluation.plots import heatmap_figure, line_figure, method_styles, panel_groups, save_figure
 from hf_posext.evaluation.results_files import load_results
 from hf_posext.evaluation.tables import markdown_tables, models, report_tables, task_records
@@ -68,7 +68,7 @@ def _subject(records: Sequence[dict[str, Any]], runs: Sequence[dict[str, Any]]) 
     if shown:
         return shown[0]
     names = models(runs)
-    return short_label("=" + names[0])[1:] if len(names) == 1 else "model"
+    return model_name(names[0]) if len(names) == 1 else "model"
 
 
 def _accuracy_metric(records: Sequence[dict[str, Any]]) -> str:
@@ -125,6 +125,6 @@ def write_report(folder: str | os.PathLike, out_dir: str | os.PathLike | None = 
     markdown = markdown_tables(runs)
     plots = write_plots(runs, out)
     (out / "report.md").write_text(markdown + "\n")
-    title = f"hf-posext results: {Path(folder).resolve().name} ({', '.join(short_label('=' + m)[1:] for m in models(runs))})"
+    title = f"hf-posext results: {Path(folder).resolve().name} ({', '.join(model_name(m) for m in models(runs))})"
     write_html(out / "report.html", title, runs, report_tables(runs), plots)
     return markdown, plots

@@ -454,9 +454,9 @@ def write_outputs(report: dict, out: str) -> None:
             row = report[key].get(name, {})
             xs = [int(n) for n in lengths if n in row]
             shift = 2 ** ((i - (len(names) - 1) / 2) * 0.03)  # ties stay visible: methods offset sideways
-            colour, marker = styles[name]
+            colour, marker, filled = styles[name]
             axis.plot([x * shift for x in xs], [row[str(x)] for x in xs], "-" if "fine-tune" in name else "--", marker=marker,
-                      color=colour, markerfacecolor="none" if i % 2 else colour)
+                      color=colour, markerfacecolor=colour if filled else "none")
         axis.axvline(256, color="grey", linestyle=":", linewidth=1.2)
         axis.set_xscale("log", base=2)
         axis.set_xticks([256, 512, 1024], ["256", "512", "1024"])
@@ -465,7 +465,8 @@ def write_outputs(report: dict, out: str) -> None:
         axis.set_xlabel("evaluation length (tokens)")
         axis.set_ylabel(f"perplexity ({label})")
         axis.grid(alpha=0.3)
-    handles = [Line2D([], [], color=styles[n][0], marker=styles[n][1], linestyle="-" if "fine-tune" in n else "--") for n in names]
+    handles = [Line2D([], [], color=styles[n][0], marker=styles[n][1], markerfacecolor=styles[n][0] if styles[n][2] else "none",
+                      linestyle="-" if "fine-tune" in n else "--") for n in names]
     handles.append(Line2D([], [], color="grey", linestyle=":"))
     figure.legend(handles, names + ["original window (256)"], loc="outside lower center", ncols=3, fontsize=8, frameon=False)
     figure.suptitle("Extending a learned position table 256 -> 1024 (small GPT-2)")

@@ -95,7 +95,9 @@ def test_one_style_per_method_in_every_plot():
             drawn = [line for line in axis.lines if line.get_linestyle() == "-"]  # the window line is dotted
             assert len(drawn) == len(METHODS)
             for line, label in zip(drawn, sorted(METHODS, key=lambda m: (m != "none", m))):  # the plot's order
-                assert matplotlib.colors.same_color(line.get_color(), styles[label][0]) and line.get_marker() == styles[label][1]
+                colour, marker, filled = styles[label]
+                assert matplotlib.colors.same_color(line.get_color(), colour) and line.get_marker() == marker
+                assert (line.get_markerfacecolor() == "none") == (not filled)  # the same fill in every panel
         plt.close(figure)
 
 

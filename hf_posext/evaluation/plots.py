@@ -51,15 +51,16 @@ def wrap_label(label: str, width: int) -> str:
     return "\n".join(line for line in lines if line)
 
 
-def method_styles(labels: Iterable[str]) -> dict[str, tuple[Any, str]]:
-    """``label -> (colour, marker)``: ``none`` black circles, the others in sorted order from tab10/tab20."""
+def method_styles(labels: Iterable[str]) -> dict[str, tuple[Any, str, bool]]:
+    """``label -> (colour, marker, filled)``: ``none`` black filled circles, the others in sorted order
+    from tab10/tab20, every other one with hollow markers (so that two points at one place both show)."""
     import matplotlib
 
     others = sorted({label for label in labels if label != "none"})
     palette = matplotlib.colormaps["tab10" if len(others) <= 10 else "tab20"]
-    styles: dict[str, tuple[Any, str]] = {"none": ("black", "o")}
+    styles: dict[str, tuple[Any, str, bool]] = {"none": ("black", "o", True)}
     for i, label in enumerate(others):
-        styles[label] = (palette(i % palette.N), _MARKERS[(i + 1) % len(_MARKERS)])
+        styles[label] = (palette(i % palette.N), _MARKERS[(i + 1) % len(_MARKERS)], i % 2 == 0)
     return styles
 
 
@@ -113,7 +114,7 @@ def _length_axis(axis, lengths: Sequence[int], window: int | None = None) -> Non
 
 
 def line_figure(records: Sequence[dict[str, Any]], metric: str, ylabel: str, title: str,
-                styles: dict[str, tuple[Any, str]], log_y: bool = False, rate: bool = False):
+                styles: dict[str, tuple[Any, str, bool]], log_y: bool = False, rate: bool = False):
     """Metric against length: one panel per (model, factor), one line per method, the legend outside.
 
     Args:
@@ -151,10 +152,11 @@ def line_figure(records: Sequence[dict[str, Any]], metric: str, ylabel: str, tit
             if not points:
                 continue
             shift = 2 ** ((i - (len(labels) - 1) / 2) * _DODGE_OCTAVES)
-            colour, marker = styles[label]
+            colour, marker, filled = styles[label]
+            face = colour if filled else "none"
             axis.plot([n * shift for n, _ in points], [v for _, v in points], color=colour, marker=marker, markersize=6,
-                      markerfacecolor="none" if i % 2 else colour, linewidth=1.4, alpha=0.9)
-            used[label] = Line2D([], [], color=colour, marker=marker, markerfacecolor=colour, linewidth=1.4)
+                      markerfacecolor=face, linewidth=1.4, alpha=0.9)
+            used[label] = Line2D([], [], color=colour, marker=marker, markerfacecolor=face, linewidth=1.4)
         window = _original_window(group)
         if window:
             axis.axvline(window, color="grey", linestyle=":", linewidth=1.2)

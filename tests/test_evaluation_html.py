@@ -66,7 +66,11 @@ def _folder(tmp_path):
 
 
 def test_html_report_is_self_contained_with_tables_plots_and_provenance(tmp_path):
-    _, plots = write_report(_folder(tmp_path))
+    folder = _folder(tmp_path)
+    data = json.loads((folder / "perplexity-m-1.json").read_text())
+    data["cells"]["d"] = _record("ntk", 2.0, 128, None, ppl=13.0, nll=2.6, tokens=127)  # written before runs were tagged
+    (folder / "perplexity-m-1.json").write_text(json.dumps(data))
+    _, plots = write_report(folder)
     page = _Page()
     page.feed((tmp_path / "report.html").read_text(encoding="utf-8"))
     # self-contained: no script, stylesheet link, frame or remote URL; every image is an embedded PNG
@@ -92,4 +96,8 @@ def test_html_report_is_self_contained_with_tables_plots_and_provenance(tmp_path
     assert ["r0", "2026-11-26T05:54:17", "12.5", "cpu", "0.1.0", "2.13.0+cpu", "5.24.0", "", "3.11.7", "Linux"] in page.rows
     assert ["r1", "2026-11-26T09:00:00", "3.0", "NVIDIA H200", "0.1.0", "2.13.0+cu128", "5.24.0", "", "3.11.7", "Linux"] in page.rows
     assert any(h.startswith("F2: perplexity-m-1.json") for h in page.headings)
+    text = (tmp_path / "report.html").read_text(encoding="utf-8")
+    # untagged cells: from the runs before the first tagged one; with none before it (here r0 is tagged), any run
+    assert "2 cell(s) tagged r? were written before each cell recorded its run: they come from the runs above (devices: cpu)" in text
+    assert "1 cell(s) tagged r? were written before each cell recorded its run: they come from the runs above (devices: NVIDIA H200, cpu)" in text
     assert any(h.startswith("F1: passkey-m-2.json") for h in page.headings)

@@ -85,10 +85,14 @@ def _provenance_html(runs: Sequence[dict[str, Any]], ids: dict[str, str]) -> str
                         f"<td class=\"num\">{html.escape(str(info.get('seconds', '')))}</td>"
                         + "".join(_version_cell(k, versions.get(k, "")) for k in keys) + "</tr>")
         unrecorded = sum(1 for record in run["cells"].values() if record.get("run") is None)
-        devices = sorted({str((info.get("versions") or {}).get("device", "?")) for info in run.get("runs") or []})
-        note = (f'<p class="note">{unrecorded} cell(s) tagged r? were written before each cell recorded its run: each comes '
-                f"from one of the runs above (devices: {html.escape(', '.join(devices) or 'not recorded')}), which one is not "
-                "recorded.</p>" if unrecorded else "")
+        tagged = [record["run"] for record in run["cells"].values() if record.get("run") is not None]
+        first_tagged = min(tagged) if tagged else 0
+        earlier = (run.get("runs") or [])[:first_tagged] or (run.get("runs") or [])  # none before it: any run
+        devices = sorted({str((info.get("versions") or {}).get("device", "?")) for info in earlier})
+        scope = f"r0-r{first_tagged - 1}, the runs before the first whose cells name their run" if first_tagged else "the runs above"
+        note = (f'<p class="note">{unrecorded} cell(s) tagged r? were written before each cell recorded its run: they come '
+                f"from {scope} (devices: {html.escape(', '.join(devices) or 'not recorded')}); which one is not recorded.</p>"
+                if unrecorded else "")
         parts.append(
             f"<h3>{ids.get(file, 'F?')}: <code>{html.escape(Path(file).name)}</code> ({html.escape(run['task'])}, "
             f"{len(run['cells'])} cells)</h3>\n<p class=\"note\">config: {html.escape(config)}</p>\n"

@@ -124,7 +124,9 @@ def write_report(folder: str | os.PathLike, out_dir: str | os.PathLike | None = 
     out = Path(out_dir) if out_dir else Path(folder)
     markdown = markdown_tables(runs)
     plots = write_plots(runs, out)
-    (out / "report.md").write_text(markdown + "\n")
+    temporary = out / "report.md.tmp"
+    temporary.write_text(markdown + "\n")
+    temporary.replace(out / "report.md")
     title = f"hf-posext results: {Path(folder).resolve().name} ({', '.join(model_name(m) for m in models(runs))})"
     write_html(out / "report.html", title, runs, report_tables(runs), plots)
     return markdown, plots

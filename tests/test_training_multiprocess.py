@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from tests.training_helpers import one_thread  # noqa: F401  (autouse fixture)
-from tests.training_helpers import REPO, TINY_CORPUS, TINY_MODEL, TINY_RECIPE, load_safetensors, max_difference, tiny_config
+from tests.training_helpers import REPO, TINY_CORPUS, TINY_MODEL, TINY_RECIPE, checkpoint_weights, max_difference, tiny_config
 
 from hf_posext.training.trainer import train
 
@@ -37,15 +37,17 @@ def test_two_processes_match_one_process_with_the_same_global_batch(tmp_path):
     out = tmp_path / "two"
     _launch(out)
     assert (out / "adapter" / "adapter_model.safetensors").is_file()
-    state = json.loads((out / "checkpoints" / "step-00000002" / "state.json").read_text())
-    assert state["num_processes"] == 2 and state["samples_seen"] == 2 * 2 * 2
-    assert (out / "checkpoints" / "step-00000002" / "rng-rank1.pt").is_file()
+    run = json.loads((out / "checkpoint-2" / "posext_run.json").read_text())
+    assert run["num_processes"] == 2 and run["samples_per_step"] == 2 * 2 * 1  # processes x accumulation x batch
+    assert json.loads((out / "checkpoint-2" / "trainer_state.json").read_text())["global_step"] == 2
+    checksums = json.loads((out / "checkpoint-2" / "checksums.json").read_text())["files"]
+    assert "rng_state_1.pth" in checksums  # the second process's RNG state is written before the checksums
 
     # one process, 2 windows per micro-batch: the same global batches as 2 processes x 1 window
     single = tmp_path / "one"
     train(tiny_config(single, "train.batch_size=2", *COMMON), progress=False)
-    a = load_safetensors(out / "checkpoints" / "step-00000004" / "trainable.safetensors")
-    b = load_safetensors(single / "checkpoints" / "step-00000004" / "trainable.safetensors")
+    a = checkpoint_weights(out / "checkpoint-4")
+    b = checkpoint_weights(single / "checkpoint-4")
     assert max_difference(a, b) < 1e-5
     losses = [json.loads(line)["loss"] for line in (out / "log.jsonl").read_text().splitlines()]
     single_losses = [json.loads(line)["loss"] for line in (single / "log.jsonl").read_text().splitlines()]

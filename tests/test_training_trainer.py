@@ -1,4 +1,5 @@
-"""The training loop end to end on the tiny recipe: outputs, loading, kill-and-resume, clipping, errors."""
+"""The Trainer-based engine end to end on the tiny recipe: outputs, loading, kill-and-resume, checkpoint
+integrity, schedule mapping, errors (and no output folder left by bad input)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,12 @@ import pytest
 import torch
 
 from tests.training_helpers import one_thread  # noqa: F401  (autouse fixture)
-from tests.training_helpers import TINY_MODEL, load_safetensors, max_difference, tiny_config
+from tests.training_helpers import TINY_MODEL, bitwise_equal, checkpoint_weights, load_safetensors, max_difference, tiny_config
 
 import hf_posext
 from hf_posext.training.config import ConfigError
-from hf_posext.training.trainer import find_latest_checkpoint, lr_multiplier, train
+from hf_posext.training.checkpoints import CheckpointError
+from hf_posext.training.trainer import find_latest_checkpoint, train, training_arguments
 
 
 @pytest.fixture(scope="module")
@@ -30,11 +32,15 @@ def test_tiny_recipe_end_to_end_writes_every_output(finished_run):
     for name in ("train_config.yaml", "log.jsonl", "scaling.json", "train_result.json",
                  "adapter/adapter_model.safetensors", "adapter/trainable_extras.safetensors", "merged/config.json"):
         assert (out / name).exists(), name
-    steps = sorted(p.name for p in (out / "checkpoints").iterdir())
-    assert steps == ["step-00000004", "step-00000008", "step-00000012"]
+    steps = sorted(p.name for p in out.glob("checkpoint-*"))
+    assert steps == ["checkpoint-12", "checkpoint-4", "checkpoint-8"]
+    for step in steps:
+        assert {"checksums.json", "posext_run.json", "trainer_state.json", "adapter_model.safetensors",
+                "trainable_extras.safetensors", "optimizer.pt"} <= {p.name for p in (out / step).iterdir()}
     log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log] == list(range(1, 13))
-    assert all(r["tokens_per_second"] > 0 and r["lr"] > 0 for r in log)
+    assert all(r["tokens_per_second"] > 0 for r in log) and all(r["lr"] > 0 for r in log[1:])
+    assert log[0]["lr"] == 0.0  # the Trainer's warmup starts from 0
     # warmup 2 steps then cosine: lr rises, peaks, decays
     assert log[0]["lr"] < log[1]["lr"] and log[-1]["lr"] < log[1]["lr"]
     # the model learns the synthetic ledger text: loss drops over 12 steps
@@ -79,14 +85,15 @@ def test_kill_and_resume_ends_with_the_same_weights(finished_run, tmp_path):
     stopped = train(tiny_config(out), stop_at_step=6, progress=False)
     assert not stopped.finished and stopped.step == 6
     assert not (out / "adapter").exists()  # no final save on interruption
-    assert find_latest_checkpoint(out).name == "step-00000004"  # steps 5-6 are lost, as in a crash
+    assert find_latest_checkpoint(out).name == "checkpoint-4"  # steps 5-6 are lost, as in a crash
     resumed = train(tiny_config(out), resume=True, progress=False)
-    assert resumed.finished and resumed.resumed_from.endswith("step-00000004")
-    full = load_safetensors(full_out / "checkpoints" / "step-00000012" / "trainable.safetensors")
-    again = load_safetensors(out / "checkpoints" / "step-00000012" / "trainable.safetensors")
-    assert max_difference(full, again) <= 1e-6
-    assert max_difference(load_safetensors(full_out / "adapter" / "adapter_model.safetensors"),
-                          load_safetensors(out / "adapter" / "adapter_model.safetensors")) <= 1e-6
+    assert resumed.finished and resumed.resumed_from.endswith("checkpoint-4")
+    # bitwise on CPU: adapter and the trained embeddings/norms, in the checkpoint and the final save
+    assert bitwise_equal(checkpoint_weights(full_out / "checkpoint-12"), checkpoint_weights(out / "checkpoint-12"))
+    assert bitwise_equal(checkpoint_weights(full_out / "adapter"), checkpoint_weights(out / "adapter"))
+    # and the run really trained the extras (the comparison above is not between untouched weights)
+    start = checkpoint_weights(full_out / "checkpoint-4")
+    assert not bitwise_equal(start, checkpoint_weights(full_out / "checkpoint-12"))
     # the log holds each step once, the resumed steps replacing the lost ones
     log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log] == list(range(1, 13))
@@ -98,33 +105,77 @@ def test_resume_from_an_earlier_checkpoint_keeps_the_later_ones(finished_run, tm
     full_out, _ = finished_run
     out = tmp_path / "copy"
     shutil.copytree(full_out, out)
-    original = load_safetensors(out / "checkpoints" / "step-00000008" / "trainable.safetensors")
-    train(tiny_config(out, "train.max_steps=12"), resume=out / "checkpoints" / "step-00000004", stop_at_step=8, progress=False)
-    names = sorted(p.name for p in (out / "checkpoints").iterdir())
-    assert "step-00000008.superseded-1" in names and "step-00000008" in names  # nothing overwritten
-    kept = load_safetensors(out / "checkpoints" / "step-00000008.superseded-1" / "trainable.safetensors")
-    assert max_difference(kept, original) == 0.0
+    original = checkpoint_weights(out / "checkpoint-8")
+    train(tiny_config(out, "train.max_steps=12"), resume=out / "checkpoint-4", stop_at_step=8, progress=False)
+    names = sorted(p.name for p in out.iterdir())
+    assert "checkpoint-8.superseded-1" in names and "checkpoint-8" in names  # nothing overwritten
+    assert bitwise_equal(checkpoint_weights(out / "checkpoint-8.superseded-1"), original)
 
 
-def test_gradient_clipping_really_clips(tmp_path):
-    from accelerate import Accelerator
+def test_recipe_maps_onto_training_arguments_and_the_schedule(tmp_path):
+    from transformers import get_scheduler
 
-    from hf_posext.training.trainer import clip_gradients
+    config = tiny_config(tmp_path / "args", "train.max_steps=10", "train.warmup_steps=2", "train.min_lr_ratio=0.1",
+                         "train.max_grad_norm=0.5", "output.checkpoint_every=3", "output.keep_last=2")
+    args = training_arguments(config, tmp_path / "args", progress=False)
+    assert (args.max_steps, args.per_device_train_batch_size, args.gradient_accumulation_steps) == (10, 2, 2)
+    assert (args.max_grad_norm, args.save_steps, args.save_total_limit, args.seed) == (0.5, 3, 2, 0)
+    assert (args.adam_beta1, args.adam_beta2, args.learning_rate) == (0.9, 0.95, 5e-3)
+    assert args.use_cpu and not args.bf16 and args.report_to == []
+    assert not (tmp_path / "args").exists()  # building the arguments writes nothing
+    parameter = torch.nn.Parameter(torch.zeros(1))
+    optimizer = torch.optim.SGD([parameter], lr=1.0)
+    scheduler = get_scheduler(args.lr_scheduler_type, optimizer, num_warmup_steps=args.warmup_steps,
+                              num_training_steps=args.max_steps, scheduler_specific_kwargs=args.lr_scheduler_kwargs)
+    values = []
+    for _ in range(11):
+        values.append(scheduler.get_last_lr()[0])
+        optimizer.step()
+        scheduler.step()
+    assert values[:3] == pytest.approx([0.0, 0.5, 1.0])  # linear warmup
+    assert all(a >= b for a, b in zip(values[2:], values[3:]))  # then cosine decay ...
+    assert values[-1] == pytest.approx(0.1)  # ... to the floor
+    no_clip = training_arguments(tiny_config(tmp_path / "n", "train.max_grad_norm=null"), tmp_path / "n", progress=False)
+    assert no_clip.max_grad_norm == 0.0  # the Trainer's "no clipping"
+    with pytest.raises(ConfigError, match="linear"):
+        training_arguments(tiny_config(tmp_path / "l", "train.lr_schedule=linear", "train.min_lr_ratio=0.1"), tmp_path / "l")
 
-    model = torch.nn.Linear(4, 4)
-    (model(torch.randn(8, 4)) * 100).sum().backward()
-    parameters = list(model.parameters())
-    before = clip_gradients(Accelerator(cpu=True), parameters, max_norm=0.5)
-    after = torch.stack([p.grad.norm() for p in parameters]).norm()
-    assert before > 10 and float(after) == pytest.approx(0.5, rel=1e-5)
+
+def _copy_checkpoint(finished_run, tmp_path, step=4):
+    full_out, _ = finished_run
+    out = tmp_path / "copy"
+    out.mkdir()
+    shutil.copy(full_out / "train_config.yaml", out / "train_config.yaml")
+    shutil.copytree(full_out / f"checkpoint-{step}", out / f"checkpoint-{step}")
+    return out, out / f"checkpoint-{step}"
 
 
-def test_lr_schedule_warmup_then_decay_to_floor():
-    values = [lr_multiplier(s, 10, 2, "cosine", 0.1) for s in range(10)]
-    assert values[:2] == [0.5, 1.0] and values[2] == 1.0
-    assert all(a >= b for a, b in zip(values[2:], values[3:])) and values[-1] > 0.1
-    assert lr_multiplier(10, 10, 2, "linear", 0.0) == 0.0
-    assert lr_multiplier(7, 10, 2, "constant") == 1.0
+def test_resume_refuses_a_checkpoint_with_flipped_bytes(finished_run, tmp_path):
+    out, checkpoint = _copy_checkpoint(finished_run, tmp_path)
+    weights = checkpoint / "adapter_model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-5] ^= 0x01  # one bit of one weight
+    weights.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=r"adapter_model\.safetensors does not match its sha256"):
+        train(tiny_config(out), resume=True, progress=False)
+    assert not (out / "log.jsonl").exists() and sorted(p.name for p in out.iterdir()) == ["checkpoint-4", "train_config.yaml"]
+
+
+def test_resume_refuses_an_edited_global_step_and_missing_checksums(finished_run, tmp_path):
+    from hf_posext.training.checkpoints import write_checksums
+
+    out, checkpoint = _copy_checkpoint(finished_run, tmp_path)
+    state = json.loads((checkpoint / "trainer_state.json").read_text())
+    state["global_step"] = 8
+    (checkpoint / "trainer_state.json").write_text(json.dumps(state))
+    with pytest.raises(CheckpointError, match=r"trainer_state\.json does not match its sha256"):
+        train(tiny_config(out), resume=True, progress=False)
+    write_checksums(checkpoint)  # even with matching checksums, the step must agree with the folder
+    with pytest.raises(CheckpointError, match=r"global_step=8, but the folder name says step 4"):
+        train(tiny_config(out), resume=True, progress=False)
+    (checkpoint / "checksums.json").unlink()
+    with pytest.raises(CheckpointError, match=r"has no checksums\.json: its save did not finish"):
+        train(tiny_config(out), resume=checkpoint, progress=False)
 
 
 def test_existing_output_folder_needs_overwrite(finished_run, tmp_path):
@@ -142,12 +193,12 @@ def test_overwrite_replaces_a_previous_run(tmp_path):
     out = tmp_path / "run"
     train(tiny_config(out, "train.max_steps=2", "train.warmup_steps=0", "output.checkpoint_every=1", "output.keep_last=1",
                       "output.save_merged=false"), progress=False)
-    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-00000002"]  # keep_last=1
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2"]  # keep_last=1
     with pytest.raises(FileExistsError):
         train(tiny_config(out, "train.max_steps=2", "train.warmup_steps=0"), progress=False)
     result = train(tiny_config(out, "train.max_steps=2", "train.warmup_steps=0", "output.checkpoint_every=0", "output.save_merged=false"),
                    overwrite=True, progress=False)
-    assert result.step == 2 and not (out / "checkpoints").exists()
+    assert result.step == 2 and not list(out.glob("checkpoint-*"))
 
 
 def test_resume_with_a_different_config_is_refused(finished_run, tmp_path):
@@ -170,6 +221,7 @@ def test_missing_data_and_lora_target_errors(tmp_path):
         train(tiny_config(tmp_path / "c", "data.pose_target_length=16"), progress=False)
     with pytest.raises(ConfigError, match="longer than the scaled window"):
         train(tiny_config(tmp_path / "d", "data.pose=false", "data.window=300"), progress=False)
+    assert not list(tmp_path.iterdir())  # bad input leaves no output folder (and no train_config.yaml) behind
 
 
 def test_trackers_must_be_installed_when_asked(tmp_path):

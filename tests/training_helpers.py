@@ -42,3 +42,17 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+def checkpoint_weights(folder: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of every ``*.safetensors`` file in a checkpoint or output folder, keyed ``file:name``."""
+    tensors = {}
+    for path in sorted(Path(folder).glob("*.safetensors")):
+        tensors.update({f"{path.name}:{k}": v for k, v in load_safetensors(path).items()})
+    assert tensors, f"no weights in {folder}"
+    return tensors
+
+
+def bitwise_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    assert sorted(a) == sorted(b), (sorted(a), sorted(b))
+    return all(torch.equal(a[k], b[k]) for k in a)

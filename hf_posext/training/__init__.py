@@ -1,4 +1,4 @@
-"""Fine-tuning for longer context: PoSE sampling, LoRA setup, an accelerate loop with checkpoint/resume.
+"""Fine-tuning for longer context: PoSE sampling, LoRA setup, transformers' Trainer with checkpoint/resume.
 
 >>> from hf_posext.training import load_config, train
 >>> train(load_config("recipes/configs/tiny/lora_pose.yaml", ["train.max_steps=4"]))

@@ -1,33 +1,34 @@
-"""The training loop: patch, choose trainable weights, train with accelerate, checkpoint, resume, save.
+"""The training engine: transformers' ``Trainer`` driven by a recipe (:class:`~hf_posext.training.config.TrainConfig`).
 
-One function, :func:`train`, runs a :class:`~hf_posext.training.config.TrainConfig` on whatever
-``accelerate launch`` provides (one CPU process, several gloo processes, DDP, FSDP, DeepSpeed).
+One function, :func:`train`, loads and patches the model, chooses the trainable weights (PEFT LoRA or
+full), and runs :class:`PosextTrainer` (a plain ``transformers.Trainer`` subclass; TRL is not a
+dependency and its ``SFTTrainer`` adds nothing this recipe needs) on whatever ``accelerate launch``
+provides (one CPU process, several gloo processes, DDP, FSDP, DeepSpeed).
 
 Output folder layout::
 
-    OUT/train_config.yaml        the resolved config of the run (written when it starts)
+    OUT/train_config.yaml        the resolved config of the run (written once everything loaded)
     OUT/log.jsonl                one JSON line per logged step: step, loss, lr, grad_norm, tokens/s, ...
-    OUT/checkpoints/step-00000050/   trainable.safetensors, optimizer.pt, scheduler.pt,
-                                     rng-rank<r>.pt, state.json (step, data position, config)
+    OUT/checkpoint-<step>/       the Trainer's checkpoint (adapter or model weights, optimizer.pt,
+                                 scheduler.pt, rng_state*.pth, trainer_state.json) plus
+                                 trainable_extras.safetensors (LoRA with trained embeddings/norms),
+                                 posext_run.json (config, processes) and checksums.json (sha256, last)
     OUT/adapter/                 PEFT adapter (+ trainable_extras.safetensors for LongLoRA extras)
     OUT/merged/                  merged model + tokenizer (hf_posext.load / from_pretrained)
     OUT/scaling.json             the scaling (hf_posext.describe of the trained model)
     OUT/train_result.json        steps, final loss, tokens/s, wall time
 
-Checkpoints are written to a hidden temporary folder and renamed into place, so a run killed while
-saving leaves the previous checkpoints intact; an existing checkpoint is never overwritten (a same-named
-one from an abandoned branch of the run is renamed ``*.superseded-N`` first). Data order depends only on
-the step (see :mod:`hf_posext.training.data`), so resuming restores weights, optimizer, scheduler and RNG
-states and then continues exactly where the interrupted run was.
+Data order depends only on the sample counter (see :mod:`hf_posext.training.data`) and the Trainer reads
+it with a sequential sampler, so a run resumed from ``checkpoint-N`` (weights, optimizer, scheduler and
+RNG states restored by the Trainer) continues exactly where the interrupted run was. Before resuming,
+the checkpoint's checksums, step and config are checked (:mod:`hf_posext.training.checkpoints`).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import math
 import os
-import random
 import shutil
 import time
 from dataclasses import dataclass
@@ -35,17 +36,23 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import Trainer, TrainerCallback, TrainingArguments
 
+from hf_posext.training.checkpoints import (
+    RUN_FILE, CheckpointError, checkpoint_step, find_latest_checkpoint, read_run_info, verify_checkpoint,
+    write_checksums, write_json_atomic,
+)
 from hf_posext.training.config import ConfigError, TrainConfig, config_differences, config_from_dict
 
-__all__ = ["train", "TrainResult", "find_latest_checkpoint", "lr_multiplier", "clip_gradients"]
+__all__ = [
+    "train", "TrainResult", "find_latest_checkpoint", "training_arguments", "training_loss", "PosextTrainer",
+    "WindowDataset", "collate_windows", "load_run_config", "merge_adapter",
+]
 
 logger = logging.getLogger(__name__)
 
 CONFIG_FILE = "train_config.yaml"
 LOG_FILE = "log.jsonl"
-CHECKPOINT_DIR = "checkpoints"
-STATE_FILE = "state.json"
 RESULT_FILE = "train_result.json"
 
 
@@ -73,82 +80,300 @@ class TrainResult:
 
 
 # --------------------------------------------------------------------------------------------------
-# Schedule and clipping (small pure pieces, tested on their own)
+# Recipe -> TrainingArguments, data, loss
 # --------------------------------------------------------------------------------------------------
 
 
-def lr_multiplier(step: int, max_steps: int, warmup_steps: int, schedule: str, min_ratio: float = 0.0) -> float:
-    """Learning-rate multiplier for optimizer step ``step`` (0-based): linear warmup, then the schedule.
+def _has_accelerator() -> bool:
+    if hasattr(torch, "accelerator"):
+        return bool(torch.accelerator.is_available())
+    return torch.cuda.is_available()
 
-    Warmup rises as (step + 1) / warmup_steps so the first step already trains; after it, ``cosine``
-    and ``linear`` decay from 1 to ``min_ratio`` at ``max_steps``; ``constant`` stays at 1.
+
+def _precision(config: TrainConfig) -> str:
+    """'bf16' or 'no' (fp32) for ``model.precision``; raises ConfigError for bf16 without a GPU."""
+    if config.model.precision == "fp32":
+        return "no"
+    supported = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    if config.model.precision == "bf16":
+        if not torch.cuda.is_available():
+            raise ConfigError("model.precision=bf16 needs a GPU with bfloat16 support; on CPU use model.precision=fp32 or auto.")
+        return "bf16"
+    return "bf16" if supported else "no"
+
+
+def _scheduler(config: TrainConfig) -> tuple[str, dict[str, Any]]:
+    """The Trainer's ``lr_scheduler_type`` and ``lr_scheduler_kwargs`` for ``train.lr_schedule``/``min_lr_ratio``."""
+    t = config.train
+    if t.lr_schedule == "constant":
+        return "constant_with_warmup", {}
+    if t.lr_schedule == "cosine":
+        if t.min_lr_ratio > 0:
+            return "cosine_with_min_lr", {"min_lr_rate": t.min_lr_ratio}
+        return "cosine", {}
+    if t.min_lr_ratio > 0:
+        raise ConfigError(
+            f"train.lr_schedule=linear with train.min_lr_ratio={t.min_lr_ratio}: the Trainer's linear schedule decays to 0. "
+            "Use lr_schedule=cosine for a floor, or set min_lr_ratio=0."
+        )
+    return "linear", {}
+
+
+def _checkpointing_arguments(enabled: bool) -> dict[str, Any]:
+    """Activation (gradient) checkpointing arguments, under the name this transformers version uses."""
+    name = "activation_checkpointing" if "activation_checkpointing" in TrainingArguments.__dataclass_fields__ else "gradient_checkpointing"
+    return {name: enabled, f"{name}_kwargs": {"use_reentrant": False} if enabled else None}
+
+
+def training_arguments(config: TrainConfig, output_dir: str | os.PathLike, *, progress: bool = True) -> TrainingArguments:
+    """Map a recipe onto ``transformers.TrainingArguments`` (the one place that does; parallelism goes here too).
+
+    Args:
+        config: a validated recipe.
+        output_dir: the run folder (checkpoints go to ``output_dir/checkpoint-<step>``).
+        progress: show the Trainer's tqdm bar.
+
+    Raises:
+        ConfigError: a combination the Trainer cannot express (linear decay to a floor, bf16 on CPU).
     """
-    if warmup_steps > 0 and step < warmup_steps:
-        return (step + 1) / warmup_steps
-    if schedule == "constant":
-        return 1.0
-    span = max(1, max_steps - warmup_steps)
-    progress = min(1.0, (step - warmup_steps) / span)
-    if schedule == "linear":
-        decay = 1.0 - progress
-    elif schedule == "cosine":
-        decay = 0.5 * (1.0 + math.cos(math.pi * progress))
-    else:
-        raise ValueError(f"Unknown lr schedule {schedule!r}; expected cosine, linear or constant.")
-    return min_ratio + (1.0 - min_ratio) * decay
+    t, o = config.train, config.output
+    mixed = _precision(config)
+    schedule, schedule_kwargs = _scheduler(config)
+    return TrainingArguments(
+        output_dir=str(output_dir),
+        max_steps=t.max_steps,
+        per_device_train_batch_size=t.batch_size,
+        gradient_accumulation_steps=t.gradient_accumulation_steps,
+        learning_rate=t.learning_rate,
+        lr_scheduler_type=schedule,
+        lr_scheduler_kwargs=schedule_kwargs,
+        warmup_steps=t.warmup_steps,
+        weight_decay=t.weight_decay,
+        adam_beta1=t.adam_beta1,
+        adam_beta2=t.adam_beta2,
+        adam_epsilon=t.adam_epsilon,
+        optim="adamw_torch",
+        max_grad_norm=t.max_grad_norm if t.max_grad_norm is not None else 0.0,  # 0: no clipping
+        seed=t.seed,
+        data_seed=t.seed,
+        bf16=mixed == "bf16",
+        **_checkpointing_arguments(config.model.gradient_checkpointing),
+        logging_strategy="steps",
+        logging_steps=o.log_every,
+        save_strategy="steps" if o.checkpoint_every else "no",
+        save_steps=o.checkpoint_every or 1,
+        save_total_limit=o.keep_last,
+        report_to=list(o.report_to) or "none",
+        use_cpu=not _has_accelerator(),
+        remove_unused_columns=False,  # position_ids / attention_mask must reach the model
+        label_names=["labels"],
+        dataloader_num_workers=0,
+        disable_tqdm=not progress,
+    )
 
 
-def clip_gradients(accelerator: Any, parameters: list[torch.nn.Parameter], max_norm: float | None) -> float:
-    """Clip the global gradient norm of ``parameters`` to ``max_norm`` in place; return the norm before.
+class WindowDataset(torch.utils.data.Dataset):
+    """Map-style view of :class:`~hf_posext.training.data.PackedWindows`: item ``i`` is the ``i``-th sample
+    of its infinite shuffled stream (with PoSE position ids), for as many samples as the run consumes.
 
-    Goes through ``accelerator.clip_grad_norm_`` so the norm is the global one under DDP/FSDP/DeepSpeed
-    (and gradients are unscaled first under fp16).
+    Read with a sequential sampler, the Trainer's per-process batching (process ``r`` takes the ``r``-th
+    slice of each global micro-batch) gives exactly ``PackedWindows.batch``'s batches.
     """
-    if max_norm is None:
-        norms = [p.grad.detach().float().norm() for p in parameters if p.grad is not None]
-        return float(torch.stack(norms).norm()) if norms else 0.0
-    norm = accelerator.clip_grad_norm_(parameters, max_norm)
-    return float(norm) if norm is not None else float("nan")
+
+    def __init__(self, windows: Any, num_samples: int) -> None:
+        self.windows = windows
+        self.num_samples = num_samples
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return self.windows.sample(int(index))
+
+
+def collate_windows(samples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Stack samples into a batch: input_ids, position_ids, labels (= input_ids) and an all-ones attention_mask.
+
+    The mask is always given: without one, transformers reads position ids that skip (PoSE) as
+    boundaries between packed sequences and would block attention across PoSE chunks.
+    """
+    input_ids = torch.stack([s["input_ids"] for s in samples])
+    return {
+        "input_ids": input_ids,
+        "position_ids": torch.stack([s["position_ids"] for s in samples]),
+        "attention_mask": torch.ones_like(input_ids),
+        "labels": input_ids.clone(),
+    }
+
+
+def training_loss(model: Any, inputs: dict[str, torch.Tensor], num_items_in_batch: torch.Tensor | int | None) -> torch.Tensor:
+    """The training loss of one micro-batch: next-token cross-entropy summed over its tokens and divided by
+    ``num_items_in_batch`` (the predicted tokens of the whole accumulated batch, all processes), or the
+    micro-batch mean when that is None. Today the model computes it over the full logits.
+    """
+    if num_items_in_batch is None:
+        return model(**inputs, use_cache=False).loss
+    return model(**inputs, use_cache=False, num_items_in_batch=num_items_in_batch).loss
+
+
+class PosextTrainer(Trainer):
+    """``transformers.Trainer`` with the recipe's data order, loss and LoRA extras.
+
+    * The sampler is sequential: the order is already a seeded function of the sample counter, so the
+      Trainer must not reshuffle (and a resumed run skips exactly the consumed samples).
+    * :meth:`compute_loss` calls :func:`training_loss`, normalised over the tokens of the whole
+      accumulated batch on all processes.
+    * Checkpoints also hold the embeddings/norms trained in place beside a LoRA adapter
+      (``trainable_extras.safetensors``), which PEFT's adapter save would drop; resuming reloads them.
+    """
+
+    def __init__(self, *args: Any, extra_parameter_names: list[str] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.extra_parameter_names = list(extra_parameter_names or [])
+        # training_loss normalises by num_items_in_batch itself: have the Trainer count it and not divide again.
+        self.model_accepts_loss_kwargs = True
+
+    def _get_train_sampler(self, train_dataset: Any = None) -> torch.utils.data.Sampler:
+        return torch.utils.data.SequentialSampler(train_dataset if train_dataset is not None else self.train_dataset)
+
+    def compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool = False,
+                     num_items_in_batch: torch.Tensor | int | None = None) -> Any:
+        if return_outputs:
+            raise NotImplementedError("PosextTrainer.compute_loss returns the loss only (no evaluation loop).")
+        loss = training_loss(model, inputs, num_items_in_batch)
+        if self.args.average_tokens_across_devices and num_items_in_batch is not None:
+            loss = loss * self.accelerator.num_processes  # gradients are averaged over processes afterwards
+        return loss
+
+    def _extras_base(self) -> Any:
+        model = self.accelerator.unwrap_model(self.model)
+        return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        from safetensors.torch import save_file
+
+        from hf_posext.training.lora import EXTRAS_FILE
+
+        super()._save(output_dir, state_dict=state_dict)
+        if self.extra_parameter_names and self.args.should_save:
+            parameters = dict(self._extras_base().named_parameters())
+            extras = {n: parameters[n].detach().cpu().clone().contiguous() for n in self.extra_parameter_names}
+            save_file(extras, os.path.join(output_dir or self.args.output_dir, EXTRAS_FILE))
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
+        from safetensors.torch import load_file
+
+        from hf_posext.training.lora import EXTRAS_FILE
+
+        super()._load_from_checkpoint(resume_from_checkpoint, model=model)
+        path = Path(resume_from_checkpoint) / EXTRAS_FILE
+        if self.extra_parameter_names:
+            if not path.is_file():
+                raise CheckpointError(f"Checkpoint {resume_from_checkpoint} lacks {EXTRAS_FILE} (the trained embeddings/norms).")
+            parameters = dict(self._extras_base().named_parameters())
+            with torch.no_grad():
+                for name, value in load_file(str(path)).items():
+                    parameters[name].copy_(value.to(parameters[name].device, parameters[name].dtype))
+
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        # A checkpoint of an abandoned continuation (the run was resumed from an earlier one) is kept
+        # under another name rather than overwritten.
+        final = Path(self.args.output_dir) / f"checkpoint-{self.state.global_step}"
+        if self.args.should_save and final.exists():
+            number = 1
+            while final.with_name(f"{final.name}.superseded-{number}").exists():
+                number += 1
+            final.rename(final.with_name(f"{final.name}.superseded-{number}"))
+        self.accelerator.wait_for_everyone()
+        super()._save_checkpoint(model, trial)
+
+
+class CheckpointIntegrityCallback(TrainerCallback):
+    """After every checkpoint save: record the run (``posext_run.json``), then write ``checksums.json`` last."""
+
+    def __init__(self, run_info: dict[str, Any]) -> None:
+        self.run_info = run_info
+
+    def on_save(self, args: TrainingArguments, state: Any, control: Any, **kwargs: Any) -> None:
+        from accelerate import PartialState
+
+        PartialState().wait_for_everyone()  # every process has written its RNG state
+        if state.is_world_process_zero:
+            folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            write_json_atomic(folder / RUN_FILE, {**self.run_info, "step": state.global_step})
+            write_checksums(folder)
+        PartialState().wait_for_everyone()
+
+
+class JsonlLogCallback(TrainerCallback):
+    """Append one JSON line per logged step to ``log.jsonl`` (main process): step, loss, lr, grad_norm, tokens/s."""
+
+    def __init__(self, path: Path, tokens_per_step: int) -> None:
+        self.path = path
+        self.tokens_per_step = tokens_per_step
+        self.step_began = time.perf_counter()
+        self.cpu_began = time.process_time()
+        self.last_step_seconds = float("nan")
+        self.last_cpu_seconds = float("nan")
+        self.last_loss: float | None = None
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.step_began, self.cpu_began = time.perf_counter(), time.process_time()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.last_step_seconds = time.perf_counter() - self.step_began
+        self.last_cpu_seconds = time.process_time() - self.cpu_began
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        if not logs or "loss" not in logs:
+            return
+        self.last_loss = float(logs["loss"])
+        if not state.is_world_process_zero:
+            return
+        record = {
+            "step": state.global_step, "loss": float(logs["loss"]), "lr": float(logs.get("learning_rate", float("nan"))),
+            "grad_norm": float(logs.get("grad_norm", float("nan"))),
+            "tokens_per_second": self.tokens_per_step / self.last_step_seconds, "seconds_per_step": self.last_step_seconds,
+            # CPU time of this process (all its threads): on a shared machine it shows the cost of a step
+            # independently of how much of the CPU other jobs took.
+            "process_cpu_seconds": self.last_cpu_seconds,
+            "tokens_seen": state.global_step * self.tokens_per_step, "time": time.time(),
+        }
+        with self.path.open("a") as handle:
+            handle.write(json.dumps(record) + "\n")
+
+
+class StopAtStepCallback(TrainerCallback):
+    """Stop after optimizer step ``stop_at_step`` (checkpoints due at or before it are still written)."""
+
+    def __init__(self, stop_at_step: int) -> None:
+        self.stop_at_step = stop_at_step
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        if state.global_step >= self.stop_at_step:
+            control.should_training_stop = True
+        return control
 
 
 # --------------------------------------------------------------------------------------------------
-# Output folder, checkpoints
+# Output folder, resume
 # --------------------------------------------------------------------------------------------------
-
-
-def _checkpoint_step(path: Path) -> int | None:
-    name = path.name
-    if not name.startswith("step-") or not name[5:].isdigit():
-        return None
-    return int(name[5:])
-
-
-def find_latest_checkpoint(output_dir: str | os.PathLike) -> Path | None:
-    """The complete checkpoint with the highest step under ``output_dir/checkpoints`` (None if none)."""
-    root = Path(output_dir) / CHECKPOINT_DIR
-    if not root.is_dir():
-        return None
-    candidates = [p for p in root.iterdir() if p.is_dir() and _checkpoint_step(p) is not None and (p / STATE_FILE).is_file()]
-    return max(candidates, key=_checkpoint_step) if candidates else None
 
 
 def _resolve_resume(resume: str | os.PathLike | bool, output_dir: Path) -> Path:
-    if resume is True:
-        folder = output_dir
-    else:
-        folder = Path(resume)
-    if (folder / STATE_FILE).is_file():
+    folder = output_dir if resume is True else Path(resume)
+    if checkpoint_step(folder) is not None and folder.is_dir():
         return folder
     latest = find_latest_checkpoint(folder)
     if latest is None:
         raise FileNotFoundError(
-            f"--resume: no checkpoint found in {folder} (looked for {folder / CHECKPOINT_DIR}/step-*/{STATE_FILE}). "
+            f"--resume: no checkpoint found in {folder} (looked for {folder}/checkpoint-*). "
             "Point --resume at a run folder or one of its checkpoints, or start without --resume."
         )
     return latest
 
 
-def _prepare_output_dir(config: TrainConfig, output_dir: Path, overwrite: bool, resuming: bool) -> None:
+def _prepare_output_dir(output_dir: Path, overwrite: bool, resuming: bool) -> None:
     """Check (every process) that the run may use ``output_dir``; raise before anything is written."""
     if resuming or not output_dir.exists():
         return
@@ -168,138 +393,22 @@ def _prepare_output_dir(config: TrainConfig, output_dir: Path, overwrite: bool, 
         )
 
 
-def _write_json_atomic(path: Path, data: Any) -> None:
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text(json.dumps(data, indent=2, default=str))
-    os.replace(temporary, path)
-
-
-def _rng_state() -> dict[str, Any]:
-    state = {"python": random.getstate(), "torch": torch.get_rng_state()}
-    try:
-        import numpy
-
-        state["numpy"] = numpy.random.get_state()
-    except ImportError:
-        pass
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    torch.set_rng_state(state["torch"])
-    if "numpy" in state:
-        import numpy
-
-        numpy.random.set_state(state["numpy"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def _sharded(accelerator: Any) -> bool:
-    from accelerate.utils import DistributedType
-
-    return accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED)
-
-
-class _Checkpointer:
-    """Writes and reads checkpoints; every process calls every method (they synchronise inside)."""
-
-    def __init__(self, accelerator: Any, output_dir: Path) -> None:
-        self.accelerator = accelerator
-        self.root = output_dir / CHECKPOINT_DIR
-
-    def save(self, step: int, model: Any, optimizer: Any, scheduler: Any, state: dict[str, Any], keep_last: int | None) -> Path:
-        from safetensors.torch import save_file
-
-        from hf_posext.training.lora import trainable_state_dict
-
-        accelerator = self.accelerator
-        final = self.root / f"step-{step:08d}"
-        temporary = self.root / f".tmp-step-{step:08d}"
-        if accelerator.is_main_process:
-            self.root.mkdir(parents=True, exist_ok=True)
-            if temporary.exists():  # left by a run killed while saving: incomplete, never a checkpoint
-                shutil.rmtree(temporary)
-            temporary.mkdir()
-        accelerator.wait_for_everyone()
-        if _sharded(accelerator):
-            accelerator.save_state(str(temporary))
-        elif accelerator.is_main_process:
-            unwrapped = accelerator.unwrap_model(model)
-            tensors = {k: v.detach().cpu().contiguous() for k, v in trainable_state_dict(unwrapped).items()}
-            save_file(tensors, str(temporary / "trainable.safetensors"))
-            torch.save(optimizer.state_dict(), temporary / "optimizer.pt")
-        if accelerator.is_main_process:
-            torch.save(scheduler.state_dict(), temporary / "scheduler.pt")
-        torch.save(_rng_state(), temporary / f"rng-rank{accelerator.process_index}.pt")
-        accelerator.wait_for_everyone()
-        if accelerator.is_main_process:
-            _write_json_atomic(temporary / STATE_FILE, state)
-            if final.exists():
-                # A checkpoint of an abandoned continuation (the run was resumed from an earlier one):
-                # keep it under another name rather than overwrite it.
-                number = 1
-                while final.with_name(f"{final.name}.superseded-{number}").exists():
-                    number += 1
-                final.rename(final.with_name(f"{final.name}.superseded-{number}"))
-            os.rename(temporary, final)
-            if keep_last is not None:
-                complete = sorted(
-                    (p for p in self.root.iterdir() if _checkpoint_step(p) is not None and (p / STATE_FILE).is_file()),
-                    key=_checkpoint_step,
-                )
-                for old in complete[:-keep_last]:
-                    shutil.rmtree(old)
-        accelerator.wait_for_everyone()
-        return final
-
-    def load(self, folder: Path, model: Any, optimizer: Any, scheduler: Any) -> dict[str, Any]:
-        from safetensors.torch import load_file
-
-        accelerator = self.accelerator
-        state = json.loads((folder / STATE_FILE).read_text())
-        if _sharded(accelerator):
-            accelerator.load_state(str(folder))
-        else:
-            unwrapped = accelerator.unwrap_model(model)
-            tensors = load_file(str(folder / "trainable.safetensors"))
-            parameters = dict(unwrapped.named_parameters())
-            missing = [name for name in tensors if name not in parameters]
-            if missing:
-                raise ValueError(f"Checkpoint {folder} holds weights this model does not have: {missing[:5]}.")
-            with torch.no_grad():
-                for name, value in tensors.items():
-                    parameters[name].copy_(value.to(parameters[name].device, parameters[name].dtype))
-            optimizer.load_state_dict(torch.load(folder / "optimizer.pt", map_location="cpu", weights_only=False))
-        scheduler.load_state_dict(torch.load(folder / "scheduler.pt", map_location="cpu", weights_only=False))
-        rng_file = folder / f"rng-rank{accelerator.process_index}.pt"
-        _set_rng_state(torch.load(rng_file, map_location="cpu", weights_only=False))
-        return state
-
-
-# --------------------------------------------------------------------------------------------------
-# The run
-# --------------------------------------------------------------------------------------------------
-
-
-def _precision(config: TrainConfig) -> str:
-    if config.model.precision == "fp32":
-        return "no"
-    supported = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
-    if config.model.precision == "bf16":
-        if not supported and not torch.cuda.is_available():
-            raise ConfigError("model.precision=bf16 needs a GPU with bfloat16 support; on CPU use model.precision=fp32 or auto.")
-        return "bf16"
-    return "bf16" if supported else "no"
-
-
-def _has_accelerator() -> bool:
-    if hasattr(torch, "accelerator"):
-        return bool(torch.accelerator.is_available())
-    return torch.cuda.is_available()
+def _check_resumable(resume_from: Path, config: TrainConfig, world: int) -> None:
+    """Refuse a corrupt checkpoint, one made by a different config, or with another number of processes."""
+    verify_checkpoint(resume_from)
+    saved = read_run_info(resume_from)
+    differences = config_differences(saved["config"], config.to_dict())
+    if differences:
+        raise ConfigError(
+            f"Cannot resume from {resume_from}: it was made by a different config ("
+            + "; ".join(differences)
+            + "). Resume with the original config, or start a new run in another output.dir."
+        )
+    if saved.get("num_processes", world) != world:
+        raise ConfigError(
+            f"{resume_from} was written by a run with {saved['num_processes']} processes; resume it with the "
+            f"same number (now {world}) so every process sees the same data as before."
+        )
 
 
 def _check_trackers(report_to: list[str]) -> None:
@@ -405,7 +514,7 @@ def _save_final(config: TrainConfig, accelerator: Any, model: Any, tokenizer: An
 
         publish("merged", write_full)
     report = hf_posext.describe(unwrapped.get_base_model() if config.finetune.mode == "lora" else unwrapped)
-    _write_json_atomic(output_dir / "scaling.json", report.to_dict())
+    write_json_atomic(output_dir / "scaling.json", report.to_dict())
     accelerator.wait_for_everyone()
 
 
@@ -442,7 +551,10 @@ def train(
     stop_at_step: int | None = None,
     progress: bool = True,
 ) -> TrainResult:
-    """Run a training recipe under the current accelerate environment.
+    """Run a training recipe with :class:`PosextTrainer` under the current accelerate environment.
+
+    Everything that can fail on bad input (config, checkpoint integrity, model, LoRA targets, data) is
+    checked before the output folder is created or touched.
 
     Args:
         config: a validated :class:`~hf_posext.training.config.TrainConfig`.
@@ -451,65 +563,45 @@ def train(
         overwrite: allow deleting an existing run folder at ``output.dir`` (fresh start only).
         stop_at_step: stop after this optimizer step, without the final save, as an interruption would
             (checkpoints due at or before it are written). For tests and time-boxed runs.
-        progress: show tqdm bars (main process only).
+        progress: show progress bars (main process only).
 
     Returns:
         A :class:`TrainResult`.
 
     Raises:
         ConfigError: invalid config, window longer than the target, resuming with a different config.
+        CheckpointError: the checkpoint to resume from is incomplete, altered or corrupt.
         FileExistsError: the output folder exists and neither ``overwrite`` nor ``resume`` was given.
         FileNotFoundError: missing data or checkpoint.
         LoraTargetError: a LoRA target module the model does not have.
     """
-    from accelerate import Accelerator
-    from accelerate.utils import set_seed
-    from tqdm.auto import tqdm
-
+    import hf_posext
     from hf_posext.models import load_tokenizer
     from hf_posext.training.data import load_packed_windows
-    from hf_posext.training.lora import setup_trainable
+    from hf_posext.training.lora import extra_parameter_names, setup_trainable
 
     config.validate()
     output_dir = Path(config.output.dir)
+    args = training_arguments(config, output_dir, progress=progress)
+    world = args.world_size
+    main = args.process_index == 0
     resume_from = _resolve_resume(resume, output_dir) if resume else None
-    saved_state = json.loads((resume_from / STATE_FILE).read_text()) if resume_from else None
-    if saved_state is not None:
-        differences = config_differences(saved_state["config"], config.to_dict())
-        if differences:
-            raise ConfigError(
-                f"Cannot resume from {resume_from}: it was made by a different config ("
-                + "; ".join(differences)
-                + "). Resume with the original config, or start a new run in another output.dir."
-            )
-    _prepare_output_dir(config, output_dir, overwrite, resuming=resume_from is not None)
+    if resume_from is not None:
+        _check_resumable(resume_from, config, world)
+    _prepare_output_dir(output_dir, overwrite, resuming=resume_from is not None)
     _check_trackers(config.output.report_to)
 
-    mixed_precision = _precision(config)
-    accelerator = Accelerator(
-        # Without an accelerator, say cpu=True: accelerate then joins the processes that
-        # `accelerate launch`/torchrun started into one gloo group (MULTI_CPU) instead of
-        # running each as an independent single-process job.
-        cpu=not _has_accelerator(),
-        mixed_precision=mixed_precision,
-        gradient_accumulation_steps=config.train.gradient_accumulation_steps,
-        log_with=list(config.output.report_to) or None,
-        project_dir=str(output_dir / "trackers"),
-    )
-    main = accelerator.is_main_process
-    world = accelerator.num_processes
-    if os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true" and not _sharded(accelerator):
-        logger.warning(
-            "An FSDP launch config was given, but accelerate %s enables FSDP only on GPUs: running plain data "
-            "parallel (%s) instead.", __import__("accelerate").__version__, accelerator.distributed_type,
-        )
-    if saved_state is not None and saved_state.get("num_processes", world) != world:
-        raise ConfigError(
-            f"{resume_from} was written by a run with {saved_state['num_processes']} processes; resume it with the "
-            f"same number (now {world}) so every process sees the same data as before."
-        )
+    t = config.train
+    dtype = torch.bfloat16 if (args.bf16 and config.finetune.mode == "lora") else torch.float32
+    tokenizer = load_tokenizer(config.model.name)
+    model = _load_and_patch(config, dtype)
+    pose_target = _pose_target(config, hf_posext.describe(model).current_window)
+    model.config.use_cache = False
+    extras = extra_parameter_names(model, config.finetune.train_embeddings, config.finetune.train_norms) if config.finetune.mode == "lora" else []
+    model = setup_trainable(model, config.finetune, seed=t.seed)
+    data = load_packed_windows(config.data, tokenizer, t.seed, pose_target, progress=progress and main)
 
-    # Fresh start: (maybe) clear the folder, record the config. All checks above ran on every process.
+    # Everything loaded: only now create (or clear) the run folder and record the config.
     if resume_from is None and main:
         if output_dir.exists() and any(output_dir.iterdir()):
             shutil.rmtree(output_dir)  # allowed by _prepare_output_dir: --overwrite on a run folder
@@ -517,142 +609,50 @@ def train(
         (output_dir / CONFIG_FILE).write_text(
             f"# written by hf_posext.training at the start of the run; resume with --config {CONFIG_FILE}\n" + config.to_yaml()
         )
-    accelerator.wait_for_everyone()
+    if resume_from is not None and main:
+        _truncate_log(output_dir / LOG_FILE, checkpoint_step(resume_from))
 
-    t = config.train
-    set_seed(t.seed)
-    dtype = torch.bfloat16 if (mixed_precision == "bf16" and config.finetune.mode == "lora") else torch.float32
-    tokenizer = load_tokenizer(config.model.name)
-    model = _load_and_patch(config, dtype)
-    import hf_posext
-
-    scaled_window = hf_posext.describe(model).current_window
-    pose_target = _pose_target(config, scaled_window)
-    model.config.use_cache = False
-    if config.model.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model = setup_trainable(model, config.finetune, seed=t.seed)
-    model.train()
-    data = load_packed_windows(config.data, tokenizer, t.seed, pose_target, progress=progress and main)
-
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    decay = [p for p in trainable if p.ndim >= 2]
-    no_decay = [p for p in trainable if p.ndim < 2]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": t.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=t.learning_rate, betas=(t.adam_beta1, t.adam_beta2), eps=t.adam_epsilon,
+    samples_per_step = t.batch_size * t.gradient_accumulation_steps * world
+    tokens_per_step = samples_per_step * data.window
+    run_info = {
+        "num_processes": world, "fingerprint": config.fingerprint(), "config": config.to_dict(),
+        "hf_posext_version": hf_posext.__version__, "samples_per_step": samples_per_step,
+    }
+    log_callback = JsonlLogCallback(output_dir / LOG_FILE, tokens_per_step)
+    callbacks: list[TrainerCallback] = [log_callback, CheckpointIntegrityCallback(run_info)]
+    if stop_at_step is not None:
+        callbacks.append(StopAtStepCallback(stop_at_step))
+    trainer = PosextTrainer(
+        model=model, args=args, train_dataset=WindowDataset(data, t.max_steps * samples_per_step),
+        data_collator=collate_windows, callbacks=callbacks, extra_parameter_names=extras,
     )
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: lr_multiplier(step, t.max_steps, t.warmup_steps, t.lr_schedule, t.min_lr_ratio)
-    )
-    model, optimizer = accelerator.prepare(model, optimizer)
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    checkpointer = _Checkpointer(accelerator, output_dir)
-
-    start_step, tokens_seen = 0, 0
-    if resume_from is not None:
-        state = checkpointer.load(resume_from, model, optimizer, scheduler)
-        start_step, tokens_seen = int(state["step"]), int(state["tokens_seen"])
-        if main:
-            _truncate_log(output_dir / LOG_FILE, start_step)
-            logger.info("resumed from %s at step %d", resume_from, start_step)
-    else:
-        set_seed(t.seed + accelerator.process_index)  # distinct dropout masks per process
-
-    if config.output.report_to:
-        accelerator.init_trackers("hf_posext", config={f"{s}.{k}": str(v) for s, body in config.to_dict().items() for k, v in body.items()})
-
-    accumulation = t.gradient_accumulation_steps
-    tokens_per_step = t.batch_size * accumulation * world * data.window
-    bar = tqdm(total=t.max_steps, initial=start_step, desc="training", unit="step", disable=not (progress and main))
-    log_path = output_dir / LOG_FILE
-    step = start_step
-    last_loss: float | None = None
     began = time.perf_counter()
-    finished = True
-    while step < t.max_steps:
-        step_began, step_cpu_began = time.perf_counter(), time.process_time()
-        loss_sum = torch.zeros((), device=accelerator.device)
-        lr = scheduler.get_last_lr()[0]
-        grad_norm = float("nan")
-        for micro in range(accumulation):
-            batch = data.batch(step * accumulation + micro, accelerator.process_index, world, t.batch_size)
-            batch = {k: v.to(accelerator.device) for k, v in batch.items()}
-            # accumulate(): skips the gradient all-reduce (DDP) and the optimizer step until the last
-            # micro-batch, divides the loss by the accumulation steps, and drives DeepSpeed's own counter.
-            with accelerator.accumulate(model):
-                with accelerator.autocast():
-                    loss = model(**batch, use_cache=False).loss
-                accelerator.backward(loss)
-                if accelerator.sync_gradients:
-                    grad_norm = clip_gradients(accelerator, trainable, t.max_grad_norm)
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-            loss_sum += loss.detach().float()
-        if not accelerator.sync_gradients:
-            raise RuntimeError("gradient accumulation fell out of step with the optimizer; please report this.")
-        scheduler.step()
-        step += 1
-        tokens_seen += tokens_per_step
-        step_seconds = time.perf_counter() - step_began
-        mean_loss = float(accelerator.reduce(loss_sum / accumulation, reduction="mean"))
-        last_loss = mean_loss
-        if main:
-            bar.update(1)
-            bar.set_postfix(loss=f"{mean_loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_step / step_seconds:.0f}")
-        if step % config.output.log_every == 0 or step == t.max_steps:
-            record = {
-                "step": step, "loss": mean_loss, "lr": lr, "grad_norm": grad_norm,
-                "tokens_per_second": tokens_per_step / step_seconds, "seconds_per_step": step_seconds,
-                # CPU time of this process (all its threads): on a shared machine it shows the cost of a
-                # step independently of how much of the CPU other jobs took.
-                "process_cpu_seconds": time.process_time() - step_cpu_began,
-                "tokens_seen": tokens_seen, "time": time.time(),
-            }
-            if main:
-                with log_path.open("a") as handle:
-                    handle.write(json.dumps(record) + "\n")
-            if config.output.report_to:
-                accelerator.log({k: v for k, v in record.items() if k not in ("step", "time")}, step=step)
-        every = config.output.checkpoint_every
-        if every and (step % every == 0 or step == t.max_steps):
-            state = {
-                "step": step, "micro_batches": step * accumulation, "samples_seen": step * accumulation * world * t.batch_size,
-                "tokens_seen": tokens_seen, "num_processes": world, "fingerprint": config.fingerprint(),
-                "config": config.to_dict(), "hf_posext_version": hf_posext.__version__,
-            }
-            checkpointer.save(step, model, optimizer, scheduler, state, config.output.keep_last)
-        if stop_at_step is not None and step >= stop_at_step and step < t.max_steps:
-            finished = False
-            break
-    bar.close()
+    start_step = checkpoint_step(resume_from) if resume_from is not None else 0
+    trainer.train(resume_from_checkpoint=str(resume_from) if resume_from is not None else None)
     elapsed = time.perf_counter() - began
+    step = trainer.state.global_step
+    finished = step >= t.max_steps
     done = step - start_step
     result = TrainResult(
-        output_dir=str(output_dir), step=step, finished=finished, final_loss=last_loss,
+        output_dir=str(output_dir), step=step, finished=finished, final_loss=log_callback.last_loss,
         tokens_per_second=(done * tokens_per_step / elapsed) if done else None,
         seconds_per_step=(elapsed / done) if done else None,
         resumed_from=str(resume_from) if resume_from else None,
     )
     if finished:
-        _save_final(config, accelerator, model, tokenizer, output_dir, dtype)
+        _save_final(config, trainer.accelerator, trainer.model_wrapped, tokenizer, output_dir, dtype)
         if main:
-            _write_json_atomic(output_dir / RESULT_FILE, result.__dict__)
-    if config.output.report_to:
-        accelerator.end_training()
-    accelerator.wait_for_everyone()
+            write_json_atomic(output_dir / RESULT_FILE, result.__dict__)
+    trainer.accelerator.wait_for_everyone()
     return result
 
 
 def load_run_config(folder: str | os.PathLike) -> TrainConfig:
     """The config a run folder (or one of its checkpoints) was made with."""
     folder = Path(folder)
-    state_file = folder / STATE_FILE if (folder / STATE_FILE).is_file() else None
-    if state_file is None:
-        latest = find_latest_checkpoint(folder)
-        state_file = latest / STATE_FILE if latest else None
-    if state_file is not None:
-        return config_from_dict(json.loads(state_file.read_text())["config"]).validate()
+    checkpoint = folder if checkpoint_step(folder) is not None else find_latest_checkpoint(folder)
+    if checkpoint is not None and (checkpoint / RUN_FILE).is_file():
+        return config_from_dict(read_run_info(checkpoint)["config"]).validate()
     from hf_posext.training.config import load_config
 
     if (folder / CONFIG_FILE).is_file():

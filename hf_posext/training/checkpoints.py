@@ -1,0 +1,131 @@
+"""Checkpoint folders of a run: finding the latest, recording the run, and integrity checks before resuming.
+
+The transformers ``Trainer`` writes ``OUT/checkpoint-<step>/`` (weights, optimizer, scheduler, RNG states,
+``trainer_state.json``). After it has finished, the main process adds
+
+* ``posext_run.json``: the run's config, fingerprint, number of processes and package version;
+* ``checksums.json``: the sha256 of every other file in the folder, written last and atomically.
+
+A checkpoint is usable only when ``checksums.json`` is present, every file matches it, and the folder's
+step equals ``trainer_state.json``'s ``global_step``; :func:`verify_checkpoint` refuses anything else with
+a one-line error naming the bad file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "CHECKPOINT_PREFIX", "CHECKSUMS_FILE", "RUN_FILE", "CheckpointError", "checkpoint_step", "find_latest_checkpoint",
+    "write_json_atomic", "file_sha256", "write_checksums", "verify_checkpoint", "read_run_info",
+]
+
+CHECKPOINT_PREFIX = "checkpoint-"  # transformers' PREFIX_CHECKPOINT_DIR
+CHECKSUMS_FILE = "checksums.json"
+RUN_FILE = "posext_run.json"
+TRAINER_STATE_FILE = "trainer_state.json"
+
+_STEP_NAME = re.compile(rf"^{CHECKPOINT_PREFIX}(\d+)$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint folder that is incomplete, altered or corrupt (the message names the bad file)."""
+
+
+def checkpoint_step(path: Path) -> int | None:
+    """The step in a ``checkpoint-<step>`` folder name (None for any other name)."""
+    match = _STEP_NAME.match(Path(path).name)
+    return int(match.group(1)) if match else None
+
+
+def find_latest_checkpoint(output_dir: str | os.PathLike) -> Path | None:
+    """The ``checkpoint-<step>`` folder with the highest step directly under ``output_dir`` (None if none)."""
+    root = Path(output_dir)
+    if not root.is_dir():
+        return None
+    candidates = [p for p in root.iterdir() if p.is_dir() and checkpoint_step(p) is not None]
+    return max(candidates, key=checkpoint_step) if candidates else None
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write ``data`` as JSON to ``path`` through a temporary file and a rename."""
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_text(json.dumps(data, indent=2, default=str))
+    os.replace(temporary, path)
+
+
+def file_sha256(path: Path) -> str:
+    """Hex sha256 of a file's bytes."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _hashed_files(folder: Path) -> list[Path]:
+    return sorted(
+        p for p in folder.rglob("*")
+        if p.is_file() and p.name != CHECKSUMS_FILE and not p.name.startswith(f".{CHECKSUMS_FILE}")
+    )
+
+
+def write_checksums(folder: Path) -> Path:
+    """Write ``folder/checksums.json`` (sha256 of every other file, by relative path), atomically."""
+    sums = {str(p.relative_to(folder)): file_sha256(p) for p in _hashed_files(folder)}
+    path = folder / CHECKSUMS_FILE
+    write_json_atomic(path, {"algorithm": "sha256", "files": sums})
+    return path
+
+
+def verify_checkpoint(folder: str | os.PathLike) -> None:
+    """Refuse a checkpoint that is incomplete or altered.
+
+    Raises:
+        CheckpointError: no ``checksums.json`` (a save that did not finish), a listed file missing or with
+            another hash, an unlisted file, or a folder step that differs from ``trainer_state.json``.
+    """
+    folder = Path(folder)
+    sums_path = folder / CHECKSUMS_FILE
+    if not sums_path.is_file():
+        raise CheckpointError(
+            f"Checkpoint {folder} has no {CHECKSUMS_FILE}: its save did not finish. Delete it and resume from an "
+            "earlier checkpoint (--resume DIR/checkpoint-N)."
+        )
+    try:
+        listed = json.loads(sums_path.read_text())["files"]
+    except (ValueError, KeyError, TypeError) as error:
+        raise CheckpointError(f"Checkpoint {folder}: {sums_path} is unreadable ({error}); the checkpoint cannot be trusted.") from None
+    present = {str(p.relative_to(folder)) for p in _hashed_files(folder)}
+    for name in sorted(listed):
+        path = folder / name
+        if not path.is_file():
+            raise CheckpointError(f"Checkpoint {folder} is missing {name} (listed in {CHECKSUMS_FILE}); resume from another checkpoint.")
+        if file_sha256(path) != listed[name]:
+            raise CheckpointError(f"Checkpoint {folder}: {path} does not match its sha256 in {CHECKSUMS_FILE} (corrupt or edited); resume from another checkpoint.")
+    unlisted = sorted(present - set(listed))
+    if unlisted:
+        raise CheckpointError(f"Checkpoint {folder} holds {unlisted[0]}, which {CHECKSUMS_FILE} does not list; resume from another checkpoint.")
+    step = checkpoint_step(folder)
+    state_path = folder / TRAINER_STATE_FILE
+    if not state_path.is_file():
+        raise CheckpointError(f"Checkpoint {folder} has no {TRAINER_STATE_FILE}; resume from another checkpoint.")
+    global_step = json.loads(state_path.read_text()).get("global_step")
+    if step is None or global_step != step:
+        raise CheckpointError(
+            f"Checkpoint {folder}: {state_path} says global_step={global_step}, but the folder name says step {step}; "
+            "resume from another checkpoint."
+        )
+
+
+def read_run_info(folder: str | os.PathLike) -> dict[str, Any]:
+    """The ``posext_run.json`` of a checkpoint (config, fingerprint, num_processes, version)."""
+    path = Path(folder) / RUN_FILE
+    if not path.is_file():
+        raise CheckpointError(f"Checkpoint {folder} has no {RUN_FILE}: it was not written by hf_posext.training.")
+    return json.loads(path.read_text())

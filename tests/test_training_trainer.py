@@ -231,3 +231,29 @@ def test_trackers_must_be_installed_when_asked(tmp_path):
         pytest.skip("tensorboard is installed here")
     with pytest.raises(ImportError, match="pip install tensorboard"):
         train(tiny_config(tmp_path / "tb", "output.report_to=[tensorboard]"), progress=False)
+
+
+def test_full_finetuning_kill_and_resume_is_bitwise(tmp_path):
+    common = ["finetune.mode=full", "train.max_steps=4", "train.warmup_steps=0", "output.checkpoint_every=2",
+              "output.save_merged=false", "train.learning_rate=1e-3"]
+    full = train(tiny_config(tmp_path / "full", *common), progress=False)
+    assert full.finished and (tmp_path / "full" / "merged" / "model.safetensors").is_file()
+    out = tmp_path / "interrupted"
+    train(tiny_config(out, *common), stop_at_step=3, progress=False)
+    assert find_latest_checkpoint(out).name == "checkpoint-2"
+    train(tiny_config(out, *common), resume=True, progress=False)
+    final, again = checkpoint_weights(tmp_path / "full" / "checkpoint-4"), checkpoint_weights(out / "checkpoint-4")
+    assert bitwise_equal(final, again)
+    assert not bitwise_equal(checkpoint_weights(tmp_path / "full" / "checkpoint-2"), final)  # every weight file trained
+
+
+def test_resume_with_another_number_of_processes_is_refused(finished_run, tmp_path):
+    from hf_posext.training.checkpoints import write_checksums
+
+    out, checkpoint = _copy_checkpoint(finished_run, tmp_path)
+    run = json.loads((checkpoint / "posext_run.json").read_text())
+    run["num_processes"] = 2
+    (checkpoint / "posext_run.json").write_text(json.dumps(run))
+    write_checksums(checkpoint)
+    with pytest.raises(ConfigError, match=r"written by a run with 2 processes; resume it with the same number \(now 1\)"):
+        train(tiny_config(out), resume=True, progress=False)

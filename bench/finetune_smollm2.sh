@@ -23,7 +23,7 @@ RUN=$(hf-posext train --config "$CONFIG" --print-config | python -c "import sys,
 
 if [ -f "$RUN/merged/config.json" ]; then
     echo "fine-tuned model found in $RUN/merged"
-elif [ -d "$RUN/checkpoints" ]; then
+elif compgen -G "$RUN/checkpoint-*" > /dev/null; then
     hf-posext train --config "$CONFIG" --resume "data.source=$DATA"
 else
     hf-posext train --config "$CONFIG" "data.source=$DATA"

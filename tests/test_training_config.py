@@ -31,6 +31,13 @@ def test_every_recipe_loads_validates_and_documents_its_launch(path):
     assert "Hardware:" in head and "Expected time:" in head
     # every section written in the file is a real section (load_config would have raised otherwise)
     assert set(yaml.safe_load(path.read_text())) <= set(config.to_dict())
+    # and the Trainer can express it (bf16 recipes are for GPUs; map them as fp32 here)
+    from hf_posext.training.trainer import training_arguments
+
+    if config.model.precision == "bf16":
+        config.model.precision = "fp32"
+    args = training_arguments(config, "/nonexistent/run", progress=False)
+    assert args.max_steps == config.train.max_steps and args.learning_rate == config.train.learning_rate
 
 
 @pytest.mark.parametrize("path", ACCELERATE, ids=lambda p: p.name)

@@ -176,6 +176,15 @@ def test_resume_refuses_an_edited_global_step_and_missing_checksums(finished_run
     (checkpoint / "checksums.json").unlink()
     with pytest.raises(CheckpointError, match=r"has no checksums\.json: its save did not finish"):
         train(tiny_config(out), resume=checkpoint, progress=False)
+    # --resume without a path skips an unfinished save (a run killed while saving) for the previous complete one
+    with pytest.raises(FileNotFoundError, match="no checkpoint found"):
+        train(tiny_config(out), resume=True, progress=False)
+    shutil.copytree(finished_run[0] / "checkpoint-8", out / "checkpoint-8")
+    (out / "checkpoint-8" / "checksums.json").unlink()
+    shutil.copytree(finished_run[0] / "checkpoint-4", out / "checkpoint-2")  # any complete earlier one
+    shutil.rmtree(out / "checkpoint-4")
+    with pytest.raises(CheckpointError, match=r"checkpoint-2.*global_step=4, but the folder name says step 2"):
+        train(tiny_config(out), resume=True, progress=False)
 
 
 def test_existing_output_folder_needs_overwrite(finished_run, tmp_path):

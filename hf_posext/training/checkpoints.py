@@ -43,12 +43,20 @@ def checkpoint_step(path: Path) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def find_latest_checkpoint(output_dir: str | os.PathLike) -> Path | None:
-    """The ``checkpoint-<step>`` folder with the highest step directly under ``output_dir`` (None if none)."""
+def find_latest_checkpoint(output_dir: str | os.PathLike, complete: bool = False) -> Path | None:
+    """The ``checkpoint-<step>`` folder with the highest step directly under ``output_dir`` (None if none).
+
+    Args:
+        output_dir: a run folder.
+        complete: consider only checkpoints whose save finished (they hold ``checksums.json``).
+    """
     root = Path(output_dir)
     if not root.is_dir():
         return None
-    candidates = [p for p in root.iterdir() if p.is_dir() and checkpoint_step(p) is not None]
+    candidates = [
+        p for p in root.iterdir()
+        if p.is_dir() and checkpoint_step(p) is not None and (not complete or (p / CHECKSUMS_FILE).is_file())
+    ]
     return max(candidates, key=checkpoint_step) if candidates else None
 
 

@@ -39,7 +39,7 @@ import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from hf_posext.training.checkpoints import (
-    RUN_FILE, CheckpointError, checkpoint_step, find_latest_checkpoint, read_run_info, verify_checkpoint,
+    CHECKSUMS_FILE, RUN_FILE, CheckpointError, checkpoint_step, find_latest_checkpoint, read_run_info, verify_checkpoint,
     write_checksums, write_json_atomic,
 )
 from hf_posext.training.config import ConfigError, TrainConfig, config_differences, config_from_dict
@@ -363,8 +363,12 @@ class StopAtStepCallback(TrainerCallback):
 def _resolve_resume(resume: str | os.PathLike | bool, output_dir: Path) -> Path:
     folder = output_dir if resume is True else Path(resume)
     if checkpoint_step(folder) is not None and folder.is_dir():
-        return folder
-    latest = find_latest_checkpoint(folder)
+        return folder  # named explicitly: verified as it is, never replaced by another
+    latest = find_latest_checkpoint(folder, complete=True)
+    unfinished = find_latest_checkpoint(folder)
+    if unfinished is not None and unfinished != latest:
+        logger.warning("%s has no %s (its save did not finish, e.g. the run was killed while saving): resuming from %s "
+                       "instead.", unfinished, CHECKSUMS_FILE, latest or "nothing")
     if latest is None:
         raise FileNotFoundError(
             f"--resume: no checkpoint found in {folder} (looked for {folder}/checkpoint-*). "

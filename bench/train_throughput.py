@@ -1,0 +1,97 @@
+"""Training throughput of the Trainer engine against the former hand-written accelerate loop, interleaved.
+
+    git worktree add /tmp/oldloop a62e044          # the last commit with the hand-written loop
+    python3 bench/train_throughput.py --old-tree /tmp/oldloop --repeats 2
+
+Each run is a fresh process (``recipes/finetune.py`` of that tree, its own PYTHONPATH) on the same recipe
+(by default SmolLM2-135M, LoRA + PoSE, short windows so a step takes seconds on a CPU); runs alternate
+old, new, old, new, ... so both see the same machine load. Per run, tokens/s is the tokens of one
+optimizer step divided by the median wall time of the steps after the first (the first includes
+warm-up); the process CPU-seconds per step are recorded too (less sensitive to other jobs on a shared
+machine). Writes ``bench/results/train_throughput_cpu.json`` with every run and the new/old ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_RECIPE = "recipes/configs/smollm2-135m/8k_to_32k_lora_pose_cpu.yaml"
+DEFAULT_OVERRIDES = [
+    "data.source=/work/shared/data/books", "data.window=512", "data.max_tokens=40000", "train.batch_size=1", "train.gradient_accumulation_steps=1",
+    "train.max_steps=6", "train.warmup_steps=0", "output.checkpoint_every=0", "output.save_merged=false",
+]
+
+
+def run_once(tree: Path, recipe: str, overrides: list[str], out: Path) -> dict:
+    """Train once with ``tree``'s code in a fresh process; return per-step timings from its log.jsonl."""
+    env = {**os.environ, "PYTHONPATH": str(tree), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    command = [sys.executable, str(tree / "recipes" / "finetune.py"), "--config", str(REPO / recipe), *overrides,
+               f"output.dir={out}", "--no-progress"]
+    began = time.perf_counter()
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{tree}: training failed:\n{done.stderr[-3000:]}")
+    log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    steady = log[1:]
+    seconds = statistics.median(r["seconds_per_step"] for r in steady)
+    tokens_per_step = log[0]["tokens_seen"]
+    return {
+        "tree": str(tree), "wall_seconds": time.perf_counter() - began, "steps": len(log),
+        "tokens_per_step": tokens_per_step, "median_seconds_per_step": seconds,
+        "tokens_per_second": tokens_per_step / seconds,
+        "median_process_cpu_seconds_per_step": statistics.median(r["process_cpu_seconds"] for r in steady),
+        "losses": [r["loss"] for r in log],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--old-tree", type=Path, required=True, help="a checkout of the hand-written loop (a62e044)")
+    parser.add_argument("--repeats", type=int, default=2, help="old/new pairs")
+    parser.add_argument("--recipe", default=DEFAULT_RECIPE)
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "train_throughput_cpu.json")
+    parser.add_argument("overrides", nargs="*", help="recipe overrides (default: a short SmolLM2 LoRA config)")
+    args = parser.parse_args(argv)
+    overrides = args.overrides or DEFAULT_OVERRIDES
+    pairs = []
+    with tempfile.TemporaryDirectory() as scratch:
+        for repeat in range(args.repeats):
+            pair = {}
+            for name, tree in (("old", args.old_tree.resolve()), ("new", REPO)):
+                pair[name] = run_once(tree, args.recipe, overrides, Path(scratch) / f"{name}-{repeat}")
+                print(name, repeat, f"{pair[name]['tokens_per_second']:.1f} tokens/s", flush=True)
+            pair["ratio_tokens_per_second"] = pair["new"]["tokens_per_second"] / pair["old"]["tokens_per_second"]
+            pair["ratio_cpu_seconds_per_step"] = (pair["new"]["median_process_cpu_seconds_per_step"]
+                                                  / pair["old"]["median_process_cpu_seconds_per_step"])
+            pairs.append(pair)
+            write_result(args, overrides, pairs)  # after every pair: an interrupted benchmark keeps what it measured
+    return 0
+
+
+def write_result(args: argparse.Namespace, overrides: list[str], pairs: list[dict]) -> None:
+    """Write the runs so far and their median new/old ratios to ``args.out`` (atomically)."""
+    result = {
+        "command": "python3 bench/train_throughput.py " + " ".join(sys.argv[1:]),
+        "recipe": args.recipe, "overrides": overrides, "machine": "2 CPU cores shared with other jobs (timings disturbed)",
+        "pairs": pairs,
+        "median_ratio_tokens_per_second": statistics.median(p["ratio_tokens_per_second"] for p in pairs),
+        "median_ratio_cpu_seconds_per_step": statistics.median(p["ratio_cpu_seconds_per_step"] for p in pairs),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    temporary = args.out.with_name(f".{args.out.name}.tmp")
+    temporary.write_text(json.dumps(result, indent=2))
+    os.replace(temporary, args.out)
+    print(json.dumps({k: result[k] for k in ("median_ratio_tokens_per_second", "median_ratio_cpu_seconds_per_step")}))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

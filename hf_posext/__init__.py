@@ -7,7 +7,7 @@
 """
 
 from hf_posext.config import ScalingConfig
-from hf_posext.families import UnsupportedModelError
+from hf_posext.core.errors import UnsupportedModelError
 from hf_posext.methods import available_methods
 from hf_posext.patching import ScalingReport, describe, fixed_length, load, patch, unpatch
 from hf_posext.search import SearchResult, search_factors

@@ -45,7 +45,7 @@ from hf_posext.config import ScalingConfig, resolve_factor
 from hf_posext.families import UnsupportedModelError
 from hf_posext.methods import get_method
 from hf_posext.methods.learned import MAX_TABLE_ROWS, exact_factor
-from hf_posext.patching import CONFIG_KEY, ScalingReport, _config_attr
+from hf_posext.core.record import CONFIG_KEY, ScalingReport, config_attribute
 
 __all__ = [
     "detect",
@@ -232,7 +232,7 @@ def _window_fields(config) -> dict[str, int]:
     """Config attribute name -> value, for each field that holds a maximum length."""
     found = {}
     for key in _WINDOW_FIELDS:
-        name = _config_attr(config, key)
+        name = config_attribute(config, key)
         value = config.__dict__.get(name, None)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             found[name] = value

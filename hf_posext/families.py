@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from hf_posext.config import ScalingConfig
+from hf_posext.core.errors import UnsupportedModelError
 from hf_posext.methods.rope import RotaryBase
 from hf_posext.modules import RotaryEntry, ScaledRotaryEmbedding
 
@@ -55,10 +56,6 @@ _TRANSFORMERS_TO_METHOD = {
     "llama3": ("llama3", ("low_freq_factor", "high_freq_factor")),
     "longrope": ("longrope", ("long_factor", "short_factor", "attention_factor")),
 }
-
-
-class UnsupportedModelError(ValueError):
-    """The model's position encoding is not one hf_posext can patch (the message says what was found)."""
 
 
 def _is_v5_config(config) -> bool:
@@ -368,3 +365,15 @@ def window_attribute(config) -> str:
 
 def is_finite_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def build_rotary_module(site: RotarySite, scaling: ScalingConfig) -> ScaledRotaryEmbedding:
+    """Our rotary module for ``site``: ``scaling`` on its scaled layer types, the current rule on the others."""
+    entries = {}
+    for layer_type, dim in site.dims.items():
+        rope = RotaryBase(site.bases[layer_type], dim)
+        if layer_type in site.scaled_layer_types:
+            entries[layer_type] = RotaryEntry(rope, scaling)
+        else:
+            entries[layer_type] = RotaryEntry(rope, site.current[layer_type])
+    return ScaledRotaryEmbedding(entries, layout=site.layout, device=site.device)

@@ -22,16 +22,18 @@ import functools
 import json
 import os
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 import torch
 from torch import nn
 
 from hf_posext.config import ScalingConfig, resolve_factor
+from hf_posext.core.record import CONFIG_KEY, ScalingReport, jsonable, restore_config, snapshot_config
 from hf_posext.families import (
     RotarySite,
     UnsupportedModelError,
+    build_rotary_module,
     find_rotary_sites,
     outputs_match,
     probe,
@@ -40,15 +42,11 @@ from hf_posext.families import (
     window_attribute,
 )
 from hf_posext.methods import get_method
-from hf_posext.methods.rope import RotaryBase
-from hf_posext.modules import RotaryEntry, ScaledRotaryEmbedding
+from hf_posext.modules import ScaledRotaryEmbedding
 
 __all__ = ["patch", "unpatch", "describe", "load", "fixed_length", "ScalingReport", "CONFIG_KEY"]
 
-#: Name of the config attribute (and config.json key) holding hf_posext's record of a scaling.
-CONFIG_KEY = "hf_posext"
 _STATE_ATTRIBUTE = "_hf_posext_state"
-_ABSENT = "__absent__"
 _CONFIG_FIELDS = (
     "rope_parameters", "rope_scaling", "rope_theta", "max_position_embeddings", "n_positions",
     "original_max_position_embeddings", CONFIG_KEY,
@@ -65,59 +63,13 @@ class _PatchState:
     wrapped_generate: bool = False
 
 
-@dataclass
-class ScalingReport:
-    """What :func:`describe` returns; ``str()`` gives a readable summary, ``to_dict()`` a JSON-able one."""
-
-    family: str
-    kind: str
-    method: str
-    factor: float
-    original_window: int
-    current_window: int
-    dynamic: bool
-    sites: list[str] = field(default_factory=list)
-    params: dict[str, Any] = field(default_factory=dict)
-    stock_loadable: bool | None = None
-    notes: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
-    def __str__(self) -> str:
-        lines = [
-            f"family:          {self.family}",
-            f"position kind:   {self.kind}",
-            f"method:          {self.method}" + (f" {self.params}" if self.params else ""),
-            f"factor:          {self.factor:g}" + (" (dynamic: depends on the sequence length)" if self.dynamic else ""),
-            f"original window: {self.original_window}",
-            f"current window:  {self.current_window}",
-            f"modules:         {', '.join(self.sites)}",
-        ]
-        if self.stock_loadable is not None:
-            lines.append(
-                "saved model:     "
-                + ("loads with stock transformers" if self.stock_loadable else "needs hf_posext.load (stock loads it unscaled)")
-            )
-        lines += [f"note:            {note}" for note in self.notes]
-        return "\n".join(lines)
-
-
 def _absolute_positions():
-    """The absolute-position module (learned tables, sinusoidal, ALiBi), if this release has it."""
-    import importlib.util
-
-    if importlib.util.find_spec("hf_posext.absolute") is None:
-        return None
+    """The absolute-position module (learned tables, sinusoidal, ALiBi)."""
     return importlib.import_module("hf_posext.absolute")
 
 
 def _self_extend():
-    """The attention-level methods module (Self-Extend), if this release has it."""
-    import importlib.util
-
-    if importlib.util.find_spec("hf_posext.self_extend") is None:
-        return None
+    """The attention-level methods module (Self-Extend)."""
     return importlib.import_module("hf_posext.self_extend")
 
 
@@ -133,28 +85,8 @@ def _state(model: nn.Module) -> _PatchState | None:
     return model.__dict__.get(_STATE_ATTRIBUTE)
 
 
-def _config_attr(config, key: str) -> str:
-    return getattr(config, "attribute_map", {}).get(key, key)
-
-
 def _snapshot(config) -> dict[str, Any]:
-    snapshot = {}
-    for key in _CONFIG_FIELDS:
-        name = _config_attr(config, key)
-        snapshot[name] = copy.deepcopy(config.__dict__[name]) if name in config.__dict__ else _ABSENT
-    return snapshot
-
-
-def _restore(config, snapshot: dict[str, Any]) -> None:
-    for name, value in snapshot.items():
-        if value is _ABSENT or (isinstance(value, str) and value == _ABSENT):
-            config.__dict__.pop(name, None)
-        else:
-            config.__dict__[name] = copy.deepcopy(value)
-
-
-def _jsonable(snapshot: dict[str, Any]) -> dict[str, Any]:
-    return json.loads(json.dumps(snapshot, default=str))
+    return snapshot_config(config, _CONFIG_FIELDS)
 
 
 def _original_snapshot(config) -> dict[str, Any]:
@@ -197,17 +129,6 @@ def _stock_rope_parameters(scaling: ScalingConfig, theta: float, base_params: di
         if "attention_factor" in params:
             result["attention_factor"] = params["attention_factor"]
     return result
-
-
-def _build_module(site: RotarySite, scaling: ScalingConfig) -> ScaledRotaryEmbedding:
-    entries = {}
-    for layer_type, dim in site.dims.items():
-        rope = RotaryBase(site.bases[layer_type], dim)
-        if layer_type in site.scaled_layer_types:
-            entries[layer_type] = RotaryEntry(rope, scaling)
-        else:
-            entries[layer_type] = RotaryEntry(rope, site.current[layer_type])
-    return ScaledRotaryEmbedding(entries, layout=site.layout, device=site.device)
 
 
 def _construct_like(module: nn.Module, config) -> nn.Module:
@@ -317,7 +238,7 @@ def patch(
         factor = 1.0  # the baseline needs no factor: patch(model, "none") restores the pre-training rotation
     scale = resolve_factor(factor, target_length, window)
     scaling = ScalingConfig(spec.name, scale, window, method_params)
-    new_modules = [_build_module(site, scaling) for site in sites]
+    new_modules = [build_rotary_module(site, scaling) for site in sites]
 
     # Work out every config change before touching the model.
     configs = []
@@ -330,7 +251,7 @@ def patch(
     for config in configs:
         original = _original_snapshot(config) if previous is None else next(s for c, s in config_snapshots if c is config)
         work = copy.deepcopy(config)
-        _restore(work, {k: v for k, v in original.items() if k != CONFIG_KEY})
+        restore_config(work, {k: v for k, v in original.items() if k != CONFIG_KEY})
         base_params = rope_parameters(work, main_type) or {}
         stock = _stock_rope_parameters(scaling, theta, base_params)
         if stock is not None and spec.name == "ntk":
@@ -351,7 +272,7 @@ def patch(
         if not site_ok:
             stock_loadable = False
             work = copy.deepcopy(config)
-            _restore(work, {k: v for k, v in original.items() if k != CONFIG_KEY})
+            restore_config(work, {k: v for k, v in original.items() if k != CONFIG_KEY})
             if spec.dynamic:
                 setattr(work, window_attribute(work), window)
             else:
@@ -362,7 +283,7 @@ def patch(
             **scaling.to_dict(),
             "original_theta": theta,
             "stock_loadable": site_ok,
-            "original_config": _jsonable({k: v for k, v in original.items() if k != CONFIG_KEY}),
+            "original_config": jsonable({k: v for k, v in original.items() if k != CONFIG_KEY}),
         }
         planned.append((config, original, _snapshot(work), new_record))
 
@@ -378,13 +299,13 @@ def patch(
         for config, original, new_values, new_record in planned:
             current = _snapshot(config) if previous is None else next(s for c, s in config_snapshots if c is config)
             snapshots.append((config, current))
-            _restore(config, new_values)
+            restore_config(config, new_values)
             setattr(config, CONFIG_KEY, new_record)
     except Exception:
         for site in applied:
             setattr(site.parent, site.attribute, site.module)
         for config, snapshot in config_snapshots or []:
-            _restore(config, snapshot)
+            restore_config(config, snapshot)
         raise
     state = _PatchState(scaling, sites, new_modules, snapshots, stock_loadable)
     model.__dict__[_STATE_ATTRIBUTE] = state
@@ -417,7 +338,7 @@ def unpatch(model: nn.Module) -> nn.Module:
             original.to(device.device)
         setattr(site.parent, site.attribute, original)
     for config, snapshot in state.config_snapshots:
-        _restore(config, snapshot)
+        restore_config(config, snapshot)
     _remove_generate_wrapper(model, state)
     del model.__dict__[_STATE_ATTRIBUTE]
     return model
@@ -556,7 +477,7 @@ def load(name_or_path: str | os.PathLike, **from_pretrained_kwargs: Any) -> nn.M
         return absolute.load_absolute(path, record, **from_pretrained_kwargs)
     original = dict(record.get("original_config", {}))
     target = config.get_text_config() if hasattr(config, "get_text_config") else config
-    _restore(target, original)
+    restore_config(target, original)
     target.__dict__.pop(CONFIG_KEY, None)
     model = AutoModelForCausalLM.from_pretrained(path, config=config, **from_pretrained_kwargs)
     scaling = ScalingConfig.from_dict(record)

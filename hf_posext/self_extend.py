@@ -50,6 +50,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from hf_posext.core.record import CONFIG_KEY
+
 __all__ = [
     "METHOD_NAMES",
     "SelfExtendSettings",
@@ -73,7 +75,6 @@ IMPLEMENTATIONS = {"sdpa": "hf_posext_self_extend_sdpa", "eager": "hf_posext_sel
 _PROBE_IMPLEMENTATION = "hf_posext_self_extend_probe"
 _LAYER_ATTRIBUTE = "_hf_posext_self_extend"
 _STATE_ATTRIBUTE = "_hf_posext_self_extend_state"
-_CONFIG_KEY = "hf_posext"
 _ABSENT = object()
 _PARAMETERS = ("group_size", "window")
 #: Elements of one block of attention scores (batch x heads x queries x keys), ~256 MB in float32.
@@ -901,7 +902,7 @@ def patch_self_extend(
                 setattr(module, _LAYER_ATTRIBUTE, dataclasses.replace(
                     layer, group_size=settings.group_size, window=settings.window, grouped_keys=None))
         previous.settings = settings
-        setattr(model.config, _CONFIG_KEY, _record(settings, previous.base_implementation))
+        setattr(model.config, CONFIG_KEY, _record(settings, previous.base_implementation))
         return model
 
     base = model.config._attn_implementation or "eager"
@@ -916,15 +917,15 @@ def patch_self_extend(
     swaps = []
     for site in tables:
         from hf_posext.config import ScalingConfig
-        from hf_posext.patching import _build_module
+        from hf_posext.families import build_rotary_module
 
         window = site.current[site.scaled_layer_types[0]].original_max_position_embeddings
-        swaps.append((site, _build_module(site, ScalingConfig("none", 1.0, window))))
+        swaps.append((site, build_rotary_module(site, ScalingConfig("none", 1.0, window))))
 
     config = model.config
     snapshot = {
         key: copy.deepcopy(config.__dict__[key]) if key in config.__dict__ else _ABSENT
-        for key in ("_attn_implementation_internal", _CONFIG_KEY)
+        for key in ("_attn_implementation_internal", CONFIG_KEY)
     }
     model.set_attn_implementation(IMPLEMENTATIONS[mask_kind])
     installed = [(names[id(m)], m) for m in modules]
@@ -932,7 +933,7 @@ def patch_self_extend(
         setattr(module, _LAYER_ATTRIBUTE, layer_settings[path])
     for site, replacement in swaps:
         setattr(site.parent, site.attribute, replacement)
-    setattr(config, _CONFIG_KEY, _record(settings, base))
+    setattr(config, CONFIG_KEY, _record(settings, base))
     model.__dict__[_STATE_ATTRIBUTE] = _State(settings, base, installed, snapshot, [site for site, _ in swaps])
     return model
 
@@ -978,7 +979,7 @@ def _site_pattern(paths: list[str]) -> list[str]:
 
 def describe_self_extend(model: nn.Module):
     """A :class:`~hf_posext.patching.ScalingReport` of kind ``"attention"`` for a Self-Extend model."""
-    from hf_posext.patching import ScalingReport
+    from hf_posext.core.record import ScalingReport
 
     state: _State = model.__dict__[_STATE_ATTRIBUTE]
     settings = state.settings
@@ -1018,7 +1019,7 @@ def load_self_extend(path: str, record: dict[str, Any], **from_pretrained_kwargs
     config_kwargs = {k: v for k, v in from_pretrained_kwargs.items() if k in ("trust_remote_code", "revision", "token")}
     config = AutoConfig.from_pretrained(path, **config_kwargs)
     target = config.get_text_config() if hasattr(config, "get_text_config") else config
-    target.__dict__.pop(_CONFIG_KEY, None)
+    target.__dict__.pop(CONFIG_KEY, None)
     from_pretrained_kwargs.setdefault("attn_implementation", record.get("attn_implementation") or "sdpa")
     model = AutoModelForCausalLM.from_pretrained(path, config=config, **from_pretrained_kwargs)
     return patch_self_extend(

@@ -54,8 +54,6 @@ ALLOWED: set[tuple[str, str]] = {
     ("hf_posext.patching", "hf_posext.absolute"),
     ("hf_posext.patching", "hf_posext.self_extend"),
     ("hf_posext.patching", "hf_posext.models"),
-    ("hf_posext.absolute", "hf_posext.patching"),
-    ("hf_posext.self_extend", "hf_posext.patching"),
     ("hf_posext.evaluation.runner", "hf_posext"),
     ("hf_posext.lm_eval_cli", "hf_posext.lm_eval"),
 }

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import difflib
 import math
 import re
 from dataclasses import dataclass, field
@@ -51,6 +50,9 @@ import torch
 from torch import nn
 
 from hf_posext.core.record import CONFIG_KEY
+
+from hf_posext.methods.attention import check_window, default_window, max_extended_length, size_for_target
+from hf_posext.methods.registry import get_method
 
 __all__ = [
     "METHOD_NAMES",
@@ -76,7 +78,6 @@ _PROBE_IMPLEMENTATION = "hf_posext_self_extend_probe"
 _LAYER_ATTRIBUTE = "_hf_posext_self_extend"
 _STATE_ATTRIBUTE = "_hf_posext_self_extend_state"
 _ABSENT = object()
-_PARAMETERS = ("group_size", "window")
 #: Elements of one block of attention scores (batch x heads x queries x keys), ~256 MB in float32.
 SCORE_BLOCK_ELEMENTS = 1 << 26
 
@@ -86,57 +87,10 @@ SCORE_BLOCK_ELEMENTS = 1 << 26
 # --------------------------------------------------------------------------------------------------
 
 
-def max_extended_length(original_length: int, group_size: int, window: int) -> int:
-    """Longest sequence whose grouped relative distances all stay below the original window.
-
-    The largest grouped distance, query at T - 1 and key at 0, is ``(T - 1) // G + W - W // G``; it must
-    be at most ``L - 1``, which gives ``T <= (L - W + W // G) * G`` (the paper's ``(L - W) * G + W`` up
-    to integer rounding).
-    """
-    return (original_length - window + window // group_size) * group_size
-
-
-def default_window(original_length: int) -> int:
-    """The neighbour window used when none is given: a quarter of the original window.
-
-    The paper reports results for W between 512 and 2048 on 4k-window models and finds them robust to
-    W; L / 4 (1024 for a 4k window, 2048 for SmolLM2's 8192) sits in that range and leaves 3/4 of the
-    original positions to the grouped part.
-    """
-    return max(1, original_length // 4)
-
-
-def size_for_target(original_length: int, target_length: int, window: int | None = None) -> tuple[int, int]:
-    """(group_size, window) reaching ``target_length`` by the paper's sizing rule.
-
-    The window defaults to :func:`default_window`; the group size is the smallest G with
-    ``max_extended_length(L, G, W) >= target_length``.
-
-    Raises:
-        ValueError: ``window`` is not below the original window.
-    """
-    window = default_window(original_length) if window is None else window
-    _check_window(window, original_length)
-    group_size = 1
-    while max_extended_length(original_length, group_size, window) < target_length:
-        group_size += 1
-    return group_size, window
-
-
 def _check_int(name: str, value: Any, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.")
     return value
-
-
-def _check_window(window: int, original_length: int) -> None:
-    _check_int("window", window, 1)
-    if window >= original_length:
-        raise ValueError(
-            f"window={window} must be smaller than the model's original window ({original_length} tokens): "
-            f"the neighbour part keeps exact positions, so it must fit in the pre-training window. The paper "
-            f"uses W between L/8 and L/2 (default here: {default_window(original_length)})."
-        )
 
 
 @dataclass(frozen=True)
@@ -757,13 +711,7 @@ def _layer_type(model: nn.Module, module: nn.Module) -> str | None:
 
 
 def _parse_params(params: dict[str, Any]) -> dict[str, Any]:
-    for key in params:
-        if key not in _PARAMETERS:
-            close = difflib.get_close_matches(key, _PARAMETERS, n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise ValueError(
-                f"Method 'self-extend' has no parameter {key!r}.{hint} Its parameters are: group_size (G), window (W)."
-            )
+    get_method("self-extend", "attention").parse_params(params)  # names and types, with "did you mean"
     return params
 
 
@@ -775,7 +723,7 @@ def _resolve_settings(
     if group_size is not None:
         _check_int("group_size", group_size, 1)
     if window is not None:
-        _check_window(window, original_length)
+        check_window(window, original_length)
     if factor is None and target_length is None:
         if group_size is None:
             raise ValueError(

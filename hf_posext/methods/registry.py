@@ -1,8 +1,10 @@
-"""Registry of position-scaling methods.
+"""Registry of position-scaling methods of every kind.
 
-Each method registers itself once, by name, with a parameter dataclass (validated in
-``__post_init__``) and a pure function that computes numbers from numbers. A method never touches a
-model: :mod:`hf_posext.patching` does the surgery, :mod:`hf_posext.modules` turns numbers into tensors.
+Each method registers itself once, by name and kind (``rope``, ``learned``, ``sinusoidal``, ``alibi``,
+``attention``, ``relative``), with a parameter dataclass (validated in ``__post_init__``) and a pure
+function that computes numbers from numbers. A method never touches a model: a backend
+(:mod:`hf_posext.backends`) does the surgery. ``hf_posext.methods`` imports every method module, so
+importing it is enough to see every method.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import difflib
 from dataclasses import dataclass
 from typing import Any, Callable
 
-__all__ = ["Method", "register_method", "get_method", "available_methods", "METHODS"]
+__all__ = ["Method", "register_method", "get_method", "available_methods", "kinds_of", "check_method_name", "METHODS"]
 
 
 @dataclass(frozen=True)
@@ -22,7 +24,7 @@ class Method:
     Attributes:
         name: the name users pass to ``hf_posext.patch`` (e.g. ``"yarn"``).
         summary: one line for ``available_methods()``: what it does and where it comes from.
-        kind: ``"rope"`` for rotary methods, ``"learned"`` for absolute position tables.
+        kind: ``"rope"``, ``"learned"``, ``"sinusoidal"``, ``"alibi"``, ``"attention"`` or ``"relative"``.
         params_cls: dataclass of the method's keyword parameters with the papers' defaults.
         compute: the pure function (see the method modules for its signature).
         dynamic: True when the frequencies depend on the current sequence length.
@@ -57,7 +59,7 @@ class Method:
 
 # kind -> name -> Method. The same name may exist for several kinds ("linear" for RoPE and for learned
 # tables); the model being patched decides the kind.
-METHODS: dict[str, dict[str, Method]] = {"rope": {}, "learned": {}}
+METHODS: dict[str, dict[str, Method]] = {}
 
 
 def register_method(
@@ -80,19 +82,6 @@ def register_method(
     return decorator
 
 
-def _ensure_loaded() -> None:
-    # The method modules register themselves on import; importing here keeps `import hf_posext.methods`
-    # enough to see every method.
-    import importlib
-
-    for module in ("rope", "learned"):
-        try:
-            importlib.import_module(f"hf_posext.methods.{module}")
-        except ModuleNotFoundError as error:  # a kind whose module is not part of this release
-            if error.name != f"hf_posext.methods.{module}":
-                raise
-
-
 def get_method(name: str, kind: str = "rope") -> Method:
     """Return the registered method ``name`` of ``kind``.
 
@@ -104,7 +93,6 @@ def get_method(name: str, kind: str = "rope") -> Method:
         TypeError: ``name`` is not a string.
         ValueError: unknown method (the message lists the ones valid for ``kind``).
     """
-    _ensure_loaded()
     if not isinstance(name, str):
         raise TypeError(f"The method must be a name (str), got {type(name).__name__}.")
     key = name.strip().lower().replace("_", "-")
@@ -123,25 +111,50 @@ def get_method(name: str, kind: str = "rope") -> Method:
     raise ValueError(f"Unknown method {name!r}.{hint} Known {kind} methods: {valid}.")
 
 
+def kinds_of(name: str) -> list[str]:
+    """The kinds that have a method called ``name`` (normalised like :func:`get_method`), in registry order."""
+    key = name.strip().lower().replace("_", "-") if isinstance(name, str) else name
+    return [kind for kind, methods in METHODS.items() if key in methods]
+
+
+def check_method_name(name: str) -> str:
+    """The normalised name of a method registered for some kind.
+
+    Raises:
+        TypeError: ``name`` is not a string.
+        ValueError: no kind has it (with the closest known name and the full list).
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"The method must be a name (str), got {type(name).__name__}.")
+    key = name.strip().lower().replace("_", "-")
+    if kinds_of(key):
+        return key
+    known = sorted({n for methods in METHODS.values() for n in methods})
+    close = difflib.get_close_matches(key, known, n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    raise ValueError(f"Unknown method {name!r}.{hint} Known methods: {', '.join(known)} (see `hf-posext methods`).")
+
+
 def available_methods(kind: str | None = None) -> dict[str, str]:
     """Map each registered method name to its one-line description.
 
     Args:
-        kind: ``"rope"`` or ``"learned"`` to list only those; by default RoPE methods, then any
-            learned-table method whose name differs (listed as ``"name (learned)"``).
+        kind: ``"rope"``, ``"learned"``, ``"sinusoidal"``, ``"alibi"``, ``"attention"`` or ``"relative"``
+            to list only those; by default every method of every kind: RoPE methods by their name, a
+            name that only one other kind has (``self-extend``) by its name too, and names that several
+            kinds share as ``"name (kind)"``.
 
     Example:
         >>> import hf_posext
         >>> hf_posext.available_methods()["linear"]
         'Position interpolation: divide every frequency by s (Chen et al. 2023)'
     """
-    _ensure_loaded()
     if kind is not None:
         return {n: m.summary for n, m in sorted(METHODS.get(kind, {}).items())}
-    listed = {n: m.summary for n, m in sorted(METHODS["rope"].items())}
+    listed = {n: m.summary for n, m in sorted(METHODS.get("rope", {}).items())}
     for other_kind, methods in METHODS.items():
         if other_kind == "rope":
             continue
         for n, m in sorted(methods.items()):
-            listed[f"{n} ({other_kind})"] = m.summary
+            listed[n if len(kinds_of(n)) == 1 else f"{n} ({other_kind})"] = m.summary
     return listed

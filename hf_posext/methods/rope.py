@@ -25,7 +25,7 @@ from typing import Sequence
 
 import torch
 
-from hf_posext.methods import register_method
+from hf_posext.methods.registry import register_method
 
 __all__ = ["RotaryBase", "yarn_attention_factor"]
 

@@ -6,7 +6,7 @@
 >>> hf_posext.unpatch(model)
 """
 
-from hf_posext.config import ScalingConfig
+from hf_posext.core.request import ScalingConfig
 from hf_posext.core.errors import UnsupportedModelError
 from hf_posext.methods import available_methods
 from hf_posext.patching import ScalingReport, describe, fixed_length, load, patch, unpatch

@@ -41,7 +41,7 @@ import torch
 from torch import nn
 
 from hf_posext import families
-from hf_posext.config import ScalingConfig, resolve_factor
+from hf_posext.core.request import ScalingConfig, resolve_factor
 from hf_posext.families import UnsupportedModelError
 from hf_posext.methods import get_method
 from hf_posext.methods.learned import MAX_TABLE_ROWS, exact_factor

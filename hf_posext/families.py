@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hf_posext.config import ScalingConfig
+from hf_posext.core.request import ScalingConfig
 from hf_posext.core.errors import UnsupportedModelError
 from hf_posext.methods.rope import RotaryBase
 from hf_posext.modules import RotaryEntry, ScaledRotaryEmbedding

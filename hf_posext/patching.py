@@ -28,7 +28,7 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-from hf_posext.config import ScalingConfig, resolve_factor
+from hf_posext.core.request import ScalingConfig, resolve_factor
 from hf_posext.core.record import CONFIG_KEY, ScalingReport, jsonable, restore_config, snapshot_config
 from hf_posext.families import (
     RotarySite,

@@ -718,7 +718,7 @@ def _parse_params(params: dict[str, Any]) -> dict[str, Any]:
 def _resolve_settings(
     factor: float | None, target_length: int | None, original_length: int, group_size: int | None, window: int | None
 ) -> SelfExtendSettings:
-    from hf_posext.config import resolve_factor
+    from hf_posext.core.request import resolve_factor
 
     if group_size is not None:
         _check_int("group_size", group_size, 1)
@@ -864,7 +864,7 @@ def patch_self_extend(
         raise _unsupported(model, f"no rotary settings for attention module(s) {', '.join(missing[:3])}")
     swaps = []
     for site in tables:
-        from hf_posext.config import ScalingConfig
+        from hf_posext.core.request import ScalingConfig
         from hf_posext.families import build_rotary_module
 
         window = site.current[site.scaled_layer_types[0]].original_max_position_embeddings

@@ -126,7 +126,7 @@ def wavelength_table(
         ValueError: unknown method or parameter, bad factor, ``self-extend`` (it regroups positions and
             leaves the frequencies alone: there is no frequency table to show).
     """
-    from hf_posext.config import ScalingConfig, resolve_factor
+    from hf_posext.core.request import ScalingConfig, resolve_factor
     from hf_posext.methods.rope import RotaryBase
 
     if isinstance(method, str) and method.strip().lower().replace("_", "-") == "self-extend":

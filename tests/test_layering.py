@@ -33,7 +33,7 @@ LAYERS = {
     # The package itself only re-exports the public API (api + search): it sits above them.
     "hf_posext": 5,
     # Modules not yet moved into the layout above.
-    "hf_posext.config": 2,
+    "hf_posext.core.request": 2,
     "hf_posext.families": 3,
     "hf_posext.modules": 3,
     "hf_posext.patching": 3,

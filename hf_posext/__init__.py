@@ -6,10 +6,11 @@
 >>> hf_posext.unpatch(model)
 """
 
-from hf_posext.core.request import ScalingConfig
-from hf_posext.core.errors import UnsupportedModelError
+from hf_posext.api import describe, fixed_length, load, patch, unpatch
+from hf_posext.core.errors import RecordError, UnsupportedModelError
+from hf_posext.core.record import ScalingReport
+from hf_posext.core.request import ScalingConfig, ScalingRequest
 from hf_posext.methods import available_methods
-from hf_posext.patching import ScalingReport, describe, fixed_length, load, patch, unpatch
 from hf_posext.search import SearchResult, search_factors
 
 __version__ = "0.1.0"
@@ -24,6 +25,8 @@ __all__ = [
     "search_factors",
     "SearchResult",
     "ScalingConfig",
+    "ScalingRequest",
+    "RecordError",
     "ScalingReport",
     "UnsupportedModelError",
     "__version__",

@@ -45,6 +45,7 @@ from hf_posext.core.request import ScalingConfig, resolve_factor
 from hf_posext.families import UnsupportedModelError
 from hf_posext.methods import get_method
 from hf_posext.methods.learned import MAX_TABLE_ROWS, exact_factor
+from hf_posext.core.loading import config_kwargs, model_class_for
 from hf_posext.core.record import CONFIG_KEY, ScalingReport, config_attribute
 
 __all__ = [
@@ -424,6 +425,12 @@ def detect(model: nn.Module) -> bool:
         return find_absolute_positions(model) is not None
     except UnsupportedModelError:
         return True  # ours to handle: patch_absolute reports the problem
+
+
+def patch_state(model: nn.Module) -> "_AbsoluteState | None":
+    """The patch state :func:`patch_absolute` keeps on ``model`` (None when not patched)."""
+    state = getattr(model, "__dict__", {}).get(_STATE_ATTRIBUTE)
+    return state if isinstance(state, _AbsoluteState) else None
 
 
 def is_patched(model: nn.Module) -> bool:
@@ -841,16 +848,6 @@ def describe_absolute(model: nn.Module) -> ScalingReport:
     )
 
 
-def _model_class(config) -> Any:
-    import transformers
-
-    for name in getattr(config, "architectures", None) or []:
-        cls = getattr(transformers, name, None)
-        if cls is not None:
-            return cls
-    return transformers.AutoModelForCausalLM
-
-
 def _read_sidecar(path: str) -> dict[str, torch.Tensor] | None:
     from safetensors.torch import load_file
 
@@ -879,9 +876,8 @@ def load_absolute(path: str, record: dict[str, Any], **from_pretrained_kwargs: A
     """
     from transformers import AutoConfig
 
-    config_kwargs = {k: v for k, v in from_pretrained_kwargs.items() if k in ("trust_remote_code", "revision", "token")}
-    config = AutoConfig.from_pretrained(path, **config_kwargs)
-    model = _model_class(config).from_pretrained(path, **from_pretrained_kwargs)
+    config = AutoConfig.from_pretrained(path, **config_kwargs(from_pretrained_kwargs))
+    model = model_class_for(config).from_pretrained(path, **from_pretrained_kwargs)
     positions = find_absolute_positions(model)
     if positions is None:
         raise UnsupportedModelError(f"{path} has an hf_posext {record.get('kind')!r} record but no such positions were found.")

@@ -124,7 +124,7 @@ def parse_method_spec(spec: str) -> dict[str, Any]:
         arguments[POSEXT_PREFIX + key.strip()] = value.strip()
     request, _ = parse_posext_args(arguments)  # raises on anything unknown
     return {f"{POSEXT_PREFIX}{k}": v for k, v in request.to_dict().items() if k != "params" and v is not None} | {
-        f"{POSEXT_PREFIX}{k}": v for k, v in request.params.items()
+        f"{POSEXT_PREFIX}{k}": v for k, v in request.params
     }
 
 

@@ -1,4 +1,4 @@
-"""patch / unpatch / describe / load: model surgery (no math here; the methods do the numbers).
+"""The RoPE backend's surgery: patch / unpatch / describe / load_rope of rotary modules (no math here; the methods do the numbers).
 
 ``patch`` validates everything before it changes anything, swaps each rotary module for a
 :class:`~hf_posext.modules.ScaledRotaryEmbedding`, updates the config so ``save_pretrained`` records the
@@ -16,11 +16,9 @@ fields keep their original values (stock transformers then loads the unscaled mo
 from __future__ import annotations
 
 import contextlib
-import importlib
 import copy
 import functools
 import json
-import os
 import warnings
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -29,7 +27,8 @@ import torch
 from torch import nn
 
 from hf_posext.core.request import ScalingConfig, resolve_factor
-from hf_posext.core.record import CONFIG_KEY, ScalingReport, jsonable, restore_config, snapshot_config
+from hf_posext.core.loading import config_kwargs, model_class_for
+from hf_posext.core.record import CONFIG_KEY, ScalingReport, jsonable, restore_config, snapshot_config, text_config
 from hf_posext.families import (
     RotarySite,
     UnsupportedModelError,
@@ -44,7 +43,7 @@ from hf_posext.families import (
 from hf_posext.methods import get_method
 from hf_posext.modules import ScaledRotaryEmbedding
 
-__all__ = ["patch", "unpatch", "describe", "load", "fixed_length", "ScalingReport", "CONFIG_KEY"]
+__all__ = ["patch", "unpatch", "describe", "load_rope", "is_patched", "current_scaling", "fixed_length", "ScalingReport", "CONFIG_KEY"]
 
 _STATE_ATTRIBUTE = "_hf_posext_state"
 _CONFIG_FIELDS = (
@@ -61,16 +60,6 @@ class _PatchState:
     config_snapshots: list[tuple[Any, dict[str, Any]]]
     stock_loadable: bool
     wrapped_generate: bool = False
-
-
-def _absolute_positions():
-    """The absolute-position module (learned tables, sinusoidal, ALiBi)."""
-    return importlib.import_module("hf_posext.absolute")
-
-
-def _self_extend():
-    """The attention-level methods module (Self-Extend)."""
-    return importlib.import_module("hf_posext.self_extend")
 
 
 def _check_model(model: Any) -> None:
@@ -194,23 +183,6 @@ def patch(
         >>> hf_posext.patch(model, "linear", target_length=32768)
     """
     _check_model(model)
-    absolute = _absolute_positions()
-    if absolute is not None and (absolute.is_patched(model) or absolute.detect(model)):
-        return absolute.patch_absolute(
-            model, method, factor, target_length=target_length,
-            original_max_position_embeddings=original_max_position_embeddings, **method_params,
-        )
-    attention = _self_extend()
-    if attention is not None:
-        if isinstance(method, str) and method.strip().lower().replace("_", "-") in attention.METHOD_NAMES:
-            if _state(model) is not None:
-                unpatch(model)  # replace, never compound, a frequency scaling
-            return attention.patch_self_extend(
-                model, method, factor, target_length=target_length,
-                original_max_position_embeddings=original_max_position_embeddings, **method_params,
-            )
-        if attention.is_patched(model):
-            attention.unpatch_self_extend(model)
     spec = get_method(method, "rope")
     previous = _state(model)
     if previous is not None:
@@ -322,12 +294,6 @@ def unpatch(model: nn.Module) -> nn.Module:
         ValueError: the model is not patched.
     """
     _check_model(model)
-    absolute = _absolute_positions()
-    if absolute is not None and absolute.is_patched(model):
-        return absolute.unpatch_absolute(model)
-    attention = _self_extend()
-    if attention is not None and attention.is_patched(model):
-        return attention.unpatch_self_extend(model)
     state = _state(model)
     if state is None:
         raise ValueError("This model is not patched by hf_posext (nothing to unpatch).")
@@ -405,12 +371,6 @@ def describe(model: nn.Module) -> ScalingReport:
     Works on unpatched models too (reporting the scaling transformers applies, if any).
     """
     _check_model(model)
-    absolute = _absolute_positions()
-    if absolute is not None and (absolute.is_patched(model) or absolute.detect(model)):
-        return absolute.describe_absolute(model)
-    attention = _self_extend()
-    if attention is not None and attention.is_patched(model):
-        return attention.describe_self_extend(model)
     family = getattr(model.config, "model_type", type(model).__name__)
     state = _state(model)
     if state is not None:
@@ -446,40 +406,29 @@ def describe(model: nn.Module) -> ScalingReport:
     )
 
 
-def load(name_or_path: str | os.PathLike, **from_pretrained_kwargs: Any) -> nn.Module:
-    """Load a (possibly hf_posext-patched) causal LM and re-apply its scaling exactly.
+def is_patched(model: nn.Module) -> bool:
+    """True when :func:`patch` scaled this model's rotary modules in memory."""
+    return _state(model) is not None
 
-    Args:
-        name_or_path: a folder written by ``save_pretrained``, a hub name, or ``"smollm2-135m"``.
-        **from_pretrained_kwargs: passed to ``AutoModelForCausalLM.from_pretrained`` (e.g. ``dtype``).
 
-    Returns:
-        The model, patched as it was when saved (or plain, if it was saved unpatched).
+def current_scaling(model: nn.Module) -> ScalingConfig:
+    """The scaling a patched model runs with."""
+    return model.__dict__[_STATE_ATTRIBUTE].scaling
+
+
+def load_rope(path: str, record: dict[str, Any], **from_pretrained_kwargs: Any) -> nn.Module:
+    """Load a RoPE model saved after :func:`patch` (``record``: its validated ``hf_posext`` record).
+
+    The config's RoPE fields are reset to the pre-patch values kept in the record, the weights are
+    loaded, and the scaling is re-applied by :func:`patch`, so the model equals the one that was saved.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
-    from hf_posext.models import resolve_model_path
-
-    path = resolve_model_path(str(name_or_path))
-    config = AutoConfig.from_pretrained(path, **{k: v for k, v in from_pretrained_kwargs.items() if k in ("trust_remote_code", "revision", "token")})
-    record = getattr(config, CONFIG_KEY, None)
-    if not isinstance(record, dict):
-        return AutoModelForCausalLM.from_pretrained(path, **from_pretrained_kwargs)
-    if record.get("kind") == "attention":
-        attention = _self_extend()
-        if attention is None:
-            raise ValueError(f"{path} was saved with an attention-level method this hf_posext version cannot load.")
-        return attention.load_self_extend(path, record, **from_pretrained_kwargs)
-    if record.get("kind", "rope") != "rope":
-        absolute = _absolute_positions()
-        if absolute is None:
-            raise ValueError(f"{path} was saved with a {record.get('kind')!r} scaling this hf_posext version cannot load.")
-        return absolute.load_absolute(path, record, **from_pretrained_kwargs)
-    original = dict(record.get("original_config", {}))
-    target = config.get_text_config() if hasattr(config, "get_text_config") else config
-    restore_config(target, original)
+    config = AutoConfig.from_pretrained(path, **config_kwargs(from_pretrained_kwargs))
+    target = text_config(config)
+    restore_config(target, dict(record.get("original_config", {})))
     target.__dict__.pop(CONFIG_KEY, None)
-    model = AutoModelForCausalLM.from_pretrained(path, config=config, **from_pretrained_kwargs)
+    model = model_class_for(config).from_pretrained(path, config=config, **from_pretrained_kwargs)
     scaling = ScalingConfig.from_dict(record)
     return patch(
         model, scaling.method, scaling.factor,

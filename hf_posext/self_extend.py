@@ -49,7 +49,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from hf_posext.core.record import CONFIG_KEY
+from hf_posext.core.loading import config_kwargs, model_class_for
+from hf_posext.core.record import CONFIG_KEY, make_record
 
 from hf_posext.methods.attention import check_window, default_window, max_extended_length, size_for_target
 from hf_posext.methods.registry import get_method
@@ -702,6 +703,11 @@ def is_patched(model: nn.Module) -> bool:
     return isinstance(model, nn.Module) and _STATE_ATTRIBUTE in model.__dict__
 
 
+def current_settings(model: nn.Module) -> SelfExtendSettings:
+    """G, W and L of a model patched with Self-Extend."""
+    return model.__dict__[_STATE_ATTRIBUTE].settings
+
+
 def _layer_type(model: nn.Module, module: nn.Module) -> str | None:
     layer_types = getattr(model.config, "layer_types", None)
     index = getattr(module, "layer_idx", None)
@@ -888,14 +894,10 @@ def patch_self_extend(
 
 def _record(settings: SelfExtendSettings, base: str) -> dict[str, Any]:
     """What ``config.hf_posext`` holds for a Self-Extend model (``save_pretrained`` writes it)."""
-    return {
-        "kind": "attention",
-        "method": "self-extend",
-        "factor": settings.factor,
-        "original_max_position_embeddings": settings.original_max_position_embeddings,
-        "params": {"group_size": settings.group_size, "window": settings.window},
-        "attn_implementation": base,
-    }
+    return make_record(
+        "attention", "self-extend", settings.factor, settings.original_max_position_embeddings,
+        {"group_size": settings.group_size, "window": settings.window}, attn_implementation=base,
+    )
 
 
 def unpatch_self_extend(model: nn.Module) -> nn.Module:
@@ -959,17 +961,16 @@ def describe_self_extend(model: nn.Module):
 
 def load_self_extend(path: str, record: dict[str, Any], **from_pretrained_kwargs: Any) -> nn.Module:
     """Load a model saved with Self-Extend (``config.hf_posext`` of kind ``"attention"``) and re-apply it."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     params = dict(record.get("params", {}))
     if record.get("method") != "self-extend" or "group_size" not in params:
         raise ValueError(f"{path}: unrecognised attention-level record {record!r}; expected method 'self-extend' with group_size.")
-    config_kwargs = {k: v for k, v in from_pretrained_kwargs.items() if k in ("trust_remote_code", "revision", "token")}
-    config = AutoConfig.from_pretrained(path, **config_kwargs)
+    config = AutoConfig.from_pretrained(path, **config_kwargs(from_pretrained_kwargs))
     target = config.get_text_config() if hasattr(config, "get_text_config") else config
     target.__dict__.pop(CONFIG_KEY, None)
     from_pretrained_kwargs.setdefault("attn_implementation", record.get("attn_implementation") or "sdpa")
-    model = AutoModelForCausalLM.from_pretrained(path, config=config, **from_pretrained_kwargs)
+    model = model_class_for(config).from_pretrained(path, config=config, **from_pretrained_kwargs)
     return patch_self_extend(
         model, "self-extend", None,
         original_max_position_embeddings=int(record["original_max_position_embeddings"]),

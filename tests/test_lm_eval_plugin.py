@@ -63,7 +63,7 @@ def test_parse_posext_args_splits_scaling_params_and_the_rest():
     request, rest = parse_posext_args(
         {"pretrained": "m", "dtype": "float32", "posext_method": "yarn", "posext_factor": 2, "posext_beta_fast": "16"}
     )
-    assert (request.method, request.factor, request.params) == ("yarn", 2.0, {"beta_fast": 16})
+    assert (request.method, request.factor, request.params_dict) == ("yarn", 2.0, {"beta_fast": 16})
     assert rest == {"pretrained": "m", "dtype": "float32"}
 
 
@@ -84,7 +84,7 @@ def test_posext_method_none_is_the_baseline_even_when_the_harness_reads_it_as_No
         ({"posext_factor": 2}, "without posext_method"),
         ({"posext_method": "yarn"}, "exactly one of posext_factor"),
         ({"posext_method": "yarn", "posext_factor": 2, "posext_target_length": 4096}, "exactly one of posext_factor"),
-        ({"posext_method": "linear", "posext_factor": 0.5}, "posext_factor must be a number >= 1"),
+        ({"posext_method": "linear", "posext_factor": 0.5}, "posext_factor=0.5 is below 1"),
         ({"posext_method": "linear", "posext_target_length": "long"}, "posext_target_length must be a positive integer"),
     ],
 )

@@ -93,4 +93,5 @@ register_method(
     "Self-Extend: exact positions inside a neighbour window W, positions // G beyond it (Jin et al. 2024)",
     "attention",
     SelfExtendParams,
+    size_params=("group_size",),
 )(max_extended_length)

@@ -29,6 +29,8 @@ class Method:
         compute: the pure function (see the method modules for its signature).
         dynamic: True when the frequencies depend on the current sequence length.
         transformers_type: the ``rope_type`` transformers uses for the same rule, if any.
+        size_params: parameters that size the extension by themselves (Self-Extend's ``group_size``):
+            with one of them, neither ``factor`` nor ``target_length`` is needed.
     """
 
     name: str
@@ -38,6 +40,7 @@ class Method:
     compute: Callable[..., Any]
     dynamic: bool = False
     transformers_type: str | None = None
+    size_params: tuple[str, ...] = ()
 
     def parse_params(self, params: dict[str, Any]) -> Any:
         """Validate keyword parameters and return the method's parameter dataclass.
@@ -69,6 +72,7 @@ def register_method(
     params_cls: type,
     dynamic: bool = False,
     transformers_type: str | None = None,
+    size_params: tuple[str, ...] = (),
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator registering ``compute`` under ``name`` (see :class:`Method`)."""
 
@@ -76,7 +80,7 @@ def register_method(
         registry = METHODS.setdefault(kind, {})
         if name in registry:
             raise ValueError(f"A {kind} method named {name!r} is already registered.")
-        registry[name] = Method(name, summary, kind, params_cls, compute, dynamic, transformers_type)
+        registry[name] = Method(name, summary, kind, params_cls, compute, dynamic, transformers_type, size_params)
         return compute
 
     return decorator

@@ -10,10 +10,11 @@ from hf_posext.api import describe, fixed_length, load, patch, unpatch
 from hf_posext.core.errors import RecordError, UnsupportedModelError
 from hf_posext.core.record import ScalingReport
 from hf_posext.core.request import ScalingConfig, ScalingRequest
+from hf_posext.core.version import VERSION
 from hf_posext.methods import available_methods
 from hf_posext.search import SearchResult, search_factors
 
-__version__ = "0.1.0"
+__version__ = VERSION
 
 __all__ = [
     "available_methods",

@@ -38,10 +38,10 @@ from typing import Any
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
-import hf_posext
 from hf_posext.api import describe, load, patch, patched_backend, read_record
 from hf_posext.core.record import CONFIG_KEY
 from hf_posext.core.request import MODEL_ARGS_PREFIX, ScalingRequest
+from hf_posext.core.version import VERSION
 from hf_posext.models import resolve_model_path
 
 __all__ = ["MODEL_NAME", "POSEXT_PREFIX", "parse_posext_args", "PosextHFLM"]
@@ -192,6 +192,6 @@ class PosextHFLM(HFLM):
 
     def get_model_info(self) -> dict:
         info = super().get_model_info()
-        info["posext"] = dict(self.posext_report or {}, hf_posext_version=hf_posext.__version__)
+        info["posext"] = dict(self.posext_report or {}, hf_posext_version=VERSION)
         info["posext_request"] = self.posext_request.to_dict() if self.posext_request is not None else None
         return info

@@ -127,11 +127,13 @@ def wavelength_table(
             leaves the frequencies alone: there is no frequency table to show).
     """
     from hf_posext.core.request import ScalingConfig, resolve_factor
+    from hf_posext.methods import check_method_name, kinds_of
     from hf_posext.methods.rope import RotaryBase
 
-    if isinstance(method, str) and method.strip().lower().replace("_", "-") == "self-extend":
+    name = check_method_name(method)
+    if "rope" not in kinds_of(name):
         raise ValueError(
-            "self-extend does not change RoPE frequencies (it regroups positions inside attention), so it has no "
+            f"{name} does not change RoPE frequencies (it is a {'/'.join(kinds_of(name))} method), so it has no "
             "wavelength table; inspect a frequency method such as yarn, or see docs/beyond_rescaling.md."
         )
     if isinstance(rotary_dim, bool) or not isinstance(rotary_dim, int) or rotary_dim < 2 or rotary_dim % 2:

@@ -63,7 +63,7 @@ def resolve_embedded_names(argv: list[str]) -> list[str]:
     return resolved
 
 
-def _import_harness():
+def import_harness():
     try:
         import lm_eval
         from lm_eval.__main__ import cli_evaluate
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     Returns:
         0 when the harness finished (it exits by itself on errors).
     """
-    _, cli_evaluate = _import_harness()
+    _, cli_evaluate = import_harness()
     import hf_posext.lm_eval_plugin  # noqa: F401  (registers "hf-posext")
 
     arguments = resolve_embedded_names(list(sys.argv[1:] if argv is None else argv))
@@ -184,7 +184,7 @@ def compare_methods(
     Returns:
         One row per (method, task, metric): ``{"method", "task", "metric", "value"}``.
     """
-    _import_harness()
+    import_harness()
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager, get_task_dict
 

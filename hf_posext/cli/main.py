@@ -1,12 +1,18 @@
-"""The ``hf-posext`` command.
+"""The ``hf-posext`` command: one explicit table of subcommands (:data:`SUBCOMMANDS`).
 
 Subcommands:
-    methods                       list the scaling methods
+    methods                       list the scaling methods of every kind
     describe MODEL                family, method, factor, windows of a model (hub name, path, smollm2-135m)
     patch MODEL --method M ...    patch and save a model (+ tokenizer) to --out
     demo                          the main job on the embedded default model
+    eval TASK ...                 perplexity / passkey / needle grids (hf_posext.evaluation.cli)
+    report FOLDER                 tables and plots from a results folder (hf_posext.evaluation.cli)
+    train --config ...            fine-tuning recipes (hf_posext.training.cli)
+    lm-eval, lm-eval-compare      lm-evaluation-harness (hf_posext.lm_eval_cli)
+    inspect MODEL --method M      per-dimension RoPE wavelengths (hf_posext.inspect_cli)
 
-Other subcommands (evaluation, reports, training) register themselves through ``SUBCOMMANDS``.
+Each command module only defines ``add_arguments(parser)`` and ``run(args) -> exit code``; this table
+is the one place that names them (nothing registers itself on import).
 """
 
 from __future__ import annotations
@@ -16,24 +22,21 @@ import json
 import sys
 from typing import Any, Callable
 
-__all__ = ["main", "SUBCOMMANDS", "parse_method_params"]
+from hf_posext import inspect_cli, lm_eval_cli
+from hf_posext.api import describe, load, patch
+from hf_posext.core.request import ScalingRequest, parse_param_items
+from hf_posext.evaluation import cli as evaluation_cli
+from hf_posext.methods import available_methods
+from hf_posext.training import cli as training_cli
 
-#: name -> (help, add_arguments(parser), run(args) -> exit code). Modules add their own entries.
-SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {}
-
+__all__ = ["main", "build_parser", "SUBCOMMANDS", "parse_method_params"]
 
 def parse_method_params(items: list[str] | None) -> dict[str, Any]:
-    """Parse ``--param key=value`` items; values are read as JSON when they parse, else kept as text."""
-    params: dict[str, Any] = {}
-    for item in items or []:
-        if "=" not in item:
-            raise SystemExit(f"--param expects key=value, got {item!r} (e.g. --param beta_fast=32).")
-        key, value = item.split("=", 1)
-        try:
-            params[key.strip()] = json.loads(value)
-        except json.JSONDecodeError:
-            params[key.strip()] = value
-    return params
+    """Parse ``--param key=value`` items (:func:`hf_posext.core.request.parse_param_items`); exits on a malformed item."""
+    try:
+        return parse_param_items(items)
+    except ValueError as error:
+        raise SystemExit(str(error)) from error
 
 
 def _add_scaling_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,8 +49,6 @@ def _add_scaling_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_methods(args: argparse.Namespace) -> int:
-    from hf_posext import available_methods
-
     methods = available_methods()
     width = max(map(len, methods))
     for name, summary in methods.items():
@@ -56,30 +57,28 @@ def _run_methods(args: argparse.Namespace) -> int:
 
 
 def _run_describe(args: argparse.Namespace) -> int:
-    import hf_posext
     from hf_posext.models import load_model
 
-    model = hf_posext.load(args.model) if args.hf_posext_load else load_model(args.model)
-    report = hf_posext.describe(model)
+    model = load(args.model) if args.hf_posext_load else load_model(args.model)
+    report = describe(model)
     print(json.dumps(report.to_dict(), indent=2, default=str) if args.json else report)
     return 0
 
 
 def _run_patch(args: argparse.Namespace) -> int:
-    import hf_posext
     from hf_posext.models import load_model, load_tokenizer
 
-    model = load_model(args.model)
-    hf_posext.patch(
-        model, args.method, args.factor, target_length=args.target_length,
-        original_max_position_embeddings=args.original_max_position_embeddings, **parse_method_params(args.param),
+    request = ScalingRequest.from_cli(
+        args.method, args.factor, args.target_length, args.param, args.original_max_position_embeddings
     )
+    model = load_model(args.model)
+    patch(model, **request.patch_kwargs())
     model.save_pretrained(args.out)
     try:
         load_tokenizer(args.model).save_pretrained(args.out)
     except Exception as error:  # a model folder without a tokenizer is still a valid output
         print(f"note: no tokenizer saved ({error})", file=sys.stderr)
-    print(hf_posext.describe(model))
+    print(describe(model))
     print(f"saved to {args.out} (load with hf_posext.load({args.out!r}))")
     return 0
 
@@ -90,43 +89,42 @@ def _run_demo(args: argparse.Namespace) -> int:
     return run_demo(quick=args.quick, out_dir=args.out)
 
 
-def _builtin_subcommands() -> None:
-    def describe_args(p: argparse.ArgumentParser) -> None:
-        p.add_argument("model", help="hub name, local folder or smollm2-135m")
-        p.add_argument("--json", action="store_true", help="print JSON")
-        p.add_argument("--no-hf-posext-load", dest="hf_posext_load", action="store_false",
-                       help="load with plain from_pretrained (ignore a saved hf_posext scaling)")
-
-    def patch_args(p: argparse.ArgumentParser) -> None:
-        p.add_argument("model", help="hub name, local folder or smollm2-135m")
-        _add_scaling_arguments(p)
-        p.add_argument("--out", required=True, help="folder to save the patched model to")
-
-    def demo_args(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--quick", action="store_true", help="shorter lengths (a smoke run)")
-        p.add_argument("--out", help="results folder (default: results/demo, or results/demo-quick with --quick)")
-
-    SUBCOMMANDS.setdefault("methods", ("list the scaling methods", lambda p: None, _run_methods))
-    SUBCOMMANDS.setdefault("describe", ("describe a model's position scaling", describe_args, _run_describe))
-    SUBCOMMANDS.setdefault("patch", ("patch a model and save it", patch_args, _run_patch))
-    SUBCOMMANDS.setdefault("demo", ("run the main job on smollm2-135m", demo_args, _run_demo))
+def _describe_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="hub name, local folder or smollm2-135m")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--no-hf-posext-load", dest="hf_posext_load", action="store_false",
+                   help="load with plain from_pretrained (ignore a saved hf_posext scaling)")
 
 
-def _plugin_subcommands() -> None:
-    # Optional modules contribute subcommands; a missing optional dependency only hides them.
-    import importlib
+def _patch_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="hub name, local folder or smollm2-135m")
+    _add_scaling_arguments(p)
+    p.add_argument("--out", required=True, help="folder to save the patched model to")
 
-    for module in ("hf_posext.evaluation.cli", "hf_posext.training.cli", "hf_posext.lm_eval_cli", "hf_posext.inspect_cli"):
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as error:
-            if not (error.name or "").startswith("hf_posext"):
-                raise
+
+def _demo_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quick", action="store_true", help="shorter lengths (a smoke run)")
+    p.add_argument("--out", help="results folder (default: results/demo, or results/demo-quick with --quick)")
+
+
+Command = tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]
+
+#: Every subcommand: name -> (help, add_arguments(parser), run(args) -> exit code).
+SUBCOMMANDS: dict[str, Command] = {
+    "methods": ("list the scaling methods", lambda p: None, _run_methods),
+    "describe": ("describe a model's position scaling", _describe_arguments, _run_describe),
+    "patch": ("patch a model and save it", _patch_arguments, _run_patch),
+    "demo": ("run the main job on smollm2-135m", _demo_arguments, _run_demo),
+    "eval": ("evaluate methods side by side: perplexity, passkey, needle", evaluation_cli.add_eval_arguments, evaluation_cli.run_eval),
+    "report": ("markdown tables and plots from a results folder", evaluation_cli.add_report_arguments, evaluation_cli.run_report),
+    "train": ("fine-tune a model (LoRA/full, PoSE) from a recipe config", training_cli.add_train_arguments, training_cli.run_train),
+    "lm-eval": (lm_eval_cli.HELP, lm_eval_cli.add_arguments, lm_eval_cli.run),
+    "lm-eval-compare": ("compare scaling methods on lm-eval tasks (tasks built once)", lm_eval_cli.add_compare_arguments, lm_eval_cli.run_compare),
+    "inspect": ("per-dimension RoPE wavelengths of a model under a scaling method (table, --plot PNG)", inspect_cli.add_arguments, inspect_cli.run),
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    _builtin_subcommands()
-    _plugin_subcommands()
     parser = argparse.ArgumentParser(prog="hf-posext", description="Extend the context window of transformers models.")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (help_text, add_arguments, run) in SUBCOMMANDS.items():
@@ -150,8 +148,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # Run through the importable module so subcommands that plugins registered into
-    # `hf_posext.cli.SUBCOMMANDS` are seen (under `python -m`, this file is `__main__`, a second copy).
-    from hf_posext.cli import main as _main
-
-    sys.exit(_main())
+    sys.exit(main())

@@ -33,6 +33,7 @@ from hf_posext.api import describe, fixed_length, patch, unpatch
 from hf_posext.core.record import ScalingReport
 from hf_posext.core.request import ScalingRequest
 from hf_posext.core.version import VERSION
+from hf_posext.methods import check_method_name
 
 __all__ = [
     "AsciiTokenizer",
@@ -201,7 +202,7 @@ def parse_methods(text: str | Sequence[str], params: dict[str, Any] | None = Non
         raise ValueError("No method given: pass e.g. --methods none,yarn,dynamic-yarn.")
     requests = []
     for name in names:
-        method = ScalingRequest(name).method
+        method = check_method_name(name)
         method_params = tuple((params or {}).items()) if method != "none" else ()
         requests.append(ScalingRequest(method, params=method_params))
     return requests

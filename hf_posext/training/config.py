@@ -70,6 +70,15 @@ class ScalingSection:
     original_max_position_embeddings: int | None = _help("override the pre-training window read from the config", None)
     params: dict = _help("method parameters, e.g. {beta_fast: 32, beta_slow: 1}", factory=dict)
 
+    def to_request(self) -> "ScalingRequest":
+        """This section as a validated :class:`~hf_posext.core.request.ScalingRequest` (raises ConfigError)."""
+        from hf_posext.core.request import ScalingRequest
+
+        try:
+            return ScalingRequest.from_mapping(dataclasses.asdict(self), where="scaling").require_size("scaling.")
+        except ValueError as error:
+            raise ConfigError(str(error)) from error
+
 
 @dataclass
 class FinetuneSection:

@@ -320,11 +320,7 @@ def _load_and_patch(config: TrainConfig, dtype: torch.dtype):
         kwargs["trust_remote_code"] = True
     kwargs.update(config.model.config_overrides)
     model = load_model(config.model.name, dtype=dtype, **kwargs)
-    s = config.scaling
-    hf_posext.patch(
-        model, s.method, s.factor, target_length=s.target_length,
-        original_max_position_embeddings=s.original_max_position_embeddings, **dict(s.params),
-    )
+    hf_posext.patch(model, **config.scaling.to_request().patch_kwargs())
     return model
 
 

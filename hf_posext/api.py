@@ -17,7 +17,7 @@ from hf_posext.core.loading import config_kwargs, model_class_for
 from hf_posext.core.record import CONFIG_KEY, ScalingReport, text_config, validate_record
 from hf_posext.core.request import ScalingRequest
 from hf_posext.methods import kinds_of
-from hf_posext.patching import fixed_length
+from hf_posext.backends.rope.surgery import fixed_length
 
 __all__ = ["patch", "unpatch", "describe", "load", "fixed_length", "patched_backend", "select_backend"]
 

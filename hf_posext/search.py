@@ -345,7 +345,7 @@ def search_factors(
     """
     from hf_posext.evaluation.perplexity import chunked_nll
     from hf_posext.evaluation.runner import Distributed
-    from hf_posext.families import find_rotary_sites
+    from hf_posext.backends.rope.sites import find_rotary_sites
     from hf_posext.api import patch, patched_backend, unpatch
 
     start_time = time.perf_counter()

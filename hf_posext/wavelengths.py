@@ -173,7 +173,7 @@ def model_wavelength_table(
     Uses the rotary module that :func:`hf_posext.patch` would scale (Gemma 3: the full-attention one).
     The model must be unpatched (its own rotary module is what is read).
     """
-    from hf_posext.families import find_rotary_sites
+    from hf_posext.backends.rope.sites import find_rotary_sites
 
     sites = find_rotary_sites(model)
     site = next(s for s in sites if s.scaled_layer_types)

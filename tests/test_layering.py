@@ -32,12 +32,7 @@ LAYERS = {
     "hf_posext.demo": 5,
     # The package itself only re-exports the public API (api + search): it sits above them.
     "hf_posext": 5,
-    # Modules not yet moved into the layout above.
-    "hf_posext.families": 3,
-    "hf_posext.modules": 3,
-    "hf_posext.patching": 3,
-    "hf_posext.absolute": 3,
-    "hf_posext.self_extend": 3,
+    # Not yet moved to integrations/lm_eval/.
     "hf_posext.lm_eval": 5,
     "hf_posext.lm_eval_plugin": 5,
     "hf_posext.lm_eval_cli": 6,

@@ -12,7 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 import hf_posext
-from hf_posext.families import UnsupportedModelError, find_rotary_sites
+from hf_posext.backends.rope.sites import UnsupportedModelError, find_rotary_sites
 from hf_posext.methods import available_methods
 from hf_posext.models import TINY_FAMILIES, tiny_model
 from tests.conftest import logits_of, transformers_major

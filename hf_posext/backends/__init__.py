@@ -7,9 +7,9 @@ backend knows its method names.
 =========== ======================================== =================================
 backend     positions                                 implementation
 =========== ======================================== =================================
-absolute    learned tables, sinusoids, ALiBi limits   :mod:`hf_posext.absolute`
-rope        rotary embedding modules                  :mod:`hf_posext.patching`
-attention   attention-level methods (Self-Extend)     :mod:`hf_posext.self_extend`
+absolute    learned tables, sinusoids, ALiBi limits   :mod:`hf_posext.backends.absolute.surgery`
+rope        rotary embedding modules                  :mod:`hf_posext.backends.rope.surgery`
+attention   attention-level methods (Self-Extend)     :mod:`hf_posext.backends.attention.self_extend`
 relative    T5-style relative position bias           :mod:`hf_posext.backends.relative`
 =========== ======================================== =================================
 """

@@ -308,7 +308,7 @@ def rope_frequencies(model: torch.nn.Module, length: int) -> list[dict[str, Any]
     CPU, so two machines agree on them to a float32 rounding. :func:`same_frequencies` compares them
     with a tolerance far below what any change of method or factors makes. None if the model has no RoPE.
     """
-    from hf_posext.modules import ScaledRotaryEmbedding
+    from hf_posext.backends.rope.module import ScaledRotaryEmbedding
 
     try:
         if describe(model).kind != "rope":

@@ -1,7 +1,7 @@
 """Attention-level methods: Self-Extend's sizing (Jin et al. 2024), pure numbers.
 
 Self-Extend keeps exact positions for relative distances below a neighbour window W and floor-divides
-positions by a group size G beyond it (see :mod:`hf_posext.self_extend` for the attention kernels).
+positions by a group size G beyond it (see :mod:`hf_posext.backends.attention.self_extend` for the attention kernels).
 The numbers here decide how long a sequence fits in the pre-training window L.
 """
 

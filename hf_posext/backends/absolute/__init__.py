@@ -1,5 +1,5 @@
 """The absolute-position backend: learned tables, sinusoidal encodings and ALiBi length limits
-(surgery in :mod:`hf_posext.absolute`)."""
+(surgery in :mod:`hf_posext.backends.absolute.surgery`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 from torch import nn
 
-from hf_posext import absolute
+from hf_posext.backends.absolute import surgery as absolute
 from hf_posext.core.errors import UnsupportedModelError
 from hf_posext.core.record import ScalingReport
 from hf_posext.core.request import ScalingRequest

@@ -1,7 +1,7 @@
 """The RoPE backend's surgery: patch / unpatch / describe / load_rope of rotary modules (no math here; the methods do the numbers).
 
 ``patch`` validates everything before it changes anything, swaps each rotary module for a
-:class:`~hf_posext.modules.ScaledRotaryEmbedding`, updates the config so ``save_pretrained`` records the
+:class:`~hf_posext.backends.rope.module.ScaledRotaryEmbedding`, updates the config so ``save_pretrained`` records the
 scaling, and remembers the originals so ``unpatch`` restores the model and its config exactly.
 
 How the config records a scaling: ``config.hf_posext`` holds our description (method, factor,
@@ -29,7 +29,7 @@ from torch import nn
 from hf_posext.core.request import ScalingConfig, resolve_factor
 from hf_posext.core.loading import config_kwargs, model_class_for
 from hf_posext.core.record import CONFIG_KEY, ScalingReport, jsonable, restore_config, snapshot_config, text_config
-from hf_posext.families import (
+from hf_posext.backends.rope.sites import (
     RotarySite,
     UnsupportedModelError,
     build_rotary_module,
@@ -41,7 +41,7 @@ from hf_posext.families import (
     window_attribute,
 )
 from hf_posext.methods import get_method
-from hf_posext.modules import ScaledRotaryEmbedding
+from hf_posext.backends.rope.module import ScaledRotaryEmbedding
 
 __all__ = ["patch", "unpatch", "describe", "load_rope", "is_patched", "current_scaling", "fixed_length", "ScalingReport", "CONFIG_KEY"]
 
@@ -159,7 +159,7 @@ def patch(
     """Extend a model's context window in place with a scaling method.
 
     Args:
-        model: a loaded transformers model (any family in ``hf_posext.families.SUPPORTED_FAMILIES`` or
+        model: a loaded transformers model (any family in ``hf_posext.backends.rope.sites.SUPPORTED_FAMILIES`` or
             with the same structure).
         method: a name from :func:`hf_posext.available_methods` (e.g. ``"yarn"``).
         factor: scale s >= 1; the new window is L * s. Give this or ``target_length``.

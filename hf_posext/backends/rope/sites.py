@@ -27,7 +27,7 @@ from torch import nn
 from hf_posext.core.request import ScalingConfig
 from hf_posext.core.errors import UnsupportedModelError
 from hf_posext.methods.rope import RotaryBase
-from hf_posext.modules import RotaryEntry, ScaledRotaryEmbedding
+from hf_posext.backends.rope.module import RotaryEntry, ScaledRotaryEmbedding
 
 __all__ = [
     "RotarySite",
@@ -166,7 +166,7 @@ class RotarySite:
         path: dotted module path (``"model.rotary_emb"``).
         parent: the module holding it; ``attribute``: its attribute name there.
         module: the module itself (the original, for unpatching).
-        layout: output convention (see :data:`hf_posext.modules.LAYOUTS`).
+        layout: output convention (see :data:`hf_posext.backends.rope.module.LAYOUTS`).
         dims: rotary dimension per layer type (key ``None`` when there is one RoPE).
         bases: base theta per layer type, as verified by the probe.
         current: per layer type, the ScalingConfig reproducing what the module does now.

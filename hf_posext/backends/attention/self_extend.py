@@ -23,7 +23,7 @@ call the function registered under ``config._attn_implementation``; we register 
 implementation the model used before) and select it with ``model.set_attn_implementation``. q and k
 arrive rotated to their true positions; RoPE rotations compose, so rotating them again by
 ``R(p' - p)`` moves them to the grouped position p'. Each attention module gets the frequencies of the
-rotary module that feeds it (found and verified by :func:`hf_posext.families.find_rotary_sites`), and a
+rotary module that feeds it (found and verified by :func:`hf_posext.backends.rope.sites.find_rotary_sites`), and a
 probe at patch time checks that the q and k reaching the registry really are rotated that way.
 
 Cost (say it plainly): inside the window nothing changes (the SDPA path even calls transformers' SDPA
@@ -674,7 +674,7 @@ def _probe(model: nn.Module, layer_settings: dict[str, _LayerSettings], names: d
 
 
 def _unsupported(model: nn.Module, reason: str) -> ValueError:
-    from hf_posext.families import UnsupportedModelError
+    from hf_posext.core.errors import UnsupportedModelError
 
     return UnsupportedModelError(
         f"Self-Extend cannot be applied to {type(model).__name__}: {reason}. It needs a RoPE model whose "
@@ -758,7 +758,7 @@ def _resolve_settings(
 
 def _layer_settings(model: nn.Module, settings: SelfExtendSettings, mask_kind: str) -> tuple[dict[str, _LayerSettings], dict[int, str], list]:
     """Settings per attention-module path, from the verified rotary sites."""
-    from hf_posext.families import find_rotary_sites
+    from hf_posext.backends.rope.sites import find_rotary_sites
     from hf_posext.methods.rope import RotaryBase
 
     sites = find_rotary_sites(model)
@@ -830,7 +830,7 @@ def patch_self_extend(
         >>> hf_posext.patch(model, "self-extend", group_size=4, window=2048)
         >>> hf_posext.patch(model, "self-extend", target_length=32768)  # G, W by the paper's rule
     """
-    from hf_posext.families import find_rotary_sites
+    from hf_posext.backends.rope.sites import find_rotary_sites
 
     if not isinstance(method, str) or method.strip().lower().replace("_", "-") not in METHOD_NAMES:
         raise ValueError(f"patch_self_extend handles {sorted(METHOD_NAMES)}, got {method!r}.")
@@ -871,7 +871,7 @@ def patch_self_extend(
     swaps = []
     for site in tables:
         from hf_posext.core.request import ScalingConfig
-        from hf_posext.families import build_rotary_module
+        from hf_posext.backends.rope.sites import build_rotary_module
 
         window = site.current[site.scaled_layer_types[0]].original_max_position_embeddings
         swaps.append((site, build_rotary_module(site, ScalingConfig("none", 1.0, window))))
@@ -928,7 +928,7 @@ def _site_pattern(paths: list[str]) -> list[str]:
 
 
 def describe_self_extend(model: nn.Module):
-    """A :class:`~hf_posext.patching.ScalingReport` of kind ``"attention"`` for a Self-Extend model."""
+    """A :class:`~hf_posext.backends.rope.surgery.ScalingReport` of kind ``"attention"`` for a Self-Extend model."""
     from hf_posext.core.record import ScalingReport
 
     state: _State = model.__dict__[_STATE_ATTRIBUTE]

@@ -1,6 +1,6 @@
 """Absolute position encodings: learned tables, sinusoidal encodings and ALiBi (model surgery).
 
-:mod:`hf_posext.patching` hands a model here when :func:`detect` finds no rotary module but one of:
+:mod:`hf_posext.backends.rope.surgery` hands a model here when :func:`detect` finds no rotary module but one of:
 
 - a **learned table**: an ``nn.Embedding`` (or subclass) that is not the token embedding and whose row
   count matches the config's window, e.g. GPT-2/GPT-Neo ``transformer.wpe`` (``n_positions`` /
@@ -40,9 +40,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from hf_posext import families
+from hf_posext.backends.rope import sites as families
 from hf_posext.core.request import ScalingConfig, resolve_factor
-from hf_posext.families import UnsupportedModelError
+from hf_posext.core.errors import UnsupportedModelError
 from hf_posext.methods import get_method
 from hf_posext.methods.learned import MAX_TABLE_ROWS, exact_factor
 from hf_posext.core.loading import config_kwargs, model_class_for
@@ -815,7 +815,7 @@ def _kind_notes(positions: AbsolutePositions) -> list[str]:
 
 
 def describe_absolute(model: nn.Module) -> ScalingReport:
-    """:class:`~hf_posext.patching.ScalingReport` for a model with absolute positions (kind learned/sinusoidal/alibi)."""
+    """:class:`~hf_posext.backends.rope.surgery.ScalingReport` for a model with absolute positions (kind learned/sinusoidal/alibi)."""
     _check_model(model)
     state: _AbsoluteState | None = model.__dict__.get(_STATE_ATTRIBUTE)
     if state is not None:

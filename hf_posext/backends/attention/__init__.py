@@ -1,5 +1,5 @@
 """The attention-level backend: methods that change attention itself (Self-Extend), installed through
-transformers' attention-function registry (surgery in :mod:`hf_posext.self_extend`)."""
+transformers' attention-function registry (surgery in :mod:`hf_posext.backends.attention.self_extend`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 from torch import nn
 
-from hf_posext import self_extend
+from hf_posext.backends.attention import self_extend
 from hf_posext.backends.rope import RopeBackend
 from hf_posext.core.record import ScalingReport
 from hf_posext.core.request import ScalingRequest

@@ -1,4 +1,4 @@
-"""The RoPE backend: rotary embedding modules found by structure (surgery in :mod:`hf_posext.patching`)."""
+"""The RoPE backend: rotary embedding modules found by structure (surgery in :mod:`hf_posext.backends.rope.surgery`)."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ from typing import Any
 
 from torch import nn
 
-from hf_posext import patching
+from hf_posext.backends.rope import surgery as patching
 from hf_posext.core.record import ScalingReport
 from hf_posext.core.request import ScalingRequest
-from hf_posext.families import find_rotary_sites
+from hf_posext.backends.rope.sites import find_rotary_sites
 
 __all__ = ["RopeBackend"]
 

@@ -5,7 +5,7 @@ Runs the library's perplexity and passkey evaluations (one model load, methods s
 longest extra lengths (default 32768) for the four methods with the best perplexity at the longest
 regular length (three distinct: there dynamic-yarn is yarn), and writes ``quality.md`` (tables + which
 method wins where) and plots next to the JSON.
-Interrupt it at any time: the same command continues where it stopped.
+Interrupt it at any time: the same command continues where it stopped (``--overwrite`` recomputes instead).
 
     python bench/quality_table.py                                   # 4096,8192,16384 (+32768 for the best 4)
     python bench/quality_table.py --lengths 4096,8192 --extra-lengths "" --passkey-trials 1   # a CPU subset
@@ -65,6 +65,8 @@ def main() -> int:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "quality"))
+    parser.add_argument("--overwrite", action="store_true",
+                        help="recompute every cell of this command's results files instead of continuing them")
     args = parser.parse_args()
 
     dist = Distributed()
@@ -74,21 +76,22 @@ def main() -> int:
     depths = [float(d) for d in args.passkey_depths.split(",")]
     common = dict(out_dir=args.out, model_name=args.model, batch_size=args.batch_size, dist=dist, extra_config={"dtype": args.dtype})
 
-    def run(phase_methods, phase_lengths, factor):
+    def run(phase_methods, phase_lengths, factor, overwrite):
         ppl = evaluate_perplexity(model, tokenizer, data=args.data, methods=phase_methods, lengths=phase_lengths, factor=factor,
-                                  max_windows=args.max_windows, max_tokens=args.max_tokens, **common)
+                                  max_windows=args.max_windows, max_tokens=args.max_tokens, overwrite=overwrite, **common)
         key = evaluate_passkey(model, tokenizer, methods=phase_methods, lengths=phase_lengths, factor=factor, depths=depths,
-                               trials=args.passkey_trials, generate=args.generate, **common)
+                               trials=args.passkey_trials, generate=args.generate, overwrite=overwrite, **common)
         return ppl, key
 
     factor = args.factor or max(lengths) / 8192
-    ppl, key = run(methods, lengths, factor)
+    # --overwrite starts the results files afresh in the first phase only: the extra phase adds to them.
+    ppl, key = run(methods, lengths, factor, overwrite=args.overwrite)
     extra = parse_lengths(args.extra_lengths) if args.extra_lengths.strip() else []
     if extra:
         at_longest = {r["method"]: r["ppl"] for r in ppl.cells.values() if r["length"] == max(lengths) and r["method"] != "none"}
         top = sorted(at_longest, key=at_longest.get)[: args.extra_top]
         extra_factor = args.factor or max(extra) / 8192
-        ppl, key = run(parse_methods(",".join(top)), extra, extra_factor)
+        ppl, key = run(parse_methods(",".join(top)), extra, extra_factor, overwrite=False)
     if dist.is_main:
         lines = [f"# Quality table: {args.model}", "", "Command: `python " + " ".join(sys.argv) + "`", "", markdown_tables([ppl.data, key.data]), "",
                  "## Winners", ""]

@@ -102,10 +102,20 @@ def _convert_embedded(name: str, target: Path) -> None:
         partial.rename(target)
 
 
+def looks_like_local_path(name: str) -> bool:
+    """True when ``name`` cannot be a hub id (``org/name``): it starts like a path or has several parts."""
+    return name.startswith((".", "/", "~")) or "\\" in name or name.endswith("/") or name.count("/") > 1
+
+
 def resolve_model_path(name: str) -> str:
     """Map an embedded model name to its cached folder (building it once); other names pass through."""
     key = name.strip().lower()
     if key not in EMBEDDED_MODELS:
+        if looks_like_local_path(name) and not Path(name).expanduser().exists():
+            raise FileNotFoundError(
+                f"no such model folder: {name} (give an existing local folder, a hub id such as "
+                f"HuggingFaceTB/SmolLM2-135M, or an embedded name: {', '.join(EMBEDDED_MODELS)})"
+            )
         return name
     target = cache_dir() / key
     if not (target / "config.json").exists():

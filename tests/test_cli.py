@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 import sys
 
 import pytest
@@ -65,6 +66,22 @@ def test_param_parsing():
         parse_method_params(["beta_fast"])
 
 
-def test_console_script_is_installed():
-    result = subprocess.run([sys.executable, "-m", "hf_posext.cli", "methods"], capture_output=True, text=True, timeout=120)
+def _console_script() -> str:
+    """The ``hf-posext`` entry point pip installed beside this interpreter (not ``python -m``)."""
+    import shutil
+    import sysconfig
+
+    beside = Path(sysconfig.get_path("scripts")) / "hf-posext"
+    found = str(beside) if beside.exists() else shutil.which("hf-posext")
+    assert found, "the hf-posext console script is not installed: run `pip install -e .` (scripts/setup.sh does)"
+    return found
+
+
+def test_console_script_is_installed_and_runs():
+    script = _console_script()
+    result = subprocess.run([script, "methods"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and "yarn" in result.stdout
+    result = subprocess.run([script, "patch", "no/such/folder", "--method", "yarn", "--factor", "2", "--out", "x"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert "no such model folder: no/such/folder" in result.stderr and not Path("x").exists()

@@ -14,6 +14,8 @@ import difflib
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from hf_posext.methods.transformers import rope_type_for
+
 __all__ = ["Method", "register_method", "get_method", "available_methods", "kinds_of", "check_method_name", "METHODS"]
 
 
@@ -28,7 +30,6 @@ class Method:
         params_cls: dataclass of the method's keyword parameters with the papers' defaults.
         compute: the pure function (see the method modules for its signature).
         dynamic: True when the frequencies depend on the current sequence length.
-        transformers_type: the ``rope_type`` transformers uses for the same rule, if any.
         size_params: parameters that size the extension by themselves (Self-Extend's ``group_size``):
             with one of them, neither ``factor`` nor ``target_length`` is needed.
     """
@@ -39,8 +40,12 @@ class Method:
     params_cls: type
     compute: Callable[..., Any]
     dynamic: bool = False
-    transformers_type: str | None = None
     size_params: tuple[str, ...] = ()
+
+    @property
+    def transformers_type(self) -> str | None:
+        """The ``rope_type`` transformers uses for the same rule, if any (:mod:`hf_posext.methods.transformers`)."""
+        return rope_type_for(self.name) if self.kind == "rope" else None
 
     def parse_params(self, params: dict[str, Any]) -> Any:
         """Validate keyword parameters and return the method's parameter dataclass.
@@ -71,7 +76,6 @@ def register_method(
     kind: str,
     params_cls: type,
     dynamic: bool = False,
-    transformers_type: str | None = None,
     size_params: tuple[str, ...] = (),
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator registering ``compute`` under ``name`` (see :class:`Method`)."""
@@ -80,7 +84,7 @@ def register_method(
         registry = METHODS.setdefault(kind, {})
         if name in registry:
             raise ValueError(f"A {kind} method named {name!r} is already registered.")
-        registry[name] = Method(name, summary, kind, params_cls, compute, dynamic, transformers_type, size_params)
+        registry[name] = Method(name, summary, kind, params_cls, compute, dynamic, size_params)
         return compute
 
     return decorator

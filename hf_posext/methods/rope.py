@@ -181,7 +181,6 @@ def no_scaling(rope: RotaryBase, original_length: int, factor: float, seq_len: i
     "Position interpolation: divide every frequency by s (Chen et al. 2023)",
     "rope",
     NoParams,
-    transformers_type="linear",
 )
 def linear(rope: RotaryBase, original_length: int, factor: float, seq_len: int | None, params: NoParams):
     """Position interpolation: theta'_i = theta_i / s.
@@ -219,7 +218,6 @@ def ntk(rope: RotaryBase, original_length: int, factor: float, seq_len: int | No
     "rope",
     NoParams,
     dynamic=True,
-    transformers_type="dynamic",
 )
 def dynamic_ntk(rope: RotaryBase, original_length: int, factor: float, seq_len: int | None, params: NoParams):
     """Dynamic NTK: for current length l > L, b' = b * ((a*l/L) - (a-1))^(d/(d-2)), a = factor.
@@ -276,7 +274,6 @@ def _yarn(rope: RotaryBase, original_length: int, factor: float, params: YarnPar
     "YaRN: interpolate low frequencies, keep high ones, ramp between, scale attention (Peng et al. 2023)",
     "rope",
     YarnParams,
-    transformers_type="yarn",
 )
 def yarn(rope: RotaryBase, original_length: int, factor: float, seq_len: int | None, params: YarnParams):
     """YaRN ("NTK-by-parts" + attention temperature).
@@ -335,7 +332,6 @@ def theta(rope: RotaryBase, original_length: int, factor: float, seq_len: int | 
     "Llama 3.1: divide long wavelengths by s, keep short ones, blend between (Meta 2024)",
     "rope",
     Llama3Params,
-    transformers_type="llama3",
 )
 def llama3(rope: RotaryBase, original_length: int, factor: float, seq_len: int | None, params: Llama3Params):
     """Llama 3.1 scaling, a wavelength split with a smooth blend.
@@ -365,7 +361,6 @@ def llama3(rope: RotaryBase, original_length: int, factor: float, seq_len: int |
     "rope",
     LongRopeParams,
     dynamic=True,
-    transformers_type="longrope",
 )
 def longrope(rope: RotaryBase, original_length: int, factor: float, seq_len: int | None, params: LongRopeParams):
     """LongRoPE: theta'_i = theta_i / f_i with per-dimension factors f.

@@ -27,6 +27,7 @@ from torch import nn
 from hf_posext.core.request import ScalingConfig
 from hf_posext.core.errors import UnsupportedModelError
 from hf_posext.methods.rope import RotaryBase
+from hf_posext.methods.transformers import ROPE_TYPES, method_for_rope_type
 from hf_posext.backends.rope.module import RotaryEntry, ScaledRotaryEmbedding
 
 __all__ = [
@@ -47,15 +48,6 @@ SUPPORTED_FAMILIES = (
     "falcon, stablelm, phi, phi3, gpt_neox (partial rotary), gptj"
 )
 
-# transformers rope_type -> our method, and the parameters carried over.
-_TRANSFORMERS_TO_METHOD = {
-    "default": ("none", ()),
-    "linear": ("linear", ()),
-    "dynamic": ("dynamic-ntk", ()),
-    "yarn": ("yarn", ("beta_fast", "beta_slow", "attention_factor", "mscale", "mscale_all_dim", "truncate")),
-    "llama3": ("llama3", ("low_freq_factor", "high_freq_factor")),
-    "longrope": ("longrope", ("long_factor", "short_factor", "attention_factor")),
-}
 
 
 def _is_v5_config(config) -> bool:
@@ -140,12 +132,12 @@ def original_window(config, params: dict[str, Any] | None) -> int:
 def scaling_from_transformers(config, params: dict[str, Any], window: int) -> ScalingConfig:
     """Our ScalingConfig equivalent to a transformers rope dict (``rope_type`` + parameters)."""
     rope_type = params.get("rope_type", "default")
-    if rope_type not in _TRANSFORMERS_TO_METHOD:
+    if method_for_rope_type(rope_type) is None:
         raise UnsupportedModelError(
             f"The model already uses rope_type={rope_type!r}, which hf_posext cannot reproduce; supported "
-            f"starting points: {', '.join(_TRANSFORMERS_TO_METHOD)}."
+            f"starting points: {', '.join(ROPE_TYPES)}."
         )
-    method, keys = _TRANSFORMERS_TO_METHOD[rope_type]
+    method, keys = method_for_rope_type(rope_type)
     method_params = {k: params[k] for k in keys if params.get(k) is not None}
     factor = params.get("factor")
     if factor is None:

@@ -41,6 +41,7 @@ from hf_posext.backends.rope.sites import (
     window_attribute,
 )
 from hf_posext.methods import get_method
+from hf_posext.methods.transformers import stock_rope_parameters
 from hf_posext.backends.rope.module import ScaledRotaryEmbedding
 
 __all__ = ["patch", "unpatch", "describe", "load_rope", "is_patched", "current_scaling", "fixed_length", "ScalingReport", "CONFIG_KEY"]
@@ -84,40 +85,6 @@ def _original_snapshot(config) -> dict[str, Any]:
     if isinstance(record, dict) and "original_config" in record:
         return dict(record["original_config"])
     return _snapshot(config)
-
-
-def _stock_rope_parameters(scaling: ScalingConfig, theta: float, base_params: dict[str, Any]) -> dict[str, Any] | None:
-    """transformers' rope dict for ``scaling`` (None when transformers has no such rule)."""
-    keep = {k: v for k, v in base_params.items() if k in ("partial_rotary_factor",)}
-    params = {k: v for k, v in scaling.params.items() if v is not None}
-    method = scaling.method
-    if method == "none" or (scaling.is_identity and method != "none"):
-        return {"rope_type": "default", "rope_theta": theta, **keep}
-    if method == "ntk":
-        dim_based = None  # the base depends on the rotary dim, filled in by the caller
-        return {"rope_type": "default", "rope_theta": dim_based, **keep}
-    if method == "theta":
-        return {"rope_type": "default", "rope_theta": float(params["base"]), **keep}
-    stock = get_method(method).transformers_type
-    if stock is None:
-        return None
-    result = {"rope_type": stock, "rope_theta": theta, "factor": scaling.factor, **keep}
-    L = scaling.original_max_position_embeddings
-    if stock == "yarn":
-        result.update(original_max_position_embeddings=L, beta_fast=params["beta_fast"], beta_slow=params["beta_slow"])
-        for key in ("attention_factor", "mscale", "mscale_all_dim"):
-            if key in params:
-                result[key] = params[key]
-        result["truncate"] = params.get("truncate", True)
-    elif stock == "llama3":
-        result.update(original_max_position_embeddings=L, low_freq_factor=params["low_freq_factor"],
-                      high_freq_factor=params["high_freq_factor"])
-    elif stock == "longrope":
-        result.update(original_max_position_embeddings=L, long_factor=list(params["long_factor"]),
-                      short_factor=list(params.get("short_factor") or [1.0] * len(params["long_factor"])))
-        if "attention_factor" in params:
-            result["attention_factor"] = params["attention_factor"]
-    return result
 
 
 def _construct_like(module: nn.Module, config) -> nn.Module:
@@ -225,9 +192,12 @@ def patch(
         work = copy.deepcopy(config)
         restore_config(work, {k: v for k, v in original.items() if k != CONFIG_KEY})
         base_params = rope_parameters(work, main_type) or {}
-        stock = _stock_rope_parameters(scaling, theta, base_params)
-        if stock is not None and spec.name == "ntk":
-            stock["rope_theta"] = theta * scaling.factor ** (main_site.dims[main_type] / (main_site.dims[main_type] - 2))
+        stock = stock_rope_parameters(
+            scaling.method, scaling.factor, scaling.original_max_position_embeddings, scaling.params, theta,
+            main_site.dims[main_type], identity=scaling.is_identity,
+        )
+        if stock is not None:
+            stock.update({k: v for k, v in base_params.items() if k in ("partial_rotary_factor",)})
         if stock is not None:
             set_rope_parameters(work, stock, main_type)
             if spec.dynamic and spec.name != "longrope":

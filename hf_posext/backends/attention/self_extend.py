@@ -39,7 +39,6 @@ only the new key. ``bench/self_extend_cost.py`` measures it (docs/beyond_rescali
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import math
 import re
@@ -50,7 +49,7 @@ import torch
 from torch import nn
 
 from hf_posext.core.loading import config_kwargs, model_class_for
-from hf_posext.core.record import CONFIG_KEY, make_record
+from hf_posext.core.record import CONFIG_KEY, make_record, restore_config, snapshot_config
 
 from hf_posext.methods.attention import check_window, default_window, max_extended_length, size_for_target
 from hf_posext.methods.registry import get_method
@@ -78,7 +77,6 @@ IMPLEMENTATIONS = {"sdpa": "hf_posext_self_extend_sdpa", "eager": "hf_posext_sel
 _PROBE_IMPLEMENTATION = "hf_posext_self_extend_probe"
 _LAYER_ATTRIBUTE = "_hf_posext_self_extend"
 _STATE_ATTRIBUTE = "_hf_posext_self_extend_state"
-_ABSENT = object()
 #: Elements of one block of attention scores (batch x heads x queries x keys), ~256 MB in float32.
 SCORE_BLOCK_ELEMENTS = 1 << 26
 
@@ -877,10 +875,7 @@ def patch_self_extend(
         swaps.append((site, build_rotary_module(site, ScalingConfig("none", 1.0, window))))
 
     config = model.config
-    snapshot = {
-        key: copy.deepcopy(config.__dict__[key]) if key in config.__dict__ else _ABSENT
-        for key in ("_attn_implementation_internal", CONFIG_KEY)
-    }
+    snapshot = snapshot_config(config, ("_attn_implementation_internal", CONFIG_KEY))
     model.set_attn_implementation(IMPLEMENTATIONS[mask_kind])
     installed = [(names[id(m)], m) for m in modules]
     for path, module in installed:
@@ -914,11 +909,7 @@ def unpatch_self_extend(model: nn.Module) -> nn.Module:
         module.__dict__.pop(_LAYER_ATTRIBUTE, None)
     for site in state.swapped_sites:
         setattr(site.parent, site.attribute, site.module)
-    for key, value in state.config_snapshot.items():
-        if value is _ABSENT:
-            model.config.__dict__.pop(key, None)
-        else:
-            model.config.__dict__[key] = copy.deepcopy(value)
+    restore_config(model.config, state.config_snapshot)
     del model.__dict__[_STATE_ATTRIBUTE]
     return model
 

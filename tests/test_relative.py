@@ -141,3 +141,14 @@ def test_a_bias_that_bypasses_the_bucketing_fails_loudly():
     with pytest.raises(ValueError, match="does not call _relative_position_bucket"):
         hf_posext.patch(model, "linear", factor=2)
     assert not any("_relative_position_bucket" in s.module.__dict__ for s in find_bias_sites(model))
+
+
+def test_the_cli_patches_describes_and_refuses_on_t5(tmp_path, capsys):
+    from hf_posext.cli import main
+
+    tiny_t5().save_pretrained(tmp_path / "t5")
+    assert main(["patch", str(tmp_path / "t5"), "--method", "linear", "--factor", "2", "--out", str(tmp_path / "x2")]) == 0
+    assert main(["describe", str(tmp_path / "x2"), "--json"]) == 0
+    assert '"kind": "relative"' in capsys.readouterr().out
+    assert main(["patch", str(tmp_path / "t5"), "--method", "yarn", "--factor", "2", "--out", str(tmp_path / "bad")]) == 2
+    assert "Methods valid here: linear, none" in capsys.readouterr().err and not (tmp_path / "bad").exists()

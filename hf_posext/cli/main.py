@@ -66,12 +66,12 @@ def _run_describe(args: argparse.Namespace) -> int:
 
 
 def _run_patch(args: argparse.Namespace) -> int:
-    from hf_posext.models import load_model, load_tokenizer
+    from hf_posext.models import load_tokenizer
 
     request = ScalingRequest.from_cli(
         args.method, args.factor, args.target_length, args.param, args.original_max_position_embeddings
     )
-    model = load_model(args.model)
+    model = load(args.model)  # any architecture; a saved scaling comes back and is then replaced
     patch(model, **request.patch_kwargs())
     model.save_pretrained(args.out)
     try:

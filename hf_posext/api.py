@@ -95,7 +95,7 @@ def patch(
     request = ScalingRequest.from_kwargs(
         method, factor, target_length=target_length,
         original_max_position_embeddings=original_max_position_embeddings, **method_params,
-    )
+    ).require_size()  # "none" needs no factor; any other method needs a size
     extras = {} if tokenizer is None else {"tokenizer": tokenizer}
     backend = select_backend(model, request.method)
     previous = patched_backend(model)

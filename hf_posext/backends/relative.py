@@ -163,10 +163,7 @@ class RelativeBackend:
         if not sites:
             raise UnsupportedModelError(f"{type(model).__name__} has no relative_attention_bias table.")
         window = request.original_max_position_embeddings or min(site.max_distance for site in sites)
-        factor = request.factor
-        if spec.name == "none" and factor is None and request.target_length is None:
-            factor = 1.0
-        factor = resolve_factor(factor, request.target_length, window)
+        factor = resolve_factor(request.factor, request.target_length, window)
         _probe(sites, spec.compute, factor, params)
 
         config = model.config
@@ -174,7 +171,9 @@ class RelativeBackend:
         if previous is not None:
             _remove(sites)
         _install(sites, spec.compute, factor, params)
-        stock_loadable = spec.name == "none" or factor == 1
+        # Stock transformers buckets the distances as they are: it reproduces the patch when the method leaves them so.
+        distances = torch.arange(-4 * int(window * factor), 4 * int(window * factor) + 1)
+        stock_loadable = torch.equal(spec.compute(distances, factor, params), distances)
         setattr(config, CONFIG_KEY, make_record(
             _KIND, spec.name, factor, window, request.params_dict,
             current_window=int(math.floor(window * factor)), stock_loadable=stock_loadable,

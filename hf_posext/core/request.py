@@ -279,9 +279,10 @@ class ScalingRequest:
             return self
         if self.method == "none":
             return dataclasses.replace(self, factor=1.0)
+        sizing = [prefix + name for kind in kinds_of(self.method) for name in get_method(self.method, kind).size_params]
         raise ValueError(
-            f"{prefix}method={self.method} needs exactly one of {prefix}factor (e.g. {prefix}factor=2) or "
-            f"{prefix}target_length (e.g. {prefix}target_length=16384)."
+            f"{prefix}method={self.method} needs its size: exactly one of {prefix}factor (e.g. {prefix}factor=2) or "
+            f"{prefix}target_length (e.g. {prefix}target_length=16384)" + (f", or {' / '.join(sizing)}." if sizing else ".")
         )
 
     def patch_kwargs(self) -> dict[str, Any]:
@@ -376,7 +377,7 @@ class ScalingConfig:
 
     @property
     def is_identity(self) -> bool:
-        return self.factor == 1 and self.method in ("linear", "ntk", "yarn", "llama3", "none")
+        return self.factor == 1 and self.spec.identity_at_one
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable form (stored in ``config.json`` under ``hf_posext``)."""

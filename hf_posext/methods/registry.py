@@ -32,6 +32,7 @@ class Method:
         dynamic: True when the frequencies depend on the current sequence length.
         size_params: parameters that size the extension by themselves (Self-Extend's ``group_size``):
             with one of them, neither ``factor`` nor ``target_length`` is needed.
+        identity_at_one: ``factor=1`` gives the unscaled model exactly (static methods).
     """
 
     name: str
@@ -41,6 +42,7 @@ class Method:
     compute: Callable[..., Any]
     dynamic: bool = False
     size_params: tuple[str, ...] = ()
+    identity_at_one: bool = False
 
     @property
     def transformers_type(self) -> str | None:
@@ -77,6 +79,7 @@ def register_method(
     params_cls: type,
     dynamic: bool = False,
     size_params: tuple[str, ...] = (),
+    identity_at_one: bool = False,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator registering ``compute`` under ``name`` (see :class:`Method`)."""
 
@@ -84,7 +87,7 @@ def register_method(
         registry = METHODS.setdefault(kind, {})
         if name in registry:
             raise ValueError(f"A {kind} method named {name!r} is already registered.")
-        registry[name] = Method(name, summary, kind, params_cls, compute, dynamic, size_params)
+        registry[name] = Method(name, summary, kind, params_cls, compute, dynamic, size_params, identity_at_one)
         return compute
 
     return decorator

@@ -173,8 +173,6 @@ def patch(
         if not isinstance(original_max_position_embeddings, int) or original_max_position_embeddings <= 0:
             raise ValueError(f"original_max_position_embeddings must be a positive int, got {original_max_position_embeddings!r}.")
         window = original_max_position_embeddings
-    if spec.name == "none" and factor is None and target_length is None:
-        factor = 1.0  # the baseline needs no factor: patch(model, "none") restores the pre-training rotation
     scale = resolve_factor(factor, target_length, window)
     scaling = ScalingConfig(spec.name, scale, window, method_params)
     new_modules = [build_rotary_module(site, scaling) for site in sites]

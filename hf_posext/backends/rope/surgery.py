@@ -114,6 +114,37 @@ def _stock_reproduces(site: RotarySite, new_module: ScaledRotaryEmbedding, confi
     return True
 
 
+def _plan_config(
+    config, original: dict[str, Any], scaling: ScalingConfig, theta: float, rotary_dim: int, layer_type: Any,
+    scaled_sites: list[tuple[RotarySite, ScaledRotaryEmbedding]],
+) -> tuple[dict[str, Any], bool]:
+    """The config fields ``config`` gets for ``scaling`` (changes nothing), and whether stock transformers
+    reproduces the patched modules from them.
+
+    Where transformers has the rule, the fields are its ``rope_parameters`` and window, checked by building
+    the model's own rotary class from them; otherwise the original RoPE fields stay (stock loads the unscaled
+    model) and the new window is advertised only through the hf_posext record.
+    """
+    window = scaling.original_max_position_embeddings
+    work = copy.deepcopy(config)
+    restore_config(work, {k: v for k, v in original.items() if k != CONFIG_KEY})
+    base_params = rope_parameters(work, layer_type) or {}
+    stock = stock_rope_parameters(scaling.method, scaling.factor, window, scaling.params, theta, rotary_dim, identity=scaling.is_identity)
+    if stock is not None:
+        stock.update({k: v for k, v in base_params.items() if k in ("partial_rotary_factor",)})
+        set_rope_parameters(work, stock, layer_type)
+        # transformers' dynamic types scale from max_position_embeddings = L; longrope reads L from its dict.
+        keeps_window = scaling.spec.dynamic and stock.get("rope_type") == "dynamic"
+        setattr(work, window_attribute(work), window if keeps_window else scaling.target_length)
+        if all(_stock_reproduces(site, module, work, scaling) for site, module in scaled_sites):
+            return _snapshot(work), True
+    work = copy.deepcopy(config)
+    restore_config(work, {k: v for k, v in original.items() if k != CONFIG_KEY})
+    if scaling.spec.dynamic:
+        setattr(work, window_attribute(work), window)
+    return _snapshot(work), False
+
+
 def patch(
     model: nn.Module,
     method: str,
@@ -184,48 +215,18 @@ def patch(
             configs.append(site.config)
     theta = main_site.bases[main_type]
     planned = []
-    stock_loadable = True
     for config in configs:
         original = _original_snapshot(config) if previous is None else next(s for c, s in config_snapshots if c is config)
-        work = copy.deepcopy(config)
-        restore_config(work, {k: v for k, v in original.items() if k != CONFIG_KEY})
-        base_params = rope_parameters(work, main_type) or {}
-        stock = stock_rope_parameters(
-            scaling.method, scaling.factor, scaling.original_max_position_embeddings, scaling.params, theta,
-            main_site.dims[main_type], identity=scaling.is_identity,
-        )
-        if stock is not None:
-            stock.update({k: v for k, v in base_params.items() if k in ("partial_rotary_factor",)})
-        if stock is not None:
-            set_rope_parameters(work, stock, main_type)
-            if spec.dynamic and spec.name != "longrope":
-                setattr(work, window_attribute(work), window)
-            else:
-                setattr(work, window_attribute(work), scaling.target_length)
-            site_ok = all(
-                _stock_reproduces(site, module, work, scaling)
-                for site, module in zip(sites, new_modules)
-                if site.config is config and site.scaled_layer_types
-            )
-        else:
-            site_ok = False
-        if not site_ok:
-            stock_loadable = False
-            work = copy.deepcopy(config)
-            restore_config(work, {k: v for k, v in original.items() if k != CONFIG_KEY})
-            if spec.dynamic:
-                setattr(work, window_attribute(work), window)
-            else:
-                # Stock transformers cannot express this scaling: keep the original RoPE fields (stock
-                # loads the unscaled model) and advertise the new window only through hf_posext.load.
-                setattr(work, window_attribute(work), getattr(work, window_attribute(work)))
+        scaled_sites = [(site, module) for site, module in zip(sites, new_modules) if site.config is config and site.scaled_layer_types]
+        new_values, site_ok = _plan_config(config, original, scaling, theta, main_site.dims[main_type], main_type, scaled_sites)
         new_record = {
             **scaling.to_dict(),
             "original_theta": theta,
             "stock_loadable": site_ok,
             "original_config": jsonable({k: v for k, v in original.items() if k != CONFIG_KEY}),
         }
-        planned.append((config, original, _snapshot(work), new_record))
+        planned.append((config, original, new_values, new_record))
+    stock_loadable = all(record["stock_loadable"] for *_, record in planned)
 
     # Apply: nothing above changed the model; from here on, undo on any failure.
     if previous is not None:

@@ -46,7 +46,7 @@ from hf_posext.core.errors import UnsupportedModelError
 from hf_posext.methods import get_method
 from hf_posext.methods.learned import MAX_TABLE_ROWS, exact_factor
 from hf_posext.core.loading import config_kwargs, model_class_for
-from hf_posext.core.record import CONFIG_KEY, ScalingReport, config_attribute
+from hf_posext.core.record import ABSENT, CONFIG_KEY, ScalingReport, config_attribute
 
 __all__ = [
     "detect",
@@ -64,7 +64,7 @@ __all__ = [
 #: File written next to a saved patched model: the original (pre-patch) learned tables.
 SIDECAR_NAME = "hf_posext_absolute.safetensors"
 _STATE_ATTRIBUTE = "_hf_posext_absolute_state"
-_ABSENT = object()
+
 #: Config attributes that can hold a model's maximum length (resolved through ``attribute_map``).
 _WINDOW_FIELDS = ("max_position_embeddings", "n_positions", "max_seq_len", "max_sequence_length", "seq_length")
 #: Integer module attributes whose name says "a length in positions".
@@ -312,7 +312,7 @@ def _find_sinusoids(model: nn.Module, fields: dict[str, int]) -> list[SinusoidSi
                 offset = 0
             regrows = callable(getattr(type(module), "make_weights", None)) and callable(getattr(type(module), "get_embedding", None))
             sites.append(SinusoidSite(path, module, name, offset, padding_rows, dim, buffer, regrows,
-                                      module.__dict__.get("get_embedding", _ABSENT)))
+                                      module.__dict__.get("get_embedding", ABSENT)))
     return sites
 
 
@@ -445,7 +445,7 @@ def is_patched(model: nn.Module) -> bool:
 
 @dataclass
 class _Assignment:
-    """One change: ``target.<name>`` goes from ``original`` to ``new`` (``_ABSENT`` = not set)."""
+    """One change: ``target.<name>`` goes from ``original`` to ``new`` (``ABSENT`` = not set)."""
 
     target: Any
     name: str
@@ -459,11 +459,11 @@ class _Assignment:
         elif self.how == "buffer":
             self.target._buffers[self.name] = value
         elif self.how == "config":
-            if value is _ABSENT:
+            if value is ABSENT:
                 self.target.__dict__.pop(self.name, None)
             else:
                 self.target.__dict__[self.name] = copy.deepcopy(value)
-        elif value is _ABSENT:
+        elif value is ABSENT:
             self.target.__dict__.pop(self.name, None)
         else:
             self.target.__dict__[self.name] = value
@@ -711,10 +711,10 @@ def patch_absolute(
     config = positions.config
     for name, value in positions.config_fields.items():
         original_config[name] = value
-    base_record = config.__dict__.get(CONFIG_KEY, _ABSENT) if previous is None else next(
+    base_record = config.__dict__.get(CONFIG_KEY, ABSENT) if previous is None else next(
         a.original for a in previous.assignments if a.how == "config" and a.name == CONFIG_KEY
     )
-    if base_record is not _ABSENT:
+    if base_record is not ABSENT:
         original_config[CONFIG_KEY] = base_record
     record = _record(scaling, positions, new_window, json.loads(json.dumps(original_config, default=str)))
     assignments = _plan(positions, scaling, exact, new_window, record, base_record)
@@ -911,7 +911,7 @@ def load_absolute(path: str, record: dict[str, Any], **from_pretrained_kwargs: A
         attribute.original = attribute.original - delta
     positions.config_fields = {name: value - delta for name, value in positions.config_fields.items()}
     # The config the model was loaded with already holds the record; unpatch removes it (or restores an older one).
-    base_record = original_config.get(CONFIG_KEY, _ABSENT)
+    base_record = original_config.get(CONFIG_KEY, ABSENT)
     exact = exact_factor(scaling.factor, None, scaling.original_max_position_embeddings)
     assignments = _plan(positions, scaling, exact, new_window, dict(record), base_record, loaded_tables=loaded_tables)
     _apply(assignments)

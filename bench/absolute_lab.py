@@ -439,23 +439,38 @@ def write_outputs(report: dict, out: str) -> None:
     except ImportError:
         print("matplotlib not installed: no PNG written")
         return
+    from matplotlib.lines import Line2D
+
+    from hf_posext.evaluation.plots import method_styles, save_figure
+
     panels = [("perplexity", "held-out text")]
     if report.get("repeated_passage_perplexity"):
         panels.append(("repeated_passage_perplexity", "second copy of a repeated passage"))
-    figure, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), 4.5), squeeze=False)
+    names = list(report["perplexity"])
+    styles = method_styles(names)  # one colour and marker per method, in both panels
+    figure, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 5.4), squeeze=False, layout="constrained")
     for axis, (key, label) in zip(axes[0], panels):
-        for name, row in report[key].items():
+        for i, name in enumerate(names):
+            row = report[key].get(name, {})
             xs = [int(n) for n in lengths if n in row]
-            style = "--" if "fine-tune" not in name else "-"
-            axis.plot(xs, [row[str(x)] for x in xs], style, marker="o", label=name)
+            shift = 2 ** ((i - (len(names) - 1) / 2) * 0.03)  # ties stay visible: methods offset sideways
+            colour, marker, filled = styles[name]
+            axis.plot([x * shift for x in xs], [row[str(x)] for x in xs], "-" if "fine-tune" in name else "--", marker=marker,
+                      color=colour, markerfacecolor=colour if filled else "none")
+        axis.axvline(256, color="grey", linestyle=":", linewidth=1.2)
         axis.set_xscale("log", base=2)
         axis.set_xticks([256, 512, 1024], ["256", "512", "1024"])
+        axis.minorticks_off()
+        axis.set_xlim(256 / 2 ** 0.3, 1024 * 2 ** 0.3)
         axis.set_xlabel("evaluation length (tokens)")
         axis.set_ylabel(f"perplexity ({label})")
-        axis.set_title("Extending a learned position table 256 -> 1024 (small GPT-2)")
-        axis.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(os.path.join(out, "absolute_lab.png"), dpi=120)
+        axis.grid(alpha=0.3)
+    handles = [Line2D([], [], color=styles[n][0], marker=styles[n][1], markerfacecolor=styles[n][0] if styles[n][2] else "none",
+                      linestyle="-" if "fine-tune" in n else "--") for n in names]
+    handles.append(Line2D([], [], color="grey", linestyle=":"))
+    figure.legend(handles, names + ["original window (256)"], loc="outside lower center", ncols=3, fontsize=8, frameon=False)
+    figure.suptitle("Extending a learned position table 256 -> 1024 (small GPT-2)")
+    save_figure(figure, os.path.join(out, "absolute_lab.png"), dpi=120)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

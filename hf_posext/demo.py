@@ -1,51 +1,95 @@
-"""The main job on the embedded default model: does SmolLM2-135M still work at 2x its window?
+"""The main job on the embedded default model: which methods make SmolLM2-135M work at 2x its window?
 
-``hf-posext demo`` loads ``smollm2-135m`` (window 8192) once and compares, side by side, the unpatched
-model (``none``), ``yarn`` and ``dynamic-yarn`` (factor 2 = 16384 / 8192) at 8192 tokens (the window:
-what scaling costs) and 16384 (twice the window: what it buys):
+``hf-posext demo`` loads ``smollm2-135m`` (window 8192) once and evaluates it at 16384 tokens, twice
+its window, under the unpatched baseline and the methods the README recommends at 2x:
 
-* perplexity on one window per length of ``builtin:python-docs`` (the docstrings of the installed Python
-  standard library: English prose available offline on any machine, not stored in this repository);
-* passkey retrieval (landmark-attention format, passkey at depth 0.5, one seeded trial per length),
-  scored by greedy generation and by the teacher-forced argmax check.
+* **perplexity** (one 16384-token window of ``builtin:python-docs``, the docstrings of the installed
+  Python standard library: English prose available offline on any machine) for ``none`` (the
+  baseline, which breaks past its window), ``dynamic-yarn`` (the default pick: the original model
+  inside the window, YaRN's perplexity past it) and ``self-extend`` (the lowest perplexity at 2x in
+  the quality table);
+* **passkey retrieval** (landmark-attention format, one seeded trial with the passkey at depth 0.1,
+  about 15k tokens before the question: the case that separates the methods in the quality table)
+  for ``dynamic-yarn`` (which misses it), ``dynamic-ntk`` and ``longrope`` with the factors searched
+  for 16384 tokens (``bench/results/search_smollm2-135m_16384.json``), which both find it. Scored by
+  greedy generation and by the teacher-forced argmax check.
 
-It prints a table and writes JSON, CSV and PNG plots to ``results/demo`` (``results/demo-quick`` with
-``--quick``, which uses 1024 and 2048 tokens with the same factor 2: a smoke run of a minute or two,
-inside the window, so it shows only what scaling costs at short lengths). Re-running resumes: finished cells are read back, not recomputed.
+Each method runs only where it is recommended, plus one contrast per task, because one 16384-token
+forward takes about 150 s on 2 CPU cores (Self-Extend about 230 s): six of them, 996 s by the per-cell
+times of the same forwards in the quality table, are about 17 minutes with loading. The quality table (``bench/quality_table.py``, ``docs/beyond_rescaling.md``) has
+every method at every depth.
 
-Budget (2 idle CPU cores, float32, measured 2026-11-26): one forward pass takes about 50 s at 8192
-tokens and 155 s at 16384; the whole demo took 800 s by its own clock (13:23 wall with start-up and
-loading, ``/usr/bin/time -v hf-posext demo``). ``dynamic-yarn`` is computed by nothing new: inside the
-window it is the unpatched model, and at 16384 tokens it is ``yarn`` with s = 2 (the grid detects equal
-rotary tables and reuses the result, and the JSON says so under ``reused_from``).
+It prints a table and writes JSON, CSV, PNG plots and an HTML report to ``results/demo``
+(``results/demo-quick`` with ``--quick``: 1024 and 2048 tokens, inside the window, a smoke run of a
+minute or two that shows only what scaling costs at short lengths). Re-running resumes: finished cells
+are read back, not recomputed.
 """
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
-__all__ = ["run_demo", "demo_table", "DEMO_MODEL", "DEMO_METHODS", "DEMO_FACTOR", "DEMO_LENGTHS", "QUICK_LENGTHS"]
+__all__ = ["run_demo", "demo_table", "demo_methods", "DEMO_MODEL", "DEMO_FACTOR", "DEMO_LENGTHS", "QUICK_LENGTHS",
+           "PERPLEXITY_METHODS", "RETRIEVAL_METHODS", "PASSKEY_DEPTH", "LONGROPE_FACTORS"]
 
 DEMO_MODEL = "smollm2-135m"
-DEMO_METHODS = "none,yarn,dynamic-yarn"
-DEMO_FACTOR = 2.0  # 16384 / 8192: the longest demo length over SmolLM2's window
-DEMO_LENGTHS = (8192, 16384)  # the window and 2x: where scaling costs, where it pays
+DEMO_FACTOR = 2.0  # 16384 / 8192: twice SmolLM2's window
+DEMO_LENGTHS = (16384,)
 QUICK_LENGTHS = (1024, 2048)
+PASSKEY_DEPTH = 0.1  # the far passkey: ~15k tokens before the question at 16384
+PERPLEXITY_METHODS = ("none", "dynamic-yarn", "self-extend")
+RETRIEVAL_METHODS = ("dynamic-yarn", "dynamic-ntk", "longrope")
+LONGROPE_FACTORS = Path(__file__).resolve().parents[1] / "bench" / "results" / "search_smollm2-135m_16384.json"
+
+
+def _display_path(path: Path) -> str:
+    """``path`` relative to the working directory when it lies inside it (the cell ids then do not depend on
+    where the repository was cloned), else absolute."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path.resolve())
+
+
+def demo_methods(names: tuple[str, ...], factors_file: Path = LONGROPE_FACTORS) -> list:
+    """Method requests for ``names``; ``longrope`` gets the searched factors file.
+
+    Raises:
+        FileNotFoundError: ``longrope`` is asked for and ``factors_file`` is missing (the demo runs
+            from a clone of the repository, which holds the file).
+    """
+    from hf_posext.evaluation.runner import MethodRequest, parse_methods
+
+    requests = []
+    for request in parse_methods(",".join(names)):
+        if request.name == "longrope":
+            if not factors_file.is_file():
+                raise FileNotFoundError(f"The demo's longrope factors file {factors_file} is missing; run the demo from a clone "
+                                        "of the hf-posext repository (bash scripts/demo.sh).")
+            request = MethodRequest("longrope", None, (("factors", _display_path(factors_file)),))
+        requests.append(request)
+    return requests
+
+
+def _row_name(record: dict[str, Any]) -> str:
+    return record["method"] if record["method"] == "none" else f"{record['method']} x{record['factor']:g}"
 
 
 def demo_table(perplexity_cells: dict, passkey_cells: dict, lengths: tuple[int, ...]) -> str:
-    """The demo's markdown table: one row per method, perplexity and passkey per length."""
+    """The demo's markdown table: one row per method, perplexity and passkey per length (blank: not run)."""
     rows: dict[str, dict[str, str]] = {}
     for record in perplexity_cells.values():
-        name = record["method"] if record["method"] == "none" else f"{record['method']} x{record['factor']:g}"
-        rows.setdefault(name, {})[f"ppl {record['length']}"] = f"{record['ppl']:.2f}"
+        rows.setdefault(_row_name(record), {})[f"ppl {record['length']}"] = f"{record['ppl']:.2f}"
     for record in passkey_cells.values():
-        name = record["method"] if record["method"] == "none" else f"{record['method']} x{record['factor']:g}"
         greedy = record.get("greedy_accuracy")
-        value = f"{'ok' if greedy else 'miss'} / {'ok' if record['teacher_forced_accuracy'] else 'miss'}" if record["trials"] == 1 else (
-            f"{greedy:.2f} / {record['teacher_forced_accuracy']:.2f}")
-        rows.setdefault(name, {})[f"passkey {record['length']}"] = value
+        teacher = record["teacher_forced_accuracy"]
+        if record["trials"] == 1:
+            value = f"{'ok' if greedy else 'miss'} / {'ok' if teacher else 'miss'}" if greedy is not None else ('ok' if teacher else 'miss')
+        else:
+            value = f"{greedy:.2f} / {teacher:.2f}" if greedy is not None else f"{teacher:.2f}"
+        rows.setdefault(_row_name(record), {})[f"passkey {record['length']}"] = value
     columns = [f"ppl {n}" for n in lengths] + [f"passkey {n}" for n in lengths]
     lines = ["| method | " + " | ".join(columns) + " |", "|---|" + "---:|" * len(columns)]
     for name in sorted(rows, key=lambda m: (m != "none", m)):
@@ -57,47 +101,53 @@ def run_demo(quick: bool = False, out_dir: str | Path | None = None) -> int:
     """Run the demo comparison and print its table.
 
     Args:
-        quick: use 1024 and 2048 tokens instead of 8192 and 16384 (a smoke run).
+        quick: use 1024 and 2048 tokens instead of 16384 (a smoke run inside the window).
         out_dir: results folder (default ``results/demo`` or ``results/demo-quick``).
 
     Returns:
         The exit code (0).
     """
+    perplexity_methods = demo_methods(PERPLEXITY_METHODS)  # validated before the model loads
+    retrieval_methods = demo_methods(RETRIEVAL_METHODS)
+
     import torch
 
     from hf_posext.evaluation.passkey import evaluate_passkey
     from hf_posext.evaluation.perplexity import evaluate_perplexity
-    from hf_posext.evaluation.report import write_plots
-    from hf_posext.evaluation.runner import load_model_and_tokenizer, parse_methods
+    from hf_posext.evaluation.report import write_report
+    from hf_posext.evaluation.runner import load_model_and_tokenizer
 
     started = time.time()
     lengths = QUICK_LENGTHS if quick else DEMO_LENGTHS
     out = Path(out_dir or ("results/demo-quick" if quick else "results/demo"))
-    print(f"hf-posext demo: {DEMO_MODEL}, methods {DEMO_METHODS}, lengths {', '.join(map(str, lengths))}; results in {out}/")
-    budget = ("about 1.5 minutes with set-up (measured 60 s)" if quick else
-              "about 13-16 minutes on 2 otherwise idle CPU cores (measured 800 s and 920 s; one forward: ~50 s at 8192 tokens, ~155 s at 16384)")
+    print(f"hf-posext demo: {DEMO_MODEL} at {', '.join(map(str, lengths))} tokens (window 8192, factor {DEMO_FACTOR:g}); "
+          f"perplexity: {', '.join(PERPLEXITY_METHODS)}; passkey at depth {PASSKEY_DEPTH}: {', '.join(RETRIEVAL_METHODS)}; "
+          f"results in {out}/")
+    budget = ("about 2 minutes with set-up" if quick else
+              "about 17 minutes on 2 otherwise idle CPU cores (six 16384-token forwards: ~150 s each, Self-Extend ~230 s)")
     print(f"torch threads: {torch.get_num_threads()}; {budget}.", flush=True)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model, tokenizer = load_model_and_tokenizer(DEMO_MODEL, dtype="float32", device=device)
-    methods = parse_methods(DEMO_METHODS)
     config = {"dtype": "float32", "demo": True}
     perplexity = evaluate_perplexity(
-        model, tokenizer, data="builtin:python-docs", methods=methods, lengths=lengths, factor=DEMO_FACTOR, out_dir=out,
-        model_name=DEMO_MODEL, max_windows=1, extra_config=config,
+        model, tokenizer, data="builtin:python-docs", methods=perplexity_methods, lengths=lengths, factor=DEMO_FACTOR,
+        out_dir=out, model_name=DEMO_MODEL, max_windows=1, extra_config=config,
     )
     passkey = evaluate_passkey(
-        model, tokenizer, methods=methods, lengths=lengths, factor=DEMO_FACTOR, depths=(0.5,), trials=1, out_dir=out,
-        model_name=DEMO_MODEL, generate=True, extra_config=config,
+        model, tokenizer, methods=retrieval_methods, lengths=lengths, factor=DEMO_FACTOR, depths=(PASSKEY_DEPTH,), trials=1,
+        out_dir=out, model_name=DEMO_MODEL, generate=True, extra_config=config,
     )
     table = demo_table(perplexity.cells, passkey.cells, lengths)
-    plots = write_plots([perplexity.data, passkey.data], out)
+    _, plots = write_report(out)
     (out / "demo.md").write_text(
-        f"{DEMO_MODEL} (window 8192), float32, {len(lengths)} lengths; perplexity on one window of builtin:python-docs per "
-        "length; passkey at depth 0.5, one trial (greedy / teacher-forced).\n\n" + table + "\n"
+        f"{DEMO_MODEL} (window 8192), float32, factor {DEMO_FACTOR:g}; perplexity on one window of builtin:python-docs per "
+        f"length; passkey at depth {PASSKEY_DEPTH}, one trial (greedy / teacher-forced). Blank: not run (each method runs "
+        "where the README recommends it, plus one contrast per task).\n\n" + table + "\n"
     )
     print()
     print(table)
-    print("\nperplexity: lower is better. passkey: greedy generation / teacher-forced argmax (ok = passkey retrieved).")
-    print(f"results: {perplexity.path}, {passkey.path}; plots: {', '.join(str(p) for p in plots)}")
+    print("\nperplexity: lower is better. passkey: greedy generation / teacher-forced argmax (ok = passkey retrieved). "
+          "Blank: not run in the demo (see bench/results/quality/ for every method at every depth).")
+    print(f"results: {perplexity.path}, {passkey.path}; report: {out / 'report.html'}; plots: {', '.join(p.name for p in plots)}")
     print(f"done in {time.time() - started:.0f} s")
     return 0

@@ -148,6 +148,20 @@ def _score_rows(label: str, results: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def _first_prompt(results: dict[str, Any]) -> str | None:
+    """The context of the first request the harness built (its logged samples), or None."""
+    for samples in (results.get("samples") or {}).values():
+        for sample in samples:
+            arguments = sample.get("arguments")
+            first = next(iter(arguments.values()), None) if isinstance(arguments, dict) else (arguments[0] if arguments else None)
+            if isinstance(first, dict):
+                first = next(iter(first.values()), None)
+            elif isinstance(first, (list, tuple)):
+                first = first[0] if first else None
+            return first if isinstance(first, str) else None
+    return None
+
+
 def compare_methods(
     pretrained: str,
     methods: list[str],
@@ -161,6 +175,9 @@ def compare_methods(
     batch_size: int | str = 1,
     include_path: str | None = None,
     output_path: str | Path | None = None,
+    apply_chat_template: bool | str = False,
+    fewshot_as_multiturn: bool | None = None,
+    system_instruction: str | None = None,
 ) -> list[dict[str, Any]]:
     """Evaluate one model under several scaling methods on the same harness tasks.
 
@@ -179,7 +196,11 @@ def compare_methods(
         device: torch device.
         batch_size: harness batch size.
         include_path: folder of extra task YAMLs.
-        output_path: JSON file to write ``{"rows": [...], "reports": {...}, "settings": {...}}`` to.
+        output_path: JSON file to write ``{"rows": [...], "reports": {...}, "settings": {...}}`` to; each
+            report keeps the first prompt the harness built, so the formatting can be checked.
+        apply_chat_template: the harness's ``--apply_chat_template`` (True, or a template name).
+        fewshot_as_multiturn: the harness's ``--fewshot_as_multiturn`` (None: on with a chat template).
+        system_instruction: the harness's ``--system_instruction``.
 
     Returns:
         One row per (method, task, metric): ``{"method", "task", "metric", "value"}``.
@@ -192,6 +213,10 @@ def compare_methods(
     from hf_posext.models import resolve_model_path
 
     specs = {spec: parse_method_spec(spec) for spec in methods}  # every spec checked before any work
+    if fewshot_as_multiturn is None:
+        fewshot_as_multiturn = bool(apply_chat_template)
+    elif fewshot_as_multiturn and not apply_chat_template:
+        raise ValueError("--fewshot_as_multiturn needs --apply_chat_template (few-shot turns are chat messages).")
     path = resolve_model_path(pretrained)
     metadata: dict[str, Any] = {"pretrained": path, "tokenizer": path}
     if max_seq_lengths:
@@ -214,15 +239,19 @@ def compare_methods(
         )
         results = simple_evaluate(
             model=lm, tasks=task_objects, limit=limit, batch_size=batch_size, device=device, task_manager=task_manager,
+            apply_chat_template=apply_chat_template, fewshot_as_multiturn=fewshot_as_multiturn, system_instruction=system_instruction,
         )
         logger.info("%s done in %.0f s: %s", spec, time.perf_counter() - started, _score_rows(spec, results))
         rows.extend(_score_rows(spec, results))
-        reports[spec] = {"report": lm.posext_report, "seconds": round(time.perf_counter() - started, 1)}
+        reports[spec] = {"report": lm.posext_report, "seconds": round(time.perf_counter() - started, 1),
+                         "first_prompt": _first_prompt(results)}
         del lm, results
         gc.collect()
         if output_path is not None:  # after every method: a long comparison keeps what it finished
             settings = {"pretrained": pretrained, "tasks": tasks, "max_seq_lengths": max_seq_lengths, "limit": limit,
-                        "max_length": max_length, "model_args": model_args, "device": device}
+                        "max_length": max_length, "model_args": model_args, "device": device,
+                        "apply_chat_template": apply_chat_template, "fewshot_as_multiturn": fewshot_as_multiturn,
+                        "system_instruction": system_instruction}
             Path(output_path).parent.mkdir(parents=True, exist_ok=True)
             Path(output_path).write_text(
                 json.dumps({"rows": rows, "reports": reports, "settings": settings}, indent=2, default=str)

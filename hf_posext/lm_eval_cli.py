@@ -56,11 +56,28 @@ def add_compare_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", default="1")
     parser.add_argument("--include-path", help="folder of extra task YAMLs")
     parser.add_argument("--out", help="JSON file for the rows, the scaling reports and the settings")
+    chat = parser.add_argument_group("chat formatting (passed to the harness as its own options)")
+    chat.add_argument("--apply_chat_template", nargs="?", const=True, default=False, metavar="TEMPLATE",
+                      help="apply the tokenizer's chat template (optionally a named one) to every prompt")
+    chat.add_argument("--fewshot_as_multiturn", nargs="?", const=True, default=None, type=_parse_bool, metavar="BOOL",
+                      help="few-shot examples as chat turns (default: on with --apply_chat_template)")
+    chat.add_argument("--system_instruction", metavar="TEXT", help="a system message before every prompt")
+
+
+def _parse_bool(text: str) -> bool:
+    """``true``/``1``/``yes`` or ``false``/``0``/``no`` (any case)."""
+    value = text.strip().lower()
+    if value not in ("true", "1", "yes", "false", "0", "no"):
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    return value in ("true", "1", "yes")
 
 
 def run_compare(args: argparse.Namespace) -> int:
     """Run :func:`hf_posext.lm_eval.compare_methods` and print its table."""
     from hf_posext.lm_eval import import_harness, compare_methods, format_comparison
+
+    if args.fewshot_as_multiturn and not args.apply_chat_template:
+        raise ValueError("--fewshot_as_multiturn needs --apply_chat_template (few-shot turns are chat messages).")
 
     import_harness()  # a clear message when lm-eval is missing
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -72,6 +89,8 @@ def run_compare(args: argparse.Namespace) -> int:
         args.model, args.methods, args.tasks, max_seq_lengths=args.seq_lengths, limit=limit,
         max_length=args.max_length, model_args=simple_parse_args_string(args.model_args), device=args.device,
         batch_size=batch_size, include_path=args.include_path, output_path=args.out,
+        apply_chat_template=args.apply_chat_template, fewshot_as_multiturn=args.fewshot_as_multiturn,
+        system_instruction=args.system_instruction,
     )
     print(format_comparison(rows))
     return 0

@@ -54,5 +54,5 @@ def test_needle_grid_and_heatmap(tmp_path):
     assert len(store.cells) == 2 * 2 * 2
     plots = {p.name for p in write_plots([store.data], tmp_path)}
     # --factor omitted: yarn's factor is the longest length over the window, 400 / 256
-    assert {"needle.png", "needle-none.png", "needle-yarnx1.5625.png"} <= plots
-    assert (tmp_path / "needle-none.png").stat().st_size > 1000
+    assert {"needle.png", "needle-heatmap-x1.5625.png"} <= plots  # none and yarn side by side in one figure
+    assert (tmp_path / "needle-heatmap-x1.5625.png").stat().st_size > 1000

@@ -1,12 +1,14 @@
 """Reports: tables, CSV, plots from results folders; the demo table; the CLI subcommands."""
 
 import json
+from pathlib import Path
 
 import pytest
 
 from hf_posext.cli import main
 from hf_posext.demo import demo_table
 from hf_posext.evaluation.report import load_results, markdown_tables, write_report
+from hf_posext.evaluation.results_files import ResultsFileError
 
 
 def _record(method, factor, length, **metrics):
@@ -28,7 +30,6 @@ def test_report_tables_and_plots(tmp_path):
         "a": _record("none", 1.0, 128, depth=0.0, greedy_accuracy=0.0, teacher_forced_accuracy=0.5, trials=2),
         "b": _record("none", 1.0, 128, depth=1.0, greedy_accuracy=1.0, teacher_forced_accuracy=1.0, trials=2),
     })
-    (tmp_path / "notes.json").write_text("[1, 2]")
     runs = load_results(tmp_path)
     assert [r["task"] for r in runs] == ["passkey", "perplexity"]
     tables = markdown_tables(runs)
@@ -36,8 +37,9 @@ def test_report_tables_and_plots(tmp_path):
     assert "| none | 0.50 |" in tables  # greedy accuracy averaged over the two depths
     assert "scored tokens per length 64: 63, 128: 127)" in tables
     markdown, plots = write_report(tmp_path)
-    assert {p.name for p in plots} >= {"perplexity.png", "passkey.png", "passkey-heatmap-none.png"}
+    assert {p.name for p in plots} == {"perplexity.png", "passkey.png", "passkey-heatmap-none.png"}
     assert (tmp_path / "report.md").read_text().startswith("Perplexity")
+    assert (tmp_path / "report.html").read_text().startswith("<!DOCTYPE html>")
 
 
 def test_report_token_note_covers_every_method(tmp_path):
@@ -65,7 +67,68 @@ def test_report_keeps_models_apart(tmp_path):
     assert "| smollm2-8k-32k/merged: yarn x4 | 1.00 |" in tables and "| smollm2-135m: yarn x4 | 0.00 |" in tables
     _, plots = write_report(tmp_path)
     names = {p.name for p in plots}
-    assert {"passkey-heatmap-smollm2-135m-yarnx4.png", "passkey-heatmap-smollm2-8k-32k-merged-yarnx4.png"} <= names
+    assert {"passkey-heatmap-smollm2-135m-x4.png", "passkey-heatmap-smollm2-8k-32k-merged-x4.png"} <= names
+
+
+def test_report_labels_a_factors_file_by_its_name(tmp_path):
+    _write(tmp_path, "perplexity", {"a": {**_record("longrope", 2.0, 128, ppl=9.0, nll=2.2, tokens=127),
+                                          "label": "longrope(factors=bench/results/search_m_128.json)"}})
+    tables = markdown_tables(load_results(tmp_path))
+    assert "| longrope(factors=search_m_128.json) x2 | 9.00 |" in tables and "bench/results" not in tables
+
+
+_GOOD_CELL = _record("none", 1.0, 64, ppl=10.0, nll=2.3, tokens=63)
+
+
+@pytest.mark.parametrize("content, problem", [
+    (b"\x8f\x00\xffrandom bytes", "not a readable results file"),
+    (b"{not json", "not a readable results file"),
+    (b"[]", "holds a JSON list"),
+    (b'{"task": "perplexity", "config": {}}', "lacks 'cells'"),
+    (json.dumps({"task": "perplexity", "config": {}, "cells": {"a": 3}}).encode(), "cell 'a' is a int, not a record"),
+    (json.dumps({"task": "perplexity", "config": {}, "cells": {"a": {**_GOOD_CELL, "ppl": "12.5"}}}).encode(),
+     "cell 'a' has ppl '12.5', not a number"),
+    (json.dumps({"task": "perplexity", "config": {}, "cells": {"a": {k: v for k, v in _GOOD_CELL.items() if k != "ppl"}}}).encode(),
+     "cell 'a' lacks its 'ppl'"),
+    (json.dumps({"task": "passkey", "config": {}, "cells": {"a": _record("none", 1.0, 64, depth=0.5, trials=1,
+                                                                        teacher_forced_accuracy=None)}}).encode(),
+     "cell 'a' lacks its 'teacher_forced_accuracy'"),
+    (json.dumps({"task": "perplexity", "config": {}, "cells": {"a": {**_GOOD_CELL, "length": "64"}}}).encode(),
+     "has length '64', not a token count"),
+    (json.dumps({"task": "perplexity", "config": {}, "cells": {"a": {**_GOOD_CELL, "run": 4}}, "runs": []}).encode(),
+     "names run 4"),
+])
+def test_report_names_a_corrupt_results_file(tmp_path, capsys, content, problem):
+    # issue 17: a damaged file beside good ones stops the report with its name; nothing is written
+    _write(tmp_path, "perplexity", {"a": _GOOD_CELL})
+    (tmp_path / "zz-damaged.json").write_bytes(content)
+    with pytest.raises(ResultsFileError, match="zz-damaged.json") as error:
+        load_results(tmp_path)
+    assert problem in str(error.value)
+    assert main(["report", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "zz-damaged.json" in err and problem in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["perplexity-x.json", "zz-damaged.json"]
+
+
+def test_result_store_refuses_a_cell_without_its_numbers(tmp_path):
+    # issue 17: a stored cell that lacks its numbers was reused (a blank table cell, exit 0)
+    from hf_posext.evaluation import evaluate_perplexity, parse_methods
+    from hf_posext.evaluation.runner import load_model_and_tokenizer
+
+    data = tmp_path / "text.txt"
+    data.write_text("Some words to read. " * 30)
+    model, tokenizer = load_model_and_tokenizer("tiny")
+    common = dict(data=str(data), methods=parse_methods("none"), lengths=[32], out_dir=tmp_path, model_name="tiny", max_windows=1)
+    store = evaluate_perplexity(model, tokenizer, **common)
+    saved = json.loads(store.path.read_text())
+    for record in saved["cells"].values():
+        del record["ppl"]
+    store.path.write_text(json.dumps(saved))
+    damaged = store.path.read_bytes()
+    with pytest.raises(ResultsFileError, match=f"{store.path.name}.*lacks its 'ppl'"):
+        evaluate_perplexity(model, tokenizer, **common)
+    assert store.path.read_bytes() == damaged  # left as it was, not reused and not overwritten
 
 
 def test_report_errors(tmp_path):
@@ -77,9 +140,22 @@ def test_report_errors(tmp_path):
 
 def test_demo_table():
     perplexity = {"1": _record("none", 1.0, 4096, ppl=9.5), "2": _record("yarn", 2.0, 4096, ppl=9.9)}
-    passkey = {"1": _record("none", 1.0, 4096, greedy_accuracy=1.0, teacher_forced_accuracy=0.0, trials=1)}
+    passkey = {"1": _record("none", 1.0, 4096, greedy_accuracy=1.0, teacher_forced_accuracy=0.0, trials=1),
+               "2": _record("dynamic-ntk", 2.0, 4096, greedy_accuracy=0.0, teacher_forced_accuracy=1.0, trials=1)}
     table = demo_table(perplexity, passkey, (4096,))
     assert "| none | 9.50 | ok / miss |" in table and "| yarn x2 | 9.90 |  |" in table
+    assert "| dynamic-ntk x2 |  | miss / ok |" in table  # a method run only for retrieval: blank perplexity
+
+
+def test_demo_methods_use_the_searched_factors_and_check_them_first(tmp_path):
+    from hf_posext.demo import LONGROPE_FACTORS, PERPLEXITY_METHODS, RETRIEVAL_METHODS, demo_methods
+
+    requests = demo_methods(RETRIEVAL_METHODS)
+    assert [r.name for r in requests] == ["dynamic-yarn", "dynamic-ntk", "longrope"]
+    assert LONGROPE_FACTORS.is_file() and Path(requests[2].params_dict["factors"]).resolve() == LONGROPE_FACTORS.resolve()
+    assert [r.name for r in demo_methods(PERPLEXITY_METHODS)] == ["none", "dynamic-yarn", "self-extend"]
+    with pytest.raises(FileNotFoundError, match="factors file .*missing"):
+        demo_methods(("longrope",), tmp_path / "gone.json")
 
 
 def test_cli_eval_and_report_end_to_end(tmp_path, capsys):
@@ -92,7 +168,9 @@ def test_cli_eval_and_report_end_to_end(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "| linear x2 |" in printed and "perplexity.png" in printed
     assert main(["report", str(out)]) == 0
-    assert "Perplexity" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "Perplexity" in printed and f"HTML report (self-contained, opens offline): {out / 'report.html'}" in printed
+    assert (out / "report.html").is_file()
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -104,3 +182,17 @@ def test_cli_bad_input_gives_one_clear_line(tmp_path, capsys, argv, message):
     code = main(["eval", "perplexity", "--model", "tiny", "--out", str(tmp_path)] + argv)
     assert code == 2
     assert message in capsys.readouterr().err
+
+
+def test_eval_names_a_damaged_file_beside_its_results(tmp_path, capsys):
+    # the plots after an evaluation cover the folder; a damaged file there is named, not silently left out
+    data = tmp_path / "text.txt"
+    data.write_text("Some words to read. " * 30)
+    out = tmp_path / "results"
+    out.mkdir()
+    (out / "passkey-old.json").write_text("[]")
+    code = main(["eval", "perplexity", "--model", "tiny", "--methods", "none", "--lengths", "32", "--data", str(data),
+                 "--out", str(out), "--max-windows", "1", "--no-progress"])
+    assert code == 0
+    err = capsys.readouterr().err
+    assert "warning: plots cover only this run:" in err and "passkey-old.json holds a JSON list" in err

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from hf_posext.core.request import parse_param_items
@@ -115,9 +116,13 @@ def run_task(task: str, args: argparse.Namespace) -> int:
 def _folder_runs(folder: str, current: dict[str, Any]) -> list[dict[str, Any]]:
     """Every results file in ``folder`` (this run's is written by now); just this run if none can be read."""
     from hf_posext.evaluation.report import load_results
+    from hf_posext.evaluation.results_files import ResultsFileError
 
     try:
         return load_results(folder)
+    except ResultsFileError as error:  # named, not silently left out of the plots
+        print(f"warning: plots cover only this run: {error}", file=sys.stderr)
+        return [current]
     except (FileNotFoundError, ValueError):
         return [current]
 
@@ -155,6 +160,7 @@ def _run_report(args: argparse.Namespace) -> int:
     markdown, plots = write_report(args.folder, args.out)
     print(markdown)
     print("\nplots: " + ", ".join(str(p) for p in plots))
+    print(f"HTML report (self-contained, opens offline): {Path(args.out or args.folder) / 'report.html'}")
     return 0
 
 

@@ -445,12 +445,11 @@ class ResultStore:
         self.path = self.out_dir / f"{task}-{_slug(str(run_config.get('model', 'model')))}-{key}.json"
         self.data: dict[str, Any] = {"task": task, "config": run_config, "versions": versions(), "cells": {}, "runs": []}
         if self.path.exists() and not overwrite:
-            try:
-                previous = json.loads(self.path.read_text())
-                self.data["cells"] = previous.get("cells", {})
-                self.data["runs"] = previous.get("runs", [])
-            except json.JSONDecodeError:
-                warnings.warn(f"{self.path} is not valid JSON (an interrupted write?); starting it afresh.")
+            from hf_posext.evaluation.results_files import read_results_file
+
+            previous = read_results_file(self.path)  # a damaged file is named, never reused or silently replaced
+            self.data["cells"] = previous["cells"]
+            self.data["runs"] = previous.get("runs", [])
         self._started = time.time()
         # Cells of one file can come from several runs on different machines (a CPU and a GPU, say): each
         # run keeps its own versions, and each cell the index of the run that computed it.

@@ -1,0 +1,38 @@
+"""Short, distinct names for what a report shows: methods, series (method x factor), models."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+__all__ = ["short_label", "series_name", "model_name", "format_length"]
+
+_PATH_VALUE = re.compile(r"=([^,()=]*[/\\][^,()=]*)")
+
+
+def short_label(label: str) -> str:
+    """A method label with every file-path parameter shortened to its file name.
+
+    ``longrope(factors=bench/results/search_smollm2-135m_16384.json)`` becomes
+    ``longrope(factors=search_smollm2-135m_16384.json)``.
+    """
+    return _PATH_VALUE.sub(lambda match: "=" + re.split(r"[/\\]", match.group(1).rstrip("/\\"))[-1], label)
+
+
+def series_name(record: dict[str, Any], with_model: bool = True) -> str:
+    """``label xFACTOR`` (``none`` alone), prefixed by ``model: `` when the record is tagged with one."""
+    label = short_label(record.get("label") or record["method"])
+    name = label if record["method"] == "none" else f"{label} x{record['factor']:g}"
+    model = record.get("_model") if with_model else None
+    return f"{model}: {name}" if model else name
+
+
+def model_name(model: Any) -> str:
+    """A short, still distinct name for a model: the last two parts of a path, else the name as given."""
+    parts = [part for part in str(model).replace("\\", "/").split("/") if part not in ("", ".")]
+    return "/".join(parts[-2:]) if len(parts) > 2 else str(model)
+
+
+def format_length(tokens: int) -> str:
+    """``16384`` -> ``16k``; lengths that are not a multiple of 1024 stay as they are."""
+    return f"{tokens // 1024}k" if tokens >= 1024 and tokens % 1024 == 0 else str(tokens)

@@ -1,0 +1,133 @@
+"""Reading evaluation results files back, strictly: a file that cannot be used is named, never skipped.
+
+A results file is the JSON a :class:`hf_posext.evaluation.runner.ResultStore` writes:
+``{"task", "config", "cells": {cell id: record}, "runs": [...]}``. Each record must carry its
+coordinates and the numbers of its task; a record that lacks them (a truncated or hand-edited file)
+would otherwise show as a blank table cell or be taken for a finished cell and reused.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+__all__ = ["ResultsFileError", "TASK_METRICS", "check_cell", "check_results", "read_results_file", "load_results"]
+
+#: The numbers every record of a task must carry (perplexity: the loss; retrieval: the accuracy).
+TASK_METRICS: dict[str, tuple[str, ...]] = {
+    "perplexity": ("ppl", "nll", "tokens"),
+    "passkey": ("teacher_forced_accuracy", "trials", "depth"),
+    "needle": ("teacher_forced_accuracy", "trials", "depth"),
+}
+_OPTIONAL_NUMBERS = ("greedy_accuracy", "answer_token_accuracy", "seconds", "supported_window", "windows")
+
+
+class ResultsFileError(ValueError):
+    """A results file that cannot be used; the message names the file, the cell and the field."""
+
+
+def _is_number(value: Any) -> bool:
+    """An int or float that is not NaN (a perplexity may overflow to inf; that is still a number)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
+
+
+def check_cell(task: str, cell_id: str, record: Any) -> str | None:
+    """What is wrong with one record of a ``task`` results file (None: nothing).
+
+    Args:
+        task: the file's task (``perplexity``, ``passkey``, ``needle``, or another: only the
+            coordinates are checked then).
+        cell_id: the record's key, for the message.
+        record: the record as read from JSON.
+    """
+    if not isinstance(record, dict):
+        return f"cell {cell_id!r} is a {type(record).__name__}, not a record"
+    if not isinstance(record.get("method"), str):
+        return f"cell {cell_id!r} has no method name"
+    if not isinstance(record.get("length"), int) or isinstance(record.get("length"), bool) or record["length"] < 1:
+        return f"cell {cell_id!r} has length {record.get('length')!r}, not a token count"
+    if not _is_number(record.get("factor")):
+        return f"cell {cell_id!r} has factor {record.get('factor')!r}, not a number"
+    for name in TASK_METRICS.get(task, ()):
+        if name not in record or record[name] is None:
+            return f"cell {cell_id!r} lacks its {name!r}"
+        if not _is_number(record[name]):
+            return f"cell {cell_id!r} has {name} {record[name]!r}, not a number"
+    for name in _OPTIONAL_NUMBERS:
+        if record.get(name) is not None and not _is_number(record[name]):
+            return f"cell {cell_id!r} has {name} {record[name]!r}, not a number"
+    return None
+
+
+def check_results(data: Any) -> str | None:
+    """What is wrong with a whole results file's content (None: nothing)."""
+    if not isinstance(data, dict):
+        return f"holds a JSON {type(data).__name__}, not an evaluation results object"
+    missing = [key for key in ("task", "config", "cells") if key not in data]
+    if missing:
+        return f"lacks {', '.join(repr(k) for k in missing)}: not an evaluation results file"
+    if not isinstance(data["task"], str):
+        return f"has task {data['task']!r}, not a task name"
+    if not isinstance(data["config"], dict):
+        return "has a config that is not an object"
+    if not isinstance(data["cells"], dict):
+        return f"has cells of type {type(data['cells']).__name__}, not an object of records"
+    runs = data.get("runs", [])
+    if not isinstance(runs, list) or not all(isinstance(run, dict) for run in runs):
+        return "has a 'runs' entry that is not a list of objects"
+    for cell_id, record in data["cells"].items():
+        problem = check_cell(data["task"], cell_id, record)
+        if problem:
+            return problem
+        run = record.get("run")
+        if run is not None and (not isinstance(run, int) or not 0 <= run < len(runs)):
+            return f"cell {cell_id!r} names run {run!r}, which the file's 'runs' list does not hold"
+    return None
+
+
+def read_results_file(path: str | os.PathLike) -> dict[str, Any]:
+    """One results file, checked.
+
+    Raises:
+        ResultsFileError: it is not UTF-8 JSON, or not a results object, or a record lacks its numbers
+            or holds something else where a number belongs (the message names the file and the cell).
+    """
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ResultsFileError(f"{path} is not a readable results file ({type(error).__name__}: {str(error).splitlines()[0]}); "
+                               "restore it from version control, or delete it to recompute its cells.") from None
+    problem = check_results(data)
+    if problem:
+        fix = ("move it out of the results folder" if problem.startswith(("holds a JSON", "lacks")) else
+               "restore it from version control, or delete it to recompute its cells")
+        raise ResultsFileError(f"{path} {problem}; {fix}.")
+    return data
+
+
+def load_results(folder: str | os.PathLike) -> list[dict[str, Any]]:
+    """Every results file (``*.json``) directly in ``folder``, sorted by name, each with ``_file`` set.
+
+    Every ``*.json`` in the folder must be a results file: one that is not is named in the error, never
+    skipped, so that a damaged file cannot silently drop its cells from a report.
+
+    Raises:
+        FileNotFoundError: ``folder`` does not exist.
+        ResultsFileError: a file cannot be used (see :func:`read_results_file`).
+        ValueError: the folder holds no results file.
+    """
+    path = Path(folder)
+    if not path.is_dir():
+        raise FileNotFoundError(f"Results folder {path} does not exist; pass the --out folder of an evaluation run.")
+    runs = []
+    for file in sorted(path.glob("*.json")):
+        data = read_results_file(file)
+        data["_file"] = str(file)
+        runs.append(data)
+    if not runs:
+        raise ValueError(f"{path} holds no evaluation results (*.json written by hf-posext eval).")
+    return runs

@@ -1,0 +1,118 @@
+"""Result tables (method x length) built from result records, and their markdown form.
+
+A table keeps, for every cell, where its numbers came from (results file and run), so that the HTML
+report can show which versions and which device computed each cell.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Sequence
+
+from hf_posext.evaluation.labels import model_name, series_name
+
+__all__ = ["TableCell", "Table", "task_records", "models", "metric_table", "report_tables", "markdown_table", "markdown_tables"]
+
+
+@dataclass(frozen=True)
+class TableCell:
+    """One shown number: the mean of ``values`` and the (file, run index) pairs that computed them."""
+
+    value: float
+    text: str
+    sources: tuple[tuple[str, int | None], ...]
+    reused_from: tuple[str, ...] = ()
+
+
+@dataclass
+class Table:
+    """A method x length table; ``rows`` is ``[(series name, {length: cell})]`` in display order."""
+
+    title: str
+    lengths: list[int]
+    rows: list[tuple[str, dict[int, TableCell]]] = field(default_factory=list)
+
+
+def models(runs: Sequence[dict[str, Any]]) -> list[str]:
+    """The distinct models of ``runs`` (their ``config["model"]``), sorted."""
+    return sorted({str(run["config"].get("model", "model")) for run in runs})
+
+
+def task_records(runs: Sequence[dict[str, Any]], task: str) -> list[dict[str, Any]]:
+    """The cells of ``task``, each tagged with ``_file`` and ``_run`` (and ``_model`` when ``runs`` hold
+    several models, so that tables and plots keep the models apart instead of averaging them)."""
+    several = len(models(runs)) > 1
+    records = []
+    for run in runs:
+        if run["task"] != task:
+            continue
+        model = model_name(run["config"].get("model", "model")) if several else None
+        for record in run["cells"].values():
+            tagged = {**record, "_file": run.get("_file", ""), "_run": record.get("run")}
+            if model:
+                tagged["_model"] = model
+            records.append(tagged)
+    return records
+
+
+def _order(name: str) -> tuple:
+    model, _, method = name.rpartition(": ")
+    return (model, method != "none", method)
+
+
+def metric_table(records: Iterable[dict[str, Any]], metric: str, fmt: str, title: str) -> Table:
+    """Mean of ``metric`` per (series, length) over the matching records (depths, windows)."""
+    grouped: dict[str, dict[int, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
+    for record in records:
+        if record.get(metric) is not None:
+            grouped[series_name(record)][record["length"]].append(record)
+    lengths = sorted({length for by_length in grouped.values() for length in by_length})
+    table = Table(title, lengths)
+    for name in sorted(grouped, key=_order):
+        cells = {}
+        for length, members in grouped[name].items():
+            value = sum(float(r[metric]) for r in members) / len(members)
+            sources = tuple(sorted({(r["_file"], r["_run"]) for r in members}, key=lambda s: (s[0], -1 if s[1] is None else s[1])))
+            reused = tuple(sorted({origin for r in members for origin in (r.get("reused_from") or [])}))
+            cells[length] = TableCell(value, format(value, fmt), sources, reused)
+        table.rows.append((name, cells))
+    return table
+
+
+def _token_note(records: Sequence[dict[str, Any]]) -> str:
+    per_length: dict[int, set[int]] = defaultdict(set)
+    for record in records:
+        if record.get("tokens") is not None:
+            per_length[record["length"]].add(int(record["tokens"]))
+    return ", ".join(f"{n}: {'/'.join(map(str, sorted(v)))}" for n, v in sorted(per_length.items()))
+
+
+def report_tables(runs: Sequence[dict[str, Any]]) -> list[Table]:
+    """The report's tables: perplexity, then passkey and needle accuracy (greedy and teacher-forced)."""
+    tables = []
+    perplexity = task_records(runs, "perplexity")
+    if perplexity:
+        tables.append(metric_table(perplexity, "ppl", ".2f",
+                                   f"Perplexity (lower is better; scored tokens per length {_token_note(perplexity)})"))
+    for task, name in (("passkey", "Passkey"), ("needle", "Needle")):
+        records = task_records(runs, task)
+        if not records:
+            continue
+        if any(r.get("greedy_accuracy") is not None for r in records):
+            tables.append(metric_table(records, "greedy_accuracy", ".2f", f"{name} accuracy, greedy generation (mean over depths and trials)"))
+        tables.append(metric_table(records, "teacher_forced_accuracy", ".2f", f"{name} accuracy, teacher-forced (mean over depths and trials)"))
+    return tables
+
+
+def markdown_table(table: Table) -> str:
+    """``table`` as a markdown section: its title, a blank line, the table (blank: not run)."""
+    lines = [f"| method | " + " | ".join(str(n) for n in table.lengths) + " |", "|---|" + "---:|" * len(table.lengths)]
+    for name, cells in table.rows:
+        lines.append(f"| {name} | " + " | ".join(cells[n].text if n in cells else "" for n in table.lengths) + " |")
+    return table.title + "\n\n" + "\n".join(lines)
+
+
+def markdown_tables(runs: Sequence[dict[str, Any]]) -> str:
+    """Every :func:`report_tables` table in markdown, separated by blank lines."""
+    return "\n\n".join(markdown_table(table) for table in report_tables(runs))

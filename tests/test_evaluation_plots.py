@@ -1,0 +1,120 @@
+"""Plots: layout checked from matplotlib's geometry (legend vs axes, texts vs the figure's edge), styles, ties."""
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import pytest  # noqa: E402
+
+from hf_posext.evaluation.plots import heatmap_figure, layout_problems, line_figure, method_styles, wrap_label  # noqa: E402
+
+LONG = "longrope(factors=search_smollm2-135m_32768_gpu.json)"
+
+
+def _records(labels, lengths, depths=(None,), factors=(2.0,), model=None):
+    records = []
+    for factor in factors:
+        for i, label in enumerate(labels):
+            method = label.split("(")[0]
+            for length in lengths:
+                for depth in depths:
+                    record = {"method": method, "label": label, "factor": 1.0 if method == "none" else factor, "length": length,
+                              "supported_window": 1024 if method == "none" else int(1024 * factor), "dynamic": False,
+                              "ppl": 10.0 + i + length / 1e4, "trials": 3, "teacher_forced_accuracy": ((i + length // 1024) % 4) / 3}
+                    if depth is not None:
+                        record["depth"] = depth
+                    if model:
+                        record["_model"] = model
+                    records.append(record)
+    return records
+
+
+METHODS = ["none", "yarn", "dynamic-ntk", "self-extend", LONG]
+LINE_CASES = {
+    "one length": _records(METHODS, [2048]),
+    "twelve lengths": _records(METHODS, [1024 * k for k in range(1, 13)]),
+    "two factors": _records(METHODS, [1024, 2048, 4096, 8192], factors=(2.0, 4.0)),
+    "two models": _records(METHODS, [1024, 4096], model="base") + _records(["yarn"], [1024, 4096], model="runs/tuned/merged"),
+}
+HEATMAP_CASES = {
+    "one length": _records(METHODS, [16384], depths=(0.1, 0.5, 0.9)),
+    "twelve lengths": _records(METHODS, [1024 * k for k in range(1, 13)], depths=(0, 0.25, 0.5, 0.75, 1)),
+    "one method, one length": _records(["yarn"], [16384], depths=(0.5,)),
+    "two long labels": _records([LONG, LONG.replace("_gpu", "")], [32768], depths=(0.1, 0.5, 0.9)),
+    "eleven methods": _records(METHODS + [f"m{i}" for i in range(6)], [4096, 8192], depths=(0.1, 0.9)),
+}
+
+
+@pytest.mark.parametrize("case", LINE_CASES)
+def test_line_plot_layout_is_clean(case):
+    records = LINE_CASES[case]
+    figure = line_figure(records, "ppl", "perplexity", "Perplexity against length: a model with a long name", method_styles(
+        r["label"] for r in records), log_y=True)
+    assert layout_problems(figure) == []
+    plt.close(figure)
+
+
+@pytest.mark.parametrize("case", HEATMAP_CASES)
+def test_heatmap_layout_is_clean(case):
+    figure = heatmap_figure(HEATMAP_CASES[case], "teacher_forced_accuracy", "Passkey accuracy by length and depth: smollm2-135m, x2")
+    assert layout_problems(figure) == []
+    plt.close(figure)
+
+
+def test_layout_check_catches_a_legend_over_the_data_and_a_clipped_title():
+    records = LINE_CASES["two factors"]
+    figure = line_figure(records, "ppl", "perplexity", "title", method_styles(r["label"] for r in records))
+    figure.legends[0].remove()
+    figure.axes[0].legend(["a", "b", "c"], loc="center")  # deliberately inside the axes
+    assert any("legend overlaps the axes" in p for p in layout_problems(figure))
+    plt.close(figure)
+    figure = heatmap_figure(HEATMAP_CASES["one length"], "teacher_forced_accuracy", "t")
+    figure.suptitle("a title far too long for this figure " * 20, fontsize=11)  # deliberately unwrapped
+    assert any("clipped by the figure's edge" in p for p in layout_problems(figure))
+    plt.close(figure)
+    figure, axis = plt.subplots(figsize=(4, 3), layout="constrained")
+    axis.plot([1, 2], [1, 2], label="a method")
+    figure.legend(loc="outside right upper", title="a legend title")
+    figure.suptitle("a figure title long enough to reach the legend")  # the old needle.png fault
+    assert any("legend overlaps the title" in p for p in layout_problems(figure))
+    plt.close(figure)
+    figure, axis = plt.subplots(figsize=(2, 2))
+    axis.set_xticks(range(12), [f"label number {i}" for i in range(12)])  # deliberately crowded
+    assert any("tick labels" in p and "overlap" in p for p in layout_problems(figure))
+    plt.close(figure)
+
+
+def test_one_style_per_method_in_every_plot():
+    records = LINE_CASES["two factors"]
+    styles = method_styles(r["label"] for r in records)
+    assert len({styles[label] for label in METHODS}) == len(METHODS) and styles["none"][0] == "black"
+    for metric in ("ppl", "teacher_forced_accuracy"):
+        figure = line_figure(records, metric, metric, "t", styles)
+        for axis in figure.axes:
+            drawn = [line for line in axis.lines if line.get_linestyle() == "-"]  # the window line is dotted
+            assert len(drawn) == len(METHODS)
+            for line, label in zip(drawn, sorted(METHODS, key=lambda m: (m != "none", m))):  # the plot's order
+                colour, marker, filled = styles[label]
+                assert matplotlib.colors.same_color(line.get_color(), colour) and line.get_marker() == marker
+                assert (line.get_markerfacecolor() == "none") == (not filled)  # the same fill in every panel
+        plt.close(figure)
+
+
+def test_ties_stay_visible_and_the_window_is_marked():
+    records = _records(["none", "yarn", "dynamic-yarn"], [1024, 2048])
+    for record in records:
+        record["ppl"] = 5.0  # every method ties at every length
+    figure = line_figure(records, "ppl", "perplexity", "t", method_styles(r["label"] for r in records))
+    axis = figure.axes[0]
+    data_lines = [line for line in axis.lines if line.get_linestyle() == "-"]
+    x_at_1024 = sorted(float(line.get_xdata()[0]) for line in data_lines)
+    assert len(data_lines) == 3 and all(b / a > 1.02 for a, b in zip(x_at_1024, x_at_1024[1:]))  # offset sideways
+    assert any(list(line.get_xdata()) == [1024, 1024] for line in axis.lines)  # the original window, dotted
+    plt.close(figure)
+
+
+def test_long_labels_wrap_at_their_parts():
+    assert wrap_label(LONG, 44) == "longrope(\nfactors=search_smollm2-135m_32768_gpu.json)"
+    assert all(len(line) <= 20 for line in wrap_label(LONG, 20).splitlines())
+    assert wrap_label("yarn", 20) == "yarn"

@@ -253,6 +253,11 @@ class ScalingRequest:
     # ---- views -------------------------------------------------------------------------------------
 
     @property
+    def name(self) -> str:
+        """The method's name (what evaluation code calls it)."""
+        return self.method
+
+    @property
     def params_dict(self) -> dict[str, Any]:
         return dict(self.params)
 

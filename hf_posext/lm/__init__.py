@@ -1,0 +1,1 @@
+"""Language-model building blocks that work on any causal LM (losses that avoid full logits)."""

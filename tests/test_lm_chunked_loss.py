@@ -81,3 +81,15 @@ def test_bad_arguments_are_refused():
         chunked_causal_lm_loss(hidden, weight)
     with pytest.raises(ValueError, match="chunk_size"):
         chunked_causal_lm_loss(hidden, weight, labels, chunk_size=0)
+
+
+def test_liger_missing_is_refused_in_one_line(monkeypatch):
+    import importlib.util
+
+    from hf_posext.lm.chunked_loss import check_liger_available
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "liger_kernel" else real(name, *a))
+    with pytest.raises(ValueError, match="pip install liger-kernel") as error:
+        check_liger_available()
+    assert "\n" not in str(error.value)

@@ -126,3 +126,16 @@ def chunked_causal_lm_loss(
     if torch.is_tensor(num_items_in_batch):
         num_items_in_batch = num_items_in_batch.to(total.device)
     return total / num_items_in_batch
+
+
+def check_liger_available() -> None:
+    """Refuse the GPU fused loss (transformers' `use_liger_kernel`) when liger-kernel is not installed.
+
+    Raises:
+        ValueError: one line naming the fix.
+    """
+    import importlib.util
+
+    if importlib.util.find_spec("liger_kernel") is None:
+        raise ValueError("the fused Liger loss (use_liger_kernel) needs liger-kernel on a CUDA machine: "
+                         "pip install liger-kernel, or use the chunked loss (works on CPU and GPU)")

@@ -190,3 +190,27 @@ def test_legacy_fields_load_to_the_same_logits_on_transformers_4_57(saved, metho
     assert result.returncode == 0, result.stderr[-2000:]
     got = torch.load(tmp_path / "logits.pt")
     assert torch.allclose(got, expected, atol=1e-4), (got - expected).abs().max().item()
+
+
+LLAMA_CPP_EXPECTED = REPO / "tests" / "data" / "serving" / "llama_cpp_expected.json"
+
+
+def test_llama_cpp_expectation_table_agrees_with_transformers():
+    """The GGUF rope metadata that bench/llama_cpp_roundtrip.py measured matches the patched models' own numbers."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    table = json.loads(LLAMA_CPP_EXPECTED.read_text())
+    assert table["none"] == {"context_length": L, "rope.freq_base": 10000.0}
+    assert table["linear"]["rope.scaling.type"] == "linear" and table["linear"]["rope.scaling.factor"] == FACTOR
+    assert table["yarn"]["rope.scaling.original_context_length"] == L and table["yarn"]["rope.scaling.factor"] == FACTOR
+    for method in ("linear", "ntk", "theta", "yarn", "llama3"):
+        assert table[method]["context_length"] == int(L * FACTOR), method
+    for method in ("ntk", "theta"):
+        theta = _patched(method).config.rope_parameters["rope_theta"]
+        assert table[method]["rope.freq_base"] == pytest.approx(theta, rel=1e-6) and "rope.scaling.type" not in table[method]
+    # llama.cpp divides each frequency by rope_freqs: it must equal transformers' default / llama3 frequencies.
+    config = _patched("llama3").config
+    scaled, _ = ROPE_INIT_FUNCTIONS["llama3"](config, "cpu")
+    plain = 1.0 / (10000.0 ** (torch.arange(0, 8, 2).float() / 8))
+    assert torch.allclose(torch.tensor(table["llama3"]["rope_freqs"]), plain / scaled, rtol=1e-5)
+    assert max(table["llama3"]["rope_freqs"]) == FACTOR and min(table["llama3"]["rope_freqs"]) == 1.0

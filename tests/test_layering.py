@@ -30,6 +30,7 @@ LAYERS = {
     "hf_posext.training": 5,
     "hf_posext.integrations": 5,
     "hf_posext.demo": 5,
+    "hf_posext.export": 5,
     # The package itself only re-exports the public API (api + search): it sits above them.
     "hf_posext": 5,
     # Not yet moved to integrations/lm_eval/.

@@ -10,6 +10,7 @@ Subcommands:
     train --config ...            fine-tuning recipes (hf_posext.training.cli)
     lm-eval, lm-eval-compare      lm-evaluation-harness (hf_posext.lm_eval_cli)
     inspect MODEL --method M      per-dimension RoPE wavelengths (hf_posext.inspect_cli)
+    export DIR --for T --out D    a saved model re-configured for vllm / sglang / llama.cpp (hf_posext.export)
 
 Each command module only defines ``add_arguments(parser)`` and ``run(args) -> exit code``; this table
 is the one place that names them (nothing registers itself on import).
@@ -22,7 +23,7 @@ import json
 import sys
 from typing import Any, Callable
 
-from hf_posext import inspect_cli, lm_eval_cli
+from hf_posext import export, inspect_cli, lm_eval_cli
 from hf_posext.api import describe, load, patch
 from hf_posext.core.request import ScalingRequest, parse_param_items
 from hf_posext.evaluation import cli as evaluation_cli
@@ -120,6 +121,8 @@ SUBCOMMANDS: dict[str, Command] = {
     "train": ("fine-tune a model (LoRA/full, PoSE) from a recipe config", training_cli.add_train_arguments, training_cli.run_train),
     "lm-eval": (lm_eval_cli.HELP, lm_eval_cli.add_arguments, lm_eval_cli.run),
     "lm-eval-compare": ("compare scaling methods on lm-eval tasks (tasks built once)", lm_eval_cli.add_compare_arguments, lm_eval_cli.run_compare),
+    "export": ("copy a saved model with a config that vLLM, SGLang or llama.cpp serves like transformers",
+               export.add_export_arguments, export.run_export),
     "inspect": ("per-dimension RoPE wavelengths of a model under a scaling method (table, --plot PNG)", inspect_cli.add_arguments, inspect_cli.run),
 }
 

@@ -22,7 +22,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import hf_posext
-from hf_posext.families import rope_parameters, set_rope_parameters
+from hf_posext.backends.rope.sites import rope_parameters, set_rope_parameters
 from hf_posext.models import load_model
 
 

@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 import hf_posext
-from hf_posext import self_extend
+from hf_posext.backends.attention import self_extend
 from hf_posext.evaluation.retrieval import _cache_argument, _returned_cache
 
 
@@ -154,7 +154,7 @@ def _attention_only(args: argparse.Namespace, argv: list[str] | None) -> int:
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     from transformers.models.llama.modeling_llama import eager_attention_forward
 
-    from hf_posext.self_extend import _LayerSettings, self_extend_attention
+    from hf_posext.backends.attention.self_extend import _LayerSettings, self_extend_attention
 
     heads, kv_heads, dim = 9, 3, 64
     dtype = getattr(torch, args.dtype)

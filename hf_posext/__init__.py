@@ -6,13 +6,15 @@
 >>> hf_posext.unpatch(model)
 """
 
-from hf_posext.config import ScalingConfig
-from hf_posext.families import UnsupportedModelError
+from hf_posext.api import describe, fixed_length, load, patch, unpatch
+from hf_posext.core.errors import RecordError, UnsupportedModelError
+from hf_posext.core.record import ScalingReport
+from hf_posext.core.request import ScalingConfig, ScalingRequest
+from hf_posext.core.version import VERSION
 from hf_posext.methods import available_methods
-from hf_posext.patching import ScalingReport, describe, fixed_length, load, patch, unpatch
 from hf_posext.search import SearchResult, search_factors
 
-__version__ = "0.1.0"
+__version__ = VERSION
 
 __all__ = [
     "available_methods",
@@ -24,6 +26,8 @@ __all__ = [
     "search_factors",
     "SearchResult",
     "ScalingConfig",
+    "ScalingRequest",
+    "RecordError",
     "ScalingReport",
     "UnsupportedModelError",
     "__version__",

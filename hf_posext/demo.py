@@ -63,13 +63,14 @@ def demo_methods(names: tuple[str, ...], factors_file: Path = LONGROPE_FACTORS) 
     from hf_posext.evaluation.runner import MethodRequest, parse_methods
 
     requests = []
-    for request in parse_methods(",".join(names)):
-        if request.name == "longrope":
-            if not factors_file.is_file():
-                raise FileNotFoundError(f"The demo's longrope factors file {factors_file} is missing; run the demo from a clone "
-                                        "of the hf-posext repository (bash scripts/demo.sh).")
-            request = MethodRequest("longrope", None, (("factors", _display_path(factors_file)),))
-        requests.append(request)
+    for name in names:
+        if name != "longrope":
+            requests += parse_methods(name)
+            continue
+        if not factors_file.is_file():
+            raise FileNotFoundError(f"The demo's longrope factors file {factors_file} is missing; run the demo from a clone "
+                                    "of the hf-posext repository (bash scripts/demo.sh).")
+        requests.append(MethodRequest("longrope", None, (("factors", _display_path(factors_file)),)))
     return requests
 
 

@@ -16,7 +16,7 @@ import argparse
 import json
 from typing import Any
 
-from hf_posext.cli import SUBCOMMANDS, parse_method_params
+from hf_posext.core.request import parse_param_items
 
 __all__ = ["load_rotary_model", "add_arguments", "run"]
 
@@ -59,7 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from hf_posext.wavelengths import format_table, model_wavelength_table, plot_wavelengths
 
-    params = parse_method_params(args.param)
+    params = parse_param_items(args.param)
     model = load_rotary_model(args.model)
     table = model_wavelength_table(
         model, args.method, args.factor, target_length=args.target_length,
@@ -72,7 +72,3 @@ def run(args: argparse.Namespace) -> int:
             print(f"plot: {path}")
     return 0
 
-
-SUBCOMMANDS.setdefault(
-    "inspect", ("per-dimension RoPE wavelengths of a model under a scaling method (table, --plot PNG)", add_arguments, run)
-)

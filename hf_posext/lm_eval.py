@@ -63,7 +63,7 @@ def resolve_embedded_names(argv: list[str]) -> list[str]:
     return resolved
 
 
-def _import_harness():
+def import_harness():
     try:
         import lm_eval
         from lm_eval.__main__ import cli_evaluate
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     Returns:
         0 when the harness finished (it exits by itself on errors).
     """
-    _, cli_evaluate = _import_harness()
+    _, cli_evaluate = import_harness()
     import hf_posext.lm_eval_plugin  # noqa: F401  (registers "hf-posext")
 
     arguments = resolve_embedded_names(list(sys.argv[1:] if argv is None else argv))
@@ -124,7 +124,7 @@ def parse_method_spec(spec: str) -> dict[str, Any]:
         arguments[POSEXT_PREFIX + key.strip()] = value.strip()
     request, _ = parse_posext_args(arguments)  # raises on anything unknown
     return {f"{POSEXT_PREFIX}{k}": v for k, v in request.to_dict().items() if k != "params" and v is not None} | {
-        f"{POSEXT_PREFIX}{k}": v for k, v in request.params.items()
+        f"{POSEXT_PREFIX}{k}": v for k, v in request.params
     }
 
 
@@ -205,7 +205,7 @@ def compare_methods(
     Returns:
         One row per (method, task, metric): ``{"method", "task", "metric", "value"}``.
     """
-    _import_harness()
+    import_harness()
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager, get_task_dict
 

@@ -11,11 +11,10 @@ from __future__ import annotations
 import argparse
 import logging
 
-from hf_posext.cli import SUBCOMMANDS
 
 __all__ = ["add_arguments", "run", "add_compare_arguments", "run_compare"]
 
-_HELP = "run lm-evaluation-harness (any task) on a scaled model: --model hf-posext"
+HELP = "run lm-evaluation-harness (any task) on a scaled model: --model hf-posext"
 _EPILOG = """\
 All arguments are lm-eval's own (`lm-eval run --help`); hf-posext adds the model `hf-posext` with
 model args posext_method=, posext_factor= | posext_target_length=, posext_<method parameter>=.
@@ -75,12 +74,12 @@ def _parse_bool(text: str) -> bool:
 
 def run_compare(args: argparse.Namespace) -> int:
     """Run :func:`hf_posext.lm_eval.compare_methods` and print its table."""
-    from hf_posext.lm_eval import _import_harness, compare_methods, format_comparison
+    from hf_posext.lm_eval import import_harness, compare_methods, format_comparison
 
     if args.fewshot_as_multiturn and not args.apply_chat_template:
         raise ValueError("--fewshot_as_multiturn needs --apply_chat_template (few-shot turns are chat messages).")
 
-    _import_harness()  # a clear message when lm-eval is missing
+    import_harness()  # a clear message when lm-eval is missing
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from lm_eval.utils import simple_parse_args_string
 
@@ -96,8 +95,3 @@ def run_compare(args: argparse.Namespace) -> int:
     print(format_comparison(rows))
     return 0
 
-
-SUBCOMMANDS.setdefault("lm-eval", (_HELP, add_arguments, run))
-SUBCOMMANDS.setdefault(
-    "lm-eval-compare", ("compare scaling methods on lm-eval tasks (tasks built once)", add_compare_arguments, run_compare)
-)

@@ -32,140 +32,36 @@ Example:
 
 from __future__ import annotations
 
-import json
 import logging
-from dataclasses import dataclass, field
 from typing import Any
 
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
-import hf_posext
-from hf_posext.methods import METHODS, Method, get_method
+from hf_posext.api import describe, load, patch, patched_backend, read_record
+from hf_posext.core.record import CONFIG_KEY
+from hf_posext.core.request import MODEL_ARGS_PREFIX, ScalingRequest
+from hf_posext.core.version import VERSION
 from hf_posext.models import resolve_model_path
-from hf_posext.patching import CONFIG_KEY
 
-__all__ = ["MODEL_NAME", "POSEXT_PREFIX", "PosextRequest", "parse_posext_args", "PosextHFLM"]
+__all__ = ["MODEL_NAME", "POSEXT_PREFIX", "parse_posext_args", "PosextHFLM"]
 
 logger = logging.getLogger(__name__)
 
 #: The name the model is registered under (``--model hf-posext``).
 MODEL_NAME = "hf-posext"
 #: Prefix of the model arguments this plugin consumes.
-POSEXT_PREFIX = "posext_"
-_SCALING_KEYS = ("method", "factor", "target_length", "original_max_position_embeddings")
+POSEXT_PREFIX = MODEL_ARGS_PREFIX
 
 
-def _coerce(value: Any) -> Any:
-    """Read a text value the way the harness reads ``--model_args`` (numbers, booleans, JSON lists)."""
-    if not isinstance(value, str):
-        return value
-    text = value.strip()
-    if text.lower() in ("true", "false"):
-        return text.lower() == "true"
-    if text.lower() in ("none", "null"):  # as the harness reads it
-        return None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text
-
-
-def _find_method(name: Any) -> Method:
-    """The registered method ``name`` of whichever position kind has it (the model decides later)."""
-    errors = []
-    for kind in METHODS:
-        try:
-            return get_method(name, kind)
-        except ValueError as error:
-            errors.append(str(error))
-    raise ValueError(f"posext_method={name!r}: {errors[0]} (see `hf-posext methods`)")
-
-
-@dataclass
-class PosextRequest:
-    """The scaling asked for through ``posext_*`` model arguments, validated without loading anything.
-
-    Attributes:
-        method: registered method name, or None for "evaluate the model as saved".
-        factor: scale factor s >= 1, or None when ``target_length`` is given.
-        target_length: window to reach, or None when ``factor`` is given.
-        original_max_position_embeddings: override of the pre-training window, if any.
-        params: the method's own parameters (``posext_<name>`` arguments).
-    """
-
-    method: str | None = None
-    factor: float | None = None
-    target_length: int | None = None
-    original_max_position_embeddings: int | None = None
-    params: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if self.method is None:
-            given = [k for k in ("factor", "target_length", "original_max_position_embeddings") if getattr(self, k) is not None]
-            given += list(self.params)
-            if given:
-                raise ValueError(
-                    f"{', '.join(POSEXT_PREFIX + k for k in given)} given without posext_method. "
-                    "Add posext_method=<name> (e.g. posext_method=yarn; `hf-posext methods` lists them)."
-                )
-            return
-        spec = _find_method(self.method)
-        self.method = spec.name
-        if self.method == "none" and self.factor is None and self.target_length is None:
-            self.factor = 1.0
-        if (self.factor is None) == (self.target_length is None):
-            raise ValueError(
-                f"posext_method={self.method} needs exactly one of posext_factor (e.g. posext_factor=2) or "
-                f"posext_target_length (e.g. posext_target_length=16384); got posext_factor={self.factor!r}, "
-                f"posext_target_length={self.target_length!r}."
-            )
-        if self.factor is not None:
-            if isinstance(self.factor, bool) or not isinstance(self.factor, (int, float)) or not self.factor >= 1:
-                raise ValueError(f"posext_factor must be a number >= 1, got {self.factor!r}.")
-            self.factor = float(self.factor)
-        for key in ("target_length", "original_max_position_embeddings"):
-            value = getattr(self, key)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
-                raise ValueError(f"{POSEXT_PREFIX}{key} must be a positive integer, got {value!r}.")
-        try:
-            spec.parse_params(dict(self.params))
-        except (TypeError, ValueError) as error:
-            raise ValueError(f"{error} Pass method parameters as {POSEXT_PREFIX}<name>=<value>.") from error
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-able form (recorded in the harness's results under ``config.posext_request``)."""
-        return dict(self.__dict__)
-
-
-def parse_posext_args(model_args: dict[str, Any]) -> tuple[PosextRequest, dict[str, Any]]:
-    """Split harness model arguments into a validated :class:`PosextRequest` and the rest.
-
-    Args:
-        model_args: keyword arguments as the harness passes them (``posext_*`` keys are consumed).
-
-    Returns:
-        The request and the remaining arguments for the harness's ``hf`` model.
+def parse_posext_args(model_args: dict[str, Any]) -> tuple[ScalingRequest | None, dict[str, Any]]:
+    """Split harness model arguments into a validated :class:`~hf_posext.core.request.ScalingRequest`
+    (None without ``posext_method``) and the rest (see :meth:`ScalingRequest.from_model_args`).
 
     Raises:
         ValueError: an unknown method, an unknown method parameter, a missing or doubled factor.
     """
-    scaling: dict[str, Any] = {}
-    params: dict[str, Any] = {}
-    rest: dict[str, Any] = {}
-    for key, value in model_args.items():
-        if not key.startswith(POSEXT_PREFIX):
-            rest[key] = value
-            continue
-        name = key[len(POSEXT_PREFIX):]
-        if not name:
-            raise ValueError(f"Model argument {key!r} names no parameter: use posext_<name>=<value>.")
-        if name == "method":
-            # The harness reads the text "none" as None: posext_method=none is the baseline method.
-            scaling[name] = "none" if value is None else value
-            continue
-        (scaling if name in _SCALING_KEYS else params)[name] = _coerce(value)
-    return PosextRequest(**scaling, params=params), rest
+    return ScalingRequest.from_model_args(model_args)
 
 
 def _prefer_gloo_on_cpu() -> None:
@@ -184,6 +80,27 @@ def _prefer_gloo_on_cpu() -> None:
     has_accelerator = accelerator_api.is_available() if accelerator_api is not None else torch.cuda.is_available()
     if not has_accelerator:
         os.environ.setdefault("ACCELERATE_USE_CPU", "true")
+
+
+def _saved_record(pretrained: Any) -> dict[str, Any] | None:
+    """The validated hf_posext record saved in the folder ``pretrained``, if any (config only, no weights)."""
+    if not isinstance(pretrained, str):
+        return None
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(pretrained)
+    except (OSError, ValueError):
+        return None  # the harness's own loader reports a missing or unreadable model
+    return read_record(pretrained, config)
+
+
+class _LoadWithHfPosext:
+    """Stands in for the harness's ``AUTO_MODEL_CLASS``: ``from_pretrained`` is :func:`hf_posext.load`."""
+
+    @staticmethod
+    def from_pretrained(path: str, **kwargs: Any):
+        return load(path, **kwargs)
 
 
 @register_model(MODEL_NAME)
@@ -229,7 +146,17 @@ class PosextHFLM(HFLM):
         logger.info("hf-posext: data parallel on CPU, process %d of %d", self._rank, self._world_size)
 
     def _create_model(self, pretrained: str, **kwargs: Any) -> None:
-        super()._create_model(pretrained, **kwargs)
+        if self.posext_request is None and _saved_record(pretrained) is not None:
+            # A folder saved after hf_posext.patch: load it exactly as hf_posext.load does (same backend,
+            # same recorded attention implementation), with the harness's own loading arguments.
+            auto_class = self.AUTO_MODEL_CLASS
+            self.AUTO_MODEL_CLASS = _LoadWithHfPosext
+            try:
+                super()._create_model(pretrained, **kwargs)
+            finally:
+                self.AUTO_MODEL_CLASS = auto_class
+        else:
+            super()._create_model(pretrained, **kwargs)
         self._apply_posext()
 
     def _patch_target(self):
@@ -242,31 +169,16 @@ class PosextHFLM(HFLM):
     def _apply_posext(self) -> None:
         model = self._patch_target()
         request = self.posext_request
-        if request.method is not None:
-            hf_posext.patch(
-                model, request.method, request.factor, target_length=request.target_length,
-                original_max_position_embeddings=request.original_max_position_embeddings, **request.params,
+        if request is not None:
+            patch(model, **request.patch_kwargs())
+        elif patched_backend(model) is None and getattr(model.config, CONFIG_KEY, None) is not None:
+            logger.warning(
+                "hf-posext: the model passed in carries a saved hf_posext scaling but is not patched; load it with "
+                "hf_posext.load(path) (or pass its folder as pretrained=) to evaluate it scaled."
             )
-        else:
-            self._reapply_saved_scaling(model)
-        report = hf_posext.describe(model)
+        report = describe(model)
         self.posext_report = report.to_dict()
         logger.info("hf-posext: evaluating a model scaled as follows:\n%s", report)
-
-    @staticmethod
-    def _reapply_saved_scaling(model) -> None:
-        """Re-apply a scaling recorded by ``save_pretrained`` after ``hf_posext.patch`` (stock loading
-        may have dropped it: methods transformers lacks are saved with the original RoPE fields)."""
-        config = model.config
-        text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
-        record = getattr(text_config, CONFIG_KEY, None)
-        if not isinstance(record, dict) or "method" not in record:
-            return
-        params = {k: v for k, v in (record.get("params") or {}).items() if v is not None}
-        hf_posext.patch(
-            model, record["method"], record["factor"],
-            original_max_position_embeddings=record.get("original_max_position_embeddings"), **params,
-        )
 
     @property
     def max_length(self) -> int:
@@ -280,6 +192,6 @@ class PosextHFLM(HFLM):
 
     def get_model_info(self) -> dict:
         info = super().get_model_info()
-        info["posext"] = dict(self.posext_report or {}, hf_posext_version=hf_posext.__version__)
-        info["posext_request"] = self.posext_request.to_dict()
+        info["posext"] = dict(self.posext_report or {}, hf_posext_version=VERSION)
+        info["posext_request"] = self.posext_request.to_dict() if self.posext_request is not None else None
         return info

@@ -345,8 +345,8 @@ def search_factors(
     """
     from hf_posext.evaluation.perplexity import chunked_nll
     from hf_posext.evaluation.runner import Distributed
-    from hf_posext.families import find_rotary_sites
-    from hf_posext.patching import patch, unpatch
+    from hf_posext.backends.rope.sites import find_rotary_sites
+    from hf_posext.api import patch, patched_backend, unpatch
 
     start_time = time.perf_counter()
     _check_positive_int("target_length", target_length, 2)
@@ -361,7 +361,7 @@ def search_factors(
             raise ValueError(f"{name} must be in [{low}, {high}], got {value!r}.")
     if not isinstance(mutation_scale, (int, float)) or mutation_scale <= 0:
         raise ValueError(f"mutation_scale must be positive, got {mutation_scale!r}.")
-    if "_hf_posext_state" in model.__dict__ or "_hf_posext_self_extend_state" in model.__dict__:
+    if patched_backend(model) is not None:
         raise ValueError("search_factors needs the unpatched model: call hf_posext.unpatch(model) first.")
 
     sites = find_rotary_sites(model)

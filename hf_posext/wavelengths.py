@@ -126,12 +126,14 @@ def wavelength_table(
         ValueError: unknown method or parameter, bad factor, ``self-extend`` (it regroups positions and
             leaves the frequencies alone: there is no frequency table to show).
     """
-    from hf_posext.config import ScalingConfig, resolve_factor
+    from hf_posext.core.request import ScalingConfig, resolve_factor
+    from hf_posext.methods import check_method_name, kinds_of
     from hf_posext.methods.rope import RotaryBase
 
-    if isinstance(method, str) and method.strip().lower().replace("_", "-") == "self-extend":
+    name = check_method_name(method)
+    if "rope" not in kinds_of(name):
         raise ValueError(
-            "self-extend does not change RoPE frequencies (it regroups positions inside attention), so it has no "
+            f"{name} does not change RoPE frequencies (it is a {'/'.join(kinds_of(name))} method), so it has no "
             "wavelength table; inspect a frequency method such as yarn, or see docs/beyond_rescaling.md."
         )
     if isinstance(rotary_dim, bool) or not isinstance(rotary_dim, int) or rotary_dim < 2 or rotary_dim % 2:
@@ -171,7 +173,7 @@ def model_wavelength_table(
     Uses the rotary module that :func:`hf_posext.patch` would scale (Gemma 3: the full-attention one).
     The model must be unpatched (its own rotary module is what is read).
     """
-    from hf_posext.families import find_rotary_sites
+    from hf_posext.backends.rope.sites import find_rotary_sites
 
     sites = find_rotary_sites(model)
     site = next(s for s in sites if s.scaled_layer_types)

@@ -1,4 +1,4 @@
-"""Absolute positions: learned tables, sinusoidal encodings, ALiBi (hf_posext.absolute, methods/learned.py).
+"""Absolute positions: learned tables, sinusoidal encodings, ALiBi (hf_posext.backends.absolute.surgery, methods/learned.py).
 
 Every model is a tiny random one built here (window 32); nothing is downloaded.
 """
@@ -14,7 +14,7 @@ import torch
 import transformers
 
 import hf_posext
-from hf_posext import absolute
+from hf_posext.backends.absolute import surgery as absolute
 from hf_posext.methods import get_method
 from hf_posext.methods.learned import MAX_TABLE_ROWS, exact_factor, interpolation_grid, linear_table
 

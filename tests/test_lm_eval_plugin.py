@@ -63,7 +63,7 @@ def test_parse_posext_args_splits_scaling_params_and_the_rest():
     request, rest = parse_posext_args(
         {"pretrained": "m", "dtype": "float32", "posext_method": "yarn", "posext_factor": 2, "posext_beta_fast": "16"}
     )
-    assert (request.method, request.factor, request.params) == ("yarn", 2.0, {"beta_fast": 16})
+    assert (request.method, request.factor, request.params_dict) == ("yarn", 2.0, {"beta_fast": 16})
     assert rest == {"pretrained": "m", "dtype": "float32"}
 
 
@@ -84,7 +84,7 @@ def test_posext_method_none_is_the_baseline_even_when_the_harness_reads_it_as_No
         ({"posext_factor": 2}, "without posext_method"),
         ({"posext_method": "yarn"}, "exactly one of posext_factor"),
         ({"posext_method": "yarn", "posext_factor": 2, "posext_target_length": 4096}, "exactly one of posext_factor"),
-        ({"posext_method": "linear", "posext_factor": 0.5}, "posext_factor must be a number >= 1"),
+        ({"posext_method": "linear", "posext_factor": 0.5}, "posext_factor=0.5 is below 1"),
         ({"posext_method": "linear", "posext_target_length": "long"}, "posext_target_length must be a positive integer"),
     ],
 )
@@ -226,3 +226,56 @@ def test_ruler_niah_on_smollm2_offline(tmp_path):
     assert niah["sample_len"] == 2
     # Well inside SmolLM2's 8192 window, yarn x2 still finds the needle (measured: 2 of 2).
     assert niah["1024,none"] >= 0.5
+
+
+# ------------------------------------------------------------------ regressions (issue 16: one request parser, one loader)
+
+
+def test_a_misspelt_method_in_a_fresh_process_says_did_you_mean():
+    # Was: RuntimeError "dictionary changed size during iteration" (method kinds registered while iterated).
+    code = (
+        "from hf_posext.lm_eval_plugin import parse_posext_args\n"
+        "try:\n    parse_posext_args({'posext_method': 'yarnn', 'posext_factor': 2})\n"
+        "except ValueError as error:\n    print('ValueError:', error)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "ValueError: Unknown method 'yarnn'. Did you mean 'yarn'?" in result.stdout
+
+
+def test_self_extend_through_the_harness_model(tiny_dir):
+    # Was: posext_method=self-extend rejected as an unknown method.
+    from transformers import AutoModelForCausalLM
+
+    lm = PosextHFLM(pretrained=tiny_dir, device="cpu", posext_method="self-extend", posext_group_size=4, posext_window=16)
+    assert (lm.posext_report["method"], lm.posext_report["params"]["group_size"]) == ("self-extend", 4)
+    reference = hf_posext.patch(AutoModelForCausalLM.from_pretrained(tiny_dir), "self-extend", group_size=4, window=16)
+    ids = torch.randint(4, 76, (1, 150), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(lm.model(ids).logits, reference(ids).logits)
+
+
+@pytest.mark.parametrize(
+    "family, method, params",
+    [("gpt2", "linear", {"factor": 2}), ("llama", "self-extend", {"group_size": 4, "window": 16})],
+)
+def test_a_saved_scaling_is_reloaded_exactly_as_hf_posext_load_does(tmp_path, family, method, params):
+    # Was: a saved linear GPT-2 failed to re-apply, and Self-Extend came back on the stock attention
+    # implementation instead of the recorded one.
+    if family == "gpt2":
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        torch.manual_seed(0)
+        base = GPT2LMHeadModel(GPT2Config(vocab_size=128, n_embd=32, n_layer=2, n_head=4, n_positions=64)).eval()
+    else:
+        base = tiny_model(family)
+    model = hf_posext.patch(base, method, **params)
+    model.save_pretrained(tmp_path)
+    _char_tokenizer().save_pretrained(tmp_path)
+    lm = PosextHFLM(pretrained=str(tmp_path), device="cpu")
+    reference = hf_posext.load(str(tmp_path))
+    assert lm.posext_report == hf_posext.describe(reference).to_dict()
+    assert lm.model.config._attn_implementation == reference.config._attn_implementation
+    ids = torch.randint(4, 76, (1, 100), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(lm.model(ids).logits, reference(ids).logits)

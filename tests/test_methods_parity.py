@@ -16,8 +16,8 @@ from transformers import AutoModelForCausalLM
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 import hf_posext
-from hf_posext.config import ScalingConfig
-from hf_posext.families import set_rope_parameters
+from hf_posext.core.request import ScalingConfig
+from hf_posext.backends.rope.sites import set_rope_parameters
 from hf_posext.methods import available_methods, get_method
 from hf_posext.methods.rope import RotaryBase
 from hf_posext.models import tiny_config, tiny_model

@@ -12,7 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 import hf_posext
-from hf_posext.families import UnsupportedModelError, find_rotary_sites
+from hf_posext.backends.rope.sites import UnsupportedModelError, find_rotary_sites
 from hf_posext.methods import available_methods
 from hf_posext.models import TINY_FAMILIES, tiny_model
 from tests.conftest import logits_of, transformers_major
@@ -245,7 +245,7 @@ class _NotATransformer(torch.nn.Module):
 @pytest.mark.parametrize(
     "args, kwargs, error, message",
     [
-        (("wavelet",), {"factor": 2}, ValueError, "Unknown method 'wavelet'.*Known rope methods: dynamic-ntk"),
+        (("wavelet",), {"factor": 2}, ValueError, "Unknown method 'wavelet'.*Known methods: dynamic-ntk"),
         (("yran",), {"factor": 2}, ValueError, "Did you mean 'yarn'"),
         (("yarn",), {"factor": 0.5}, ValueError, "factor=0.5 is below 1"),
         (("yarn",), {"factor": 2, "target_length": 128}, ValueError, "exactly one of factor"),

@@ -15,7 +15,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import hf_posext
-from hf_posext.families import set_rope_parameters
+from hf_posext.backends.rope.sites import set_rope_parameters
 from hf_posext.models import load_model, load_tokenizer, resolve_model_path
 
 pytestmark = pytest.mark.real_model

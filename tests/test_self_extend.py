@@ -9,10 +9,10 @@ import pytest
 import torch
 
 import hf_posext
-from hf_posext import self_extend
-from hf_posext.families import UnsupportedModelError
+from hf_posext.backends.attention import self_extend
+from hf_posext.backends.rope.sites import UnsupportedModelError
 from hf_posext.models import TINY_FAMILIES, tiny_model
-from hf_posext.self_extend import grouped_attention, max_extended_length, rotate, size_for_target, split_grouped_attention
+from hf_posext.backends.attention.self_extend import grouped_attention, max_extended_length, rotate, size_for_target, split_grouped_attention
 from tests.conftest import logits_of, transformers_major
 
 pytestmark = pytest.mark.skipif(transformers_major() < 5, reason="attention registry dispatch as in transformers 5.x")
@@ -232,7 +232,7 @@ def test_beam_search_with_cache_equals_without():
 def test_grouped_keys_kept_between_steps_are_reused_only_for_the_same_cache(reorder):
     from types import SimpleNamespace
 
-    from hf_posext.self_extend import _LayerSettings, self_extend_attention
+    from hf_posext.backends.attention.self_extend import _LayerSettings, self_extend_attention
 
     torch.manual_seed(0)
     inv_freq = 1.0 / (10000 ** (torch.arange(0, 8, 2).double() / 8))

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hf_posext.cli import SUBCOMMANDS, parse_method_params
+from hf_posext.core.request import parse_param_items
 
 __all__ = ["TASKS", "add_task_arguments", "run_task", "main_task"]
 
@@ -78,7 +78,7 @@ def run_task(task: str, args: argparse.Namespace) -> int:
     from hf_posext.evaluation.runner import Distributed, load_model_and_tokenizer, parse_floats, parse_lengths, parse_methods
 
     started = time.time()
-    methods = parse_methods(args.methods, parse_method_params(args.param))
+    methods = parse_methods(args.methods, parse_param_items(args.param))
     lengths = parse_lengths(args.lengths)
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}.")
@@ -139,13 +139,13 @@ def main_task(task: str, argv: list[str] | None = None) -> int:
         return 2
 
 
-def _add_eval_arguments(parser: argparse.ArgumentParser) -> None:
+def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="task", required=True)
     for task in TASKS:
         add_task_arguments(sub.add_parser(task, help=f"{task} evaluation"), task)
 
 
-def _run_eval(args: argparse.Namespace) -> int:
+def run_eval(args: argparse.Namespace) -> int:
     return run_task(args.task, args)
 
 
@@ -164,5 +164,6 @@ def _run_report(args: argparse.Namespace) -> int:
     return 0
 
 
-SUBCOMMANDS.setdefault("eval", ("evaluate methods side by side: perplexity, passkey, needle", _add_eval_arguments, _run_eval))
-SUBCOMMANDS.setdefault("report", ("markdown tables and plots from a results folder", _add_report_arguments, _run_report))
+# The report command's functions, under the names the command table uses.
+add_report_arguments = _add_report_arguments
+run_report = _run_report

@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 import torch
 
-import hf_posext
+from hf_posext.api import fixed_length
 from hf_posext.evaluation.runner import base_model, head_logits
 
 __all__ = ["score_retrieval", "score_retrieval_grouped", "first_integer"]
@@ -89,7 +89,7 @@ def score_retrieval(
     prompt_ids = torch.tensor([list(p) for p in prompts], dtype=torch.long, device=device)
     answer_ids = torch.tensor([list(a) for a in answers], dtype=torch.long, device=device)
     results: list[dict[str, Any]] = []
-    with hf_posext.fixed_length(model, prompt_length + max_new_tokens):
+    with fixed_length(model, prompt_length + max_new_tokens):
         if not generate:
             # One forward pass over prompt + answer; only the positions predicting the answer get logits.
             ids = torch.cat([prompt_ids, answer_ids[:, :-1]], dim=1)

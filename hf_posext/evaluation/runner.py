@@ -29,7 +29,11 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
-import hf_posext
+from hf_posext.api import describe, fixed_length, patch, unpatch
+from hf_posext.core.record import ScalingReport
+from hf_posext.core.request import ScalingRequest
+from hf_posext.core.version import VERSION
+from hf_posext.methods import check_method_name
 
 __all__ = [
     "AsciiTokenizer",
@@ -164,7 +168,7 @@ def versions() -> dict[str, str]:
     import transformers
 
     return {
-        "hf_posext": hf_posext.__version__,
+        "hf_posext": VERSION,
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "accelerate": accelerate.__version__,
@@ -179,45 +183,30 @@ def versions() -> dict[str, str]:
 # --------------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class MethodRequest:
-    """A method to evaluate: name, factor (None = chosen from the lengths) and method parameters."""
-
-    name: str
-    factor: float | None = None
-    params: tuple[tuple[str, Any], ...] = ()
-
-    @property
-    def params_dict(self) -> dict[str, Any]:
-        return dict(self.params)
-
-    @property
-    def label(self) -> str:
-        return self.name + ("" if not self.params else "(" + ",".join(f"{k}={v}" for k, v in self.params) + ")")
+def MethodRequest(name: str, factor: float | None = None, params: tuple[tuple[str, Any], ...] = ()) -> ScalingRequest:  # noqa: N802
+    """A method to evaluate: a :class:`ScalingRequest` whose factor may be left to the grid (None: chosen
+    from the lengths). Kept under this name for the evaluation code that builds requests by hand."""
+    return ScalingRequest(name, factor, params=params)
 
 
-def parse_methods(text: str | Sequence[str], params: dict[str, Any] | None = None) -> list[MethodRequest]:
-    """``"none,yarn,dynamic-yarn"`` -> method requests; each name is checked against the registry.
+def parse_methods(text: str | Sequence[str], params: dict[str, Any] | None = None) -> list[ScalingRequest]:
+    """``"none,yarn,dynamic-yarn"`` -> scaling requests; each name and the parameters are validated.
+
+    Args:
+        text: comma-separated method names (any kind: ``self-extend`` too).
+        params: method parameters given to every method but ``none``.
 
     Raises:
-        ValueError: an empty list or an unknown method (the message lists the known ones).
+        ValueError: an empty list, an unknown method (with the known ones), a parameter a method lacks.
     """
     names = [n.strip() for n in (text.split(",") if isinstance(text, str) else text) if n.strip()]
     if not names:
         raise ValueError("No method given: pass e.g. --methods none,yarn,dynamic-yarn.")
-    known = dict(hf_posext.available_methods())
-    from hf_posext import self_extend  # attention-level methods are patched by the same call
-
-    known.update({name: "Self-Extend (grouped attention)" for name in self_extend.METHOD_NAMES})
-    normalised = {k.replace("_", "-"): k for k in known}
     requests = []
     for name in names:
-        key = name.lower().replace("_", "-")
-        if key not in normalised:
-            raise ValueError(f"Unknown method {name!r}; available: {', '.join(known)} (see `hf-posext methods`).")
-        method = normalised[key]
-        method_params = tuple(sorted((params or {}).items())) if method != "none" else ()
-        requests.append(MethodRequest(method, None, method_params))
+        method = check_method_name(name)
+        method_params = tuple((params or {}).items()) if method != "none" else ()
+        requests.append(ScalingRequest(method, params=method_params))
     return requests
 
 
@@ -263,7 +252,7 @@ def parse_floats(text: str | Sequence[float], name: str, low: float = 0.0, high:
 
 def resolve_factor_for(method: MethodRequest, factor: float | None, lengths: Sequence[int], original_window: int) -> float:
     """The factor a method runs with: 1 for ``none``, else ``factor``, else longest length / window (>= 1)."""
-    if method.name == "none":
+    if method.method == "none":
         return 1.0
     if method.factor is not None:
         return float(method.factor)
@@ -273,16 +262,16 @@ def resolve_factor_for(method: MethodRequest, factor: float | None, lengths: Seq
 
 
 @contextlib.contextmanager
-def apply_method(model: torch.nn.Module, method: MethodRequest, factor: float) -> Iterator[hf_posext.ScalingReport]:
+def apply_method(model: torch.nn.Module, method: MethodRequest, factor: float) -> Iterator[ScalingReport]:
     """Patch ``model`` with ``method`` for the block, then restore it exactly; yields the scaling report."""
-    hf_posext.patch(model, method.name, factor, **method.params_dict)
+    patch(model, method.method, factor, **method.params_dict)
     try:
-        yield hf_posext.describe(model)
+        yield describe(model)
     finally:
-        hf_posext.unpatch(model)
+        unpatch(model)
 
 
-def check_length(report: hf_posext.ScalingReport, length: int, method_label: str) -> str | None:
+def check_length(report: ScalingReport, length: int, method_label: str) -> str | None:
     """Warn (never fail) when ``length`` exceeds what the method and factor claim to support."""
     if report.dynamic or length <= report.current_window:
         return None
@@ -321,15 +310,15 @@ def rope_frequencies(model: torch.nn.Module, length: int) -> list[dict[str, Any]
     CPU, so two machines agree on them to a float32 rounding. :func:`same_frequencies` compares them
     with a tolerance far below what any change of method or factors makes. None if the model has no RoPE.
     """
-    from hf_posext.modules import ScaledRotaryEmbedding
+    from hf_posext.backends.rope.module import ScaledRotaryEmbedding
 
     try:
-        if hf_posext.describe(model).kind != "rope":
+        if describe(model).kind != "rope":
             return None
     except Exception:
         return None
     entries: list[dict[str, Any]] = []
-    with hf_posext.fixed_length(model, length):
+    with fixed_length(model, length):
         for name, module in model.named_modules():
             if isinstance(module, ScaledRotaryEmbedding):
                 for layer_type in module.entries:
@@ -562,7 +551,7 @@ def run_grid(
     from tqdm.auto import tqdm
 
     dist = dist or Distributed()
-    original_window = hf_posext.describe(model).original_window
+    original_window = describe(model).original_window
     memo: dict[tuple[str, Any], tuple[dict[str, Any], str]] = {}
     plans = {length: plan(length) for length in lengths}
     for method in methods:
@@ -623,7 +612,7 @@ def run_grid(
                             unit_results.append({**result, "seconds": 0.0})
                             reused_from.add(origin)
                     record = {
-                        "method": method.name,
+                        "method": method.method,
                         "label": method.label,
                         "params": method.params_dict,
                         "factor": method_factor,

@@ -1,147 +1,23 @@
-"""Registry of position-scaling methods.
+"""Layer 1: every scaling method of every kind, as pure functions of numbers, in one registry.
 
-Each method registers itself once, by name, with a parameter dataclass (validated in
-``__post_init__``) and a pure function that computes numbers from numbers. A method never touches a
-model: :mod:`hf_posext.patching` does the surgery, :mod:`hf_posext.modules` turns numbers into tensors.
+Kinds: ``rope`` (:mod:`.rope`), ``learned`` / ``sinusoidal`` / ``alibi`` (:mod:`.learned`),
+``attention`` (:mod:`.attention`: Self-Extend) and ``relative`` (:mod:`.relative`: T5 bias).
+Importing this package registers all of them.
 """
 
-from __future__ import annotations
+# Registration order is the order kinds are listed in: rope, absolute kinds, attention, relative.
+from hf_posext.methods import rope  # noqa: F401, I001
+from hf_posext.methods import learned  # noqa: F401
+from hf_posext.methods import attention  # noqa: F401
+from hf_posext.methods import relative  # noqa: F401
+from hf_posext.methods.registry import (
+    METHODS,
+    Method,
+    available_methods,
+    check_method_name,
+    get_method,
+    kinds_of,
+    register_method,
+)
 
-import dataclasses
-import difflib
-from dataclasses import dataclass
-from typing import Any, Callable
-
-__all__ = ["Method", "register_method", "get_method", "available_methods", "METHODS"]
-
-
-@dataclass(frozen=True)
-class Method:
-    """One registered scaling method.
-
-    Attributes:
-        name: the name users pass to ``hf_posext.patch`` (e.g. ``"yarn"``).
-        summary: one line for ``available_methods()``: what it does and where it comes from.
-        kind: ``"rope"`` for rotary methods, ``"learned"`` for absolute position tables.
-        params_cls: dataclass of the method's keyword parameters with the papers' defaults.
-        compute: the pure function (see the method modules for its signature).
-        dynamic: True when the frequencies depend on the current sequence length.
-        transformers_type: the ``rope_type`` transformers uses for the same rule, if any.
-    """
-
-    name: str
-    summary: str
-    kind: str
-    params_cls: type
-    compute: Callable[..., Any]
-    dynamic: bool = False
-    transformers_type: str | None = None
-
-    def parse_params(self, params: dict[str, Any]) -> Any:
-        """Validate keyword parameters and return the method's parameter dataclass.
-
-        Raises:
-            ValueError: an unknown parameter name (with the closest known one) or a bad value.
-        """
-        known = [f.name for f in dataclasses.fields(self.params_cls)]
-        for key in params:
-            if key not in known:
-                close = difflib.get_close_matches(key, known, n=1)
-                hint = f" Did you mean {close[0]!r}?" if close else ""
-                allowed = ", ".join(known) if known else "none"
-                raise ValueError(
-                    f"Method {self.name!r} has no parameter {key!r}.{hint} Its parameters are: {allowed}."
-                )
-        return self.params_cls(**params)
-
-
-# kind -> name -> Method. The same name may exist for several kinds ("linear" for RoPE and for learned
-# tables); the model being patched decides the kind.
-METHODS: dict[str, dict[str, Method]] = {"rope": {}, "learned": {}}
-
-
-def register_method(
-    name: str,
-    summary: str,
-    kind: str,
-    params_cls: type,
-    dynamic: bool = False,
-    transformers_type: str | None = None,
-) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Decorator registering ``compute`` under ``name`` (see :class:`Method`)."""
-
-    def decorator(compute: Callable[..., Any]) -> Callable[..., Any]:
-        registry = METHODS.setdefault(kind, {})
-        if name in registry:
-            raise ValueError(f"A {kind} method named {name!r} is already registered.")
-        registry[name] = Method(name, summary, kind, params_cls, compute, dynamic, transformers_type)
-        return compute
-
-    return decorator
-
-
-def _ensure_loaded() -> None:
-    # The method modules register themselves on import; importing here keeps `import hf_posext.methods`
-    # enough to see every method.
-    import importlib
-
-    for module in ("rope", "learned"):
-        try:
-            importlib.import_module(f"hf_posext.methods.{module}")
-        except ModuleNotFoundError as error:  # a kind whose module is not part of this release
-            if error.name != f"hf_posext.methods.{module}":
-                raise
-
-
-def get_method(name: str, kind: str = "rope") -> Method:
-    """Return the registered method ``name`` of ``kind``.
-
-    Args:
-        name: method name, e.g. ``"yarn"``. Underscores are accepted for dashes (``dynamic_ntk``).
-        kind: ``"rope"`` (rotary models) or ``"learned"`` (absolute position tables).
-
-    Raises:
-        TypeError: ``name`` is not a string.
-        ValueError: unknown method (the message lists the ones valid for ``kind``).
-    """
-    _ensure_loaded()
-    if not isinstance(name, str):
-        raise TypeError(f"The method must be a name (str), got {type(name).__name__}.")
-    key = name.strip().lower().replace("_", "-")
-    registry = METHODS.get(kind, {})
-    if key in registry:
-        return registry[key]
-    valid = ", ".join(sorted(registry)) or "none"
-    other = [k for k, methods in METHODS.items() if k != kind and key in methods]
-    if other:
-        raise ValueError(
-            f"Method {name!r} applies to {other[0]} position encodings, but this model uses {kind} ones. "
-            f"Methods valid here: {valid}."
-        )
-    close = difflib.get_close_matches(key, list(registry), n=1)
-    hint = f" Did you mean {close[0]!r}?" if close else ""
-    raise ValueError(f"Unknown method {name!r}.{hint} Known {kind} methods: {valid}.")
-
-
-def available_methods(kind: str | None = None) -> dict[str, str]:
-    """Map each registered method name to its one-line description.
-
-    Args:
-        kind: ``"rope"`` or ``"learned"`` to list only those; by default RoPE methods, then any
-            learned-table method whose name differs (listed as ``"name (learned)"``).
-
-    Example:
-        >>> import hf_posext
-        >>> hf_posext.available_methods()["linear"]
-        'Position interpolation: divide every frequency by s (Chen et al. 2023)'
-    """
-    _ensure_loaded()
-    if kind is not None:
-        return {n: m.summary for n, m in sorted(METHODS.get(kind, {}).items())}
-    listed = {n: m.summary for n, m in sorted(METHODS["rope"].items())}
-    for other_kind, methods in METHODS.items():
-        if other_kind == "rope":
-            continue
-        for n, m in sorted(methods.items()):
-            listed[f"{n} ({other_kind})"] = m.summary
-    return listed
+__all__ = ["Method", "register_method", "get_method", "available_methods", "kinds_of", "check_method_name", "METHODS"]

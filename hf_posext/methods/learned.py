@@ -24,7 +24,7 @@ from fractions import Fraction
 
 import torch
 
-from hf_posext.methods import register_method
+from hf_posext.methods.registry import register_method
 
 __all__ = ["exact_factor", "interpolation_grid", "linear_table", "linear_positions", "MAX_TABLE_ROWS"]
 

@@ -25,7 +25,7 @@ from typing import Sequence
 
 import torch
 
-from hf_posext.methods import register_method
+from hf_posext.methods.registry import register_method
 
 __all__ = ["RotaryBase", "yarn_attention_factor"]
 
@@ -170,7 +170,7 @@ class LongRopeParams:
 # --------------------------------------------------------------------------------------------------
 
 
-@register_method("none", "No scaling: the model's own frequencies (a baseline for evaluations)", "rope", NoParams)
+@register_method("none", "No scaling: the model's own frequencies (a baseline for evaluations)", "rope", NoParams, identity_at_one=True)
 def no_scaling(rope: RotaryBase, original_length: int, factor: float, seq_len: int | None, params: NoParams):
     """theta'_i = theta_i. Useful as the unpatched baseline in side-by-side comparisons."""
     return rope.inv_freq(), 1.0
@@ -181,7 +181,7 @@ def no_scaling(rope: RotaryBase, original_length: int, factor: float, seq_len: i
     "Position interpolation: divide every frequency by s (Chen et al. 2023)",
     "rope",
     NoParams,
-    transformers_type="linear",
+    identity_at_one=True,
 )
 def linear(rope: RotaryBase, original_length: int, factor: float, seq_len: int | None, params: NoParams):
     """Position interpolation: theta'_i = theta_i / s.
@@ -200,6 +200,7 @@ def linear(rope: RotaryBase, original_length: int, factor: float, seq_len: int |
     "NTK-aware: raise the base to b*s^(d/(d-2)), high frequencies kept (bloc97 2023)",
     "rope",
     NoParams,
+    identity_at_one=True,
 )
 def ntk(rope: RotaryBase, original_length: int, factor: float, seq_len: int | None, params: NoParams):
     """NTK-aware scaling: b' = b * s^(d/(d-2)), then theta'_i = b'^(-2i/d).
@@ -219,7 +220,6 @@ def ntk(rope: RotaryBase, original_length: int, factor: float, seq_len: int | No
     "rope",
     NoParams,
     dynamic=True,
-    transformers_type="dynamic",
 )
 def dynamic_ntk(rope: RotaryBase, original_length: int, factor: float, seq_len: int | None, params: NoParams):
     """Dynamic NTK: for current length l > L, b' = b * ((a*l/L) - (a-1))^(d/(d-2)), a = factor.
@@ -276,7 +276,7 @@ def _yarn(rope: RotaryBase, original_length: int, factor: float, params: YarnPar
     "YaRN: interpolate low frequencies, keep high ones, ramp between, scale attention (Peng et al. 2023)",
     "rope",
     YarnParams,
-    transformers_type="yarn",
+    identity_at_one=True,
 )
 def yarn(rope: RotaryBase, original_length: int, factor: float, seq_len: int | None, params: YarnParams):
     """YaRN ("NTK-by-parts" + attention temperature).
@@ -335,7 +335,7 @@ def theta(rope: RotaryBase, original_length: int, factor: float, seq_len: int | 
     "Llama 3.1: divide long wavelengths by s, keep short ones, blend between (Meta 2024)",
     "rope",
     Llama3Params,
-    transformers_type="llama3",
+    identity_at_one=True,
 )
 def llama3(rope: RotaryBase, original_length: int, factor: float, seq_len: int | None, params: Llama3Params):
     """Llama 3.1 scaling, a wavelength split with a smooth blend.
@@ -365,7 +365,6 @@ def llama3(rope: RotaryBase, original_length: int, factor: float, seq_len: int |
     "rope",
     LongRopeParams,
     dynamic=True,
-    transformers_type="longrope",
 )
 def longrope(rope: RotaryBase, original_length: int, factor: float, seq_len: int | None, params: LongRopeParams):
     """LongRoPE: theta'_i = theta_i / f_i with per-dimension factors f.

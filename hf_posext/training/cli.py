@@ -12,7 +12,6 @@ import logging
 import sys
 from pathlib import Path
 
-from hf_posext.cli import SUBCOMMANDS
 
 __all__ = ["add_train_arguments", "run_train", "main"]
 
@@ -82,5 +81,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"finetune: error: {error}", file=sys.stderr)
         return 2
 
-
-SUBCOMMANDS.setdefault("train", ("fine-tune a model (LoRA/full, PoSE) from a recipe config", add_train_arguments, run_train))

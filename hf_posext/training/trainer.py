@@ -206,11 +206,21 @@ def collate_windows(samples: list[dict[str, torch.Tensor]]) -> dict[str, torch.T
     }
 
 
-def training_loss(model: Any, inputs: dict[str, torch.Tensor], num_items_in_batch: torch.Tensor | int | None) -> torch.Tensor:
+def training_loss(model: Any, inputs: dict[str, torch.Tensor], num_items_in_batch: torch.Tensor | int | None,
+                  loss: str = "plain", chunk_size: int | None = None) -> torch.Tensor:
     """The training loss of one micro-batch: next-token cross-entropy summed over its tokens and divided by
     ``num_items_in_batch`` (the predicted tokens of the whole accumulated batch, all processes), or the
-    micro-batch mean when that is None. Today the model computes it over the full logits.
+    micro-batch mean when that is None. ``loss="chunked"`` never builds the full logits
+    (:mod:`hf_posext.lm.chunked_loss`); ``"plain"`` is the model's own loss over the full logits.
     """
+    if loss == "chunked":
+        from hf_posext.lm.chunked_loss import chunked_causal_lm_loss
+
+        mean = chunked_causal_lm_loss(model, inputs, chunk_size=chunk_size)
+        if num_items_in_batch is None:
+            return mean
+        predicted = inputs["labels"][..., 1:].ne(-100).sum()
+        return mean * predicted / num_items_in_batch
     if num_items_in_batch is None:
         return model(**inputs, use_cache=False).loss
     return model(**inputs, use_cache=False, num_items_in_batch=num_items_in_batch).loss
@@ -227,8 +237,10 @@ class PosextTrainer(Trainer):
       (``trainable_extras.safetensors``), which PEFT's adapter save would drop; resuming reloads them.
     """
 
-    def __init__(self, *args: Any, extra_parameter_names: list[str] | None = None, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, extra_parameter_names: list[str] | None = None, train_section: Any = None,
+                 **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.train_section = train_section
         self.extra_parameter_names = list(extra_parameter_names or [])
         # training_loss normalises by num_items_in_batch itself: have the Trainer count it and not divide again.
         self.model_accepts_loss_kwargs = True
@@ -240,7 +252,9 @@ class PosextTrainer(Trainer):
                      num_items_in_batch: torch.Tensor | int | None = None) -> Any:
         if return_outputs:
             raise NotImplementedError("PosextTrainer.compute_loss returns the loss only (no evaluation loop).")
-        loss = training_loss(model, inputs, num_items_in_batch)
+        t = self.train_section
+        loss = training_loss(model, inputs, num_items_in_batch, loss=getattr(t, "loss", "plain"),
+                             chunk_size=getattr(t, "loss_chunk_size", None))
         if self.args.average_tokens_across_devices and num_items_in_batch is not None:
             loss = loss * self.accelerator.num_processes  # gradients are averaged over processes afterwards
         return loss
@@ -433,11 +447,7 @@ def _load_and_patch(config: TrainConfig, dtype: torch.dtype):
         kwargs["trust_remote_code"] = True
     kwargs.update(config.model.config_overrides)
     model = load_model(config.model.name, dtype=dtype, **kwargs)
-    s = config.scaling
-    hf_posext.patch(
-        model, s.method, s.factor, target_length=s.target_length,
-        original_max_position_embeddings=s.original_max_position_embeddings, **dict(s.params),
-    )
+    hf_posext.patch(model, **config.scaling.to_request().patch_kwargs())
     return model
 
 
@@ -603,6 +613,13 @@ def train(
     model.config.use_cache = False
     extras = extra_parameter_names(model, config.finetune.train_embeddings, config.finetune.train_norms) if config.finetune.mode == "lora" else []
     model = setup_trainable(model, config.finetune, seed=t.seed)
+    if t.loss == "chunked":
+        from hf_posext.lm.chunked_loss import check_output_head
+
+        try:
+            check_output_head(model)
+        except ValueError as error:
+            raise ConfigError(f"train.loss=chunked: {error}") from None
     data = load_packed_windows(config.data, tokenizer, t.seed, pose_target, progress=progress and main)
 
     # Everything loaded: only now create (or clear) the run folder and record the config.
@@ -628,7 +645,7 @@ def train(
         callbacks.append(StopAtStepCallback(stop_at_step))
     trainer = PosextTrainer(
         model=model, args=args, train_dataset=WindowDataset(data, t.max_steps * samples_per_step),
-        data_collator=collate_windows, callbacks=callbacks, extra_parameter_names=extras,
+        data_collator=collate_windows, callbacks=callbacks, extra_parameter_names=extras, train_section=t,
     )
     began = time.perf_counter()
     start_step = checkpoint_step(resume_from) if resume_from is not None else 0

@@ -16,7 +16,7 @@ from typing import Iterator
 import torch
 from torch import nn
 
-from hf_posext.config import ScalingConfig
+from hf_posext.core.request import ScalingConfig
 from hf_posext.methods.rope import RotaryBase
 
 __all__ = ["RotaryEntry", "ScaledRotaryEmbedding", "LAYOUTS"]

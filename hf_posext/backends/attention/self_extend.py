@@ -23,7 +23,7 @@ call the function registered under ``config._attn_implementation``; we register 
 implementation the model used before) and select it with ``model.set_attn_implementation``. q and k
 arrive rotated to their true positions; RoPE rotations compose, so rotating them again by
 ``R(p' - p)`` moves them to the grouped position p'. Each attention module gets the frequencies of the
-rotary module that feeds it (found and verified by :func:`hf_posext.families.find_rotary_sites`), and a
+rotary module that feeds it (found and verified by :func:`hf_posext.backends.rope.sites.find_rotary_sites`), and a
 probe at patch time checks that the q and k reaching the registry really are rotated that way.
 
 Cost (say it plainly): inside the window nothing changes (the SDPA path even calls transformers' SDPA
@@ -39,9 +39,7 @@ only the new key. ``bench/self_extend_cost.py`` measures it (docs/beyond_rescali
 
 from __future__ import annotations
 
-import copy
 import dataclasses
-import difflib
 import math
 import re
 from dataclasses import dataclass, field
@@ -49,6 +47,12 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from hf_posext.core.loading import config_kwargs, model_class_for
+from hf_posext.core.record import CONFIG_KEY, make_record, restore_config, snapshot_config
+
+from hf_posext.methods.attention import check_window, default_window, max_extended_length, size_for_target
+from hf_posext.methods.registry import get_method
 
 __all__ = [
     "METHOD_NAMES",
@@ -73,9 +77,6 @@ IMPLEMENTATIONS = {"sdpa": "hf_posext_self_extend_sdpa", "eager": "hf_posext_sel
 _PROBE_IMPLEMENTATION = "hf_posext_self_extend_probe"
 _LAYER_ATTRIBUTE = "_hf_posext_self_extend"
 _STATE_ATTRIBUTE = "_hf_posext_self_extend_state"
-_CONFIG_KEY = "hf_posext"
-_ABSENT = object()
-_PARAMETERS = ("group_size", "window")
 #: Elements of one block of attention scores (batch x heads x queries x keys), ~256 MB in float32.
 SCORE_BLOCK_ELEMENTS = 1 << 26
 
@@ -85,57 +86,10 @@ SCORE_BLOCK_ELEMENTS = 1 << 26
 # --------------------------------------------------------------------------------------------------
 
 
-def max_extended_length(original_length: int, group_size: int, window: int) -> int:
-    """Longest sequence whose grouped relative distances all stay below the original window.
-
-    The largest grouped distance, query at T - 1 and key at 0, is ``(T - 1) // G + W - W // G``; it must
-    be at most ``L - 1``, which gives ``T <= (L - W + W // G) * G`` (the paper's ``(L - W) * G + W`` up
-    to integer rounding).
-    """
-    return (original_length - window + window // group_size) * group_size
-
-
-def default_window(original_length: int) -> int:
-    """The neighbour window used when none is given: a quarter of the original window.
-
-    The paper reports results for W between 512 and 2048 on 4k-window models and finds them robust to
-    W; L / 4 (1024 for a 4k window, 2048 for SmolLM2's 8192) sits in that range and leaves 3/4 of the
-    original positions to the grouped part.
-    """
-    return max(1, original_length // 4)
-
-
-def size_for_target(original_length: int, target_length: int, window: int | None = None) -> tuple[int, int]:
-    """(group_size, window) reaching ``target_length`` by the paper's sizing rule.
-
-    The window defaults to :func:`default_window`; the group size is the smallest G with
-    ``max_extended_length(L, G, W) >= target_length``.
-
-    Raises:
-        ValueError: ``window`` is not below the original window.
-    """
-    window = default_window(original_length) if window is None else window
-    _check_window(window, original_length)
-    group_size = 1
-    while max_extended_length(original_length, group_size, window) < target_length:
-        group_size += 1
-    return group_size, window
-
-
 def _check_int(name: str, value: Any, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.")
     return value
-
-
-def _check_window(window: int, original_length: int) -> None:
-    _check_int("window", window, 1)
-    if window >= original_length:
-        raise ValueError(
-            f"window={window} must be smaller than the model's original window ({original_length} tokens): "
-            f"the neighbour part keeps exact positions, so it must fit in the pre-training window. The paper "
-            f"uses W between L/8 and L/2 (default here: {default_window(original_length)})."
-        )
 
 
 @dataclass(frozen=True)
@@ -718,7 +672,7 @@ def _probe(model: nn.Module, layer_settings: dict[str, _LayerSettings], names: d
 
 
 def _unsupported(model: nn.Module, reason: str) -> ValueError:
-    from hf_posext.families import UnsupportedModelError
+    from hf_posext.core.errors import UnsupportedModelError
 
     return UnsupportedModelError(
         f"Self-Extend cannot be applied to {type(model).__name__}: {reason}. It needs a RoPE model whose "
@@ -747,6 +701,11 @@ def is_patched(model: nn.Module) -> bool:
     return isinstance(model, nn.Module) and _STATE_ATTRIBUTE in model.__dict__
 
 
+def current_settings(model: nn.Module) -> SelfExtendSettings:
+    """G, W and L of a model patched with Self-Extend."""
+    return model.__dict__[_STATE_ATTRIBUTE].settings
+
+
 def _layer_type(model: nn.Module, module: nn.Module) -> str | None:
     layer_types = getattr(model.config, "layer_types", None)
     index = getattr(module, "layer_idx", None)
@@ -756,25 +715,19 @@ def _layer_type(model: nn.Module, module: nn.Module) -> str | None:
 
 
 def _parse_params(params: dict[str, Any]) -> dict[str, Any]:
-    for key in params:
-        if key not in _PARAMETERS:
-            close = difflib.get_close_matches(key, _PARAMETERS, n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise ValueError(
-                f"Method 'self-extend' has no parameter {key!r}.{hint} Its parameters are: group_size (G), window (W)."
-            )
+    get_method("self-extend", "attention").parse_params(params)  # names and types, with "did you mean"
     return params
 
 
 def _resolve_settings(
     factor: float | None, target_length: int | None, original_length: int, group_size: int | None, window: int | None
 ) -> SelfExtendSettings:
-    from hf_posext.config import resolve_factor
+    from hf_posext.core.request import resolve_factor
 
     if group_size is not None:
         _check_int("group_size", group_size, 1)
     if window is not None:
-        _check_window(window, original_length)
+        check_window(window, original_length)
     if factor is None and target_length is None:
         if group_size is None:
             raise ValueError(
@@ -803,7 +756,7 @@ def _resolve_settings(
 
 def _layer_settings(model: nn.Module, settings: SelfExtendSettings, mask_kind: str) -> tuple[dict[str, _LayerSettings], dict[int, str], list]:
     """Settings per attention-module path, from the verified rotary sites."""
-    from hf_posext.families import find_rotary_sites
+    from hf_posext.backends.rope.sites import find_rotary_sites
     from hf_posext.methods.rope import RotaryBase
 
     sites = find_rotary_sites(model)
@@ -875,7 +828,7 @@ def patch_self_extend(
         >>> hf_posext.patch(model, "self-extend", group_size=4, window=2048)
         >>> hf_posext.patch(model, "self-extend", target_length=32768)  # G, W by the paper's rule
     """
-    from hf_posext.families import find_rotary_sites
+    from hf_posext.backends.rope.sites import find_rotary_sites
 
     if not isinstance(method, str) or method.strip().lower().replace("_", "-") not in METHOD_NAMES:
         raise ValueError(f"patch_self_extend handles {sorted(METHOD_NAMES)}, got {method!r}.")
@@ -901,7 +854,7 @@ def patch_self_extend(
                 setattr(module, _LAYER_ATTRIBUTE, dataclasses.replace(
                     layer, group_size=settings.group_size, window=settings.window, grouped_keys=None))
         previous.settings = settings
-        setattr(model.config, _CONFIG_KEY, _record(settings, previous.base_implementation))
+        setattr(model.config, CONFIG_KEY, _record(settings, previous.base_implementation))
         return model
 
     base = model.config._attn_implementation or "eager"
@@ -915,38 +868,31 @@ def patch_self_extend(
         raise _unsupported(model, f"no rotary settings for attention module(s) {', '.join(missing[:3])}")
     swaps = []
     for site in tables:
-        from hf_posext.config import ScalingConfig
-        from hf_posext.patching import _build_module
+        from hf_posext.core.request import ScalingConfig
+        from hf_posext.backends.rope.sites import build_rotary_module
 
         window = site.current[site.scaled_layer_types[0]].original_max_position_embeddings
-        swaps.append((site, _build_module(site, ScalingConfig("none", 1.0, window))))
+        swaps.append((site, build_rotary_module(site, ScalingConfig("none", 1.0, window))))
 
     config = model.config
-    snapshot = {
-        key: copy.deepcopy(config.__dict__[key]) if key in config.__dict__ else _ABSENT
-        for key in ("_attn_implementation_internal", _CONFIG_KEY)
-    }
+    snapshot = snapshot_config(config, ("_attn_implementation_internal", CONFIG_KEY))
     model.set_attn_implementation(IMPLEMENTATIONS[mask_kind])
     installed = [(names[id(m)], m) for m in modules]
     for path, module in installed:
         setattr(module, _LAYER_ATTRIBUTE, layer_settings[path])
     for site, replacement in swaps:
         setattr(site.parent, site.attribute, replacement)
-    setattr(config, _CONFIG_KEY, _record(settings, base))
+    setattr(config, CONFIG_KEY, _record(settings, base))
     model.__dict__[_STATE_ATTRIBUTE] = _State(settings, base, installed, snapshot, [site for site, _ in swaps])
     return model
 
 
 def _record(settings: SelfExtendSettings, base: str) -> dict[str, Any]:
     """What ``config.hf_posext`` holds for a Self-Extend model (``save_pretrained`` writes it)."""
-    return {
-        "kind": "attention",
-        "method": "self-extend",
-        "factor": settings.factor,
-        "original_max_position_embeddings": settings.original_max_position_embeddings,
-        "params": {"group_size": settings.group_size, "window": settings.window},
-        "attn_implementation": base,
-    }
+    return make_record(
+        "attention", "self-extend", settings.factor, settings.original_max_position_embeddings,
+        {"group_size": settings.group_size, "window": settings.window}, attn_implementation=base,
+    )
 
 
 def unpatch_self_extend(model: nn.Module) -> nn.Module:
@@ -963,11 +909,7 @@ def unpatch_self_extend(model: nn.Module) -> nn.Module:
         module.__dict__.pop(_LAYER_ATTRIBUTE, None)
     for site in state.swapped_sites:
         setattr(site.parent, site.attribute, site.module)
-    for key, value in state.config_snapshot.items():
-        if value is _ABSENT:
-            model.config.__dict__.pop(key, None)
-        else:
-            model.config.__dict__[key] = copy.deepcopy(value)
+    restore_config(model.config, state.config_snapshot)
     del model.__dict__[_STATE_ATTRIBUTE]
     return model
 
@@ -977,8 +919,8 @@ def _site_pattern(paths: list[str]) -> list[str]:
 
 
 def describe_self_extend(model: nn.Module):
-    """A :class:`~hf_posext.patching.ScalingReport` of kind ``"attention"`` for a Self-Extend model."""
-    from hf_posext.patching import ScalingReport
+    """A :class:`~hf_posext.backends.rope.surgery.ScalingReport` of kind ``"attention"`` for a Self-Extend model."""
+    from hf_posext.core.record import ScalingReport
 
     state: _State = model.__dict__[_STATE_ATTRIBUTE]
     settings = state.settings
@@ -1010,17 +952,16 @@ def describe_self_extend(model: nn.Module):
 
 def load_self_extend(path: str, record: dict[str, Any], **from_pretrained_kwargs: Any) -> nn.Module:
     """Load a model saved with Self-Extend (``config.hf_posext`` of kind ``"attention"``) and re-apply it."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     params = dict(record.get("params", {}))
     if record.get("method") != "self-extend" or "group_size" not in params:
         raise ValueError(f"{path}: unrecognised attention-level record {record!r}; expected method 'self-extend' with group_size.")
-    config_kwargs = {k: v for k, v in from_pretrained_kwargs.items() if k in ("trust_remote_code", "revision", "token")}
-    config = AutoConfig.from_pretrained(path, **config_kwargs)
+    config = AutoConfig.from_pretrained(path, **config_kwargs(from_pretrained_kwargs))
     target = config.get_text_config() if hasattr(config, "get_text_config") else config
-    target.__dict__.pop(_CONFIG_KEY, None)
+    target.__dict__.pop(CONFIG_KEY, None)
     from_pretrained_kwargs.setdefault("attn_implementation", record.get("attn_implementation") or "sdpa")
-    model = AutoModelForCausalLM.from_pretrained(path, config=config, **from_pretrained_kwargs)
+    model = model_class_for(config).from_pretrained(path, config=config, **from_pretrained_kwargs)
     return patch_self_extend(
         model, "self-extend", None,
         original_max_position_embeddings=int(record["original_max_position_embeddings"]),

@@ -24,9 +24,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from hf_posext.config import ScalingConfig
+from hf_posext.core.request import ScalingConfig
+from hf_posext.core.errors import UnsupportedModelError
 from hf_posext.methods.rope import RotaryBase
-from hf_posext.modules import RotaryEntry, ScaledRotaryEmbedding
+from hf_posext.methods.transformers import ROPE_TYPES, method_for_rope_type
+from hf_posext.backends.rope.module import RotaryEntry, ScaledRotaryEmbedding
 
 __all__ = [
     "RotarySite",
@@ -46,19 +48,6 @@ SUPPORTED_FAMILIES = (
     "falcon, stablelm, phi, phi3, gpt_neox (partial rotary), gptj"
 )
 
-# transformers rope_type -> our method, and the parameters carried over.
-_TRANSFORMERS_TO_METHOD = {
-    "default": ("none", ()),
-    "linear": ("linear", ()),
-    "dynamic": ("dynamic-ntk", ()),
-    "yarn": ("yarn", ("beta_fast", "beta_slow", "attention_factor", "mscale", "mscale_all_dim", "truncate")),
-    "llama3": ("llama3", ("low_freq_factor", "high_freq_factor")),
-    "longrope": ("longrope", ("long_factor", "short_factor", "attention_factor")),
-}
-
-
-class UnsupportedModelError(ValueError):
-    """The model's position encoding is not one hf_posext can patch (the message says what was found)."""
 
 
 def _is_v5_config(config) -> bool:
@@ -143,12 +132,12 @@ def original_window(config, params: dict[str, Any] | None) -> int:
 def scaling_from_transformers(config, params: dict[str, Any], window: int) -> ScalingConfig:
     """Our ScalingConfig equivalent to a transformers rope dict (``rope_type`` + parameters)."""
     rope_type = params.get("rope_type", "default")
-    if rope_type not in _TRANSFORMERS_TO_METHOD:
+    if method_for_rope_type(rope_type) is None:
         raise UnsupportedModelError(
             f"The model already uses rope_type={rope_type!r}, which hf_posext cannot reproduce; supported "
-            f"starting points: {', '.join(_TRANSFORMERS_TO_METHOD)}."
+            f"starting points: {', '.join(ROPE_TYPES)}."
         )
-    method, keys = _TRANSFORMERS_TO_METHOD[rope_type]
+    method, keys = method_for_rope_type(rope_type)
     method_params = {k: params[k] for k in keys if params.get(k) is not None}
     factor = params.get("factor")
     if factor is None:
@@ -169,7 +158,7 @@ class RotarySite:
         path: dotted module path (``"model.rotary_emb"``).
         parent: the module holding it; ``attribute``: its attribute name there.
         module: the module itself (the original, for unpatching).
-        layout: output convention (see :data:`hf_posext.modules.LAYOUTS`).
+        layout: output convention (see :data:`hf_posext.backends.rope.module.LAYOUTS`).
         dims: rotary dimension per layer type (key ``None`` when there is one RoPE).
         bases: base theta per layer type, as verified by the probe.
         current: per layer type, the ScalingConfig reproducing what the module does now.
@@ -368,3 +357,15 @@ def window_attribute(config) -> str:
 
 def is_finite_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def build_rotary_module(site: RotarySite, scaling: ScalingConfig) -> ScaledRotaryEmbedding:
+    """Our rotary module for ``site``: ``scaling`` on its scaled layer types, the current rule on the others."""
+    entries = {}
+    for layer_type, dim in site.dims.items():
+        rope = RotaryBase(site.bases[layer_type], dim)
+        if layer_type in site.scaled_layer_types:
+            entries[layer_type] = RotaryEntry(rope, scaling)
+        else:
+            entries[layer_type] = RotaryEntry(rope, site.current[layer_type])
+    return ScaledRotaryEmbedding(entries, layout=site.layout, device=site.device)

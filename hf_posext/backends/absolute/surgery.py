@@ -1,6 +1,6 @@
 """Absolute position encodings: learned tables, sinusoidal encodings and ALiBi (model surgery).
 
-:mod:`hf_posext.patching` hands a model here when :func:`detect` finds no rotary module but one of:
+:mod:`hf_posext.backends.rope.surgery` hands a model here when :func:`detect` finds no rotary module but one of:
 
 - a **learned table**: an ``nn.Embedding`` (or subclass) that is not the token embedding and whose row
   count matches the config's window, e.g. GPT-2/GPT-Neo ``transformer.wpe`` (``n_positions`` /
@@ -40,12 +40,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from hf_posext import families
-from hf_posext.config import ScalingConfig, resolve_factor
-from hf_posext.families import UnsupportedModelError
+from hf_posext.backends.rope import sites as families
+from hf_posext.core.request import ScalingConfig, resolve_factor
+from hf_posext.core.errors import UnsupportedModelError
 from hf_posext.methods import get_method
 from hf_posext.methods.learned import MAX_TABLE_ROWS, exact_factor
-from hf_posext.patching import CONFIG_KEY, ScalingReport, _config_attr
+from hf_posext.core.loading import config_kwargs, model_class_for
+from hf_posext.core.record import ABSENT, CONFIG_KEY, ScalingReport, config_attribute
 
 __all__ = [
     "detect",
@@ -63,7 +64,7 @@ __all__ = [
 #: File written next to a saved patched model: the original (pre-patch) learned tables.
 SIDECAR_NAME = "hf_posext_absolute.safetensors"
 _STATE_ATTRIBUTE = "_hf_posext_absolute_state"
-_ABSENT = object()
+
 #: Config attributes that can hold a model's maximum length (resolved through ``attribute_map``).
 _WINDOW_FIELDS = ("max_position_embeddings", "n_positions", "max_seq_len", "max_sequence_length", "seq_length")
 #: Integer module attributes whose name says "a length in positions".
@@ -232,7 +233,7 @@ def _window_fields(config) -> dict[str, int]:
     """Config attribute name -> value, for each field that holds a maximum length."""
     found = {}
     for key in _WINDOW_FIELDS:
-        name = _config_attr(config, key)
+        name = config_attribute(config, key)
         value = config.__dict__.get(name, None)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             found[name] = value
@@ -311,7 +312,7 @@ def _find_sinusoids(model: nn.Module, fields: dict[str, int]) -> list[SinusoidSi
                 offset = 0
             regrows = callable(getattr(type(module), "make_weights", None)) and callable(getattr(type(module), "get_embedding", None))
             sites.append(SinusoidSite(path, module, name, offset, padding_rows, dim, buffer, regrows,
-                                      module.__dict__.get("get_embedding", _ABSENT)))
+                                      module.__dict__.get("get_embedding", ABSENT)))
     return sites
 
 
@@ -426,6 +427,12 @@ def detect(model: nn.Module) -> bool:
         return True  # ours to handle: patch_absolute reports the problem
 
 
+def patch_state(model: nn.Module) -> "_AbsoluteState | None":
+    """The patch state :func:`patch_absolute` keeps on ``model`` (None when not patched)."""
+    state = getattr(model, "__dict__", {}).get(_STATE_ATTRIBUTE)
+    return state if isinstance(state, _AbsoluteState) else None
+
+
 def is_patched(model: nn.Module) -> bool:
     """True when :func:`patch_absolute` patched this model in memory."""
     return isinstance(getattr(model, "__dict__", {}).get(_STATE_ATTRIBUTE), _AbsoluteState)
@@ -438,7 +445,7 @@ def is_patched(model: nn.Module) -> bool:
 
 @dataclass
 class _Assignment:
-    """One change: ``target.<name>`` goes from ``original`` to ``new`` (``_ABSENT`` = not set)."""
+    """One change: ``target.<name>`` goes from ``original`` to ``new`` (``ABSENT`` = not set)."""
 
     target: Any
     name: str
@@ -452,11 +459,11 @@ class _Assignment:
         elif self.how == "buffer":
             self.target._buffers[self.name] = value
         elif self.how == "config":
-            if value is _ABSENT:
+            if value is ABSENT:
                 self.target.__dict__.pop(self.name, None)
             else:
                 self.target.__dict__[self.name] = copy.deepcopy(value)
-        elif value is _ABSENT:
+        elif value is ABSENT:
             self.target.__dict__.pop(self.name, None)
         else:
             self.target.__dict__[self.name] = value
@@ -704,10 +711,10 @@ def patch_absolute(
     config = positions.config
     for name, value in positions.config_fields.items():
         original_config[name] = value
-    base_record = config.__dict__.get(CONFIG_KEY, _ABSENT) if previous is None else next(
+    base_record = config.__dict__.get(CONFIG_KEY, ABSENT) if previous is None else next(
         a.original for a in previous.assignments if a.how == "config" and a.name == CONFIG_KEY
     )
-    if base_record is not _ABSENT:
+    if base_record is not ABSENT:
         original_config[CONFIG_KEY] = base_record
     record = _record(scaling, positions, new_window, json.loads(json.dumps(original_config, default=str)))
     assignments = _plan(positions, scaling, exact, new_window, record, base_record)
@@ -808,7 +815,7 @@ def _kind_notes(positions: AbsolutePositions) -> list[str]:
 
 
 def describe_absolute(model: nn.Module) -> ScalingReport:
-    """:class:`~hf_posext.patching.ScalingReport` for a model with absolute positions (kind learned/sinusoidal/alibi)."""
+    """:class:`~hf_posext.backends.rope.surgery.ScalingReport` for a model with absolute positions (kind learned/sinusoidal/alibi)."""
     _check_model(model)
     state: _AbsoluteState | None = model.__dict__.get(_STATE_ATTRIBUTE)
     if state is not None:
@@ -841,16 +848,6 @@ def describe_absolute(model: nn.Module) -> ScalingReport:
     )
 
 
-def _model_class(config) -> Any:
-    import transformers
-
-    for name in getattr(config, "architectures", None) or []:
-        cls = getattr(transformers, name, None)
-        if cls is not None:
-            return cls
-    return transformers.AutoModelForCausalLM
-
-
 def _read_sidecar(path: str) -> dict[str, torch.Tensor] | None:
     from safetensors.torch import load_file
 
@@ -879,9 +876,8 @@ def load_absolute(path: str, record: dict[str, Any], **from_pretrained_kwargs: A
     """
     from transformers import AutoConfig
 
-    config_kwargs = {k: v for k, v in from_pretrained_kwargs.items() if k in ("trust_remote_code", "revision", "token")}
-    config = AutoConfig.from_pretrained(path, **config_kwargs)
-    model = _model_class(config).from_pretrained(path, **from_pretrained_kwargs)
+    config = AutoConfig.from_pretrained(path, **config_kwargs(from_pretrained_kwargs))
+    model = model_class_for(config).from_pretrained(path, **from_pretrained_kwargs)
     positions = find_absolute_positions(model)
     if positions is None:
         raise UnsupportedModelError(f"{path} has an hf_posext {record.get('kind')!r} record but no such positions were found.")
@@ -915,7 +911,7 @@ def load_absolute(path: str, record: dict[str, Any], **from_pretrained_kwargs: A
         attribute.original = attribute.original - delta
     positions.config_fields = {name: value - delta for name, value in positions.config_fields.items()}
     # The config the model was loaded with already holds the record; unpatch removes it (or restores an older one).
-    base_record = original_config.get(CONFIG_KEY, _ABSENT)
+    base_record = original_config.get(CONFIG_KEY, ABSENT)
     exact = exact_factor(scaling.factor, None, scaling.original_max_position_embeddings)
     assignments = _plan(positions, scaling, exact, new_window, dict(record), base_record, loaded_tables=loaded_tables)
     _apply(assignments)

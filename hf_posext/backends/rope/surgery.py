@@ -1,7 +1,7 @@
-"""patch / unpatch / describe / load: model surgery (no math here; the methods do the numbers).
+"""The RoPE backend's surgery: patch / unpatch / describe / load_rope of rotary modules (no math here; the methods do the numbers).
 
 ``patch`` validates everything before it changes anything, swaps each rotary module for a
-:class:`~hf_posext.modules.ScaledRotaryEmbedding`, updates the config so ``save_pretrained`` records the
+:class:`~hf_posext.backends.rope.module.ScaledRotaryEmbedding`, updates the config so ``save_pretrained`` records the
 scaling, and remembers the originals so ``unpatch`` restores the model and its config exactly.
 
 How the config records a scaling: ``config.hf_posext`` holds our description (method, factor,
@@ -16,22 +16,23 @@ fields keep their original values (stock transformers then loads the unscaled mo
 from __future__ import annotations
 
 import contextlib
-import importlib
 import copy
 import functools
 import json
-import os
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 import torch
 from torch import nn
 
-from hf_posext.config import ScalingConfig, resolve_factor
-from hf_posext.families import (
+from hf_posext.core.request import ScalingConfig, resolve_factor
+from hf_posext.core.loading import config_kwargs, model_class_for
+from hf_posext.core.record import CONFIG_KEY, ScalingReport, jsonable, restore_config, snapshot_config, text_config
+from hf_posext.backends.rope.sites import (
     RotarySite,
     UnsupportedModelError,
+    build_rotary_module,
     find_rotary_sites,
     outputs_match,
     probe,
@@ -40,15 +41,12 @@ from hf_posext.families import (
     window_attribute,
 )
 from hf_posext.methods import get_method
-from hf_posext.methods.rope import RotaryBase
-from hf_posext.modules import RotaryEntry, ScaledRotaryEmbedding
+from hf_posext.methods.transformers import stock_rope_parameters
+from hf_posext.backends.rope.module import ScaledRotaryEmbedding
 
-__all__ = ["patch", "unpatch", "describe", "load", "fixed_length", "ScalingReport", "CONFIG_KEY"]
+__all__ = ["patch", "unpatch", "describe", "load_rope", "is_patched", "current_scaling", "fixed_length", "ScalingReport", "CONFIG_KEY"]
 
-#: Name of the config attribute (and config.json key) holding hf_posext's record of a scaling.
-CONFIG_KEY = "hf_posext"
 _STATE_ATTRIBUTE = "_hf_posext_state"
-_ABSENT = "__absent__"
 _CONFIG_FIELDS = (
     "rope_parameters", "rope_scaling", "rope_theta", "max_position_embeddings", "n_positions",
     "original_max_position_embeddings", CONFIG_KEY,
@@ -65,62 +63,6 @@ class _PatchState:
     wrapped_generate: bool = False
 
 
-@dataclass
-class ScalingReport:
-    """What :func:`describe` returns; ``str()`` gives a readable summary, ``to_dict()`` a JSON-able one."""
-
-    family: str
-    kind: str
-    method: str
-    factor: float
-    original_window: int
-    current_window: int
-    dynamic: bool
-    sites: list[str] = field(default_factory=list)
-    params: dict[str, Any] = field(default_factory=dict)
-    stock_loadable: bool | None = None
-    notes: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
-    def __str__(self) -> str:
-        lines = [
-            f"family:          {self.family}",
-            f"position kind:   {self.kind}",
-            f"method:          {self.method}" + (f" {self.params}" if self.params else ""),
-            f"factor:          {self.factor:g}" + (" (dynamic: depends on the sequence length)" if self.dynamic else ""),
-            f"original window: {self.original_window}",
-            f"current window:  {self.current_window}",
-            f"modules:         {', '.join(self.sites)}",
-        ]
-        if self.stock_loadable is not None:
-            lines.append(
-                "saved model:     "
-                + ("loads with stock transformers" if self.stock_loadable else "needs hf_posext.load (stock loads it unscaled)")
-            )
-        lines += [f"note:            {note}" for note in self.notes]
-        return "\n".join(lines)
-
-
-def _absolute_positions():
-    """The absolute-position module (learned tables, sinusoidal, ALiBi), if this release has it."""
-    import importlib.util
-
-    if importlib.util.find_spec("hf_posext.absolute") is None:
-        return None
-    return importlib.import_module("hf_posext.absolute")
-
-
-def _self_extend():
-    """The attention-level methods module (Self-Extend), if this release has it."""
-    import importlib.util
-
-    if importlib.util.find_spec("hf_posext.self_extend") is None:
-        return None
-    return importlib.import_module("hf_posext.self_extend")
-
-
 def _check_model(model: Any) -> None:
     if not isinstance(model, nn.Module) or not hasattr(model, "config"):
         raise TypeError(
@@ -133,28 +75,8 @@ def _state(model: nn.Module) -> _PatchState | None:
     return model.__dict__.get(_STATE_ATTRIBUTE)
 
 
-def _config_attr(config, key: str) -> str:
-    return getattr(config, "attribute_map", {}).get(key, key)
-
-
 def _snapshot(config) -> dict[str, Any]:
-    snapshot = {}
-    for key in _CONFIG_FIELDS:
-        name = _config_attr(config, key)
-        snapshot[name] = copy.deepcopy(config.__dict__[name]) if name in config.__dict__ else _ABSENT
-    return snapshot
-
-
-def _restore(config, snapshot: dict[str, Any]) -> None:
-    for name, value in snapshot.items():
-        if value is _ABSENT or (isinstance(value, str) and value == _ABSENT):
-            config.__dict__.pop(name, None)
-        else:
-            config.__dict__[name] = copy.deepcopy(value)
-
-
-def _jsonable(snapshot: dict[str, Any]) -> dict[str, Any]:
-    return json.loads(json.dumps(snapshot, default=str))
+    return snapshot_config(config, _CONFIG_FIELDS)
 
 
 def _original_snapshot(config) -> dict[str, Any]:
@@ -163,51 +85,6 @@ def _original_snapshot(config) -> dict[str, Any]:
     if isinstance(record, dict) and "original_config" in record:
         return dict(record["original_config"])
     return _snapshot(config)
-
-
-def _stock_rope_parameters(scaling: ScalingConfig, theta: float, base_params: dict[str, Any]) -> dict[str, Any] | None:
-    """transformers' rope dict for ``scaling`` (None when transformers has no such rule)."""
-    keep = {k: v for k, v in base_params.items() if k in ("partial_rotary_factor",)}
-    params = {k: v for k, v in scaling.params.items() if v is not None}
-    method = scaling.method
-    if method == "none" or (scaling.is_identity and method != "none"):
-        return {"rope_type": "default", "rope_theta": theta, **keep}
-    if method == "ntk":
-        dim_based = None  # the base depends on the rotary dim, filled in by the caller
-        return {"rope_type": "default", "rope_theta": dim_based, **keep}
-    if method == "theta":
-        return {"rope_type": "default", "rope_theta": float(params["base"]), **keep}
-    stock = get_method(method).transformers_type
-    if stock is None:
-        return None
-    result = {"rope_type": stock, "rope_theta": theta, "factor": scaling.factor, **keep}
-    L = scaling.original_max_position_embeddings
-    if stock == "yarn":
-        result.update(original_max_position_embeddings=L, beta_fast=params["beta_fast"], beta_slow=params["beta_slow"])
-        for key in ("attention_factor", "mscale", "mscale_all_dim"):
-            if key in params:
-                result[key] = params[key]
-        result["truncate"] = params.get("truncate", True)
-    elif stock == "llama3":
-        result.update(original_max_position_embeddings=L, low_freq_factor=params["low_freq_factor"],
-                      high_freq_factor=params["high_freq_factor"])
-    elif stock == "longrope":
-        result.update(original_max_position_embeddings=L, long_factor=list(params["long_factor"]),
-                      short_factor=list(params.get("short_factor") or [1.0] * len(params["long_factor"])))
-        if "attention_factor" in params:
-            result["attention_factor"] = params["attention_factor"]
-    return result
-
-
-def _build_module(site: RotarySite, scaling: ScalingConfig) -> ScaledRotaryEmbedding:
-    entries = {}
-    for layer_type, dim in site.dims.items():
-        rope = RotaryBase(site.bases[layer_type], dim)
-        if layer_type in site.scaled_layer_types:
-            entries[layer_type] = RotaryEntry(rope, scaling)
-        else:
-            entries[layer_type] = RotaryEntry(rope, site.current[layer_type])
-    return ScaledRotaryEmbedding(entries, layout=site.layout, device=site.device)
 
 
 def _construct_like(module: nn.Module, config) -> nn.Module:
@@ -237,6 +114,37 @@ def _stock_reproduces(site: RotarySite, new_module: ScaledRotaryEmbedding, confi
     return True
 
 
+def _plan_config(
+    config, original: dict[str, Any], scaling: ScalingConfig, theta: float, rotary_dim: int, layer_type: Any,
+    scaled_sites: list[tuple[RotarySite, ScaledRotaryEmbedding]],
+) -> tuple[dict[str, Any], bool]:
+    """The config fields ``config`` gets for ``scaling`` (changes nothing), and whether stock transformers
+    reproduces the patched modules from them.
+
+    Where transformers has the rule, the fields are its ``rope_parameters`` and window, checked by building
+    the model's own rotary class from them; otherwise the original RoPE fields stay (stock loads the unscaled
+    model) and the new window is advertised only through the hf_posext record.
+    """
+    window = scaling.original_max_position_embeddings
+    work = copy.deepcopy(config)
+    restore_config(work, {k: v for k, v in original.items() if k != CONFIG_KEY})
+    base_params = rope_parameters(work, layer_type) or {}
+    stock = stock_rope_parameters(scaling.method, scaling.factor, window, scaling.params, theta, rotary_dim, identity=scaling.is_identity)
+    if stock is not None:
+        stock.update({k: v for k, v in base_params.items() if k in ("partial_rotary_factor",)})
+        set_rope_parameters(work, stock, layer_type)
+        # transformers' dynamic types scale from max_position_embeddings = L; longrope reads L from its dict.
+        keeps_window = scaling.spec.dynamic and stock.get("rope_type") == "dynamic"
+        setattr(work, window_attribute(work), window if keeps_window else scaling.target_length)
+        if all(_stock_reproduces(site, module, work, scaling) for site, module in scaled_sites):
+            return _snapshot(work), True
+    work = copy.deepcopy(config)
+    restore_config(work, {k: v for k, v in original.items() if k != CONFIG_KEY})
+    if scaling.spec.dynamic:
+        setattr(work, window_attribute(work), window)
+    return _snapshot(work), False
+
+
 def patch(
     model: nn.Module,
     method: str,
@@ -249,7 +157,7 @@ def patch(
     """Extend a model's context window in place with a scaling method.
 
     Args:
-        model: a loaded transformers model (any family in ``hf_posext.families.SUPPORTED_FAMILIES`` or
+        model: a loaded transformers model (any family in ``hf_posext.backends.rope.sites.SUPPORTED_FAMILIES`` or
             with the same structure).
         method: a name from :func:`hf_posext.available_methods` (e.g. ``"yarn"``).
         factor: scale s >= 1; the new window is L * s. Give this or ``target_length``.
@@ -273,23 +181,6 @@ def patch(
         >>> hf_posext.patch(model, "linear", target_length=32768)
     """
     _check_model(model)
-    absolute = _absolute_positions()
-    if absolute is not None and (absolute.is_patched(model) or absolute.detect(model)):
-        return absolute.patch_absolute(
-            model, method, factor, target_length=target_length,
-            original_max_position_embeddings=original_max_position_embeddings, **method_params,
-        )
-    attention = _self_extend()
-    if attention is not None:
-        if isinstance(method, str) and method.strip().lower().replace("_", "-") in attention.METHOD_NAMES:
-            if _state(model) is not None:
-                unpatch(model)  # replace, never compound, a frequency scaling
-            return attention.patch_self_extend(
-                model, method, factor, target_length=target_length,
-                original_max_position_embeddings=original_max_position_embeddings, **method_params,
-            )
-        if attention.is_patched(model):
-            attention.unpatch_self_extend(model)
     spec = get_method(method, "rope")
     previous = _state(model)
     if previous is not None:
@@ -313,11 +204,9 @@ def patch(
         if not isinstance(original_max_position_embeddings, int) or original_max_position_embeddings <= 0:
             raise ValueError(f"original_max_position_embeddings must be a positive int, got {original_max_position_embeddings!r}.")
         window = original_max_position_embeddings
-    if spec.name == "none" and factor is None and target_length is None:
-        factor = 1.0  # the baseline needs no factor: patch(model, "none") restores the pre-training rotation
     scale = resolve_factor(factor, target_length, window)
     scaling = ScalingConfig(spec.name, scale, window, method_params)
-    new_modules = [_build_module(site, scaling) for site in sites]
+    new_modules = [build_rotary_module(site, scaling) for site in sites]
 
     # Work out every config change before touching the model.
     configs = []
@@ -326,45 +215,18 @@ def patch(
             configs.append(site.config)
     theta = main_site.bases[main_type]
     planned = []
-    stock_loadable = True
     for config in configs:
         original = _original_snapshot(config) if previous is None else next(s for c, s in config_snapshots if c is config)
-        work = copy.deepcopy(config)
-        _restore(work, {k: v for k, v in original.items() if k != CONFIG_KEY})
-        base_params = rope_parameters(work, main_type) or {}
-        stock = _stock_rope_parameters(scaling, theta, base_params)
-        if stock is not None and spec.name == "ntk":
-            stock["rope_theta"] = theta * scaling.factor ** (main_site.dims[main_type] / (main_site.dims[main_type] - 2))
-        if stock is not None:
-            set_rope_parameters(work, stock, main_type)
-            if spec.dynamic and spec.name != "longrope":
-                setattr(work, window_attribute(work), window)
-            else:
-                setattr(work, window_attribute(work), scaling.target_length)
-            site_ok = all(
-                _stock_reproduces(site, module, work, scaling)
-                for site, module in zip(sites, new_modules)
-                if site.config is config and site.scaled_layer_types
-            )
-        else:
-            site_ok = False
-        if not site_ok:
-            stock_loadable = False
-            work = copy.deepcopy(config)
-            _restore(work, {k: v for k, v in original.items() if k != CONFIG_KEY})
-            if spec.dynamic:
-                setattr(work, window_attribute(work), window)
-            else:
-                # Stock transformers cannot express this scaling: keep the original RoPE fields (stock
-                # loads the unscaled model) and advertise the new window only through hf_posext.load.
-                setattr(work, window_attribute(work), getattr(work, window_attribute(work)))
+        scaled_sites = [(site, module) for site, module in zip(sites, new_modules) if site.config is config and site.scaled_layer_types]
+        new_values, site_ok = _plan_config(config, original, scaling, theta, main_site.dims[main_type], main_type, scaled_sites)
         new_record = {
             **scaling.to_dict(),
             "original_theta": theta,
             "stock_loadable": site_ok,
-            "original_config": _jsonable({k: v for k, v in original.items() if k != CONFIG_KEY}),
+            "original_config": jsonable({k: v for k, v in original.items() if k != CONFIG_KEY}),
         }
-        planned.append((config, original, _snapshot(work), new_record))
+        planned.append((config, original, new_values, new_record))
+    stock_loadable = all(record["stock_loadable"] for *_, record in planned)
 
     # Apply: nothing above changed the model; from here on, undo on any failure.
     if previous is not None:
@@ -378,13 +240,13 @@ def patch(
         for config, original, new_values, new_record in planned:
             current = _snapshot(config) if previous is None else next(s for c, s in config_snapshots if c is config)
             snapshots.append((config, current))
-            _restore(config, new_values)
+            restore_config(config, new_values)
             setattr(config, CONFIG_KEY, new_record)
     except Exception:
         for site in applied:
             setattr(site.parent, site.attribute, site.module)
         for config, snapshot in config_snapshots or []:
-            _restore(config, snapshot)
+            restore_config(config, snapshot)
         raise
     state = _PatchState(scaling, sites, new_modules, snapshots, stock_loadable)
     model.__dict__[_STATE_ATTRIBUTE] = state
@@ -401,12 +263,6 @@ def unpatch(model: nn.Module) -> nn.Module:
         ValueError: the model is not patched.
     """
     _check_model(model)
-    absolute = _absolute_positions()
-    if absolute is not None and absolute.is_patched(model):
-        return absolute.unpatch_absolute(model)
-    attention = _self_extend()
-    if attention is not None and attention.is_patched(model):
-        return attention.unpatch_self_extend(model)
     state = _state(model)
     if state is None:
         raise ValueError("This model is not patched by hf_posext (nothing to unpatch).")
@@ -417,7 +273,7 @@ def unpatch(model: nn.Module) -> nn.Module:
             original.to(device.device)
         setattr(site.parent, site.attribute, original)
     for config, snapshot in state.config_snapshots:
-        _restore(config, snapshot)
+        restore_config(config, snapshot)
     _remove_generate_wrapper(model, state)
     del model.__dict__[_STATE_ATTRIBUTE]
     return model
@@ -484,12 +340,6 @@ def describe(model: nn.Module) -> ScalingReport:
     Works on unpatched models too (reporting the scaling transformers applies, if any).
     """
     _check_model(model)
-    absolute = _absolute_positions()
-    if absolute is not None and (absolute.is_patched(model) or absolute.detect(model)):
-        return absolute.describe_absolute(model)
-    attention = _self_extend()
-    if attention is not None and attention.is_patched(model):
-        return attention.describe_self_extend(model)
     family = getattr(model.config, "model_type", type(model).__name__)
     state = _state(model)
     if state is not None:
@@ -525,40 +375,29 @@ def describe(model: nn.Module) -> ScalingReport:
     )
 
 
-def load(name_or_path: str | os.PathLike, **from_pretrained_kwargs: Any) -> nn.Module:
-    """Load a (possibly hf_posext-patched) causal LM and re-apply its scaling exactly.
+def is_patched(model: nn.Module) -> bool:
+    """True when :func:`patch` scaled this model's rotary modules in memory."""
+    return _state(model) is not None
 
-    Args:
-        name_or_path: a folder written by ``save_pretrained``, a hub name, or ``"smollm2-135m"``.
-        **from_pretrained_kwargs: passed to ``AutoModelForCausalLM.from_pretrained`` (e.g. ``dtype``).
 
-    Returns:
-        The model, patched as it was when saved (or plain, if it was saved unpatched).
+def current_scaling(model: nn.Module) -> ScalingConfig:
+    """The scaling a patched model runs with."""
+    return model.__dict__[_STATE_ATTRIBUTE].scaling
+
+
+def load_rope(path: str, record: dict[str, Any], **from_pretrained_kwargs: Any) -> nn.Module:
+    """Load a RoPE model saved after :func:`patch` (``record``: its validated ``hf_posext`` record).
+
+    The config's RoPE fields are reset to the pre-patch values kept in the record, the weights are
+    loaded, and the scaling is re-applied by :func:`patch`, so the model equals the one that was saved.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
-    from hf_posext.models import resolve_model_path
-
-    path = resolve_model_path(str(name_or_path))
-    config = AutoConfig.from_pretrained(path, **{k: v for k, v in from_pretrained_kwargs.items() if k in ("trust_remote_code", "revision", "token")})
-    record = getattr(config, CONFIG_KEY, None)
-    if not isinstance(record, dict):
-        return AutoModelForCausalLM.from_pretrained(path, **from_pretrained_kwargs)
-    if record.get("kind") == "attention":
-        attention = _self_extend()
-        if attention is None:
-            raise ValueError(f"{path} was saved with an attention-level method this hf_posext version cannot load.")
-        return attention.load_self_extend(path, record, **from_pretrained_kwargs)
-    if record.get("kind", "rope") != "rope":
-        absolute = _absolute_positions()
-        if absolute is None:
-            raise ValueError(f"{path} was saved with a {record.get('kind')!r} scaling this hf_posext version cannot load.")
-        return absolute.load_absolute(path, record, **from_pretrained_kwargs)
-    original = dict(record.get("original_config", {}))
-    target = config.get_text_config() if hasattr(config, "get_text_config") else config
-    _restore(target, original)
+    config = AutoConfig.from_pretrained(path, **config_kwargs(from_pretrained_kwargs))
+    target = text_config(config)
+    restore_config(target, dict(record.get("original_config", {})))
     target.__dict__.pop(CONFIG_KEY, None)
-    model = AutoModelForCausalLM.from_pretrained(path, config=config, **from_pretrained_kwargs)
+    model = model_class_for(config).from_pretrained(path, config=config, **from_pretrained_kwargs)
     scaling = ScalingConfig.from_dict(record)
     return patch(
         model, scaling.method, scaling.factor,

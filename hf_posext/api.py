@@ -1,0 +1,179 @@
+"""Layer 4, the public API: patch / unpatch / describe / load.
+
+Each call parses the request (:class:`~hf_posext.core.request.ScalingRequest`), picks a backend from
+:data:`hf_posext.backends.BACKENDS` and delegates. Nothing here knows a method or a model family by name.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from torch import nn
+
+from hf_posext.backends import BACKENDS, Backend, backend_for_record, primary_backend
+from hf_posext.core.errors import RecordError
+from hf_posext.core.loading import config_kwargs, model_class_for
+from hf_posext.core.record import CONFIG_KEY, ScalingReport, text_config, validate_record
+from hf_posext.core.request import ScalingRequest
+from hf_posext.methods import kinds_of
+from hf_posext.backends.rope.surgery import fixed_length
+
+__all__ = ["patch", "unpatch", "describe", "load", "fixed_length", "patched_backend", "select_backend"]
+
+
+def _check_model(model: Any) -> None:
+    if not isinstance(model, nn.Module) or not hasattr(model, "config"):
+        raise TypeError(
+            f"Expected a transformers model (an nn.Module with a .config), got {type(model).__name__}. "
+            "Load one with AutoModelForCausalLM.from_pretrained(...) or hf_posext.models.load_model(...)."
+        )
+
+
+def patched_backend(model: nn.Module) -> Backend | None:
+    """The backend whose patch ``model`` carries, if any."""
+    return next((backend for backend in BACKENDS if backend.is_patched(model)), None)
+
+
+def select_backend(model: nn.Module, method: str) -> Backend:
+    """The backend that applies ``method`` to ``model`` (read-only).
+
+    The backend owning the model's positions (:func:`~hf_posext.backends.primary_backend`) when it has a
+    kind with ``method``; else a backend that works on top of it and has ``method`` (Self-Extend on a
+    RoPE model); else the owner, whose ``patch`` then says which methods apply.
+
+    Raises:
+        UnsupportedModelError: no backend recognises the model's positions.
+    """
+    kinds = set(kinds_of(method))
+    primary = primary_backend(model)
+    if kinds & set(primary.method_kinds):
+        return primary
+    for backend in BACKENDS:
+        if primary.name in backend.applies_over and kinds & set(backend.method_kinds):
+            return backend
+    return primary
+
+
+def patch(
+    model: nn.Module,
+    method: str,
+    factor: float | None = None,
+    *,
+    target_length: int | None = None,
+    original_max_position_embeddings: int | None = None,
+    tokenizer: Any = None,
+    **method_params: Any,
+) -> nn.Module:
+    """Extend a model's context window in place with a scaling method.
+
+    Args:
+        model: a loaded transformers model (rotary, learned/sinusoidal/ALiBi or T5-style relative positions).
+        method: a name from :func:`hf_posext.available_methods` (e.g. ``"yarn"``, ``"self-extend"``).
+        factor: scale s >= 1; the new window is L * s. Give this or ``target_length``.
+        target_length: the window you need (factor = target_length / L).
+        original_max_position_embeddings: override the pre-training window L read from the config.
+        tokenizer: for learned/sinusoidal/ALiBi models, a tokenizer whose ``model_max_length`` follows
+            the new window (restored by ``unpatch``); see docs/absolute.md.
+        **method_params: the method's parameters (e.g. ``beta_fast=32``, ``group_size=4``).
+
+    Returns:
+        The same model, patched. Patching again replaces the previous scaling (it never compounds).
+
+    Raises:
+        TypeError: ``model`` is not a transformers model.
+        ValueError: unknown method or parameter, factor < 1 or not finite, factor and target_length
+            both, a method of another kind of positions, ... In every case the model is left as it was
+            (a previous patch included).
+        UnsupportedModelError: no supported positional module.
+
+    Example:
+        >>> hf_posext.patch(model, "yarn", factor=4)
+        >>> hf_posext.patch(model, "linear", target_length=32768)
+    """
+    _check_model(model)
+    request = ScalingRequest.from_kwargs(
+        method, factor, target_length=target_length,
+        original_max_position_embeddings=original_max_position_embeddings, **method_params,
+    ).require_size()  # "none" needs no factor; any other method needs a size
+    extras = {} if tokenizer is None else {"tokenizer": tokenizer}
+    backend = select_backend(model, request.method)
+    previous = patched_backend(model)
+    if previous is None or previous is backend:
+        return backend.patch(model, request, **extras)
+    # Another backend's patch is replaced: undo it, and put it back if the new one fails.
+    restore = previous.current_request(model)
+    previous.unpatch(model)
+    try:
+        return backend.patch(model, request, **extras)
+    except Exception:
+        previous.patch(model, restore)
+        raise
+
+
+def unpatch(model: nn.Module) -> nn.Module:
+    """Undo :func:`patch`: restore the original modules, tables and config fields exactly.
+
+    Raises:
+        TypeError: ``model`` is not a transformers model.
+        ValueError: the model is not patched.
+    """
+    _check_model(model)
+    backend = patched_backend(model)
+    if backend is None:
+        raise ValueError("This model is not patched by hf_posext (nothing to unpatch).")
+    return backend.unpatch(model)
+
+
+def describe(model: nn.Module) -> ScalingReport:
+    """Family, position kind, method, factor, original and current window of ``model``.
+
+    Works on unpatched models too (reporting the scaling transformers applies, if any).
+
+    Raises:
+        UnsupportedModelError: no backend recognises the model's positions.
+    """
+    _check_model(model)
+    backend = patched_backend(model) or primary_backend(model)
+    return backend.describe(model)
+
+
+def read_record(path: str, config: Any) -> dict[str, Any] | None:
+    """The validated ``hf_posext`` record of a loaded config (None when there is none).
+
+    Raises:
+        RecordError: a malformed record, or a kind no backend loads (naming ``path``/config.json).
+    """
+    source = os.path.join(path, "config.json") if os.path.isdir(path) else f"{path} (config.json)"
+    record = validate_record(getattr(text_config(config), CONFIG_KEY, None), source)
+    if record is not None and backend_for_record(record["kind"]) is None:
+        raise RecordError(
+            f"{source}: field {CONFIG_KEY!r}.kind is {record['kind']!r}, which this hf_posext cannot load; upgrade hf_posext."
+        )
+    return record
+
+
+def load(name_or_path: str | os.PathLike, **from_pretrained_kwargs: Any) -> nn.Module:
+    """Load a (possibly hf_posext-patched) model and re-apply its scaling exactly.
+
+    Args:
+        name_or_path: a folder written by ``save_pretrained``, a hub name, or ``"smollm2-135m"``.
+        **from_pretrained_kwargs: passed to ``from_pretrained`` (e.g. ``dtype``).
+
+    Returns:
+        The model, patched as it was when saved (or plain, if it was saved unpatched).
+
+    Raises:
+        RecordError: the saved record is malformed (the message names the file and the field); raised
+            before any weight is loaded.
+    """
+    from transformers import AutoConfig
+
+    from hf_posext.models import resolve_model_path
+
+    path = resolve_model_path(str(name_or_path))
+    config = AutoConfig.from_pretrained(path, **config_kwargs(from_pretrained_kwargs))
+    record = read_record(path, config)
+    if record is None:
+        return model_class_for(config).from_pretrained(path, **from_pretrained_kwargs)
+    return backend_for_record(record["kind"]).load(path, record, **from_pretrained_kwargs)

@@ -1,0 +1,154 @@
+"""The ``hf-posext`` command: one explicit table of subcommands (:data:`SUBCOMMANDS`).
+
+Subcommands:
+    methods                       list the scaling methods of every kind
+    describe MODEL                family, method, factor, windows of a model (hub name, path, smollm2-135m)
+    patch MODEL --method M ...    patch and save a model (+ tokenizer) to --out
+    demo                          the main job on the embedded default model
+    eval TASK ...                 perplexity / passkey / needle grids (hf_posext.evaluation.cli)
+    report FOLDER                 tables and plots from a results folder (hf_posext.evaluation.cli)
+    train --config ...            fine-tuning recipes (hf_posext.training.cli)
+    lm-eval, lm-eval-compare      lm-evaluation-harness (hf_posext.lm_eval_cli)
+    inspect MODEL --method M      per-dimension RoPE wavelengths (hf_posext.inspect_cli)
+    export DIR --for T --out D    a saved model re-configured for vllm / sglang / llama.cpp (hf_posext.export)
+
+Each command module only defines ``add_arguments(parser)`` and ``run(args) -> exit code``; this table
+is the one place that names them (nothing registers itself on import).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, Callable
+
+from hf_posext import export, inspect_cli, lm_eval_cli
+from hf_posext.api import describe, load, patch
+from hf_posext.core.request import ScalingRequest, parse_param_items
+from hf_posext.evaluation import cli as evaluation_cli
+from hf_posext.methods import available_methods
+from hf_posext.training import cli as training_cli
+
+__all__ = ["main", "build_parser", "SUBCOMMANDS", "parse_method_params"]
+
+def parse_method_params(items: list[str] | None) -> dict[str, Any]:
+    """Parse ``--param key=value`` items (:func:`hf_posext.core.request.parse_param_items`); exits on a malformed item."""
+    try:
+        return parse_param_items(items)
+    except ValueError as error:
+        raise SystemExit(str(error)) from error
+
+
+def _add_scaling_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--method", required=True, help="scaling method (see `hf-posext methods`)")
+    group = parser.add_mutually_exclusive_group(required=True)
+    group.add_argument("--factor", type=float, help="scale factor s >= 1")
+    group.add_argument("--target-length", type=int, help="window to reach (factor = target / original window)")
+    parser.add_argument("--param", action="append", metavar="KEY=VALUE", help="method parameter, repeatable")
+    parser.add_argument("--original-max-position-embeddings", type=int, help="override the original window")
+
+
+def _run_methods(args: argparse.Namespace) -> int:
+    methods = available_methods()
+    width = max(map(len, methods))
+    for name, summary in methods.items():
+        print(f"{name:<{width}}  {summary}")
+    return 0
+
+
+def _run_describe(args: argparse.Namespace) -> int:
+    from hf_posext.models import load_model
+
+    model = load(args.model) if args.hf_posext_load else load_model(args.model)
+    report = describe(model)
+    print(json.dumps(report.to_dict(), indent=2, default=str) if args.json else report)
+    return 0
+
+
+def _run_patch(args: argparse.Namespace) -> int:
+    from hf_posext.models import load_tokenizer
+
+    request = ScalingRequest.from_cli(
+        args.method, args.factor, args.target_length, args.param, args.original_max_position_embeddings
+    )
+    model = load(args.model)  # any architecture; a saved scaling comes back and is then replaced
+    patch(model, **request.patch_kwargs())
+    model.save_pretrained(args.out)
+    try:
+        load_tokenizer(args.model).save_pretrained(args.out)
+    except Exception as error:  # a model folder without a tokenizer is still a valid output
+        print(f"note: no tokenizer saved ({error})", file=sys.stderr)
+    print(describe(model))
+    print(f"saved to {args.out} (load with hf_posext.load({args.out!r}))")
+    return 0
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    from hf_posext.demo import run_demo
+
+    return run_demo(quick=args.quick, out_dir=args.out)
+
+
+def _describe_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="hub name, local folder or smollm2-135m")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--no-hf-posext-load", dest="hf_posext_load", action="store_false",
+                   help="load with plain from_pretrained (ignore a saved hf_posext scaling)")
+
+
+def _patch_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="hub name, local folder or smollm2-135m")
+    _add_scaling_arguments(p)
+    p.add_argument("--out", required=True, help="folder to save the patched model to")
+
+
+def _demo_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quick", action="store_true", help="shorter lengths (a smoke run)")
+    p.add_argument("--out", help="results folder (default: results/demo, or results/demo-quick with --quick)")
+
+
+Command = tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]
+
+#: Every subcommand: name -> (help, add_arguments(parser), run(args) -> exit code).
+SUBCOMMANDS: dict[str, Command] = {
+    "methods": ("list the scaling methods", lambda p: None, _run_methods),
+    "describe": ("describe a model's position scaling", _describe_arguments, _run_describe),
+    "patch": ("patch a model and save it", _patch_arguments, _run_patch),
+    "demo": ("run the main job on smollm2-135m", _demo_arguments, _run_demo),
+    "eval": ("evaluate methods side by side: perplexity, passkey, needle", evaluation_cli.add_eval_arguments, evaluation_cli.run_eval),
+    "report": ("markdown tables and plots from a results folder", evaluation_cli.add_report_arguments, evaluation_cli.run_report),
+    "train": ("fine-tune a model (LoRA/full, PoSE) from a recipe config", training_cli.add_train_arguments, training_cli.run_train),
+    "lm-eval": (lm_eval_cli.HELP, lm_eval_cli.add_arguments, lm_eval_cli.run),
+    "lm-eval-compare": ("compare scaling methods on lm-eval tasks (tasks built once)", lm_eval_cli.add_compare_arguments, lm_eval_cli.run_compare),
+    "export": ("copy a saved model with a config that vLLM, SGLang or llama.cpp serves like transformers",
+               export.add_export_arguments, export.run_export),
+    "inspect": ("per-dimension RoPE wavelengths of a model under a scaling method (table, --plot PNG)", inspect_cli.add_arguments, inspect_cli.run),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hf-posext", description="Extend the context window of transformers models.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, (help_text, add_arguments, run) in SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        add_arguments(p)
+        p.set_defaults(run=run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and not getattr(args, "accepts_extra", False):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.extra = extra
+    try:
+        return int(args.run(args) or 0)
+    except (ValueError, TypeError, FileNotFoundError) as error:
+        print(f"hf-posext {args.command}: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

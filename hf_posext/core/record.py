@@ -1,0 +1,168 @@
+"""The saved record (``config.hf_posext``), the report :func:`hf_posext.describe` returns, and config
+snapshot/restore: the one copy of each, shared by every backend.
+
+The record is what ``save_pretrained`` writes into ``config.json`` under :data:`CONFIG_KEY`::
+
+    {"version": 1, "kind": "rope", "method": "yarn", "factor": 4.0,
+     "original_max_position_embeddings": 2048, "params": {...}, ...backend fields}
+
+Records written before versioning (no ``version``) are read as version 1.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from hf_posext.core.errors import RecordError
+
+__all__ = [
+    "CONFIG_KEY",
+    "RECORD_VERSION",
+    "ABSENT",
+    "ScalingReport",
+    "config_attribute",
+    "snapshot_config",
+    "restore_config",
+    "jsonable",
+    "make_record",
+    "validate_record",
+    "text_config",
+]
+
+#: Name of the config attribute (and config.json key) holding hf_posext's record of a scaling.
+CONFIG_KEY = "hf_posext"
+#: Version of the record layout written by this release.
+RECORD_VERSION = 1
+#: Marks a config field that did not exist (in snapshots; survives a JSON round trip as this text).
+ABSENT = "__absent__"
+_REQUIRED_FIELDS = ("method", "factor")
+
+
+@dataclass
+class ScalingReport:
+    """What :func:`hf_posext.describe` returns; ``str()`` gives a readable summary, ``to_dict()`` a JSON-able one."""
+
+    family: str
+    kind: str
+    method: str
+    factor: float
+    original_window: int
+    current_window: int
+    dynamic: bool
+    sites: list[str] = field(default_factory=list)
+    params: dict[str, Any] = field(default_factory=dict)
+    stock_loadable: bool | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    def __str__(self) -> str:
+        lines = [
+            f"family:          {self.family}",
+            f"position kind:   {self.kind}",
+            f"method:          {self.method}" + (f" {self.params}" if self.params else ""),
+            f"factor:          {self.factor:g}" + (" (dynamic: depends on the sequence length)" if self.dynamic else ""),
+            f"original window: {self.original_window}",
+            f"current window:  {self.current_window}",
+            f"modules:         {', '.join(self.sites)}",
+        ]
+        if self.stock_loadable is not None:
+            lines.append(
+                "saved model:     "
+                + ("loads with stock transformers" if self.stock_loadable else "needs hf_posext.load (stock loads it unscaled)")
+            )
+        lines += [f"note:            {note}" for note in self.notes]
+        return "\n".join(lines)
+
+
+def config_attribute(config: Any, key: str) -> str:
+    """The attribute a config stores ``key`` under (``n_positions`` for GPT-2's ``max_position_embeddings``)."""
+    return getattr(config, "attribute_map", {}).get(key, key)
+
+
+def snapshot_config(config: Any, keys: tuple[str, ...]) -> dict[str, Any]:
+    """Deep copies of the config fields ``keys`` (:data:`ABSENT` for a field that is not set)."""
+    snapshot = {}
+    for key in keys:
+        name = config_attribute(config, key)
+        snapshot[name] = copy.deepcopy(config.__dict__[name]) if name in config.__dict__ else ABSENT
+    return snapshot
+
+
+def restore_config(config: Any, snapshot: dict[str, Any]) -> None:
+    """Put back every field of ``snapshot`` exactly (removing the ones that were :data:`ABSENT`)."""
+    for name, value in snapshot.items():
+        if isinstance(value, str) and value == ABSENT:
+            config.__dict__.pop(name, None)
+        else:
+            config.__dict__[name] = copy.deepcopy(value)
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` as plain JSON types (what ``save_pretrained`` would write)."""
+    return json.loads(json.dumps(value, default=str))
+
+
+def text_config(config: Any) -> Any:
+    """The config holding the language model's fields (the text config of a multimodal config)."""
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+def make_record(kind: str, method: str, factor: float, original_window: int, params: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    """A versioned record of a scaling, ready for ``config.hf_posext``."""
+    return {
+        "version": RECORD_VERSION,
+        "kind": kind,
+        "method": method,
+        "factor": factor,
+        "original_max_position_embeddings": original_window,
+        "params": {k: v for k, v in params.items() if v is not None},
+        **extra,
+    }
+
+
+def validate_record(record: Any, source: str | os.PathLike) -> dict[str, Any] | None:
+    """Check a record read from ``source`` (a config file); None when there is none.
+
+    Args:
+        record: the value of ``config.hf_posext`` (None or absent: the model is not scaled by hf_posext).
+        source: the file it came from, named in errors.
+
+    Returns:
+        The record with ``version`` and ``kind`` filled in (``kind`` defaults to ``"rope"``).
+
+    Raises:
+        RecordError: not a dict, a missing or mistyped field, a version newer than this release reads.
+    """
+    if record is None:
+        return None
+    where = f"{os.fspath(source)}: field {CONFIG_KEY!r}"
+    if not isinstance(record, dict):
+        raise RecordError(
+            f"{where} must be a mapping written by hf_posext.patch + save_pretrained, got {type(record).__name__} "
+            f"{record!r:.60}; remove the field to load the model unscaled, or re-save it with hf_posext."
+        )
+    for name in _REQUIRED_FIELDS:
+        if name not in record:
+            raise RecordError(
+                f"{where} has no {name!r} (it has {sorted(record)}); re-save the model with hf_posext, or remove "
+                f"{CONFIG_KEY!r} to load it unscaled."
+            )
+    if not isinstance(record["method"], str):
+        raise RecordError(f"{where}.method must be a method name, got {record['method']!r}.")
+    if isinstance(record["factor"], bool) or not isinstance(record["factor"], (int, float)):
+        raise RecordError(f"{where}.factor must be a number, got {record['factor']!r}.")
+    version = record.get("version", 1)
+    if not isinstance(version, int) or version > RECORD_VERSION:
+        raise RecordError(
+            f"{where}.version is {version!r}, but this hf_posext reads records up to version {RECORD_VERSION}; "
+            "upgrade hf_posext."
+        )
+    if "params" in record and not isinstance(record["params"], dict):
+        raise RecordError(f"{where}.params must be a mapping of method parameters, got {record['params']!r}.")
+    return {**record, "version": version, "kind": record.get("kind", "rope")}

@@ -1,0 +1,399 @@
+"""The scaling request: one :class:`ScalingRequest` and one parser for every way to write it.
+
+A request is what a user asks for (method, factor or target length, parameters); it is validated
+without a model. The four spellings all end in :meth:`ScalingRequest.from_mapping`:
+
+* Python: ``ScalingRequest.from_kwargs("yarn", 4, beta_fast=32)`` (what ``hf_posext.patch`` takes);
+* CLI: ``--method yarn --factor 4 --param beta_fast=32`` -> :meth:`ScalingRequest.from_cli`;
+* YAML: a ``scaling:`` section ``{method: yarn, factor: 4, params: {beta_fast: 32}}``;
+* lm-eval model args: ``posext_method=yarn,posext_factor=4,posext_beta_fast=32`` ->
+  :meth:`ScalingRequest.from_model_args`.
+
+Text values go through one coercer, :func:`parse_value`. :class:`ScalingConfig` is a request resolved
+against a model's pre-training window (what a backend builds its numbers from).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from hf_posext.core.record import make_record
+from hf_posext.methods import Method, check_method_name, get_method, kinds_of
+
+__all__ = ["ScalingRequest", "ScalingConfig", "resolve_factor", "parse_value", "parse_param_items", "MODEL_ARGS_PREFIX"]
+
+#: Prefix of the lm-eval model arguments that make up a request (``posext_method=yarn``).
+MODEL_ARGS_PREFIX = "posext_"
+_SIZE_FIELDS = ("factor", "target_length", "original_max_position_embeddings")
+#: The request's own field names where they start an argument name in a message ("factor=0.5 is ...").
+_FIELD_NAMES = re.compile(r"(?<![\w'])(?:factor|target_length|original_max_position_embeddings)(?==| must)")
+
+
+def parse_value(value: Any) -> Any:
+    """Read a text value the way the CLI, YAML overrides and lm-eval model args mean it.
+
+    JSON when it parses (``4`` -> 4, ``[1, 2]`` -> list), ``true``/``false`` (any case) -> bool,
+    ``none``/``null`` -> None, anything else stays text. Non-text values are returned as they are.
+    """
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    if text.lower() in ("none", "null"):
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def parse_param_items(items: list[str] | None) -> dict[str, Any]:
+    """``["beta_fast=32", "factors=f.json"]`` -> ``{"beta_fast": 32, "factors": "f.json"}``.
+
+    Raises:
+        ValueError: an item without ``=`` or without a name.
+    """
+    params: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, value = str(item).partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--param expects key=value, got {item!r} (e.g. --param beta_fast=32).")
+        params[key.strip()] = parse_value(value)
+    return params
+
+
+def _check_factor(factor: Any, name: str = "factor") -> float | None:
+    if factor is None:
+        return None
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not math.isfinite(factor):
+        raise ValueError(f"{name} must be a finite number >= 1, got {factor!r}.")
+    if factor < 1:
+        raise ValueError(
+            f"{name}={factor} is below 1: scaling extends the window, it cannot shrink it. "
+            f"Use {name} >= 1 ({name}=1 leaves the model unchanged)."
+        )
+    return float(factor)
+
+
+def _check_length(value: Any, name: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+    return value
+
+
+def _check_params(method: str, params: dict[str, Any]) -> None:
+    """Accept ``params`` if some kind that has ``method`` accepts them; else raise that kind's error."""
+    errors = []
+    for kind in kinds_of(method):
+        try:
+            get_method(method, kind).parse_params(dict(params))
+            return
+        except (TypeError, ValueError) as error:
+            errors.append(error)
+    raise ValueError(str(errors[0])) from errors[0]
+
+
+@dataclass(frozen=True)
+class ScalingRequest:
+    """A validated request to scale a model's positions (no model needed to check it).
+
+    Attributes:
+        method: a registered method name of any kind (normalised: ``dynamic_ntk`` -> ``dynamic-ntk``).
+        factor: scale s >= 1, or None (then ``target_length``, a size parameter, or chosen later).
+        target_length: the window to reach, or None.
+        original_max_position_embeddings: override of the pre-training window read from the config.
+        params: the method's parameters as sorted ``(name, value)`` pairs (hashable).
+
+    Raises:
+        ValueError: unknown method (with "did you mean"), unknown or bad parameter, a factor that is
+            not a finite number >= 1, a non-positive length, both factor and target_length.
+    """
+
+    method: str
+    factor: float | None = None
+    target_length: int | None = None
+    original_max_position_embeddings: int | None = None
+    params: tuple[tuple[str, Any], ...] = ()
+
+    def __post_init__(self) -> None:
+        method = check_method_name(self.method)
+        object.__setattr__(self, "method", method)
+        object.__setattr__(self, "factor", _check_factor(self.factor))
+        _check_length(self.target_length, "target_length")
+        _check_length(self.original_max_position_embeddings, "original_max_position_embeddings")
+        if self.factor is not None and self.target_length is not None:
+            raise ValueError(
+                f"Give exactly one of factor= or target_length=, not both; got factor={self.factor!r}, target_length={self.target_length!r}."
+            )
+        params = dict(self.params.items() if isinstance(self.params, Mapping) else self.params)
+        _check_params(method, params)
+        object.__setattr__(self, "params", tuple(sorted(params.items(), key=lambda item: item[0])))
+
+    # ---- parsers -----------------------------------------------------------------------------------
+
+    @classmethod
+    def from_kwargs(
+        cls,
+        method: str,
+        factor: float | None = None,
+        *,
+        target_length: int | None = None,
+        original_max_position_embeddings: int | None = None,
+        **params: Any,
+    ) -> "ScalingRequest":
+        """The request ``hf_posext.patch(model, method, factor, ..., **params)`` makes."""
+        return cls(method, factor, target_length, original_max_position_embeddings, tuple(params.items()))
+
+    @classmethod
+    def from_mapping(cls, mapping: Mapping[str, Any], where: str = "scaling") -> "ScalingRequest":
+        """From a mapping with ``method``, ``factor``, ``target_length``, ``original_max_position_embeddings``
+        and ``params`` (a YAML section, a saved record); text values are read with :func:`parse_value`.
+
+        Args:
+            mapping: the section.
+            where: its name in error messages (``"scaling"``, ``"config.json: hf_posext"``).
+
+        Raises:
+            ValueError: no ``method``, an unknown key, or any error of :class:`ScalingRequest`.
+        """
+        if not isinstance(mapping, Mapping):
+            raise ValueError(f"{where} must be a mapping with method, factor, ..., got {type(mapping).__name__}.")
+        known = ("method", "params", *_SIZE_FIELDS)
+        unknown = [k for k in mapping if k not in known]
+        if unknown:
+            raise ValueError(f"{where} has no field {unknown[0]!r}; its fields are: {', '.join(known)}.")
+        if mapping.get("method") is None:
+            raise ValueError(f"{where}.method is missing: name a method (e.g. method: yarn; `hf-posext methods` lists them).")
+        params = mapping.get("params") or {}
+        if not isinstance(params, Mapping):
+            raise ValueError(f"{where}.params must be a mapping of method parameters, got {params!r}.")
+        try:
+            return cls(
+                str(mapping["method"]),
+                *(parse_value(mapping.get(name)) for name in _SIZE_FIELDS),
+                params=tuple((str(k), parse_value(v)) for k, v in params.items()),
+            )
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"{where}: {error}") from error
+
+    @classmethod
+    def from_cli(
+        cls,
+        method: str,
+        factor: float | None = None,
+        target_length: int | None = None,
+        param_items: list[str] | None = None,
+        original_max_position_embeddings: int | None = None,
+    ) -> "ScalingRequest":
+        """From ``--method M --factor F | --target-length T --param k=v ... --original-max-position-embeddings L``."""
+        return cls.from_mapping(
+            {"method": method, "factor": factor, "target_length": target_length,
+             "original_max_position_embeddings": original_max_position_embeddings,
+             "params": parse_param_items(param_items)},
+            where="command line",
+        )
+
+    @classmethod
+    def from_model_args(cls, model_args: Mapping[str, Any]) -> tuple["ScalingRequest | None", dict[str, Any]]:
+        """Split lm-eval model arguments into a request (``posext_*`` keys) and the rest.
+
+        ``posext_method``, ``posext_factor``, ``posext_target_length`` and
+        ``posext_original_max_position_embeddings`` are the request's fields; every other
+        ``posext_<name>`` is a method parameter. The harness reads the text ``none`` as None:
+        ``posext_method=none`` is the baseline method.
+
+        Returns:
+            (the request, or None when no ``posext_*`` argument is given; the remaining arguments).
+
+        Raises:
+            ValueError: ``posext_*`` arguments without ``posext_method``, or any request error.
+        """
+        section: dict[str, Any] = {}
+        params: dict[str, Any] = {}
+        rest: dict[str, Any] = {}
+        for key, value in model_args.items():
+            if not key.startswith(MODEL_ARGS_PREFIX):
+                rest[key] = value
+                continue
+            name = key[len(MODEL_ARGS_PREFIX):]
+            if not name:
+                raise ValueError(f"Model argument {key!r} names no parameter: use {MODEL_ARGS_PREFIX}<name>=<value>.")
+            if name == "method":
+                section["method"] = "none" if value is None else value
+            elif name in _SIZE_FIELDS:
+                section[name] = value
+            else:
+                params[name] = value
+        if "method" not in section:
+            given = [MODEL_ARGS_PREFIX + k for k in (*section, *params)]
+            if given:
+                raise ValueError(
+                    f"{', '.join(given)} given without {MODEL_ARGS_PREFIX}method. Add {MODEL_ARGS_PREFIX}method=<name> "
+                    f"(e.g. {MODEL_ARGS_PREFIX}method=yarn; `hf-posext methods` lists them)."
+                )
+            return None, rest
+        try:
+            request = cls(
+                str(section["method"]), *(parse_value(section.get(name)) for name in _SIZE_FIELDS),
+                params=tuple((k, parse_value(v)) for k, v in params.items()),
+            )
+        except (TypeError, ValueError) as error:
+            message = _FIELD_NAMES.sub(lambda match: MODEL_ARGS_PREFIX + match.group(0), str(error))
+            raise ValueError(f"{message} (method parameters are given as {MODEL_ARGS_PREFIX}<name>=<value>)") from error
+        return request.require_size(prefix=MODEL_ARGS_PREFIX), rest
+
+    # ---- views -------------------------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        """The method's name (what evaluation code calls it)."""
+        return self.method
+
+    @property
+    def params_dict(self) -> dict[str, Any]:
+        return dict(self.params)
+
+    @property
+    def label(self) -> str:
+        """``yarn`` or ``yarn(beta_fast=16)``: the name of this request in tables and result cells."""
+        return self.method + ("" if not self.params else "(" + ",".join(f"{k}={v}" for k, v in self.params) + ")")
+
+    def sizes_itself(self) -> bool:
+        """True when a parameter sizes the extension (e.g. Self-Extend's ``group_size``)."""
+        return any(
+            name in dict(self.params) and dict(self.params)[name] is not None
+            for kind in kinds_of(self.method)
+            for name in get_method(self.method, kind).size_params
+        )
+
+    def require_size(self, prefix: str = "") -> "ScalingRequest":
+        """This request with ``factor=1`` for ``none``; raise unless a size is given.
+
+        Raises:
+            ValueError: neither factor nor target_length (nor a size parameter) is given.
+        """
+        if self.factor is not None or self.target_length is not None or self.sizes_itself():
+            return self
+        if self.method == "none":
+            return dataclasses.replace(self, factor=1.0)
+        sizing = [prefix + name for kind in kinds_of(self.method) for name in get_method(self.method, kind).size_params]
+        raise ValueError(
+            f"{prefix}method={self.method} needs its size: exactly one of {prefix}factor (e.g. {prefix}factor=2) or "
+            f"{prefix}target_length (e.g. {prefix}target_length=16384)" + (f", or {' / '.join(sizing)}." if sizing else ".")
+        )
+
+    def patch_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for ``hf_posext.patch(model, **request.patch_kwargs())``."""
+        return {
+            "method": self.method, "factor": self.factor, "target_length": self.target_length,
+            "original_max_position_embeddings": self.original_max_position_embeddings, **self.params_dict,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form (recorded in evaluation results)."""
+        return {
+            "method": self.method, "factor": self.factor, "target_length": self.target_length,
+            "original_max_position_embeddings": self.original_max_position_embeddings, "params": self.params_dict,
+        }
+
+
+def resolve_factor(factor: float | None, target_length: int | None, original_length: int) -> float:
+    """Return the scale factor from exactly one of ``factor`` and ``target_length``.
+
+    Raises:
+        ValueError: both or neither given, a factor below 1 or not finite, a target shorter than the
+            original window.
+    """
+    if (factor is None) == (target_length is None):
+        raise ValueError(
+            "Give exactly one of factor= (e.g. factor=4) or target_length= (e.g. target_length="
+            f"{4 * original_length}); got factor={factor!r}, target_length={target_length!r}."
+        )
+    if target_length is not None:
+        if isinstance(target_length, bool) or not isinstance(target_length, int) or target_length <= 0:
+            raise ValueError(f"target_length must be a positive integer, got {target_length!r}.")
+        if target_length < original_length:
+            raise ValueError(
+                f"target_length={target_length} is shorter than the model's original window "
+                f"({original_length} tokens); scaling only extends. Use target_length >= {original_length}."
+            )
+        return target_length / original_length
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not math.isfinite(factor):
+        raise ValueError(f"factor must be a finite number >= 1, got {factor!r}.")
+    if factor < 1:
+        raise ValueError(
+            f"factor={factor} is below 1: scaling extends the window, it cannot shrink it. "
+            "Use factor >= 1 (factor=1 leaves the model unchanged)."
+        )
+    return float(factor)
+
+
+@dataclass
+class ScalingConfig:
+    """A validated scaling request.
+
+    Attributes:
+        method: registered method name (``hf_posext.available_methods()``).
+        factor: scale s >= 1; the patched window is ``original_max_position_embeddings * factor``.
+        original_max_position_embeddings: the window the model was pre-trained with (L).
+        params: the method's keyword parameters, with defaults filled in.
+        kind: ``"rope"`` or ``"learned"``.
+    """
+
+    method: str
+    factor: float
+    original_max_position_embeddings: int
+    params: dict[str, Any] = field(default_factory=dict)
+    kind: str = "rope"
+
+    def __post_init__(self) -> None:
+        spec = get_method(self.method, self.kind)
+        self.method = spec.name
+        self.factor = resolve_factor(self.factor, None, self.original_max_position_embeddings)
+        if self.original_max_position_embeddings <= 0:
+            raise ValueError(
+                f"original_max_position_embeddings must be positive, got {self.original_max_position_embeddings}."
+            )
+        parsed = spec.parse_params(dict(self.params))
+        self.params = dataclasses.asdict(parsed)
+        self._parsed = parsed
+
+    @property
+    def spec(self) -> Method:
+        return get_method(self.method, self.kind)
+
+    @property
+    def parsed_params(self) -> Any:
+        """The method's parameter dataclass instance."""
+        return self._parsed
+
+    @property
+    def target_length(self) -> int:
+        """The window after scaling: round(L * s)."""
+        return int(round(self.original_max_position_embeddings * self.factor))
+
+    @property
+    def is_identity(self) -> bool:
+        return self.factor == 1 and self.spec.identity_at_one
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serialisable form (stored in ``config.json`` under ``hf_posext``)."""
+        return make_record(self.kind, self.method, self.factor, self.original_max_position_embeddings, self.params)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ScalingConfig":
+        return cls(
+            method=data["method"],
+            factor=data["factor"],
+            original_max_position_embeddings=data["original_max_position_embeddings"],
+            params=dict(data.get("params", {})),
+            kind=data.get("kind", "rope"),
+        )

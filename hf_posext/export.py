@@ -1,0 +1,247 @@
+"""Export a model saved by hf_posext so that a serving runtime reads its position scaling right.
+
+Each runtime reads the RoPE fields of ``config.json`` by its own rules (see docs/serving.md for the
+evidence). :func:`export` copies a saved folder, rewrites ``config.json`` for one target and refuses,
+before writing anything, when the target would serve the model differently from transformers.
+
+Usage::
+
+    python -m hf_posext.export SAVED_DIR --for vllm --out SERVE_DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+TARGETS = ("transformers", "vllm", "sglang", "llama.cpp")
+RECORD_KEY = "hf_posext"
+YARN_DEFAULT_ONLY = ("attention_factor", "mscale", "mscale_all_dim")
+
+
+class ExportError(ValueError):
+    """A request that cannot be exported as asked (the message names the fix)."""
+
+
+def scaling_record(config: dict[str, Any]) -> dict[str, Any]:
+    """The hf_posext scaling record of a saved ``config.json`` (``{"method": "none"}`` when unpatched).
+
+    Args:
+        config: the parsed ``config.json``.
+
+    Returns:
+        The record written by hf_posext at save time, or a record for an unscaled model.
+    """
+    record = config.get(RECORD_KEY)
+    if isinstance(record, dict):
+        return record
+    return {"method": "none", "kind": "rope", "factor": 1.0, "params": {}}
+
+
+def _yarn_has_custom_scaling(params: dict[str, Any]) -> bool:
+    """True when YaRN params set an attention scale or truncate flag other than transformers' default."""
+    if any(params.get(key) is not None for key in YARN_DEFAULT_ONLY):
+        return True
+    return params.get("truncate", True) is False
+
+
+def serving_problems(record: dict[str, Any], target: str) -> list[str]:
+    """Reasons why ``target`` would serve a model with this scaling record differently from transformers.
+
+    Args:
+        record: an hf_posext scaling record (see :func:`scaling_record`).
+        target: one of :data:`TARGETS`.
+
+    Returns:
+        One-line problems, each naming the method, the target and a fix; empty when the target serves it exactly.
+    """
+    if target not in TARGETS:
+        raise ExportError(f"unknown export target {target!r}: choose one of {', '.join(TARGETS)}")
+    method = record.get("method", "none")
+    kind = record.get("kind", "rope")
+    params = record.get("params") or {}
+    problems = []
+    if kind == "attention":
+        problems.append(f"{method} is applied in attention, not in config.json: {target} would serve the model "
+                        f"unscaled; serve it with hf_posext.load, or re-patch with yarn or ntk")
+    elif kind != "rope" and target != "transformers":
+        problems.append(f"{method} ({kind} positions) is not a RoPE scaling {target} can read from config.json; "
+                        f"serve it with hf_posext.load")
+    elif record.get("stock_loadable") is False:
+        problems.append(f"{method}: transformers cannot rebuild this scaling from config.json, so {target} cannot "
+                        f"either; serve it with hf_posext.load, or re-patch with yarn or ntk")
+    elif method in ("dynamic-ntk", "dynamic-yarn") and target != "transformers":
+        problems.append(f"{method} is not served like transformers by {target} (no length-dependent base); "
+                        f"re-patch with yarn or ntk")
+    elif method == "yarn" and target in ("sglang", "llama.cpp") and _yarn_has_custom_scaling(params):
+        problems.append(f"yarn with attention_factor/mscale/mscale_all_dim/truncate=False is not read by {target}; "
+                        f"re-patch yarn with default attention scaling and truncate=True")
+    elif method == "longrope" and target in ("vllm", "llama.cpp", "sglang"):
+        reasons = {
+            "vllm": "vLLM applies the long factors at every length once max_model_len exceeds the original window",
+            "llama.cpp": "llama.cpp's converter writes no factor tensors for Llama, so it runs unscaled",
+            "sglang": "SGLang's longrope rule was not checked against its code",
+        }
+        problems.append(f"longrope for {target}: {reasons[target]}; re-patch with yarn or llama3")
+    return problems
+
+
+def served_length(record: dict[str, Any], config: dict[str, Any]) -> int:
+    """The extended context length of the saved model (its original window times the factor)."""
+    original = record.get("original_max_position_embeddings") or config.get("max_position_embeddings")
+    return int(round(float(original) * float(record.get("factor") or 1.0)))
+
+
+def rope_parameters_of(config: dict[str, Any]) -> dict[str, Any] | None:
+    """The RoPE dict of a saved config: ``rope_parameters`` (transformers 5) or ``rope_scaling`` (4.x)."""
+    params = config.get("rope_parameters") or config.get("rope_scaling")
+    return dict(params) if isinstance(params, dict) else None
+
+
+def export_config(config: dict[str, Any], target: str) -> dict[str, Any]:
+    """The ``config.json`` content ``target`` reads right, plus legacy fields for older readers.
+
+    Args:
+        config: the parsed ``config.json`` saved by hf_posext (transformers 5 layout).
+        target: one of :data:`TARGETS`.
+
+    Returns:
+        A new dict: ``max_position_embeddings`` as the target's length rule needs it, a top-level
+        ``rope_theta`` and a ``rope_scaling`` copy identical to ``rope_parameters`` (and, for longrope,
+        a top-level ``original_max_position_embeddings``).
+    """
+    result = copy.deepcopy(config)
+    record = scaling_record(config)
+    rope = rope_parameters_of(config)
+    if record.get("kind", "rope") == "rope" and rope is not None and "rope_theta" in rope:
+        if rope.get("rope_type") == "linear":
+            original = int(record.get("original_max_position_embeddings") or config["max_position_embeddings"])
+            # vLLM and SGLang multiply max_position_embeddings by the factor for linear; llama.cpp does not.
+            result["max_position_embeddings"] = served_length(record, config) if target == "llama.cpp" else original
+        if rope.get("rope_type") == "longrope" and "original_max_position_embeddings" in rope:
+            # transformers 4.57 reads the original window of longrope only from this top-level field.
+            result["original_max_position_embeddings"] = rope["original_max_position_embeddings"]
+        result["rope_parameters"] = rope
+        result["rope_scaling"] = copy.deepcopy(rope)
+        result["rope_theta"] = rope["rope_theta"]
+    return result
+
+
+def _record_and_config(folder: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    config = json.loads((folder / "config.json").read_text())
+    return scaling_record(config), config
+
+
+def check_serving(folder_or_model: Any, target: str) -> list[str]:
+    """Problems serving a saved folder (or a model patched by hf_posext) with ``target``.
+
+    Args:
+        folder_or_model: a folder written by ``save_pretrained`` or a model object with a ``config``.
+        target: one of :data:`TARGETS`.
+
+    Returns:
+        One-line problems (empty when ``target`` serves the model as transformers does).
+    """
+    if isinstance(folder_or_model, (str, os.PathLike)):
+        record, _ = _record_and_config(Path(folder_or_model))
+    else:
+        record = scaling_record(folder_or_model.config.to_dict())
+    return serving_problems(record, target)
+
+
+def _check_destination(source: Path | None, out: Path, overwrite: bool) -> None:
+    if source is not None and out.resolve() == source.resolve():
+        raise ExportError(f"--out {out} is the source folder: choose a new folder")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
+        raise ExportError(f"--out {out} exists and is not empty: choose a new folder or pass --overwrite")
+
+
+def _set_tokenizer_length(folder: Path, length: int) -> None:
+    path = folder / "tokenizer_config.json"
+    if path.exists():
+        data = json.loads(path.read_text())
+        data["model_max_length"] = length
+        path.write_text(json.dumps(data, indent=2) + "\n")
+
+
+def _replace_atomically(staged: Path, out: Path) -> None:
+    if out.exists():
+        trash = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.old-"))
+        os.replace(out, trash / "old")
+        os.replace(staged, out)
+        shutil.rmtree(trash)
+    else:
+        os.replace(staged, out)
+
+
+def export(source: Any, target: str, out: str | os.PathLike, overwrite: bool = False) -> Path:
+    """Write ``out``: a copy of ``source`` whose config ``target`` serves like transformers.
+
+    Args:
+        source: a folder saved by hf_posext (``save_pretrained``) or a model patched by hf_posext.
+        target: one of :data:`TARGETS`.
+        out: the new folder (must not exist, be empty, or ``overwrite`` must be set; never the source).
+        overwrite: replace an existing non-empty ``out``.
+
+    Returns:
+        The path of the written folder.
+
+    Raises:
+        ExportError: before anything is written, when the target cannot serve the model or ``out`` is bad.
+    """
+    out = Path(out)
+    folder = Path(source) if isinstance(source, (str, os.PathLike)) else None
+    if folder is not None and not (folder / "config.json").is_file():
+        raise ExportError(f"no saved model folder at {folder} (no config.json): pass a folder written by save_pretrained")
+    _check_destination(folder, out, overwrite)
+    problems = check_serving(source, target)
+    if problems:
+        raise ExportError(problems[0])
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staged = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
+    try:
+        if folder is None:
+            source.save_pretrained(staged)
+        else:
+            shutil.copytree(folder, staged, dirs_exist_ok=True)
+        record, config = _record_and_config(staged)
+        (staged / "config.json").write_text(json.dumps(export_config(config, target), indent=2, sort_keys=True) + "\n")
+        if record.get("kind", "rope") == "rope":
+            _set_tokenizer_length(staged, served_length(record, config))
+        _replace_atomically(staged, out)
+    except BaseException:
+        shutil.rmtree(staged, ignore_errors=True)
+        raise
+    return out
+
+
+def add_export_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``hf-posext export`` arguments to ``parser``."""
+    parser.add_argument("model", help="a folder saved by hf_posext (save_pretrained of a patched model)")
+    parser.add_argument("--for", dest="target", required=True, choices=TARGETS, help="the runtime that will serve it")
+    parser.add_argument("--out", required=True, help="the new folder to write")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing non-empty --out")
+
+
+def run_export(args: argparse.Namespace) -> int:
+    """Run ``hf-posext export``: 0 on success, 2 with a one-line error when it refuses."""
+    try:
+        out = export(args.model, args.target, args.out, overwrite=args.overwrite)
+    except ExportError as error:
+        print(f"hf-posext export: error: {error}", file=sys.stderr)
+        return 2
+    print(f"wrote {out} for {args.target}")
+    return 0
+
+
+if __name__ == "__main__":
+    _parser = argparse.ArgumentParser(prog="python -m hf_posext.export", description=__doc__.splitlines()[0])
+    add_export_arguments(_parser)
+    sys.exit(run_export(_parser.parse_args()))

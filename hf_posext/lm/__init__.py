@@ -1,0 +1,4 @@
+"""Torch-only language-model scoring shared by training, evaluation and search (layer 5).
+
+:mod:`hf_posext.lm.chunked_loss`: a causal-LM cross-entropy that never materialises the full logits.
+"""

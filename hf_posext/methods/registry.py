@@ -1,0 +1,171 @@
+"""Registry of position-scaling methods of every kind.
+
+Each method registers itself once, by name and kind (``rope``, ``learned``, ``sinusoidal``, ``alibi``,
+``attention``, ``relative``), with a parameter dataclass (validated in ``__post_init__``) and a pure
+function that computes numbers from numbers. A method never touches a model: a backend
+(:mod:`hf_posext.backends`) does the surgery. ``hf_posext.methods`` imports every method module, so
+importing it is enough to see every method.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from hf_posext.methods.transformers import rope_type_for
+
+__all__ = ["Method", "register_method", "get_method", "available_methods", "kinds_of", "check_method_name", "METHODS"]
+
+
+@dataclass(frozen=True)
+class Method:
+    """One registered scaling method.
+
+    Attributes:
+        name: the name users pass to ``hf_posext.patch`` (e.g. ``"yarn"``).
+        summary: one line for ``available_methods()``: what it does and where it comes from.
+        kind: ``"rope"``, ``"learned"``, ``"sinusoidal"``, ``"alibi"``, ``"attention"`` or ``"relative"``.
+        params_cls: dataclass of the method's keyword parameters with the papers' defaults.
+        compute: the pure function (see the method modules for its signature).
+        dynamic: True when the frequencies depend on the current sequence length.
+        size_params: parameters that size the extension by themselves (Self-Extend's ``group_size``):
+            with one of them, neither ``factor`` nor ``target_length`` is needed.
+        identity_at_one: ``factor=1`` gives the unscaled model exactly (static methods).
+    """
+
+    name: str
+    summary: str
+    kind: str
+    params_cls: type
+    compute: Callable[..., Any]
+    dynamic: bool = False
+    size_params: tuple[str, ...] = ()
+    identity_at_one: bool = False
+
+    @property
+    def transformers_type(self) -> str | None:
+        """The ``rope_type`` transformers uses for the same rule, if any (:mod:`hf_posext.methods.transformers`)."""
+        return rope_type_for(self.name) if self.kind == "rope" else None
+
+    def parse_params(self, params: dict[str, Any]) -> Any:
+        """Validate keyword parameters and return the method's parameter dataclass.
+
+        Raises:
+            ValueError: an unknown parameter name (with the closest known one) or a bad value.
+        """
+        known = [f.name for f in dataclasses.fields(self.params_cls)]
+        for key in params:
+            if key not in known:
+                close = difflib.get_close_matches(key, known, n=1)
+                hint = f" Did you mean {close[0]!r}?" if close else ""
+                allowed = ", ".join(known) if known else "none"
+                raise ValueError(
+                    f"Method {self.name!r} has no parameter {key!r}.{hint} Its parameters are: {allowed}."
+                )
+        return self.params_cls(**params)
+
+
+# kind -> name -> Method. The same name may exist for several kinds ("linear" for RoPE and for learned
+# tables); the model being patched decides the kind.
+METHODS: dict[str, dict[str, Method]] = {}
+
+
+def register_method(
+    name: str,
+    summary: str,
+    kind: str,
+    params_cls: type,
+    dynamic: bool = False,
+    size_params: tuple[str, ...] = (),
+    identity_at_one: bool = False,
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator registering ``compute`` under ``name`` (see :class:`Method`)."""
+
+    def decorator(compute: Callable[..., Any]) -> Callable[..., Any]:
+        registry = METHODS.setdefault(kind, {})
+        if name in registry:
+            raise ValueError(f"A {kind} method named {name!r} is already registered.")
+        registry[name] = Method(name, summary, kind, params_cls, compute, dynamic, size_params, identity_at_one)
+        return compute
+
+    return decorator
+
+
+def get_method(name: str, kind: str = "rope") -> Method:
+    """Return the registered method ``name`` of ``kind``.
+
+    Args:
+        name: method name, e.g. ``"yarn"``. Underscores are accepted for dashes (``dynamic_ntk``).
+        kind: ``"rope"`` (rotary models) or ``"learned"`` (absolute position tables).
+
+    Raises:
+        TypeError: ``name`` is not a string.
+        ValueError: unknown method (the message lists the ones valid for ``kind``).
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"The method must be a name (str), got {type(name).__name__}.")
+    key = name.strip().lower().replace("_", "-")
+    registry = METHODS.get(kind, {})
+    if key in registry:
+        return registry[key]
+    valid = ", ".join(sorted(registry)) or "none"
+    other = [k for k, methods in METHODS.items() if k != kind and key in methods]
+    if other:
+        raise ValueError(
+            f"Method {name!r} applies to {other[0]} position encodings, but this model uses {kind} ones. "
+            f"Methods valid here: {valid}."
+        )
+    close = difflib.get_close_matches(key, list(registry), n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    raise ValueError(f"Unknown method {name!r}.{hint} Known {kind} methods: {valid}.")
+
+
+def kinds_of(name: str) -> list[str]:
+    """The kinds that have a method called ``name`` (normalised like :func:`get_method`), in registry order."""
+    key = name.strip().lower().replace("_", "-") if isinstance(name, str) else name
+    return [kind for kind, methods in METHODS.items() if key in methods]
+
+
+def check_method_name(name: str) -> str:
+    """The normalised name of a method registered for some kind.
+
+    Raises:
+        TypeError: ``name`` is not a string.
+        ValueError: no kind has it (with the closest known name and the full list).
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"The method must be a name (str), got {type(name).__name__}.")
+    key = name.strip().lower().replace("_", "-")
+    if kinds_of(key):
+        return key
+    known = sorted({n for methods in METHODS.values() for n in methods})
+    close = difflib.get_close_matches(key, known, n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    raise ValueError(f"Unknown method {name!r}.{hint} Known methods: {', '.join(known)} (see `hf-posext methods`).")
+
+
+def available_methods(kind: str | None = None) -> dict[str, str]:
+    """Map each registered method name to its one-line description.
+
+    Args:
+        kind: ``"rope"``, ``"learned"``, ``"sinusoidal"``, ``"alibi"``, ``"attention"`` or ``"relative"``
+            to list only those; by default every method of every kind: RoPE methods by their name, a
+            name that only one other kind has (``self-extend``) by its name too, and names that several
+            kinds share as ``"name (kind)"``.
+
+    Example:
+        >>> import hf_posext
+        >>> hf_posext.available_methods()["linear"]
+        'Position interpolation: divide every frequency by s (Chen et al. 2023)'
+    """
+    if kind is not None:
+        return {n: m.summary for n, m in sorted(METHODS.get(kind, {}).items())}
+    listed = {n: m.summary for n, m in sorted(METHODS.get("rope", {}).items())}
+    for other_kind, methods in METHODS.items():
+        if other_kind == "rope":
+            continue
+        for n, m in sorted(methods.items()):
+            listed[n if len(kinds_of(n)) == 1 else f"{n} ({other_kind})"] = m.summary
+    return listed

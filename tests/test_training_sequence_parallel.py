@@ -1,0 +1,83 @@
+"""DeepSpeed Ulysses (sp_size=2, 2 gloo CPU processes, ZeRO-3 as the recipes use) gives the loss and every
+gradient of the 1-process run, for full fine-tuning and LoRA, with PoSE position ids (a skip of 700
+positions in the middle of a 256-token sequence); and bad parallelism requests are refused in one line."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from hf_posext.training.parallel import ParallelismRequest, validate_parallelism
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DRIVER = os.path.join(REPO, "tests", "sp_driver.py")
+TOLERANCE = 1e-6
+
+
+def _run(command):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "HF_HUB_OFFLINE": "1",
+           "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+def _free_port():
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _relative(got, expected):
+    return float((got.reshape(expected.shape) - expected).abs().max() / expected.abs().max())
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("mode", ["full", "lora"])
+def test_ulysses_two_processes_equal_one_process(tmp_path, mode):
+    pytest.importorskip("deepspeed")
+    reference, parallel = tmp_path / "reference.pt", tmp_path / "parallel.pt"
+    _run([sys.executable, DRIVER, str(reference), mode])
+    _run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()),
+          DRIVER, str(parallel), mode, "--sp", "2"])
+    expected, got = torch.load(reference), torch.load(parallel)
+    assert abs(got["loss"] - expected["loss"]) <= TOLERANCE * abs(expected["loss"])
+    assert set(got["grads"]) == set(expected["grads"]) and len(expected["grads"]) > 10
+    worst = {name: _relative(got["grads"][name], grad) for name, grad in expected["grads"].items()}
+    assert max(worst.values()) < TOLERANCE, worst
+
+
+GOOD = dict(num_processes=2, sequence_length=256, attn_implementation="sdpa", zero_stage=3, cuda_available=False)
+
+
+@pytest.mark.parametrize("request_, overrides, message", [
+    (ParallelismRequest(sp_size=3, sp_backend="deepspeed"), dict(num_processes=6, sequence_length=256), "sequence length 256"),
+    (ParallelismRequest(sp_size=2, sp_backend="deepspeed"), dict(num_processes=3), "does not divide the 3 launched"),
+    (ParallelismRequest(cp_size=2, cp_backend="torch"), {}, "only on CUDA"),
+    (ParallelismRequest(sp_size=2, sp_backend="deepspeed"), dict(attn_implementation="eager"), "cannot shard"),
+    (ParallelismRequest(sp_size=2, sp_backend="deepspeed"), dict(zero_stage=2), "ZeRO stage 3"),
+    (ParallelismRequest(sp_size=2, sp_backend="none"), {}, "sp_backend=deepspeed"),
+    (ParallelismRequest(sp_size=2, sp_backend="deepspped"), {}, "unknown"),
+])
+def test_bad_requests_are_refused_in_one_line(request_, overrides, message):
+    with pytest.raises(ValueError, match=message) as error:
+        validate_parallelism(request_, **{**GOOD, **overrides})
+    assert "\n" not in str(error.value)
+
+
+def test_sp_without_deepspeed_is_refused(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "deepspeed" else real(name, *a))
+    with pytest.raises(ValueError, match="pip install"):
+        validate_parallelism(ParallelismRequest(sp_size=2, sp_backend="deepspeed"), **GOOD)
+
+
+def test_good_request_passes():
+    validate_parallelism(ParallelismRequest(sp_size=2, sp_backend="deepspeed"), **GOOD)

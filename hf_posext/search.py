@@ -344,7 +344,7 @@ def search_factors(
         >>> hf_posext.patch(model, "longrope", factor=result.factor, factors="factors.json")
     """
     from hf_posext.evaluation.perplexity import chunked_nll
-    from hf_posext.evaluation.runner import Distributed
+    from hf_posext.lm.distributed import Distributed
     from hf_posext.backends.rope.sites import find_rotary_sites
     from hf_posext.api import patch, patched_backend, unpatch
 

@@ -179,3 +179,18 @@ def test_trackers_must_be_installed_when_asked(tmp_path):
         pytest.skip("tensorboard is installed here")
     with pytest.raises(ImportError, match="pip install tensorboard"):
         train(tiny_config(tmp_path / "tb", "output.report_to=[tensorboard]"), progress=False)
+
+
+@pytest.mark.parametrize("mode", ["lora", "full"])
+def test_chunked_loss_trains_like_the_plain_loss(tmp_path, mode):
+    """Same per-step losses and grad norms (1e-5 relative) with the chunked loss as with model(**batch).loss."""
+    logs = {}
+    for loss in ("plain", "chunked"):
+        out = tmp_path / loss
+        train(tiny_config(out, f"train.loss={loss}", "train.loss_chunk_size=13", "train.max_steps=3",
+                          f"finetune.mode={mode}", "output.checkpoint_every=0"), progress=False)
+        logs[loss] = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    assert len(logs["plain"]) == len(logs["chunked"]) == 3
+    for plain, chunked in zip(logs["plain"], logs["chunked"]):
+        for key in ("loss", "grad_norm"):
+            assert abs(chunked[key] - plain[key]) <= 1e-5 * abs(plain[key]), (key, plain[key], chunked[key])

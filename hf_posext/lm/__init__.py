@@ -1,1 +1,5 @@
-"""Layer 5: torch-only helpers shared by evaluation, search and training (no results files, no CLI)."""
+"""Torch-only language-model scoring shared by training, evaluation and search (layer 5).
+
+:mod:`hf_posext.lm.chunked_loss`: a causal-LM cross-entropy that never materialises the full logits.
+:mod:`hf_posext.lm.distributed`: rank, world size, sharding and gathering for evaluation and search.
+"""

@@ -128,6 +128,10 @@ class TrainSection:
     adam_epsilon: float = _help("AdamW epsilon", 1e-8)
     max_grad_norm: float | None = _help("clip the global gradient norm to this (null: no clipping)", 1.0)
     seed: int = _help("seed for weights init, data order, PoSE draws, dropout", 0)
+    loss: str = _help(
+        "'chunked': the output head and cross-entropy run over chunks of tokens, never holding the "
+        "[tokens x vocabulary] logits (same loss and gradients); 'plain': model(**batch).loss", "chunked")
+    loss_chunk_size: int = _help("tokens per chunk of the chunked loss", 1024)
 
 
 @dataclass
@@ -182,6 +186,8 @@ class TrainConfig:
         if s.factor is not None and s.factor < 1:
             raise ConfigError(f"scaling.factor must be >= 1, got {s.factor}.")
         _choice("finetune.mode", f.mode, ("lora", "full"))
+        _choice("train.loss", t.loss, ("chunked", "plain"))
+        _positive("train.loss_chunk_size", t.loss_chunk_size)
         _positive("finetune.rank", f.rank)
         if not 0 <= f.dropout < 1:
             raise ConfigError(f"finetune.dropout must be in [0, 1), got {f.dropout}.")

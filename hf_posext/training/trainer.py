@@ -347,6 +347,15 @@ def _pose_target(config: TrainConfig, scaled_window: int) -> int | None:
     return target
 
 
+def training_loss(model: Any, batch: dict[str, torch.Tensor], train_section: Any) -> torch.Tensor:
+    """The loss of one micro-batch: chunked (no full logits, :mod:`hf_posext.lm.chunked_loss`) or plain."""
+    if train_section.loss == "chunked":
+        from hf_posext.lm.chunked_loss import chunked_causal_lm_loss
+
+        return chunked_causal_lm_loss(model, batch, chunk_size=train_section.loss_chunk_size)
+    return model(**batch, use_cache=False).loss
+
+
 def _truncate_log(path: Path, last_step: int) -> None:
     if not path.is_file():
         return
@@ -528,6 +537,13 @@ def train(
     if config.model.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model = setup_trainable(model, config.finetune, seed=t.seed)
+    if t.loss == "chunked":
+        from hf_posext.lm.chunked_loss import check_output_head
+
+        try:
+            check_output_head(model)
+        except ValueError as error:
+            raise ConfigError(f"train.loss=chunked: {error}") from None
     model.train()
     data = load_packed_windows(config.data, tokenizer, t.seed, pose_target, progress=progress and main)
 
@@ -578,7 +594,7 @@ def train(
             # micro-batch, divides the loss by the accumulation steps, and drives DeepSpeed's own counter.
             with accelerator.accumulate(model):
                 with accelerator.autocast():
-                    loss = model(**batch, use_cache=False).loss
+                    loss = training_loss(model, batch, t)
                 accelerator.backward(loss)
                 if accelerator.sync_gradients:
                     grad_norm = clip_gradients(accelerator, trainable, t.max_grad_norm)

@@ -34,6 +34,7 @@ from hf_posext.core.record import ScalingReport
 from hf_posext.core.request import ScalingRequest
 from hf_posext.core.version import VERSION
 from hf_posext.lm.distributed import Distributed
+from hf_posext.lm.scoring import base_model, head_logits
 from hf_posext.methods import check_method_name
 
 __all__ = [
@@ -135,32 +136,6 @@ def load_model_and_tokenizer(
         kwargs["attn_implementation"] = attn_implementation
     model = load_model(name, dtype=_dtype(dtype), device=device, **kwargs)
     return model, load_tokenizer(name)
-
-
-def base_model(model: torch.nn.Module) -> torch.nn.Module:
-    """The decoder stack of a causal LM (``model.model`` for Llama, ``model.transformer`` for GPT-2)."""
-    prefix = getattr(model, "base_model_prefix", "")
-    base = getattr(model, prefix, None) if prefix else None
-    if isinstance(base, torch.nn.Module):
-        return base
-    if hasattr(model, "get_decoder"):
-        return model.get_decoder()
-    raise ValueError(f"Cannot find the decoder inside {type(model).__name__}: it has no {prefix!r} attribute or get_decoder().")
-
-
-def head_logits(model: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
-    """Float32 logits for final hidden states ``hidden`` (lm_head plus the model's logit transforms)."""
-    head = model.get_output_embeddings()
-    hidden = hidden.to(head.weight.device)
-    logits = head(hidden).float()
-    config = model.config
-    scale = getattr(config, "logit_scale", None)
-    if isinstance(scale, (int, float)) and scale != 1:
-        logits = logits * scale
-    cap = getattr(config, "final_logit_softcapping", None)
-    if cap:
-        logits = torch.tanh(logits / cap) * cap
-    return logits
 
 
 def versions() -> dict[str, str]:

@@ -21,7 +21,7 @@ What this module does, and where it differs from the paper:
   crossovers of two parents; a candidate already evaluated is never evaluated twice.
 * Fitness: mean next-token NLL (log-perplexity) of ``model`` patched with ``longrope`` and the
   candidate, on calibration windows of exactly ``target_length`` tokens; the loss runs over chunks of
-  the final hidden states (:func:`hf_posext.evaluation.perplexity.chunked_nll`), never the full logits.
+  the final hidden states (:func:`hf_posext.lm.scoring.chunked_nll`), never the full logits.
   The attention factor is LongRoPE's sqrt(1 + ln s / ln L) for every candidate, as ``longrope`` applies.
 * Data parallel: launched with several processes (``accelerate launch --num_processes N`` or
   ``torchrun``), each process evaluates its share of a generation's candidates and the results are
@@ -343,8 +343,8 @@ def search_factors(
         >>> result = hf_posext.search_factors(model, 16384, "books/", tokenizer=tok, output="factors.json")
         >>> hf_posext.patch(model, "longrope", factor=result.factor, factors="factors.json")
     """
-    from hf_posext.evaluation.perplexity import chunked_nll
-    from hf_posext.evaluation.runner import Distributed
+    from hf_posext.lm.scoring import chunked_nll
+    from hf_posext.lm.distributed import Distributed
     from hf_posext.backends.rope.sites import find_rotary_sites
     from hf_posext.api import patch, patched_backend, unpatch
 

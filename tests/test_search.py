@@ -56,7 +56,7 @@ def test_search_beats_its_initial_point_and_the_json_patches_longrope(tmp_path):
     saved = json.loads(path.read_text())
     assert saved["long_factor"] == result.long_factor and saved["method"] == "longrope"
     # The file patches longrope; the fitness it reports is reproduced by the patched model.
-    from hf_posext.evaluation.perplexity import chunked_nll
+    from hf_posext.lm.scoring import chunked_nll
 
     hf_posext.patch(model, "longrope", factor=result.factor, factors=str(path))
     with torch.no_grad():
@@ -108,7 +108,7 @@ def test_a_search_seeded_from_an_earlier_scale_starts_from_its_carried_factors()
                              seed=0, progress=False, start_from=at_two)
     assert set(at_four.initial_nll) == {"pi", "yarn", "ntk", "start_from"}
     # The carried start is scored: patching it by hand reproduces its fitness.
-    from hf_posext.evaluation.perplexity import chunked_nll
+    from hf_posext.lm.scoring import chunked_nll
 
     carried = make_monotone(rescale_factors(at_two, 4.0), at_four.settings["max_factor"])
     hf_posext.patch(model, "longrope", factor=4.0, long_factor=carried.tolist())
@@ -120,12 +120,12 @@ def test_a_search_seeded_from_an_earlier_scale_starts_from_its_carried_factors()
 
 
 def test_a_stopped_search_resumes_without_evaluating_anything_twice(tmp_path, monkeypatch):
-    import hf_posext.evaluation.perplexity as perplexity
+    import hf_posext.lm.scoring as scoring  # search scores through hf_posext.lm
 
     model = tiny_model("llama", initializer_range=0.5)
     path = tmp_path / "search.json"
     settings = dict(windows=2, population=4, parents=2, seed=0, progress=False, output=path)
-    real_nll, calls = perplexity.chunked_nll, []
+    real_nll, calls = scoring.chunked_nll, []
 
     def crashing_nll(*args, **kwargs):
         calls.append(1)
@@ -133,16 +133,16 @@ def test_a_stopped_search_resumes_without_evaluating_anything_twice(tmp_path, mo
             raise RuntimeError("simulated crash")
         return real_nll(*args, **kwargs)
 
-    monkeypatch.setattr(perplexity, "chunked_nll", crashing_nll)
+    monkeypatch.setattr(scoring, "chunked_nll", crashing_nll)
     with pytest.raises(RuntimeError, match="simulated crash"):
         search_factors(model, 128, _calibration(), generations=3, **settings)
     assert "_hf_posext_state" not in model.__dict__
     saved = hf_posext.search.SearchResult.load(path)  # checkpointed after generation 1
     assert [h["generation"] for h in saved.history] == [0, 1] and len(saved.candidates) == 6
 
-    monkeypatch.setattr(perplexity, "chunked_nll", real_nll)
+    monkeypatch.setattr(scoring, "chunked_nll", real_nll)
     calls.clear()
-    monkeypatch.setattr(perplexity, "chunked_nll", lambda *a, **k: (calls.append(1), real_nll(*a, **k))[1])
+    monkeypatch.setattr(scoring, "chunked_nll", lambda *a, **k: (calls.append(1), real_nll(*a, **k))[1])
     resumed = search_factors(model, 128, _calibration(), generations=2, resume=path, **settings)
     assert len(calls) == 2 * 2 * 2  # only the 2 new generations' 2 children, 2 windows each
     assert [h["generation"] for h in resumed.history] == [0, 1, 2, 3]

@@ -17,7 +17,6 @@ import os
 from typing import Any, Sequence
 
 import torch
-import torch.nn.functional as F
 
 from hf_posext.data import load_documents
 from hf_posext.evaluation.runner import (
@@ -26,50 +25,14 @@ from hf_posext.evaluation.runner import (
     MethodRequest,
     ResultStore,
     Unit,
-    base_model,
-    head_logits,
     run_grid,
 )
+from hf_posext.lm.scoring import base_model, chunked_nll
 
 __all__ = ["chunked_nll", "tokenize_documents", "make_windows", "evaluate_perplexity", "uses_bos"]
 
 
 @torch.no_grad()
-def chunked_nll(model: torch.nn.Module, input_ids: torch.Tensor, chunk_size: int = 2048) -> tuple[torch.Tensor, int]:
-    """Summed next-token NLL of each row of ``input_ids`` without materialising all logits.
-
-    Runs the decoder stack once, then the output head and cross-entropy over ``chunk_size`` positions
-    at a time.
-
-    Args:
-        model: a causal LM.
-        input_ids: ``[batch, tokens]`` token ids (no padding).
-        chunk_size: positions per head + loss chunk (memory ~ batch x chunk x vocabulary x 4 bytes).
-
-    Returns:
-        ``(nll_sum, scored)``: float64 ``[batch]`` sums over the ``tokens - 1`` predicted positions, and
-        that count per row.
-    """
-    if input_ids.dim() != 2 or input_ids.shape[1] < 2:
-        raise ValueError(f"input_ids must be [batch, tokens>=2], got shape {tuple(input_ids.shape)}.")
-    decoder = base_model(model)
-    device = next(decoder.parameters()).device
-    input_ids = input_ids.to(device)
-    hidden = decoder(input_ids=input_ids, use_cache=False).last_hidden_state
-    targets = input_ids[:, 1:]
-    total = torch.zeros(input_ids.shape[0], dtype=torch.float64)
-    positions = input_ids.shape[1] - 1
-    for start in range(0, positions, chunk_size):
-        end = min(start + chunk_size, positions)
-        logits = head_logits(model, hidden[:, start:end])
-        loss = F.cross_entropy(
-            logits.reshape(-1, logits.shape[-1]), targets[:, start:end].reshape(-1).to(logits.device), reduction="none"
-        )
-        total += loss.view(input_ids.shape[0], -1).double().sum(dim=1).cpu()
-        del logits, loss
-    return total, positions
-
-
 def uses_bos(tokenizer: Any, bos: str = "auto") -> int | None:
     """The BOS id to start windows with: ``"yes"``/``"no"``, or ``"auto"`` = when the tokenizer adds one itself."""
     bos_id = getattr(tokenizer, "bos_token_id", None)

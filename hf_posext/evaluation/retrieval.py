@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import torch
 
 from hf_posext.api import fixed_length
-from hf_posext.evaluation.runner import base_model, head_logits
+from hf_posext.lm.scoring import base_model, head_logits
 
 __all__ = ["score_retrieval", "score_retrieval_grouped", "first_integer"]
 

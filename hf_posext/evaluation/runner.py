@@ -33,6 +33,8 @@ from hf_posext.api import describe, fixed_length, patch, unpatch
 from hf_posext.core.record import ScalingReport
 from hf_posext.core.request import ScalingRequest
 from hf_posext.core.version import VERSION
+from hf_posext.lm.distributed import Distributed
+from hf_posext.lm.scoring import base_model, head_logits
 from hf_posext.methods import check_method_name
 
 __all__ = [
@@ -134,32 +136,6 @@ def load_model_and_tokenizer(
         kwargs["attn_implementation"] = attn_implementation
     model = load_model(name, dtype=_dtype(dtype), device=device, **kwargs)
     return model, load_tokenizer(name)
-
-
-def base_model(model: torch.nn.Module) -> torch.nn.Module:
-    """The decoder stack of a causal LM (``model.model`` for Llama, ``model.transformer`` for GPT-2)."""
-    prefix = getattr(model, "base_model_prefix", "")
-    base = getattr(model, prefix, None) if prefix else None
-    if isinstance(base, torch.nn.Module):
-        return base
-    if hasattr(model, "get_decoder"):
-        return model.get_decoder()
-    raise ValueError(f"Cannot find the decoder inside {type(model).__name__}: it has no {prefix!r} attribute or get_decoder().")
-
-
-def head_logits(model: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
-    """Float32 logits for final hidden states ``hidden`` (lm_head plus the model's logit transforms)."""
-    head = model.get_output_embeddings()
-    hidden = hidden.to(head.weight.device)
-    logits = head(hidden).float()
-    config = model.config
-    scale = getattr(config, "logit_scale", None)
-    if isinstance(scale, (int, float)) and scale != 1:
-        logits = logits * scale
-    cap = getattr(config, "final_logit_softcapping", None)
-    if cap:
-        logits = torch.tanh(logits / cap) * cap
-    return logits
 
 
 def versions() -> dict[str, str]:
@@ -362,61 +338,6 @@ def same_frequencies(a: list[dict[str, Any]], b: list[dict[str, Any]], rtol: flo
         if not all(math.isclose(u, v, rel_tol=rtol) for u, v in zip(x["inv_freq"], y["inv_freq"])):
             return False
     return True
-
-
-# --------------------------------------------------------------------------------------------------
-# Processes
-# --------------------------------------------------------------------------------------------------
-
-
-class Distributed:
-    """Rank, world size and gathering for ``accelerate launch`` / ``torchrun``; a no-op in one process."""
-
-    def __init__(self) -> None:
-        # torch.distributed directly, not accelerate's PartialState: on a machine without GPUs (accelerate
-        # 1.15, `accelerate launch --multi_gpu`) PartialState reports one process on every rank.
-        self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
-        self.rank = 0
-        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        if self.world_size > 1:
-            import torch.distributed as dist
-
-            if not dist.is_initialized():
-                backend = "nccl" if torch.cuda.is_available() else "gloo"
-                if backend == "nccl":
-                    torch.cuda.set_device(self.local_rank)
-                dist.init_process_group(backend=backend)
-            self.rank = dist.get_rank()
-            self.world_size = dist.get_world_size()
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-    def default_device(self) -> str:
-        if torch.cuda.is_available():
-            return f"cuda:{self.local_rank}" if self.world_size > 1 else "cuda"
-        return "cpu"
-
-    def shard(self, items: Sequence[Any]) -> list[Any]:
-        """This process's share of ``items`` (round robin)."""
-        return list(items[self.rank :: self.world_size])
-
-    def gather(self, local: list[Any]) -> list[Any]:
-        """Concatenate every process's ``local`` list (same result on every process)."""
-        if self.world_size == 1:
-            return list(local)
-        import torch.distributed as dist
-
-        gathered: list[Any] = [None] * self.world_size
-        dist.all_gather_object(gathered, local)
-        return [item for part in gathered for item in part]
-
-    def barrier(self) -> None:
-        if self.world_size > 1:
-            import torch.distributed as dist
-
-            dist.barrier()
 
 
 # --------------------------------------------------------------------------------------------------

@@ -41,12 +41,12 @@ import torch
 from torch import nn
 
 from hf_posext.backends.rope import sites as families
-from hf_posext.core.request import ScalingConfig, resolve_factor
 from hf_posext.core.errors import UnsupportedModelError
-from hf_posext.methods import get_method
-from hf_posext.methods.learned import MAX_TABLE_ROWS, exact_factor
 from hf_posext.core.loading import config_kwargs, model_class_for
 from hf_posext.core.record import ABSENT, CONFIG_KEY, ScalingReport, config_attribute
+from hf_posext.core.request import ScalingConfig, resolve_factor
+from hf_posext.methods import get_method
+from hf_posext.methods.learned import MAX_TABLE_ROWS, exact_factor
 
 __all__ = [
     "detect",

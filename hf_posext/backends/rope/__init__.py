@@ -7,9 +7,9 @@ from typing import Any
 from torch import nn
 
 from hf_posext.backends.rope import surgery as patching
+from hf_posext.backends.rope.sites import find_rotary_sites
 from hf_posext.core.record import ScalingReport
 from hf_posext.core.request import ScalingRequest
-from hf_posext.backends.rope.sites import find_rotary_sites
 
 __all__ = ["RopeBackend"]
 

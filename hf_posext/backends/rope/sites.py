@@ -24,11 +24,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from hf_posext.core.request import ScalingConfig
+from hf_posext.backends.rope.module import RotaryEntry, ScaledRotaryEmbedding
 from hf_posext.core.errors import UnsupportedModelError
+from hf_posext.core.request import ScalingConfig
 from hf_posext.methods.rope import RotaryBase
 from hf_posext.methods.transformers import ROPE_TYPES, method_for_rope_type
-from hf_posext.backends.rope.module import RotaryEntry, ScaledRotaryEmbedding
 
 __all__ = [
     "RotarySite",

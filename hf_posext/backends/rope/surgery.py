@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
-import json
 import warnings
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -26,12 +25,9 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-from hf_posext.core.request import ScalingConfig, resolve_factor
-from hf_posext.core.loading import config_kwargs, model_class_for
-from hf_posext.core.record import CONFIG_KEY, ScalingReport, jsonable, restore_config, snapshot_config, text_config
+from hf_posext.backends.rope.module import ScaledRotaryEmbedding
 from hf_posext.backends.rope.sites import (
     RotarySite,
-    UnsupportedModelError,
     build_rotary_module,
     find_rotary_sites,
     outputs_match,
@@ -40,9 +36,11 @@ from hf_posext.backends.rope.sites import (
     set_rope_parameters,
     window_attribute,
 )
+from hf_posext.core.loading import config_kwargs, model_class_for
+from hf_posext.core.record import CONFIG_KEY, ScalingReport, jsonable, restore_config, snapshot_config, text_config
+from hf_posext.core.request import ScalingConfig, resolve_factor
 from hf_posext.methods import get_method
 from hf_posext.methods.transformers import stock_rope_parameters
-from hf_posext.backends.rope.module import ScaledRotaryEmbedding
 
 __all__ = ["patch", "unpatch", "describe", "load_rope", "is_patched", "current_scaling", "fixed_length", "ScalingReport", "CONFIG_KEY"]
 

@@ -134,3 +134,13 @@ def test_yaml_round_trip(tmp_path):
     path = tmp_path / "again.yaml"
     path.write_text(config.to_yaml())
     assert load_config(path).to_dict() == config.to_dict()
+
+
+def test_a_yaml_syntax_error_names_the_file_and_line(tmp_path):
+    import re
+
+    path = tmp_path / "broken.yaml"
+    path.write_text("train:\n  max_steps: 4\n  learning_rate: [1e-4\n")
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: line \d+, column \d+: not valid YAML") as caught:
+        load_config(path)
+    assert "<unicode string>" not in str(caught.value) and "\n" not in str(caught.value)

@@ -392,7 +392,13 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None, val
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"Recipe config {str(path)!r} not found (see recipes/configs/ for examples).")
-        data = yaml.safe_load(path.read_text()) or {}
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as error:
+            where = getattr(error, "problem_mark", None)
+            line = f" line {where.line + 1}, column {where.column + 1}" if where is not None else ""
+            problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+            raise ConfigError(f"{path}:{line}: not valid YAML ({problem}). Fix the recipe file.") from None
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: expected a mapping of sections at the top level.")
     config = config_from_dict(apply_overrides(data, overrides or []))

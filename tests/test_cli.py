@@ -58,6 +58,14 @@ def test_bad_input_exits_2_with_a_message(tiny_folder, tmp_path, capsys):
     assert not (tmp_path / "x").exists()
 
 
+def test_patch_refuses_an_out_that_is_a_file_and_leaves_it(tiny_folder, tmp_path, capsys):
+    existing = tmp_path / "notes.txt"
+    existing.write_text("keep me")
+    assert main(["patch", str(tiny_folder), "--method", "yarn", "--factor", "2", "--out", str(existing)]) == 2
+    assert f"--out {existing} is a file" in capsys.readouterr().err
+    assert existing.read_text() == "keep me"
+
+
 def test_param_parsing():
     assert parse_method_params(["beta_fast=32", "base=1e6", "truncate=false", "factors=f.json"]) == {
         "beta_fast": 32, "base": 1e6, "truncate": False, "factors": "f.json",

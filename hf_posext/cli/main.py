@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any, Callable
 
@@ -72,6 +73,8 @@ def _run_patch(args: argparse.Namespace) -> int:
     request = ScalingRequest.from_cli(
         args.method, args.factor, args.target_length, args.param, args.original_max_position_embeddings
     )
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        raise ValueError(f"--out {args.out} is a file; give a folder to save the model in (new or existing)")
     model = load(args.model)  # any architecture; a saved scaling comes back and is then replaced
     patch(model, **request.patch_kwargs())
     model.save_pretrained(args.out)

@@ -93,3 +93,29 @@ def test_console_script_is_installed_and_runs():
                             capture_output=True, text=True, timeout=120)
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert "no such model folder: no/such/folder" in result.stderr and not Path("x").exists()
+
+
+@pytest.mark.parametrize("bad, message", [
+    (["--lengths", "inf"], "Bad length 'inf'"),
+    (["--chunk-size", "0"], "--chunk-size must be a positive number of tokens"),
+    (["--device", "cuda:0"], "no CUDA device here"),
+    (["--out", "FILE"], "is a file; give a folder"),
+])
+def test_eval_refuses_bad_arguments_before_loading(bad, message, tmp_path, capsys, monkeypatch):
+    if "cuda" in " ".join(bad) and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    existing = tmp_path / "FILE"
+    existing.write_text("keep")
+    bad = [str(existing) if item == "FILE" else item for item in bad]
+    out = ["--out", str(tmp_path / "results")] if "--out" not in bad else []
+    import hf_posext.evaluation.runner as runner
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the model was loaded before the arguments were checked")
+
+    monkeypatch.setattr(runner, "load_model_and_tokenizer", no_loading)
+    argv = ["eval", "perplexity", "--model", "some/model", "--methods", "none", "--lengths", "64", *out, *bad]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err
+    assert existing.read_text() == "keep" and not (tmp_path / "results").exists()

@@ -9,6 +9,7 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -82,6 +83,15 @@ def run_task(task: str, args: argparse.Namespace) -> int:
     lengths = parse_lengths(args.lengths)
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}.")
+    if getattr(args, "chunk_size", None) is not None and args.chunk_size < 1:
+        raise ValueError(f"--chunk-size must be a positive number of tokens, got {args.chunk_size}.")
+    if args.device and str(args.device).startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError(f"--device {args.device}: no CUDA device here (torch {torch.__version__}); use --device cpu.")
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        raise ValueError(f"--out {args.out} is a file; give a folder for the results (new or existing).")
     dist = Distributed()
     if args.device_map and dist.world_size > 1:
         raise ValueError("--device-map spreads one model over devices: run it in one process (not under accelerate launch with several).")

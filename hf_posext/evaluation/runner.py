@@ -196,9 +196,12 @@ def parse_lengths(text: str | Sequence[int]) -> list[int]:
             continue
         multiplier = 1024 if item.endswith("k") else 1
         try:
-            value = int(float(item.rstrip("k")) * multiplier)
+            number = float(item.rstrip("k")) * multiplier
+            if not math.isfinite(number) or number != int(number):
+                raise ValueError(item)
+            value = int(number)
         except ValueError as error:
-            raise ValueError(f"Bad length {item!r}: lengths are token counts such as 4096 or 4k.") from error
+            raise ValueError(f"Bad length {item!r}: lengths are whole token counts such as 4096 or 4k.") from error
         if value < 2:
             raise ValueError(f"Length {value} is too short: a length is a number of tokens >= 2.")
         lengths.append(value)

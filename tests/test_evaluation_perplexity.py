@@ -197,3 +197,15 @@ def test_max_tokens_reads_the_same_leading_tokens_at_every_length(model, tmp_pat
     with pytest.raises(ValueError, match="max_tokens must be a positive"):
         perplexity.evaluate_perplexity(model, AsciiTokenizer(), data=documents, methods=parse_methods("none"),
                                        lengths=(16,), out_dir=tmp_path, max_tokens=0)
+
+
+def test_chunked_nll_builds_no_autograd_graph():
+    """Scoring runs without gradients: a graph over a 16k-token window once took the demo past 24 GB."""
+    from hf_posext.lm.scoring import chunked_nll
+    from hf_posext.models import tiny_model
+
+    model = tiny_model("llama")
+    ids = torch.randint(3, 100, (1, 40), generator=torch.Generator().manual_seed(0))
+    assert torch.is_grad_enabled()
+    nll, scored = chunked_nll(model, ids, chunk_size=16)
+    assert scored == 39 and not nll.requires_grad

@@ -32,7 +32,6 @@ from hf_posext.lm.scoring import base_model, chunked_nll
 __all__ = ["chunked_nll", "tokenize_documents", "make_windows", "evaluate_perplexity", "uses_bos"]
 
 
-@torch.no_grad()
 def uses_bos(tokenizer: Any, bos: str = "auto") -> int | None:
     """The BOS id to start windows with: ``"yes"``/``"no"``, or ``"auto"`` = when the tokenizer adds one itself."""
     bos_id = getattr(tokenizer, "bos_token_id", None)

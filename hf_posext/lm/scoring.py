@@ -38,6 +38,7 @@ def head_logits(model: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
     return logits
 
 
+@torch.no_grad()
 def chunked_nll(model: torch.nn.Module, input_ids: torch.Tensor, chunk_size: int = 2048) -> tuple[torch.Tensor, int]:
     """Summed next-token NLL of each row of ``input_ids`` without materialising all logits.
 

@@ -42,7 +42,8 @@ def winners(cells: dict, metric: str, lower_is_better: bool) -> dict[int, tuple[
 def main() -> int:
     from hf_posext.evaluation import evaluate_passkey, evaluate_perplexity, parse_lengths, parse_methods
     from hf_posext.evaluation.report import load_results, markdown_tables, write_plots
-    from hf_posext.evaluation.runner import Distributed, load_model_and_tokenizer
+    from hf_posext.evaluation.loading import load_model_and_tokenizer
+    from hf_posext.lm.distributed import Distributed
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m")

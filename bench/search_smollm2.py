@@ -58,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from hf_posext.evaluation.runner import Distributed, load_model_and_tokenizer
+    from hf_posext.evaluation.loading import load_model_and_tokenizer
+    from hf_posext.lm.distributed import Distributed
     from hf_posext.search import search_factors
 
     dist = Distributed()

@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.attention_only:
         return _attention_only(args, argv)
 
-    from hf_posext.evaluation.runner import load_model_and_tokenizer
+    from hf_posext.evaluation.loading import load_model_and_tokenizer
 
     lengths = [int(n) for n in args.lengths.split(",") if n]
     implementations = [name for name in args.implementations.split(",") if name]

@@ -12,7 +12,8 @@ import pytest
 DRIVER = '''
 import sys
 from hf_posext.evaluation import evaluate_passkey, evaluate_perplexity, parse_methods
-from hf_posext.evaluation.runner import Distributed, load_model_and_tokenizer
+from hf_posext.evaluation.loading import load_model_and_tokenizer
+from hf_posext.lm.distributed import Distributed
 
 text, out = sys.argv[1], sys.argv[2]
 dist = Distributed()

@@ -10,7 +10,9 @@ import torch
 
 import hf_posext
 from hf_posext.evaluation import perplexity
-from hf_posext.evaluation.runner import AsciiTokenizer, MethodRequest, parse_methods, rope_frequencies, same_frequencies
+from hf_posext.evaluation.arguments import MethodRequest, parse_methods
+from hf_posext.evaluation.fingerprints import rope_frequencies, same_frequencies
+from hf_posext.evaluation.loading import AsciiTokenizer
 from hf_posext.models import tiny_model
 
 TEXT = ("The quick brown fox jumps over the lazy dog. " * 40).strip()

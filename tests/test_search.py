@@ -76,7 +76,7 @@ def test_time_budget_stops_early():
 
 
 def test_text_calibration_with_a_tokenizer():
-    from hf_posext.evaluation.runner import AsciiTokenizer
+    from hf_posext.evaluation.loading import AsciiTokenizer
 
     model = tiny_model("llama")
     text = ["Plain words for a calibration text, repeated. " * 10]

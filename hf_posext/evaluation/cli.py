@@ -76,7 +76,9 @@ def run_task(task: str, args: argparse.Namespace) -> int:
     """Run evaluation ``task`` with parsed ``args``; prints a summary table and writes plots."""
     from hf_posext.evaluation import needle, passkey, perplexity
     from hf_posext.evaluation.report import markdown_tables, write_plots
-    from hf_posext.evaluation.runner import Distributed, load_model_and_tokenizer, parse_floats, parse_lengths, parse_methods
+    from hf_posext.evaluation.arguments import parse_floats, parse_lengths, parse_methods
+    from hf_posext.evaluation.loading import load_model_and_tokenizer
+    from hf_posext.lm.distributed import Distributed
 
     started = time.time()
     methods = parse_methods(args.methods, parse_param_items(args.param))

@@ -18,15 +18,11 @@ from typing import Any, Sequence
 
 import torch
 
+from hf_posext.core.request import ScalingRequest
 from hf_posext.data import load_documents
-from hf_posext.evaluation.runner import (
-    Cell,
-    Distributed,
-    MethodRequest,
-    ResultStore,
-    Unit,
-    run_grid,
-)
+from hf_posext.evaluation.grid import Cell, Unit, run_grid
+from hf_posext.evaluation.store import ResultStore
+from hf_posext.lm.distributed import Distributed
 from hf_posext.lm.scoring import base_model, chunked_nll
 
 __all__ = ["chunked_nll", "tokenize_documents", "make_windows", "evaluate_perplexity", "uses_bos"]
@@ -102,7 +98,7 @@ def evaluate_perplexity(
     tokenizer: Any,
     *,
     data: str | os.PathLike | Sequence[str],
-    methods: Sequence[MethodRequest],
+    methods: Sequence[ScalingRequest],
     lengths: Sequence[int],
     factor: float | None = None,
     out_dir: str | os.PathLike = "results",

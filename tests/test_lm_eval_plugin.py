@@ -16,8 +16,9 @@ import torch
 lm_eval = pytest.importorskip("lm_eval")
 
 import hf_posext  # noqa: E402
-from hf_posext.lm_eval import compare_methods, format_comparison, parse_method_spec, resolve_embedded_names  # noqa: E402
-from hf_posext.lm_eval_plugin import MODEL_NAME, PosextHFLM, parse_posext_args  # noqa: E402
+from hf_posext.integrations.lm_eval.compare import compare_methods, format_comparison, parse_method_spec  # noqa: E402
+from hf_posext.integrations.lm_eval.launcher import resolve_embedded_names  # noqa: E402
+from hf_posext.integrations.lm_eval.model import MODEL_NAME, PosextHFLM, parse_posext_args  # noqa: E402
 from hf_posext.models import tiny_model  # noqa: E402
 
 TASKS_DIR = Path(__file__).parent / "lm_eval_tasks"
@@ -157,6 +158,16 @@ def test_registered_with_the_harness():
     assert get_model(MODEL_NAME) is PosextHFLM
 
 
+
+def test_the_old_import_paths_still_reach_the_integration():
+    import hf_posext.lm_eval as old_launcher
+    import hf_posext.lm_eval_plugin as old_plugin
+    from hf_posext.integrations.lm_eval import launcher
+
+    assert old_plugin.PosextHFLM is PosextHFLM and old_plugin.parse_posext_args is parse_posext_args
+    assert old_launcher.main is launcher.main and old_launcher.compare_methods is compare_methods
+
+
 # ------------------------------------------------------------------ the commands
 
 
@@ -234,7 +245,7 @@ def test_ruler_niah_on_smollm2_offline(tmp_path):
 def test_a_misspelt_method_in_a_fresh_process_says_did_you_mean():
     # Was: RuntimeError "dictionary changed size during iteration" (method kinds registered while iterated).
     code = (
-        "from hf_posext.lm_eval_plugin import parse_posext_args\n"
+        "from hf_posext.integrations.lm_eval.model import parse_posext_args\n"
         "try:\n    parse_posext_args({'posext_method': 'yarnn', 'posext_factor': 2})\n"
         "except ValueError as error:\n    print('ValueError:', error)\n"
     )

@@ -16,7 +16,21 @@ from typing import Any, Callable
 
 from hf_posext.methods.transformers import rope_type_for
 
-__all__ = ["Method", "register_method", "get_method", "available_methods", "kinds_of", "check_method_name", "METHODS"]
+__all__ = [
+    "Method",
+    "register_method",
+    "register_alias",
+    "get_method",
+    "resolve_method",
+    "available_methods",
+    "kinds_of",
+    "check_method_name",
+    "METHODS",
+    "BASELINE",
+]
+
+#: The name every kind gives its unscaled baseline: the model's own positions, factor 1.
+BASELINE = "none"
 
 
 @dataclass(frozen=True)
@@ -49,6 +63,11 @@ class Method:
         """The ``rope_type`` transformers uses for the same rule, if any (:mod:`hf_posext.methods.transformers`)."""
         return rope_type_for(self.name) if self.kind == "rope" else None
 
+    @property
+    def baseline(self) -> bool:
+        """Whether this is the kind's unscaled baseline (:data:`BASELINE`): it changes no number."""
+        return self.name == BASELINE
+
     def parse_params(self, params: dict[str, Any]) -> Any:
         """Validate keyword parameters and return the method's parameter dataclass.
 
@@ -71,6 +90,9 @@ class Method:
 # tables); the model being patched decides the kind.
 METHODS: dict[str, dict[str, Method]] = {}
 
+# kind -> alias -> (the registered method it stands for, the note a backend reports when it is used).
+ALIASES: dict[str, dict[str, tuple[str, str]]] = {}
+
 
 def register_method(
     name: str,
@@ -91,6 +113,32 @@ def register_method(
         return compute
 
     return decorator
+
+
+def register_alias(alias: str, kind: str, method: str, note: str) -> None:
+    """Accept ``alias`` for ``kind`` as the registered ``method``, reporting ``note`` when it is used.
+
+    For a name users reasonably pass that means another method on this kind of position (``linear`` on
+    an ALiBi model changes no number: it is ``none`` there).
+    """
+    if method not in METHODS.get(kind, {}):
+        raise ValueError(f"Cannot alias {alias!r} to {method!r}: no {kind} method has that name.")
+    if alias in METHODS[kind]:
+        raise ValueError(f"{alias!r} is already a {kind} method; an alias cannot hide it.")
+    ALIASES.setdefault(kind, {})[alias] = (method, note)
+
+
+def resolve_method(name: str, kind: str) -> tuple[Method, list[str]]:
+    """The method ``name`` stands for on ``kind`` (following an alias) and the notes to report.
+
+    Raises:
+        TypeError, ValueError: as :func:`get_method`.
+    """
+    key = name.strip().lower().replace("_", "-") if isinstance(name, str) else name
+    if isinstance(key, str) and key in ALIASES.get(kind, {}):
+        method, note = ALIASES[kind][key]
+        return METHODS[kind][method], [note]
+    return get_method(name, kind), []
 
 
 def get_method(name: str, kind: str = "rope") -> Method:

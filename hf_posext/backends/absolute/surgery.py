@@ -45,7 +45,7 @@ from hf_posext.core.errors import UnsupportedModelError
 from hf_posext.core.loading import config_kwargs, model_class_for
 from hf_posext.core.record import ABSENT, CONFIG_KEY, ScalingReport, config_attribute
 from hf_posext.core.request import ScalingConfig, resolve_factor
-from hf_posext.methods import get_method
+from hf_posext.methods import BASELINE, get_method, resolve_method
 from hf_posext.methods.learned import MAX_TABLE_ROWS, exact_factor
 
 __all__ = [
@@ -489,15 +489,14 @@ def _check_model(model: Any) -> None:
 
 
 def _resolve_method(name: Any, kind: str) -> tuple[str, list[str]]:
-    """The registered method for ``kind`` and any warning to emit (ALiBi accepts 'linear' as 'none')."""
-    notes = []
-    if kind == "alibi" and isinstance(name, str) and name.strip().lower() == "linear":
-        notes.append(
-            "ALiBi needs no position interpolation: method 'linear' changes no number on an ALiBi model; "
-            "hf_posext only lifts the length limit (recorded as method 'none')."
-        )
-        name = "none"
-    return get_method(name, kind).name, notes
+    """The registered method for ``kind`` and any warning to emit (an alias such as ALiBi's 'linear')."""
+    method, notes = resolve_method(name, kind)
+    return method.name, notes
+
+
+def _stock_loadable(kind: str, method: str) -> bool:
+    """Whether stock ``from_pretrained`` rebuilds the patched model: not for rescaled sinusoids (recomputed on load)."""
+    return not (kind == "sinusoidal" and not get_method(method, kind).baseline)
 
 
 def _original_window(positions: AbsolutePositions, override: int | None) -> int | None:
@@ -564,7 +563,7 @@ def _plan(
         assignments.append(_Assignment(table.module, "weight", original, parameter, "parameter"))
         assignments.append(_Assignment(table.module, "num_embeddings", original.shape[0], parameter.shape[0], "attribute"))
     for site in positions.sinusoids:
-        if spec.name != "none":
+        if not spec.baseline:
             compute = spec.compute
             rows = max(site.original_buffer.shape[0] + delta, site.offset + new_window)
             table = _scaled_sinusoid_rows(
@@ -738,7 +737,7 @@ def patch_absolute(
         tokenizers = previous.tokenizers
         for tok, _ in tokenizers:
             tok.model_max_length = new_window
-    stock_loadable = not (positions.kind == "sinusoidal" and method_name != "none")
+    stock_loadable = _stock_loadable(positions.kind, method_name)
     state = _AbsoluteState(scaling, positions, assignments, new_window, tokenizers, True, stock_loadable, notes)
     model.__dict__[_STATE_ATTRIBUTE] = state
     if positions.tables:
@@ -843,7 +842,7 @@ def describe_absolute(model: nn.Module) -> ScalingReport:
         )
     window = positions.window or 0
     return ScalingReport(
-        family=positions.family, kind=positions.kind, method="none", factor=1.0, original_window=window,
+        family=positions.family, kind=positions.kind, method=BASELINE, factor=1.0, original_window=window,
         current_window=window, dynamic=False, sites=positions.site_paths, params={}, stock_loadable=None, notes=notes,
     )
 
@@ -915,7 +914,7 @@ def load_absolute(path: str, record: dict[str, Any], **from_pretrained_kwargs: A
     exact = exact_factor(scaling.factor, None, scaling.original_max_position_embeddings)
     assignments = _plan(positions, scaling, exact, new_window, dict(record), base_record, loaded_tables=loaded_tables)
     _apply(assignments)
-    stock_loadable = not (positions.kind == "sinusoidal" and scaling.method != "none")
+    stock_loadable = _stock_loadable(positions.kind, scaling.method)
     state = _AbsoluteState(scaling, positions, assignments, new_window, [], available, stock_loadable)
     model.__dict__[_STATE_ATTRIBUTE] = state
     if positions.tables:

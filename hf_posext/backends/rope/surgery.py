@@ -40,7 +40,7 @@ from hf_posext.core.loading import config_kwargs, model_class_for
 from hf_posext.core.record import CONFIG_KEY, ScalingReport, jsonable, restore_config, snapshot_config, text_config
 from hf_posext.core.request import ScalingConfig, resolve_factor
 from hf_posext.methods import get_method
-from hf_posext.methods.transformers import stock_rope_parameters
+from hf_posext.methods.transformers import stock_rope_parameters, window_is_scaled
 
 __all__ = ["patch", "unpatch", "describe", "load_rope", "is_patched", "current_scaling", "fixed_length", "ScalingReport", "CONFIG_KEY"]
 
@@ -131,8 +131,8 @@ def _plan_config(
     if stock is not None:
         stock.update({k: v for k, v in base_params.items() if k in ("partial_rotary_factor",)})
         set_rope_parameters(work, stock, layer_type)
-        # transformers' dynamic types scale from max_position_embeddings = L; longrope reads L from its dict.
-        keeps_window = scaling.spec.dynamic and stock.get("rope_type") == "dynamic"
+        # transformers' dynamic types scale from max_position_embeddings = L; the others read L from their dict.
+        keeps_window = scaling.spec.dynamic and not window_is_scaled(stock["rope_type"])
         setattr(work, window_attribute(work), window if keeps_window else scaling.target_length)
         if all(_stock_reproduces(site, module, work, scaling) for site, module in scaled_sites):
             return _snapshot(work), True
@@ -360,7 +360,7 @@ def describe(model: nn.Module) -> ScalingReport:
     site = next(s for s in sites if s.scaled_layer_types)
     current = site.current[site.scaled_layer_types[0]]
     notes = []
-    if current.method != "none":
+    if not current.spec.baseline:
         notes.append("scaled by the model's own config (transformers' built-in rope_type)")
     record = getattr(site.config, CONFIG_KEY, None)
     if isinstance(record, dict):

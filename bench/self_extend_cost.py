@@ -52,7 +52,7 @@ def _timed(function, device: str) -> float:
 
 def _set(model, patched: bool, group_size: int, window: int) -> None:
     if patched and not self_extend.is_patched(model):
-        hf_posext.patch(model, "self-extend", group_size=group_size, window=window)
+        hf_posext.patch(model, "self-extend", group_size=group_size, neighbor_window=window)
     elif not patched and self_extend.is_patched(model):
         hf_posext.unpatch(model)
 

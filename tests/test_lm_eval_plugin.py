@@ -258,9 +258,9 @@ def test_self_extend_through_the_harness_model(tiny_dir):
     # Was: posext_method=self-extend rejected as an unknown method.
     from transformers import AutoModelForCausalLM
 
-    lm = PosextHFLM(pretrained=tiny_dir, device="cpu", posext_method="self-extend", posext_group_size=4, posext_window=16)
+    lm = PosextHFLM(pretrained=tiny_dir, device="cpu", posext_method="self-extend", posext_group_size=4, posext_neighbor_window=16)
     assert (lm.posext_report["method"], lm.posext_report["params"]["group_size"]) == ("self-extend", 4)
-    reference = hf_posext.patch(AutoModelForCausalLM.from_pretrained(tiny_dir), "self-extend", group_size=4, window=16)
+    reference = hf_posext.patch(AutoModelForCausalLM.from_pretrained(tiny_dir), "self-extend", group_size=4, neighbor_window=16)
     ids = torch.randint(4, 76, (1, 150), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert torch.equal(lm.model(ids).logits, reference(ids).logits)
@@ -268,7 +268,7 @@ def test_self_extend_through_the_harness_model(tiny_dir):
 
 @pytest.mark.parametrize(
     "family, method, params",
-    [("gpt2", "linear", {"factor": 2}), ("llama", "self-extend", {"group_size": 4, "window": 16})],
+    [("gpt2", "linear", {"factor": 2}), ("llama", "self-extend", {"group_size": 4, "neighbor_window": 16})],
 )
 def test_a_saved_scaling_is_reloaded_exactly_as_hf_posext_load_does(tmp_path, family, method, params):
     # Was: a saved linear GPT-2 failed to re-apply, and Self-Extend came back on the stock attention

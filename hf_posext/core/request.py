@@ -89,6 +89,12 @@ def _check_length(value: Any, name: str) -> int | None:
     return value
 
 
+def _canonical_params(method: str, params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` with renamed parameters under their current names (the first kind that has ``method`` decides)."""
+    kinds = kinds_of(method)
+    return get_method(method, kinds[0]).canonical_params(params) if kinds else dict(params)
+
+
 def _check_params(method: str, params: dict[str, Any]) -> None:
     """Accept ``params`` if some kind that has ``method`` accepts them; else raise that kind's error."""
     errors = []
@@ -134,6 +140,7 @@ class ScalingRequest:
                 f"Give exactly one of factor= or target_length=, not both; got factor={self.factor!r}, target_length={self.target_length!r}."
             )
         params = dict(self.params.items() if isinstance(self.params, Mapping) else self.params)
+        params = _canonical_params(method, params)
         _check_params(method, params)
         object.__setattr__(self, "params", tuple(sorted(params.items(), key=lambda item: item[0])))
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -47,6 +48,8 @@ class Method:
         size_params: parameters that size the extension by themselves (Self-Extend's ``group_size``):
             with one of them, neither ``factor`` nor ``target_length`` is needed.
         identity_at_one: ``factor=1`` gives the unscaled model exactly (static methods).
+        renamed_params: ``(old name, new name)`` pairs: a parameter renamed since it was first published;
+            the old name is still accepted, with a ``FutureWarning``.
     """
 
     name: str
@@ -57,6 +60,7 @@ class Method:
     dynamic: bool = False
     size_params: tuple[str, ...] = ()
     identity_at_one: bool = False
+    renamed_params: tuple[tuple[str, str], ...] = ()
 
     @property
     def transformers_type(self) -> str | None:
@@ -68,12 +72,32 @@ class Method:
         """Whether this is the kind's unscaled baseline (:data:`BASELINE`): it changes no number."""
         return self.name == BASELINE
 
+    def canonical_params(self, params: dict[str, Any]) -> dict[str, Any]:
+        """``params`` with every renamed parameter under its current name (a ``FutureWarning`` for each old one).
+
+        Raises:
+            ValueError: both the old and the new name of a parameter are given.
+        """
+        params = dict(params)
+        for old, new in self.renamed_params:
+            if old not in params:
+                continue
+            if new in params:
+                raise ValueError(f"Method {self.name!r}: give {new}= only ({old}= is its old name), not both.")
+            warnings.warn(f"Method {self.name!r}: parameter {old!r} is now called {new!r}; the old name will be removed.",
+                          FutureWarning, stacklevel=3)
+            params[new] = params.pop(old)
+        return params
+
     def parse_params(self, params: dict[str, Any]) -> Any:
         """Validate keyword parameters and return the method's parameter dataclass.
+
+        Renamed parameters are accepted under their old name (see :meth:`canonical_params`).
 
         Raises:
             ValueError: an unknown parameter name (with the closest known one) or a bad value.
         """
+        params = self.canonical_params(params)
         known = [f.name for f in dataclasses.fields(self.params_cls)]
         for key in params:
             if key not in known:
@@ -102,6 +126,7 @@ def register_method(
     dynamic: bool = False,
     size_params: tuple[str, ...] = (),
     identity_at_one: bool = False,
+    renamed_params: tuple[tuple[str, str], ...] = (),
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator registering ``compute`` under ``name`` (see :class:`Method`)."""
 
@@ -109,7 +134,7 @@ def register_method(
         registry = METHODS.setdefault(kind, {})
         if name in registry:
             raise ValueError(f"A {kind} method named {name!r} is already registered.")
-        registry[name] = Method(name, summary, kind, params_cls, compute, dynamic, size_params, identity_at_one)
+        registry[name] = Method(name, summary, kind, params_cls, compute, dynamic, size_params, identity_at_one, renamed_params)
         return compute
 
     return decorator

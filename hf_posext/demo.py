@@ -132,7 +132,7 @@ def run_demo(quick: bool = False, out_dir: str | Path | None = None) -> int:
     config = {"dtype": "float32", "demo": True}
     perplexity = evaluate_perplexity(
         model, tokenizer, data="builtin:python-docs", methods=perplexity_methods, lengths=lengths, factor=DEMO_FACTOR,
-        out_dir=out, model_name=DEMO_MODEL, max_windows=1, extra_config=config,
+        out_dir=out, model_name=DEMO_MODEL, max_segments=1, extra_config=config,
     )
     passkey = evaluate_passkey(
         model, tokenizer, methods=retrieval_methods, lengths=lengths, factor=DEMO_FACTOR, depths=(PASSKEY_DEPTH,), trials=1,

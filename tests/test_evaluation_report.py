@@ -119,7 +119,7 @@ def test_result_store_refuses_a_cell_without_its_numbers(tmp_path):
     data = tmp_path / "text.txt"
     data.write_text("Some words to read. " * 30)
     model, tokenizer = load_model_and_tokenizer("tiny")
-    common = dict(data=str(data), methods=parse_methods("none"), lengths=[32], out_dir=tmp_path, model_name="tiny", max_windows=1)
+    common = dict(data=str(data), methods=parse_methods("none"), lengths=[32], out_dir=tmp_path, model_name="tiny", max_segments=1)
     store = evaluate_perplexity(model, tokenizer, **common)
     saved = json.loads(store.path.read_text())
     for record in saved["cells"].values():

@@ -4,7 +4,7 @@ One run evaluates one model under several scaling methods side by side: the mode
 patched with each method in turn (``"none"`` is the unpatched baseline), so every method sees exactly the
 same weights, text, passkeys and seeds.
 
-Work is a grid of *cells* (method x length x ...); each cell is made of *units* (perplexity windows,
+Work is a grid of *cells* (method x length x ...); each cell is made of *units* (perplexity segments,
 passkey trials). Under ``accelerate launch --num_processes N`` (or ``torchrun``) the pending units of a
 (method, length) step are split round-robin across processes, evaluated, and gathered to every process,
 so the numbers do not depend on N (with ``batch_size=1``). After each step the main process writes the

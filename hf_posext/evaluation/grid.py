@@ -14,6 +14,7 @@ cell records to one JSON file per run (plus a CSV), so an interrupted run resume
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -117,95 +118,160 @@ def run_grid(
         dist: process group (None: one process).
         batch_size: units per forward pass.
         reuse_identical: reuse a unit result when another method computes the same function at this
-            length (see :func:`rope_fingerprint`).
+            length (see :func:`~hf_posext.evaluation.fingerprints.rope_fingerprint`).
         progress: show a progress bar (main process only).
         description: progress bar label.
     """
-    from tqdm.auto import tqdm
-
-    dist = dist or Distributed()
+    job = _Job(evaluate, aggregate, store, dist or Distributed(), batch_size, reuse_identical, progress, description)
     original_window = describe(model).original_window
     memo: dict[tuple[str, Any], tuple[dict[str, Any], str]] = {}
     plans = {length: plan(length) for length in lengths}
     for method in methods:
         method_factor = resolve_factor_for(method, factor, lengths, original_window)
         ids = {length: [cell_id(method, method_factor, length, c.coords) for c in plans[length]] for length in lengths}
-        stored = [store.get(i) for length in lengths for i in ids[length] if store.has(i)]
-        if len(stored) == sum(map(len, ids.values())) and not any("rope_frequencies" in r for r in stored):
+        if _all_stored_without_frequencies(store, ids):
             continue  # all done, nothing to re-check
         with apply_method(model, method, method_factor) as report:
             for length in lengths:
-                # A stored cell counts only if the method still computes the same rotary function: a
-                # factors file rewritten by a new search, or a changed formula, makes it stale. The check
-                # compares frequencies, so cells computed on another machine (a GPU) are not stale.
-                # Records without frequencies (written before they were kept) are trusted by label.
-                frequencies = rope_frequencies(model, length)
-                current = hash_frequencies(frequencies)
-                stale = [i for i in ids[length] if store.has(i) and frequencies is not None
-                         and store.get(i).get("rope_frequencies") is not None
-                         and not same_frequencies(store.get(i)["rope_frequencies"], frequencies)]
-                if stale:
-                    warnings.warn(f"{method.label} x{method_factor:g} @ {length}: {len(stale)} stored cell(s) were computed "
-                                  "with another rotary embedding (changed parameters or factors file); recomputing them.",
-                                  stacklevel=2)
-                cells = [c for c, i in zip(plans[length], ids[length]) if not store.has(i) or i in stale]
-                if not cells:
-                    continue
-                warning = check_length(report, length, method.label)
-                fingerprint = current if reuse_identical else None
-                units = [unit for cell in cells for unit in cell.units]
-                needed = [u for u in units if fingerprint is None or (fingerprint, u.key) not in memo]
-                local = dist.shard(needed)
-                results: list[tuple[int, dict[str, Any]]] = []
-                bar = tqdm(total=len(local), desc=f"{description}{method.label} @ {length}", disable=not (progress and dist.is_main), leave=False)
-                index_of = {id(u): i for i, u in enumerate(needed)}
-                for start in range(0, len(local), batch_size):
-                    batch = local[start : start + batch_size]
-                    began = time.time()
-                    outputs = evaluate([u.payload for u in batch])
-                    seconds = (time.time() - began) / len(batch)
-                    for unit, output in zip(batch, outputs):
-                        results.append((index_of[id(unit)], {**output, "seconds": seconds}))
-                    bar.update(len(batch))
-                bar.close()
-                gathered = dict(dist.gather(results))
-                label = f"{method.label} x{method_factor:g}"
-                computed = {}
-                for i, unit in enumerate(needed):
-                    computed[id(unit)] = gathered[i]
-                    if fingerprint is not None:
-                        memo[(fingerprint, unit.key)] = (gathered[i], label)
-                for cell in cells:
-                    unit_results, reused_from = [], set()
-                    for unit in cell.units:
-                        if id(unit) in computed:
-                            unit_results.append(computed[id(unit)])
-                        else:
-                            result, origin = memo[(fingerprint, unit.key)]
-                            unit_results.append({**result, "seconds": 0.0})
-                            reused_from.add(origin)
-                    record = {
-                        "method": method.method,
-                        "label": method.label,
-                        "params": method.params_dict,
-                        "factor": method_factor,
-                        "length": length,
-                        **cell.coords,
-                        **aggregate(unit_results),
-                        **cell.info,
-                        "supported_window": report.current_window,
-                        "dynamic": report.dynamic,
-                        "beyond_window": warning is not None,
-                        "seconds": round(sum(r["seconds"] for r in unit_results), 3),
-                        "units": unit_results,
-                    }
-                    if reused_from:
-                        record["reused_from"] = sorted(reused_from)
-                    if current is not None:
-                        record["rope_fingerprint"] = current
-                    if frequencies is not None:
-                        record["rope_frequencies"] = frequencies
-                    store.put(cell_id(method, method_factor, length, cell.coords), record)
-                dist.barrier()
-    store.save(world_size=dist.world_size)
+                step = _Step(method, method_factor, length, report, rope_frequencies(model, length))
+                _run_step(job, step, plans[length], ids[length], memo)
+    store.save(world_size=job.dist.world_size)
     return store
+
+
+@dataclass(frozen=True)
+class _Job:
+    """What a task gives :func:`run_grid`: how to evaluate and aggregate units, where records go, how to run."""
+
+    evaluate: Callable[[list[Any]], list[dict[str, Any]]]
+    aggregate: Callable[[list[dict[str, Any]]], dict[str, Any]]
+    store: ResultStore
+    dist: Distributed
+    batch_size: int
+    reuse_identical: bool
+    progress: bool
+    description: str
+
+
+@dataclass(frozen=True)
+class _Step:
+    """One (method, length) of the grid, with the model patched: its report and rotary frequencies."""
+
+    method: ScalingRequest
+    factor: float
+    length: int
+    report: ScalingReport
+    frequencies: list[dict[str, Any]] | None  # None: not a RoPE model
+
+    @functools.cached_property
+    def fingerprint(self) -> str | None:
+        return hash_frequencies(self.frequencies)
+
+    @property
+    def label(self) -> str:
+        return f"{self.method.label} x{self.factor:g}"
+
+
+def _all_stored_without_frequencies(store: ResultStore, ids: dict[int, list[str]]) -> bool:
+    """Every cell of a method is stored, and none carries frequencies to re-check against the model."""
+    stored = [store.get(i) for length_ids in ids.values() for i in length_ids if store.has(i)]
+    return len(stored) == sum(map(len, ids.values())) and not any("rope_frequencies" in r for r in stored)
+
+
+def _stale_cells(store: ResultStore, ids: list[str], frequencies: list[dict[str, Any]] | None) -> list[str]:
+    """Stored cells computed with other rotary frequencies than the model has now.
+
+    A stored cell counts only if the method still computes the same rotary function: a factors file
+    rewritten by a new search, or a changed formula, makes it stale. The check compares frequencies, so
+    cells computed on another machine (a GPU) are not stale. Records without frequencies (written
+    before they were kept) are trusted by label.
+    """
+    if frequencies is None:
+        return []
+    return [i for i in ids if store.has(i) and store.get(i).get("rope_frequencies") is not None
+            and not same_frequencies(store.get(i)["rope_frequencies"], frequencies)]
+
+
+def _run_step(job: _Job, step: _Step, cells: list[Cell], ids: list[str], memo: dict) -> None:
+    """Compute the cells of one (method, length) that are missing or stale, reusing ``memo`` where allowed."""
+    stale = _stale_cells(job.store, ids, step.frequencies)
+    if stale:
+        warnings.warn(f"{step.label} @ {step.length}: {len(stale)} stored cell(s) were computed with another rotary "
+                      "embedding (changed parameters or factors file); recomputing them.", stacklevel=3)
+    cells = [c for c, i in zip(cells, ids) if not job.store.has(i) or i in stale]
+    if not cells:
+        return
+    warning = check_length(step.report, step.length, step.method.label)
+    fingerprint = step.fingerprint if job.reuse_identical else None
+    needed = [u for cell in cells for u in cell.units if fingerprint is None or (fingerprint, u.key) not in memo]
+    gathered = _evaluate_units(job, needed, f"{job.description}{step.method.label} @ {step.length}")
+    computed = {}
+    for i, unit in enumerate(needed):
+        computed[id(unit)] = gathered[i]
+        if fingerprint is not None:
+            memo[(fingerprint, unit.key)] = (gathered[i], step.label)
+    for cell in cells:
+        unit_results, reused_from = _unit_results(cell, computed, memo, fingerprint)
+        record = _cell_record(step, cell, job.aggregate(unit_results), unit_results, reused_from, warning is not None)
+        job.store.put(cell_id(step.method, step.factor, step.length, cell.coords), record)
+    job.dist.barrier()
+
+
+def _evaluate_units(job: _Job, needed: list[Unit], bar_label: str) -> dict[int, dict[str, Any]]:
+    """This process's share of ``needed``, evaluated in batches; every unit's result (index in ``needed``), from all processes."""
+    from tqdm.auto import tqdm
+
+    local = job.dist.shard(needed)
+    index_of = {id(u): i for i, u in enumerate(needed)}
+    results: list[tuple[int, dict[str, Any]]] = []
+    bar = tqdm(total=len(local), desc=bar_label, disable=not (job.progress and job.dist.is_main), leave=False)
+    for start in range(0, len(local), job.batch_size):
+        batch = local[start : start + job.batch_size]
+        began = time.time()
+        outputs = job.evaluate([u.payload for u in batch])
+        seconds = (time.time() - began) / len(batch)
+        results.extend((index_of[id(unit)], {**output, "seconds": seconds}) for unit, output in zip(batch, outputs))
+        bar.update(len(batch))
+    bar.close()
+    return dict(job.dist.gather(results))
+
+
+def _unit_results(cell: Cell, computed: dict[int, dict[str, Any]], memo: dict, fingerprint: str | None
+                  ) -> tuple[list[dict[str, Any]], set[str]]:
+    """A cell's unit results in order (computed now, or reused from another method), and where reused ones came from."""
+    results, reused_from = [], set()
+    for unit in cell.units:
+        if id(unit) in computed:
+            results.append(computed[id(unit)])
+        else:
+            result, origin = memo[(fingerprint, unit.key)]
+            results.append({**result, "seconds": 0.0})
+            reused_from.add(origin)
+    return results, reused_from
+
+
+def _cell_record(step: _Step, cell: Cell, metrics: dict[str, Any], unit_results: list[dict[str, Any]],
+                 reused_from: set[str], beyond_window: bool) -> dict[str, Any]:
+    """What the results file keeps for one cell: where it sits, its metrics, and what computed it."""
+    record = {
+        "method": step.method.method,
+        "label": step.method.label,
+        "params": step.method.params_dict,
+        "factor": step.factor,
+        "length": step.length,
+        **cell.coords,
+        **metrics,
+        **cell.info,
+        "supported_window": step.report.current_window,
+        "dynamic": step.report.dynamic,
+        "beyond_window": beyond_window,
+        "seconds": round(sum(r["seconds"] for r in unit_results), 3),
+        "units": unit_results,
+    }
+    if reused_from:
+        record["reused_from"] = sorted(reused_from)
+    if step.fingerprint is not None:
+        record["rope_fingerprint"] = step.fingerprint
+    if step.frequencies is not None:
+        record["rope_frequencies"] = step.frequencies
+    return record

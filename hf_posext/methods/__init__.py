@@ -23,15 +23,5 @@ from hf_posext.methods.registry import (
     resolve_method,
 )
 
-__all__ = [
-    "Method",
-    "register_method",
-    "register_alias",
-    "get_method",
-    "resolve_method",
-    "available_methods",
-    "kinds_of",
-    "check_method_name",
-    "METHODS",
-    "BASELINE",
-]
+__all__ = ["Method", "register_method", "register_alias", "get_method", "resolve_method", "available_methods", "kinds_of",
+           "check_method_name", "METHODS", "BASELINE"]

@@ -94,7 +94,7 @@ def _check_int(name: str, value: Any, minimum: int) -> int:
 
 @dataclass(frozen=True)
 class SelfExtendSettings:
-    """A validated Self-Extend request.
+    """A Self-Extend request resolved against a model: G, W and the model's L (see :mod:`hf_posext.core.request`).
 
     Attributes:
         group_size: G, the floor divisor of positions beyond the neighbor window (1 = unchanged model).

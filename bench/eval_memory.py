@@ -21,7 +21,7 @@ from pathlib import Path
 CHILD = r'''
 import json, resource, sys, time, torch
 from hf_posext.evaluation.perplexity import chunked_nll
-from hf_posext.evaluation.runner import load_model_and_tokenizer
+from hf_posext.evaluation.loading import load_model_and_tokenizer
 mode, length, model_name, chunk = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 model, _ = load_model_and_tokenizer(model_name, device="cpu")
 torch.manual_seed(0)

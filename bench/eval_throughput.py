@@ -22,7 +22,8 @@ import torch
 
 def main() -> int:
     from hf_posext.evaluation.perplexity import chunked_nll
-    from hf_posext.evaluation.runner import load_model_and_tokenizer, versions
+    from hf_posext.evaluation.loading import load_model_and_tokenizer
+    from hf_posext.evaluation.store import versions
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m")

@@ -110,7 +110,7 @@ def run_checks(device: str) -> list[dict]:
         model = position_sensitive_model(device)
         model.set_attn_implementation(implementation)
         unpatched = logits(model, ids)
-        hf_posext.patch(model, "self-extend", group_size=3, window=10)
+        hf_posext.patch(model, "self-extend", group_size=3, neighbor_window=10)
         full = logits(model, ids)
         cached = cached_logits(model, ids, prefix=90, step=10)
         # A cache that ignored Self-Extend would give the unpatched logits on the cached steps.

@@ -42,7 +42,8 @@ def winners(cells: dict, metric: str, lower_is_better: bool) -> dict[int, tuple[
 def main() -> int:
     from hf_posext.evaluation import evaluate_passkey, evaluate_perplexity, parse_lengths, parse_methods
     from hf_posext.evaluation.report import load_results, markdown_tables, write_plots
-    from hf_posext.evaluation.runner import Distributed, load_model_and_tokenizer
+    from hf_posext.evaluation.loading import load_model_and_tokenizer
+    from hf_posext.lm.distributed import Distributed
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m")
@@ -54,7 +55,7 @@ def main() -> int:
                              "gives three distinct ones, since dynamic-yarn xs at L*s tokens is exactly yarn xs")
     parser.add_argument("--factor", type=float, help="scale factor (default: longest length / 8192, per phase)")
     parser.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "books"))
-    parser.add_argument("--max-windows", type=int, default=4)
+    parser.add_argument("--max-segments", "--max-windows", dest="max_segments", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=16384,
                         help="perplexity windows per length = max(1, N // length): the same first N tokens at every length")
     parser.add_argument("--passkey-trials", type=int, default=1,
@@ -78,7 +79,7 @@ def main() -> int:
 
     def run(phase_methods, phase_lengths, factor, overwrite):
         ppl = evaluate_perplexity(model, tokenizer, data=args.data, methods=phase_methods, lengths=phase_lengths, factor=factor,
-                                  max_windows=args.max_windows, max_tokens=args.max_tokens, overwrite=overwrite, **common)
+                                  max_segments=args.max_segments, max_tokens=args.max_tokens, overwrite=overwrite, **common)
         key = evaluate_passkey(model, tokenizer, methods=phase_methods, lengths=phase_lengths, factor=factor, depths=depths,
                                trials=args.passkey_trials, generate=args.generate, overwrite=overwrite, **common)
         return ppl, key

@@ -1,7 +1,7 @@
 """LongRoPE-style factor search on SmolLM2-135M (or any model), sized to finish within a time budget.
 
 Runs :func:`hf_posext.search_factors` and writes the JSON that ``patch(model, "longrope", factors=...)``
-reads. Every candidate costs ``--windows`` forward passes at ``--target-length`` tokens; the search
+reads. Every candidate costs ``--segments`` forward passes at ``--target-length`` tokens; the search
 stops before a generation that would overrun ``--time-budget-minutes`` (estimated from the measured
 time per candidate) and returns the best factors found so far. The JSON is rewritten after every
 generation; ``--resume`` continues a stopped search without evaluating its candidates again.
@@ -40,7 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target-length", type=int, default=16384, help="length the factors are searched for (default: %(default)s)")
     parser.add_argument("--data", default=str(DEFAULT_BOOKS) if DEFAULT_BOOKS.is_file() else "builtin:python-docs",
                         help="calibration text: file, folder, dataset name or builtin:python-docs (default: %(default)s)")
-    parser.add_argument("--windows", type=int, default=1, help="calibration windows per candidate (default: %(default)s)")
+    parser.add_argument("--segments", "--windows", dest="segments", type=int, default=1,
+                        help="calibration segments per candidate (default: %(default)s; --windows is the old name)")
     parser.add_argument("--population", type=int, default=8, help="candidates per generation (default: %(default)s)")
     parser.add_argument("--generations", type=int, default=20, help="most generations after the first (default: %(default)s)")
     parser.add_argument("--parents", type=int, default=3, help="best candidates kept and bred from (default: %(default)s)")
@@ -58,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from hf_posext.evaluation.runner import Distributed, load_model_and_tokenizer
+    from hf_posext.evaluation.loading import load_model_and_tokenizer
+    from hf_posext.lm.distributed import Distributed
     from hf_posext.search import search_factors
 
     dist = Distributed()
@@ -68,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     slug = args.model.replace("/", "_").replace(":", "-")
     out = Path(args.out or ROOT / "bench" / "results" / f"search_{slug}_{args.target_length}.json")
     result = search_factors(
-        model, args.target_length, args.data, tokenizer=tokenizer, windows=args.windows, population=args.population,
+        model, args.target_length, args.data, tokenizer=tokenizer, segments=args.segments, population=args.population,
         generations=args.generations, parents=args.parents, time_budget_s=args.time_budget_minutes * 60,
         seed=args.seed, chunk_size=args.chunk_size, output=out, progress=args.progress, start_from=args.start_from,
         resume=args.resume,

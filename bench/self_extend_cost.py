@@ -52,7 +52,7 @@ def _timed(function, device: str) -> float:
 
 def _set(model, patched: bool, group_size: int, window: int) -> None:
     if patched and not self_extend.is_patched(model):
-        hf_posext.patch(model, "self-extend", group_size=group_size, window=window)
+        hf_posext.patch(model, "self-extend", group_size=group_size, neighbor_window=window)
     elif not patched and self_extend.is_patched(model):
         hf_posext.unpatch(model)
 
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.attention_only:
         return _attention_only(args, argv)
 
-    from hf_posext.evaluation.runner import load_model_and_tokenizer
+    from hf_posext.evaluation.loading import load_model_and_tokenizer
 
     lengths = [int(n) for n in args.lengths.split(",") if n]
     implementations = [name for name in args.implementations.split(",") if name]

@@ -1,6 +1,6 @@
 """lm-evaluation-harness on a scaled model: ``python eval/lm_eval.py <lm_eval arguments>``.
 
-Same as ``hf-posext lm-eval`` / ``python -m hf_posext.lm_eval`` (see eval/lm_eval.md), e.g.::
+Same as ``hf-posext lm-eval`` / ``python -m hf_posext.integrations.lm_eval`` (see eval/lm_eval.md), e.g.::
 
     python eval/lm_eval.py run --model hf-posext --device cpu \\
         --model_args pretrained=smollm2-135m,posext_method=yarn,posext_factor=2,dtype=float32,max_length=16384 \\
@@ -14,7 +14,7 @@ from pathlib import Path
 _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 
-from hf_posext.lm_eval import main  # noqa: E402
+from hf_posext.integrations.lm_eval.launcher import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

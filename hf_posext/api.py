@@ -12,7 +12,7 @@ from typing import Any
 from torch import nn
 
 from hf_posext.backends import BACKENDS, Backend, backend_for_record, primary_backend
-from hf_posext.core.errors import RecordError
+from hf_posext.core.errors import RecordError, check_model
 from hf_posext.core.loading import config_kwargs, model_class_for
 from hf_posext.core.record import CONFIG_KEY, ScalingReport, text_config, validate_record
 from hf_posext.core.request import ScalingRequest
@@ -20,14 +20,6 @@ from hf_posext.methods import kinds_of
 from hf_posext.backends.rope.surgery import fixed_length
 
 __all__ = ["patch", "unpatch", "describe", "load", "fixed_length", "patched_backend", "select_backend"]
-
-
-def _check_model(model: Any) -> None:
-    if not isinstance(model, nn.Module) or not hasattr(model, "config"):
-        raise TypeError(
-            f"Expected a transformers model (an nn.Module with a .config), got {type(model).__name__}. "
-            "Load one with AutoModelForCausalLM.from_pretrained(...) or hf_posext.models.load_model(...)."
-        )
 
 
 def patched_backend(model: nn.Module) -> Backend | None:
@@ -91,7 +83,7 @@ def patch(
         >>> hf_posext.patch(model, "yarn", factor=4)
         >>> hf_posext.patch(model, "linear", target_length=32768)
     """
-    _check_model(model)
+    check_model(model)
     request = ScalingRequest.from_kwargs(
         method, factor, target_length=target_length,
         original_max_position_embeddings=original_max_position_embeddings, **method_params,
@@ -118,7 +110,7 @@ def unpatch(model: nn.Module) -> nn.Module:
         TypeError: ``model`` is not a transformers model.
         ValueError: the model is not patched.
     """
-    _check_model(model)
+    check_model(model)
     backend = patched_backend(model)
     if backend is None:
         raise ValueError("This model is not patched by hf_posext (nothing to unpatch).")
@@ -133,7 +125,7 @@ def describe(model: nn.Module) -> ScalingReport:
     Raises:
         UnsupportedModelError: no backend recognises the model's positions.
     """
-    _check_model(model)
+    check_model(model)
     backend = patched_backend(model) or primary_backend(model)
     return backend.describe(model)
 

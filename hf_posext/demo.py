@@ -60,7 +60,7 @@ def demo_methods(names: tuple[str, ...], factors_file: Path = LONGROPE_FACTORS) 
         FileNotFoundError: ``longrope`` is asked for and ``factors_file`` is missing (the demo runs
             from a clone of the repository, which holds the file).
     """
-    from hf_posext.evaluation.runner import MethodRequest, parse_methods
+    from hf_posext.evaluation.arguments import MethodRequest, parse_methods
 
     requests = []
     for name in names:
@@ -116,7 +116,7 @@ def run_demo(quick: bool = False, out_dir: str | Path | None = None) -> int:
     from hf_posext.evaluation.passkey import evaluate_passkey
     from hf_posext.evaluation.perplexity import evaluate_perplexity
     from hf_posext.evaluation.report import write_report
-    from hf_posext.evaluation.runner import load_model_and_tokenizer
+    from hf_posext.evaluation.loading import load_model_and_tokenizer
 
     started = time.time()
     lengths = QUICK_LENGTHS if quick else DEMO_LENGTHS
@@ -132,7 +132,7 @@ def run_demo(quick: bool = False, out_dir: str | Path | None = None) -> int:
     config = {"dtype": "float32", "demo": True}
     perplexity = evaluate_perplexity(
         model, tokenizer, data="builtin:python-docs", methods=perplexity_methods, lengths=lengths, factor=DEMO_FACTOR,
-        out_dir=out, model_name=DEMO_MODEL, max_windows=1, extra_config=config,
+        out_dir=out, model_name=DEMO_MODEL, max_segments=1, extra_config=config,
     )
     passkey = evaluate_passkey(
         model, tokenizer, methods=retrieval_methods, lengths=lengths, factor=DEMO_FACTOR, depths=(PASSKEY_DEPTH,), trials=1,

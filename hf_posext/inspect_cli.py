@@ -28,7 +28,7 @@ def load_rotary_model(name: str) -> Any:
     rotary frequencies, are real. ``tiny[:FAMILY[:WINDOW]]`` builds the tiny random test model.
     """
     if name == "tiny" or name.startswith("tiny:"):
-        from hf_posext.evaluation.runner import load_model_and_tokenizer
+        from hf_posext.evaluation.loading import load_model_and_tokenizer
 
         return load_model_and_tokenizer(name)[0]
     from accelerate import init_empty_weights

@@ -20,7 +20,7 @@ What this module does, and where it differs from the paper:
   multiplied by ``exp(N(0, mutation_scale))`` with probability ``mutation_rate``) and one-point
   crossovers of two parents; a candidate already evaluated is never evaluated twice.
 * Fitness: mean next-token NLL (log-perplexity) of ``model`` patched with ``longrope`` and the
-  candidate, on calibration windows of exactly ``target_length`` tokens; the loss runs over chunks of
+  candidate, on calibration segments of exactly ``target_length`` tokens; the loss runs over chunks of
   the final hidden states (:func:`hf_posext.lm.scoring.chunked_nll`), never the full logits.
   The attention factor is LongRoPE's sqrt(1 + ln s / ln L) for every candidate, as ``longrope`` applies.
 * Data parallel: launched with several processes (``accelerate launch --num_processes N`` or
@@ -40,12 +40,22 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
 
-__all__ = ["SearchResult", "search_factors", "initial_factors", "rescale_factors", "make_monotone", "calibration_windows"]
+from hf_posext.core.deprecation import renamed_keyword
+
+__all__ = [
+    "SearchResult",
+    "search_factors",
+    "initial_factors",
+    "rescale_factors",
+    "make_monotone",
+    "calibration_segments",
+    "calibration_windows",
+]
 
 
 @dataclass
@@ -190,39 +200,42 @@ def rescale_factors(factors: Any, to_scale: float, *, dim: int | None = None, or
     return values.clamp_min(1.0) ** (math.log(to_scale) / math.log(old_scale))
 
 
-def calibration_windows(
-    data: Any, target_length: int, windows: int, tokenizer: Any = None, *, bos: str = "auto", text_field: str | None = None
+def calibration_segments(
+    data: Any, target_length: int, segments: int, tokenizer: Any = None, *, bos: str = "auto", text_field: str | None = None
 ) -> torch.Tensor:
-    """``[windows, target_length]`` token ids to measure the fitness on.
+    """``[segments, target_length]`` token ids to measure the fitness on.
 
     Args:
         data: token ids (a tensor or list of lists, each at least ``target_length`` long), or text: a
             source understood by :func:`hf_posext.data.load_documents` (file, folder, dataset name,
             ``builtin:python-docs``) or a list of document strings (needs ``tokenizer``).
-        target_length: tokens per window.
-        windows: how many windows (the first ones, documents joined).
+        target_length: tokens per segment.
+        segments: how many segments (the first ones, documents joined).
         tokenizer: the model's tokenizer, for text.
-        bos: start windows with BOS: ``"auto"`` (when the tokenizer adds one), ``"yes"``, ``"no"``.
+        bos: start segments with BOS: ``"auto"`` (when the tokenizer adds one), ``"yes"``, ``"no"``.
         text_field: JSON field / column holding the text of .jsonl / .parquet sources.
 
     Raises:
-        ValueError: too little data for one window, text without a tokenizer.
+        ValueError: too little data for one segment, text without a tokenizer.
     """
     if isinstance(data, torch.Tensor) or (isinstance(data, (list, tuple)) and data and not isinstance(data[0], str)):
         rows = [list(map(int, row)) for row in (data.tolist() if isinstance(data, torch.Tensor) else data)]
-        rows = [row[:target_length] for row in rows if len(row) >= target_length][:windows]
+        rows = [row[:target_length] for row in rows if len(row) >= target_length][:segments]
         if not rows:
-            raise ValueError(f"No row of the given token ids has the {target_length} tokens one calibration window needs.")
+            raise ValueError(f"No row of the given token ids has the {target_length} tokens one calibration segment needs.")
         return torch.tensor(rows, dtype=torch.long)
     if tokenizer is None:
         raise ValueError("Calibration text needs the model's tokenizer: search_factors(..., tokenizer=tokenizer).")
     from hf_posext.data import load_documents
-    from hf_posext.evaluation.perplexity import make_windows, tokenize_documents, uses_bos
+    from hf_posext.evaluation.perplexity import make_segments, tokenize_documents, uses_bos
 
     documents = [str(d) for d in data] if isinstance(data, (list, tuple)) else load_documents(data, text_field=text_field)
     token_docs = tokenize_documents(tokenizer, documents, concatenate=True)
-    found, _ = make_windows(token_docs, target_length, windows, uses_bos(tokenizer, bos))
+    found, _ = make_segments(token_docs, target_length, segments, uses_bos(tokenizer, bos))
     return torch.tensor([ids for _, _, ids in found], dtype=torch.long)
+
+
+calibration_windows = calibration_segments  # its name before evaluation segments were called segments
 
 
 def _key(factors: torch.Tensor) -> tuple[float, ...]:
@@ -258,7 +271,7 @@ def _resumable(
     if len(previous.long_factor) != dim // 2:
         problems.append(f"{len(previous.long_factor)} factors (this model needs {dim // 2})")
     if previous.settings.get("calibration_sha1") not in (None, calibration_sha1):
-        problems.append("other calibration windows (data, windows or bos differ)")
+        problems.append("other calibration segments (data, segments or bos differ)")
     if problems:
         raise ValueError(f"resume: {name} is another search: " + "; ".join(problems) + ". Start a new search, or "
                          "pass it as start_from= to seed one.")
@@ -274,13 +287,263 @@ def _check_positive_int(name: str, value: Any, minimum: int = 1) -> int:
     return value
 
 
+@dataclass(frozen=True)
+class _Breeding:
+    """How children are drawn: the search's evolution settings and its random generator."""
+
+    mutation_rate: float
+    mutation_scale: float
+    crossover_fraction: float
+    max_factor: float
+    generator: torch.Generator
+
+    def mutate(self, parent: torch.Tensor) -> torch.Tensor:
+        return _mutate(parent, self.generator, self.mutation_rate, self.mutation_scale, self.max_factor)
+
+    def child(self, parents: list[torch.Tensor], seen: set[tuple[float, ...]]) -> torch.Tensor:
+        """A crossover of two parents (share ``crossover_fraction``; mutated if already ``seen``), else a
+        mutation of one."""
+        if len(parents) > 1 and float(torch.rand((), generator=self.generator)) < self.crossover_fraction:
+            a, b = torch.randperm(len(parents), generator=self.generator)[:2].tolist()
+            child = _crossover(parents[a], parents[b], self.generator, self.max_factor)
+            return self.mutate(child) if _key(child) in seen else child
+        return self.mutate(parents[int(torch.randint(len(parents), (1,), generator=self.generator))])
+
+
+@dataclass
+class _Population:
+    """Every candidate evaluated so far: its fitness (mean NLL), its factors and its record."""
+
+    fitness: dict[tuple[float, ...], float] = field(default_factory=dict)
+    vectors: dict[tuple[float, ...], torch.Tensor] = field(default_factory=dict)
+    records: list[dict[str, Any]] = field(default_factory=list)
+    eval_seconds: list[float] = field(default_factory=list)
+
+    @classmethod
+    def resumed_from(cls, previous: SearchResult | None) -> "_Population":
+        population = cls()
+        for record in previous.candidates if previous is not None else []:
+            values = torch.tensor(record["long_factor"], dtype=torch.float64)
+            population.fitness[_key(values)], population.vectors[_key(values)] = float(record["nll"]), values
+            if record.get("seconds"):
+                population.eval_seconds.append(float(record["seconds"]))
+            population.records.append(dict(record))
+        return population
+
+    def ranked(self) -> list[tuple[float, ...]]:
+        return sorted(self.fitness, key=lambda k: self.fitness[k])
+
+    def best_nll(self) -> float:
+        return self.fitness[self.ranked()[0]]
+
+    def seconds_per_candidate(self) -> float:
+        return sum(self.eval_seconds) / max(1, len(self.eval_seconds))
+
+    def new(self, candidates: list[torch.Tensor]) -> list[tuple[tuple[float, ...], torch.Tensor]]:
+        """The candidates not evaluated yet, each once, as ``(key, factors)``."""
+        todo: dict[tuple[float, ...], torch.Tensor] = {}
+        for candidate in candidates:
+            if _key(candidate) not in self.fitness:
+                todo.setdefault(_key(candidate), candidate)
+        return list(todo.items())
+
+    def add(self, todo: list[tuple[tuple[float, ...], torch.Tensor]], scores: list[tuple], generation: int) -> None:
+        """Record the gathered ``(key, nll, seconds)`` scores of ``todo``, in ``todo``'s order."""
+        seconds_of = {}
+        for key, value, seconds in scores:
+            self.fitness[key], seconds_of[key] = value, seconds
+            self.eval_seconds.append(seconds)
+        for key, candidate in todo:
+            self.vectors[key] = candidate
+            self.records.append({"long_factor": [float(v) for v in candidate], "nll": self.fitness[key],
+                                 "generation": generation, "seconds": seconds_of[key]})
+
+    def children(self, count: int, parent_keys: list[tuple[float, ...]], breeding: _Breeding) -> list[torch.Tensor]:
+        """Up to ``count`` new candidates bred from ``parent_keys``, none evaluated or drawn before."""
+        made: list[torch.Tensor] = []
+        seen = set(self.fitness)
+        parents = [self.vectors[key] for key in parent_keys]
+        for _ in range(50 * count):
+            if len(made) >= count:
+                break
+            child = breeding.child(parents, seen)
+            if _key(child) not in seen:
+                seen.add(_key(child))
+                made.append(child)
+        return made
+
+
+def _check_search_settings(target_length: int, segments: int, population: int, generations: int, parents: int,
+                           mutation_rate: float, mutation_scale: float, crossover_fraction: float) -> None:
+    """Raise ValueError on a setting no search can run with (before anything is computed)."""
+    _check_positive_int("target_length", target_length, 2)
+    _check_positive_int("segments", segments)
+    _check_positive_int("population", population, 2)
+    _check_positive_int("generations", generations, 0)
+    _check_positive_int("parents", parents)
+    if parents >= population:
+        raise ValueError(f"parents ({parents}) must be smaller than population ({population}) so each generation has children.")
+    for name, value, low, high in (("mutation_rate", mutation_rate, 0.0, 1.0), ("crossover_fraction", crossover_fraction, 0.0, 1.0)):
+        if not isinstance(value, (int, float)) or not low <= value <= high:
+            raise ValueError(f"{name} must be in [{low}, {high}], got {value!r}.")
+    if not isinstance(mutation_scale, (int, float)) or mutation_scale <= 0:
+        raise ValueError(f"mutation_scale must be positive, got {mutation_scale!r}.")
+
+
+@dataclass(frozen=True)
+class _RotaryTarget:
+    """The model's rotary base and dimension, its original window L and the scale s = target / L."""
+
+    theta: float
+    dim: int
+    original_length: int
+    scale: float
+
+
+def _rotary_target(model: nn.Module, target_length: int, original_max_position_embeddings: int | None) -> _RotaryTarget:
+    """Read the unscaled rotary embedding the search works on; ValueError on a patched or scaled model."""
+    from hf_posext.api import patched_backend
+    from hf_posext.backends.rope.sites import find_rotary_sites
+
+    if patched_backend(model) is not None:
+        raise ValueError("search_factors needs the unpatched model: call hf_posext.unpatch(model) first.")
+    main = next(site for site in find_rotary_sites(model) if site.scaled_layer_types)
+    layer_type = main.scaled_layer_types[0]
+    current = main.current[layer_type]
+    if not current.spec.baseline:
+        raise ValueError(
+            f"The model's config already scales RoPE ({current.method}); search factors from an unscaled model "
+            "(load it without rope scaling)."
+        )
+    original_length = original_max_position_embeddings or current.original_max_position_embeddings
+    if target_length <= original_length:
+        raise ValueError(
+            f"target_length={target_length} is inside the original window ({original_length} tokens): LongRoPE's long "
+            "factors only apply past it. Use a target_length above the window."
+        )
+    return _RotaryTarget(main.bases[layer_type], main.dims[layer_type], original_length, target_length / original_length)
+
+
+def _starting_points(target: _RotaryTarget, carried: list[torch.Tensor], max_factor: float) -> dict[str, torch.Tensor]:
+    """PI, YaRN, NTK and the carried earlier searches, projected onto the search space, by name."""
+    starts = {name: make_monotone(values, max_factor)
+              for name, values in initial_factors(target.theta, target.dim, target.original_length, target.scale).items()}
+    for index, values in enumerate(carried):
+        starts["start_from" if index == 0 else f"start_from_{index}"] = make_monotone(values, max_factor)
+    return starts
+
+
+def _first_generation(starts: dict[str, torch.Tensor], size: int, breeding: _Breeding) -> list[torch.Tensor]:
+    """The distinct starting points, filled up to ``size`` with mutations of them."""
+    first: list[torch.Tensor] = []
+    for values in starts.values():
+        if all(_key(values) != _key(c) for c in first):
+            first.append(values)
+    seeds = list(first)
+    while len(first) < size:
+        extra = breeding.mutate(seeds[int(torch.randint(len(seeds), (1,), generator=breeding.generator))])
+        if all(_key(extra) != _key(c) for c in first):
+            first.append(extra)
+    return first
+
+
+def _candidate_scorer(model: nn.Module, target: _RotaryTarget, ids: torch.Tensor, chunk_size: int, progress: bool, dist: Any
+                      ) -> Callable[[list[tuple[tuple[float, ...], torch.Tensor]], int], list[tuple]]:
+    """``score(todo, generation)``: this process's share of ``todo`` patched and scored, gathered from all."""
+    from hf_posext.api import patch
+    from hf_posext.lm.scoring import chunked_nll
+
+    device = next(model.parameters()).device
+
+    def score(todo: list[tuple[tuple[float, ...], torch.Tensor]], generation: int) -> list[tuple]:
+        mine = dist.shard(todo)
+        if progress and dist.is_main:
+            from tqdm.auto import tqdm
+
+            mine = tqdm(mine, desc=f"search generation {generation}", unit="cand")
+        results = []
+        for key, candidate in mine:
+            began = time.perf_counter()
+            patch(model, "longrope", target.scale, original_max_position_embeddings=target.original_length,
+                  long_factor=[float(v) for v in candidate])
+            total, tokens = 0.0, 0
+            with torch.no_grad():
+                for row in ids:
+                    nll, scored = chunked_nll(model, row[None].to(device), chunk_size)
+                    total += float(nll.sum())
+                    tokens += scored
+            results.append((key, total / tokens, time.perf_counter() - began))
+        return dist.gather(results)
+
+    return score
+
+
+@dataclass
+class _Search:
+    """One search run: the candidates so far, how children are bred and scored, and what is written out."""
+
+    target: _RotaryTarget
+    target_length: int
+    settings: dict[str, Any]
+    pool: _Population
+    breeding: _Breeding
+    score: Callable[[list[tuple[tuple[float, ...], torch.Tensor]], int], list[tuple]]
+    output: str | os.PathLike | None
+    is_main: bool
+    start_time: float
+    seconds_before: float = 0.0
+    initial_nll: dict[str, float] = field(default_factory=dict)
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+    def seconds(self) -> float:
+        """Seconds searched, this run and the runs it resumes."""
+        return self.seconds_before + time.perf_counter() - self.start_time
+
+    def evaluate(self, candidates: list[torch.Tensor], generation: int) -> None:
+        todo = self.pool.new(candidates)
+        self.pool.add(todo, self.score(todo, generation), generation)
+
+    def finish_generation(self, generation: int) -> None:
+        """Log the generation and rewrite the output: a stopped search resumes from here."""
+        self.history.append({"generation": generation, "best_nll": self.pool.best_nll(),
+                             "evaluations": len(self.pool.fitness), "seconds": self.seconds()})
+        if self.output is not None and self.is_main:
+            self.result().save(self.output)
+
+    def first_generation(self, starts: dict[str, torch.Tensor], size: int) -> None:
+        """Score the starting points (and mutations of them, up to ``size``); name their fitness."""
+        self.evaluate(_first_generation(starts, size, self.breeding), 0)
+        self.initial_nll = {name: self.pool.fitness[_key(values)] for name, values in starts.items()}
+        self.finish_generation(0)
+
+    def more_generations(self, count: int, children: int, parents: int, processes: int, time_budget_s: float | None) -> None:
+        """Up to ``count`` generations of ``children`` bred from the best ``parents``, within the time budget."""
+        done = max(entry["generation"] for entry in self.history)
+        for generation in range(done + 1, done + count + 1):
+            wave = math.ceil(children / processes) * self.pool.seconds_per_candidate()
+            if time_budget_s is not None and time.perf_counter() - self.start_time + wave > time_budget_s:
+                self.history.append({"generation": generation, "stopped": "time budget", "estimated_seconds": wave})
+                return
+            self.evaluate(self.pool.children(children, self.pool.ranked()[:parents], self.breeding), generation)
+            self.finish_generation(generation)
+
+    def result(self) -> SearchResult:
+        best = self.pool.ranked()[0]
+        return SearchResult(
+            long_factor=[float(v) for v in self.pool.vectors[best]], factor=self.target.scale,
+            target_length=self.target_length, original_max_position_embeddings=self.target.original_length,
+            best_nll=self.pool.fitness[best], initial_nll=self.initial_nll, history=self.history,
+            evaluations=len(self.pool.fitness), seconds=self.seconds(), settings=self.settings, candidates=self.pool.records,
+        )
+
+
 def search_factors(
     model: nn.Module,
     target_length: int,
     data: Any,
     *,
     tokenizer: Any = None,
-    windows: int = 1,
+    segments: int = 1,
     population: int = 8,
     generations: int = 4,
     parents: int = 3,
@@ -298,15 +561,16 @@ def search_factors(
     text_field: str | None = None,
     start_from: Any = None,
     resume: str | os.PathLike | SearchResult | None = None,
+    windows: int | None = None,
 ) -> SearchResult:
     """Evolutionary search for per-dimension RoPE factors (LongRoPE) minimising perplexity at a length.
 
     Args:
         model: an unpatched RoPE causal LM (it is patched per candidate and unpatched at the end).
-        target_length: the length to extend to; the fitness is measured on windows of this many tokens.
-        data: calibration text or token ids (see :func:`calibration_windows`).
+        target_length: the length to extend to; the fitness is measured on segments of this many tokens.
+        data: calibration text or token ids (see :func:`calibration_segments`).
         tokenizer: the model's tokenizer (needed when ``data`` is text).
-        windows: calibration windows per candidate (each one forward pass of ``target_length`` tokens).
+        segments: calibration segments per candidate (each one forward pass of ``target_length`` tokens).
         population: candidates per generation (the first generation: PI, YaRN, NTK and their mutations).
         generations: generations after the first (the search evaluates about
             ``population + generations * (population - parents)`` candidates).
@@ -322,16 +586,18 @@ def search_factors(
         seed: RNG seed (every process must use the same one).
         output: write the result JSON there (main process only).
         progress: show a progress bar per generation.
-        bos, text_field: how calibration text is cut (see :func:`calibration_windows`).
+        bos, text_field: how calibration text is cut (see :func:`calibration_segments`).
         start_from: earlier search results (a JSON path, :class:`SearchResult` or dict, or a list of
             them), e.g. the factors searched at 2x when searching 4x; each joins the first generation,
             carried to this scale by :func:`rescale_factors`, named ``start_from`` (``start_from_1``, ...).
         resume: a result of this same search (JSON path or :class:`SearchResult`: same target length,
-            window and calibration windows) to continue: its candidates are not evaluated again, it
+            window and calibration segments) to continue: its candidates are not evaluated again, it
             goes on with up to ``generations`` more generations, and ``time_budget_s`` counts this run
             only. With ``output``, the JSON is rewritten after every generation, so a search that was
             stopped (time budget, crash) resumes from its last finished generation. The children drawn
             after a resume differ from those an uninterrupted run would have drawn.
+        windows: the old name of ``segments`` (a FutureWarning). The result's settings keep the key
+            ``"windows"`` for the number of segments, as files written before the rename do.
 
     Returns:
         A :class:`SearchResult`; ``result.best_nll <= min(result.initial_nll.values())`` always.
@@ -343,57 +609,25 @@ def search_factors(
         >>> result = hf_posext.search_factors(model, 16384, "books/", tokenizer=tok, output="factors.json")
         >>> hf_posext.patch(model, "longrope", factor=result.factor, factors="factors.json")
     """
-    from hf_posext.lm.scoring import chunked_nll
+    from hf_posext.api import patched_backend, unpatch
     from hf_posext.lm.distributed import Distributed
-    from hf_posext.backends.rope.sites import find_rotary_sites
-    from hf_posext.api import patch, patched_backend, unpatch
 
     start_time = time.perf_counter()
-    _check_positive_int("target_length", target_length, 2)
-    _check_positive_int("windows", windows)
-    _check_positive_int("population", population, 2)
-    _check_positive_int("generations", generations, 0)
-    _check_positive_int("parents", parents)
-    if parents >= population:
-        raise ValueError(f"parents ({parents}) must be smaller than population ({population}) so each generation has children.")
-    for name, value, low, high in (("mutation_rate", mutation_rate, 0.0, 1.0), ("crossover_fraction", crossover_fraction, 0.0, 1.0)):
-        if not isinstance(value, (int, float)) or not low <= value <= high:
-            raise ValueError(f"{name} must be in [{low}, {high}], got {value!r}.")
-    if not isinstance(mutation_scale, (int, float)) or mutation_scale <= 0:
-        raise ValueError(f"mutation_scale must be positive, got {mutation_scale!r}.")
-    if patched_backend(model) is not None:
-        raise ValueError("search_factors needs the unpatched model: call hf_posext.unpatch(model) first.")
-
-    sites = find_rotary_sites(model)
-    main = next(site for site in sites if site.scaled_layer_types)
-    layer_type = main.scaled_layer_types[0]
-    current = main.current[layer_type]
-    if current.method != "none":
-        raise ValueError(
-            f"The model's config already scales RoPE ({current.method}); search factors from an unscaled model "
-            "(load it without rope scaling)."
-        )
-    original_length = original_max_position_embeddings or current.original_max_position_embeddings
-    if target_length <= original_length:
-        raise ValueError(
-            f"target_length={target_length} is inside the original window ({original_length} tokens): LongRoPE's long "
-            "factors only apply past it. Use a target_length above the window."
-        )
-    scale = target_length / original_length
-    max_factor = float(max_factor) if max_factor is not None else 2.0 * scale
-    if max_factor < scale:
-        raise ValueError(f"max_factor ({max_factor}) must be at least the scale s = {scale:g} (PI's factor).")
-    theta, dim = main.bases[layer_type], main.dims[layer_type]
+    segments = renamed_keyword("windows", windows, "segments", segments, 1)
+    _check_search_settings(target_length, segments, population, generations, parents, mutation_rate, mutation_scale,
+                           crossover_fraction)
+    target = _rotary_target(model, target_length, original_max_position_embeddings)
+    max_factor = float(max_factor) if max_factor is not None else 2.0 * target.scale
+    if max_factor < target.scale:
+        raise ValueError(f"max_factor ({max_factor}) must be at least the scale s = {target.scale:g} (PI's factor).")
     if resume is not None and start_from is not None:
         raise ValueError("Give start_from= (seed a new search) or resume= (continue one), not both.")
     previous = [] if start_from is None else list(start_from) if isinstance(start_from, (list, tuple)) else [start_from]
-    carried = [rescale_factors(item, scale, dim=dim, original_length=original_length) for item in previous]
-    ids = calibration_windows(data, target_length, windows, tokenizer, bos=bos, text_field=text_field)
+    carried = [rescale_factors(item, target.scale, dim=target.dim, original_length=target.original_length) for item in previous]
+    ids = calibration_segments(data, target_length, segments, tokenizer, bos=bos, text_field=text_field)
     calibration_sha1 = hashlib.sha1(ids.to(torch.int64).numpy().tobytes()).hexdigest()[:16]
-    resumed = _resumable(resume, target_length, original_length, dim, calibration_sha1)
-    device = next(model.parameters()).device
+    resumed = _resumable(resume, target_length, target.original_length, target.dim, calibration_sha1)
     dist = Distributed()
-    generator = torch.Generator().manual_seed(seed)
     settings = {
         "population": population, "generations": generations, "parents": parents, "mutation_rate": mutation_rate,
         "mutation_scale": mutation_scale, "crossover_fraction": crossover_fraction, "max_factor": max_factor,
@@ -402,132 +636,22 @@ def search_factors(
         "calibration_sha1": calibration_sha1,
         "resumed_from": None if resume is None else str(resume) if isinstance(resume, (str, os.PathLike)) else "SearchResult",
     }
-
-    fitness: dict[tuple[float, ...], float] = {}
-    vectors: dict[tuple[float, ...], torch.Tensor] = {}
-    eval_seconds: list[float] = []
-    records: list[dict[str, Any]] = []
-    seconds_before = 0.0
-    if resumed is not None:
-        for record in resumed.candidates:
-            values = torch.tensor(record["long_factor"], dtype=torch.float64)
-            fitness[_key(values)], vectors[_key(values)] = float(record["nll"]), values
-            if record.get("seconds"):
-                eval_seconds.append(float(record["seconds"]))
-        records = [dict(record) for record in resumed.candidates]
-        seconds_before = float(resumed.seconds)
-
-    def evaluate(candidates: list[torch.Tensor], generation: int) -> None:
-        label = f"generation {generation}"
-        todo = []
-        for candidate in candidates:
-            key = _key(candidate)
-            if key not in fitness and key not in [k for k, _ in todo]:
-                todo.append((key, candidate))
-        mine = dist.shard(todo)
-        results = []
-        iterator = mine
-        if progress and dist.is_main:
-            from tqdm.auto import tqdm
-
-            iterator = tqdm(mine, desc=f"search {label}", unit="cand")
-        for key, candidate in iterator:
-            began = time.perf_counter()
-            patch(model, "longrope", scale, original_max_position_embeddings=original_length,
-                  long_factor=[float(v) for v in candidate])
-            total, tokens = 0.0, 0
-            with torch.no_grad():
-                for row in ids:
-                    nll, scored = chunked_nll(model, row[None].to(device), chunk_size)
-                    total += float(nll.sum())
-                    tokens += scored
-            results.append((key, total / tokens, time.perf_counter() - began))
-        seconds_of = {}
-        for key, value, seconds in dist.gather(results):
-            fitness[key], seconds_of[key] = value, seconds
-            eval_seconds.append(seconds)
-        for key, candidate in todo:
-            vectors[key] = candidate
-            records.append({"long_factor": [float(v) for v in candidate], "nll": fitness[key],
-                            "generation": generation, "seconds": seconds_of[key]})
-
-    def ranked() -> list[tuple[float, ...]]:
-        return sorted(fitness, key=lambda k: fitness[k])
-
-    def children(count: int, parent_keys: list[tuple[float, ...]]) -> list[torch.Tensor]:
-        made: list[torch.Tensor] = []
-        seen = set(fitness)
-        attempts = 0
-        while len(made) < count and attempts < 50 * count:
-            attempts += 1
-            if len(parent_keys) > 1 and float(torch.rand((), generator=generator)) < crossover_fraction:
-                a, b = torch.randperm(len(parent_keys), generator=generator)[:2].tolist()
-                child = _crossover(vectors[parent_keys[a]], vectors[parent_keys[b]], generator, max_factor)
-                if _key(child) in seen:
-                    child = _mutate(child, generator, mutation_rate, mutation_scale, max_factor)
-            else:
-                index = int(torch.randint(len(parent_keys), (1,), generator=generator))
-                child = _mutate(vectors[parent_keys[index]], generator, mutation_rate, mutation_scale, max_factor)
-            if _key(child) not in seen:
-                seen.add(_key(child))
-                made.append(child)
-        return made
-
-    def result() -> SearchResult:
-        best = ranked()[0]
-        return SearchResult(
-            long_factor=[float(v) for v in vectors[best]], factor=scale, target_length=target_length,
-            original_max_position_embeddings=original_length, best_nll=fitness[best], initial_nll=initial_nll,
-            history=history, evaluations=len(fitness), seconds=seconds_before + time.perf_counter() - start_time,
-            settings=settings, candidates=records,
-        )
-
-    def checkpoint() -> None:
-        if output is not None and dist.is_main:
-            result().save(output)
-
+    search = _Search(
+        target=target, target_length=target_length, settings=settings, pool=_Population.resumed_from(resumed),
+        breeding=_Breeding(mutation_rate, mutation_scale, crossover_fraction, max_factor, torch.Generator().manual_seed(seed)),
+        score=_candidate_scorer(model, target, ids, chunk_size, progress, dist), output=output, is_main=dist.is_main,
+        start_time=start_time, seconds_before=float(resumed.seconds) if resumed is not None else 0.0,
+    )
     try:
-        starts = {name: make_monotone(values, max_factor) for name, values in initial_factors(theta, dim, original_length, scale).items()}
-        for index, values in enumerate(carried):
-            starts["start_from" if index == 0 else f"start_from_{index}"] = make_monotone(values, max_factor)
         if resumed is None:
-            first = []
-            for values in starts.values():
-                if all(_key(values) != _key(c) for c in first):
-                    first.append(values)
-            seeds = list(first)
-            while len(first) < population:
-                extra = children(1, [_key(s) for s in seeds]) if fitness else None
-                if not extra:
-                    parent = seeds[int(torch.randint(len(seeds), (1,), generator=generator))]
-                    extra = [_mutate(parent, generator, mutation_rate, mutation_scale, max_factor)]
-                if all(_key(extra[0]) != _key(c) for c in first):
-                    first.append(extra[0])
-            evaluate(first, 0)
-            initial_nll = {name: fitness[_key(values)] for name, values in starts.items()}
-            history = [{"generation": 0, "best_nll": fitness[ranked()[0]], "evaluations": len(fitness),
-                        "seconds": time.perf_counter() - start_time}]
-            checkpoint()
+            search.first_generation(_starting_points(target, carried, max_factor), population)
         else:
-            initial_nll = dict(resumed.initial_nll)
-            history = [entry for entry in resumed.history if "best_nll" in entry]
-        done = max(entry["generation"] for entry in history)
-        for generation in range(done + 1, done + generations + 1):
-            per_candidate = sum(eval_seconds) / max(1, len(eval_seconds))
-            wave = math.ceil((population - parents) / dist.world_size) * per_candidate
-            if time_budget_s is not None and time.perf_counter() - start_time + wave > time_budget_s:
-                history.append({"generation": generation, "stopped": "time budget", "estimated_seconds": wave})
-                break
-            parent_keys = ranked()[:parents]
-            evaluate(children(population - parents, parent_keys), generation)
-            history.append({"generation": generation, "best_nll": fitness[ranked()[0]], "evaluations": len(fitness),
-                            "seconds": seconds_before + time.perf_counter() - start_time})
-            checkpoint()
+            search.initial_nll, search.history = dict(resumed.initial_nll), [e for e in resumed.history if "best_nll" in e]
+        search.more_generations(generations, population - parents, parents, dist.world_size, time_budget_s)
     finally:
-        if "_hf_posext_state" in model.__dict__:
+        if patched_backend(model) is not None:
             unpatch(model)
-
-    found = result()
+    found = search.result()
     if output is not None and dist.is_main:
         found.save(output)
     dist.barrier()

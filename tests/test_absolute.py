@@ -139,6 +139,18 @@ def test_linear_table_factor_one_is_identity_to_the_bit():
     assert torch.equal(linear_table(table, 16, Fraction(1)), table)
 
 
+def test_aliases_live_in_the_registry_not_in_a_backend():
+    from hf_posext.methods import register_alias, resolve_method
+
+    method, notes = resolve_method("Linear", "alibi")
+    assert (method.name, method.kind) == ("none", "alibi") and "changes no number" in notes[0]
+    assert resolve_method("linear", "learned") == (get_method("linear", "learned"), [])
+    with pytest.raises(ValueError, match="no alibi method has that name"):
+        register_alias("pi", "alibi", "yarn", "never")
+    with pytest.raises(ValueError, match="already a learned method"):
+        register_alias("linear", "learned", "none", "would hide linear")
+
+
 def test_registry_kinds_and_rope_only_method_message():
     assert get_method("linear", "learned").kind == "learned"
     assert get_method("linear", "sinusoidal").kind == "sinusoidal"

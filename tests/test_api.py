@@ -51,11 +51,11 @@ def test_available_methods_lists_every_kind_and_the_cli_prints_them(capsys):
 @pytest.mark.parametrize(
     "first, second, message",
     [
-        (("yarn", {"factor": 2}), ("self-extend", {"group_size": 0, "window": 32}), "group_size must be an integer >= 1"),
-        (("self-extend", {"group_size": 4, "window": 16}), ("yran", {"factor": 2}), "Did you mean 'yarn'"),
-        (("self-extend", {"group_size": 4, "window": 16}), ("yarn", {"factor": float("nan")}), "finite"),
-        (("yarn", {"factor": 2}), ("self-extend", {"group_size": 4, "window": 64}), "must be smaller than the model's original window"),
-        (("self-extend", {"group_size": 4, "window": 16}), ("longrope", {"factor": 2, "long_factor": [1, 2]}), "needs 4 values"),
+        (("yarn", {"factor": 2}), ("self-extend", {"group_size": 0, "neighbor_window": 32}), "group_size must be an integer >= 1"),
+        (("self-extend", {"group_size": 4, "neighbor_window": 16}), ("yran", {"factor": 2}), "Did you mean 'yarn'"),
+        (("self-extend", {"group_size": 4, "neighbor_window": 16}), ("yarn", {"factor": float("nan")}), "finite"),
+        (("yarn", {"factor": 2}), ("self-extend", {"group_size": 4, "neighbor_window": 64}), "must be smaller than the model's original window"),
+        (("self-extend", {"group_size": 4, "neighbor_window": 16}), ("longrope", {"factor": 2, "long_factor": [1, 2]}), "needs 4 values"),
     ],
 )
 def test_a_failed_repatch_keeps_the_previous_patch(first, second, message):

@@ -74,7 +74,7 @@ def test_a_cache_that_drops_self_extend_fails_the_cache_checks(monkeypatch):
         try:
             return real_cached(model, ids, prefix, step)
         finally:
-            hf_posext.patch(model, "self-extend", group_size=3, window=10)
+            hf_posext.patch(model, "self-extend", group_size=3, neighbor_window=10)
 
     monkeypatch.setattr(script, "cached_logits", cached_without_self_extend)
     results = script.run_checks("cpu")

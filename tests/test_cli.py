@@ -108,12 +108,12 @@ def test_eval_refuses_bad_arguments_before_loading(bad, message, tmp_path, capsy
     existing.write_text("keep")
     bad = [str(existing) if item == "FILE" else item for item in bad]
     out = ["--out", str(tmp_path / "results")] if "--out" not in bad else []
-    import hf_posext.evaluation.runner as runner
+    import hf_posext.evaluation.loading as loading
 
     def no_loading(*args, **kwargs):
         raise AssertionError("the model was loaded before the arguments were checked")
 
-    monkeypatch.setattr(runner, "load_model_and_tokenizer", no_loading)
+    monkeypatch.setattr(loading, "load_model_and_tokenizer", no_loading)
     argv = ["eval", "perplexity", "--model", "some/model", "--methods", "none", "--lengths", "64", *out, *bad]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()

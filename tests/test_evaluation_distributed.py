@@ -12,13 +12,14 @@ import pytest
 DRIVER = '''
 import sys
 from hf_posext.evaluation import evaluate_passkey, evaluate_perplexity, parse_methods
-from hf_posext.evaluation.runner import Distributed, load_model_and_tokenizer
+from hf_posext.evaluation.loading import load_model_and_tokenizer
+from hf_posext.lm.distributed import Distributed
 
 text, out = sys.argv[1], sys.argv[2]
 dist = Distributed()
 model, tokenizer = load_model_and_tokenizer("tiny:llama:256")
 evaluate_perplexity(model, tokenizer, data=text, methods=parse_methods("none,yarn"), factor=2.0, lengths=[32, 300],
-                    max_windows=3, out_dir=out, model_name="tiny", dist=dist)
+                    max_segments=3, out_dir=out, model_name="tiny", dist=dist)
 evaluate_passkey(model, tokenizer, methods=parse_methods("none,dynamic-yarn"), lengths=[350], depths=[0.0, 1.0], trials=2,
                  max_new_tokens=4, out_dir=out, model_name="tiny", dist=dist)
 '''

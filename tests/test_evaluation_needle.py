@@ -4,7 +4,8 @@ import pytest
 
 from hf_posext.evaluation import needle
 from hf_posext.evaluation.report import write_plots
-from hf_posext.evaluation.runner import AsciiTokenizer, parse_methods
+from hf_posext.evaluation.arguments import parse_methods
+from hf_posext.evaluation.loading import AsciiTokenizer
 from hf_posext.models import tiny_model
 
 TOKENIZER = AsciiTokenizer()

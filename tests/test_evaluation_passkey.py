@@ -6,7 +6,8 @@ import torch
 import hf_posext
 from hf_posext.evaluation import passkey
 from hf_posext.evaluation.retrieval import first_integer, score_retrieval
-from hf_posext.evaluation.runner import AsciiTokenizer, parse_methods
+from hf_posext.evaluation.arguments import parse_methods
+from hf_posext.evaluation.loading import AsciiTokenizer
 from hf_posext.models import tiny_model
 
 TOKENIZER = AsciiTokenizer()

@@ -10,7 +10,9 @@ import torch
 
 import hf_posext
 from hf_posext.evaluation import perplexity
-from hf_posext.evaluation.runner import AsciiTokenizer, MethodRequest, parse_methods, rope_frequencies, same_frequencies
+from hf_posext.evaluation.arguments import MethodRequest, parse_methods
+from hf_posext.evaluation.fingerprints import rope_frequencies, same_frequencies
+from hf_posext.evaluation.loading import AsciiTokenizer
 from hf_posext.models import tiny_model
 
 TEXT = ("The quick brown fox jumps over the lazy dog. " * 40).strip()
@@ -189,10 +191,16 @@ def test_max_tokens_reads_the_same_leading_tokens_at_every_length(model, tmp_pat
     documents = [" ".join(f"word{i}" for i in range(400))]
     store = perplexity.evaluate_perplexity(
         model, AsciiTokenizer(), data=documents, methods=parse_methods("none"), lengths=(16, 32, 64), factor=2.0,
-        out_dir=tmp_path, model_name="tiny", max_windows=3, max_tokens=64, bos="no",
+        out_dir=tmp_path, model_name="tiny", max_segments=3, max_tokens=64, bos="no",
     )
-    windows = {c["length"]: c["windows"] for c in store.cells.values()}
-    assert windows == {16: 3, 32: 2, 64: 1}  # 64 // 16 = 4, capped by max_windows=3; 64 // 32 = 2; one of 64
+    segments = {c["length"]: c["windows"] for c in store.cells.values()}  # the record keeps its key "windows"
+    assert segments == {16: 3, 32: 2, 64: 1}  # 64 // 16 = 4, capped by max_segments=3; 64 // 32 = 2; one of 64
+    with pytest.warns(FutureWarning, match="max_windows= is now called max_segments="):  # the old name, same file
+        again = perplexity.evaluate_perplexity(
+            model, AsciiTokenizer(), data=documents, methods=parse_methods("none"), lengths=(16, 32, 64), factor=2.0,
+            out_dir=tmp_path, model_name="tiny", max_windows=3, max_tokens=64, bos="no",
+        )
+    assert again.path == store.path and again.cells == store.cells
     assert json.loads(store.path.read_text())["config"]["max_tokens"] == 64
     with pytest.raises(ValueError, match="max_tokens must be a positive"):
         perplexity.evaluate_perplexity(model, AsciiTokenizer(), data=documents, methods=parse_methods("none"),

@@ -114,12 +114,12 @@ def test_report_names_a_corrupt_results_file(tmp_path, capsys, content, problem)
 def test_result_store_refuses_a_cell_without_its_numbers(tmp_path):
     # issue 17: a stored cell that lacks its numbers was reused (a blank table cell, exit 0)
     from hf_posext.evaluation import evaluate_perplexity, parse_methods
-    from hf_posext.evaluation.runner import load_model_and_tokenizer
+    from hf_posext.evaluation.loading import load_model_and_tokenizer
 
     data = tmp_path / "text.txt"
     data.write_text("Some words to read. " * 30)
     model, tokenizer = load_model_and_tokenizer("tiny")
-    common = dict(data=str(data), methods=parse_methods("none"), lengths=[32], out_dir=tmp_path, model_name="tiny", max_windows=1)
+    common = dict(data=str(data), methods=parse_methods("none"), lengths=[32], out_dir=tmp_path, model_name="tiny", max_segments=1)
     store = evaluate_perplexity(model, tokenizer, **common)
     saved = json.loads(store.path.read_text())
     for record in saved["cells"].values():

@@ -33,10 +33,9 @@ LAYERS = {
     "hf_posext.export": 5,
     # The package itself only re-exports the public API (api + search): it sits above them.
     "hf_posext": 5,
-    # Not yet moved to integrations/lm_eval/.
+    # Old import paths kept as re-exports of integrations/lm_eval/.
     "hf_posext.lm_eval": 5,
     "hf_posext.lm_eval_plugin": 5,
-    "hf_posext.lm_eval_cli": 6,
     "hf_posext.inspect_cli": 6,
     "hf_posext.cli": 6,
     "hf_posext.evaluation.cli": 6,

@@ -16,8 +16,9 @@ import torch
 lm_eval = pytest.importorskip("lm_eval")
 
 import hf_posext  # noqa: E402
-from hf_posext.lm_eval import compare_methods, format_comparison, parse_method_spec, resolve_embedded_names  # noqa: E402
-from hf_posext.lm_eval_plugin import MODEL_NAME, PosextHFLM, parse_posext_args  # noqa: E402
+from hf_posext.integrations.lm_eval.compare import compare_methods, format_comparison, parse_method_spec  # noqa: E402
+from hf_posext.integrations.lm_eval.launcher import resolve_embedded_names  # noqa: E402
+from hf_posext.integrations.lm_eval.model import MODEL_NAME, PosextHFLM, parse_posext_args  # noqa: E402
 from hf_posext.models import tiny_model  # noqa: E402
 
 TASKS_DIR = Path(__file__).parent / "lm_eval_tasks"
@@ -157,6 +158,16 @@ def test_registered_with_the_harness():
     assert get_model(MODEL_NAME) is PosextHFLM
 
 
+
+def test_the_old_import_paths_still_reach_the_integration():
+    import hf_posext.lm_eval as old_launcher
+    import hf_posext.lm_eval_plugin as old_plugin
+    from hf_posext.integrations.lm_eval import launcher
+
+    assert old_plugin.PosextHFLM is PosextHFLM and old_plugin.parse_posext_args is parse_posext_args
+    assert old_launcher.main is launcher.main and old_launcher.compare_methods is compare_methods
+
+
 # ------------------------------------------------------------------ the commands
 
 
@@ -234,7 +245,7 @@ def test_ruler_niah_on_smollm2_offline(tmp_path):
 def test_a_misspelt_method_in_a_fresh_process_says_did_you_mean():
     # Was: RuntimeError "dictionary changed size during iteration" (method kinds registered while iterated).
     code = (
-        "from hf_posext.lm_eval_plugin import parse_posext_args\n"
+        "from hf_posext.integrations.lm_eval.model import parse_posext_args\n"
         "try:\n    parse_posext_args({'posext_method': 'yarnn', 'posext_factor': 2})\n"
         "except ValueError as error:\n    print('ValueError:', error)\n"
     )
@@ -247,9 +258,9 @@ def test_self_extend_through_the_harness_model(tiny_dir):
     # Was: posext_method=self-extend rejected as an unknown method.
     from transformers import AutoModelForCausalLM
 
-    lm = PosextHFLM(pretrained=tiny_dir, device="cpu", posext_method="self-extend", posext_group_size=4, posext_window=16)
+    lm = PosextHFLM(pretrained=tiny_dir, device="cpu", posext_method="self-extend", posext_group_size=4, posext_neighbor_window=16)
     assert (lm.posext_report["method"], lm.posext_report["params"]["group_size"]) == ("self-extend", 4)
-    reference = hf_posext.patch(AutoModelForCausalLM.from_pretrained(tiny_dir), "self-extend", group_size=4, window=16)
+    reference = hf_posext.patch(AutoModelForCausalLM.from_pretrained(tiny_dir), "self-extend", group_size=4, neighbor_window=16)
     ids = torch.randint(4, 76, (1, 150), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert torch.equal(lm.model(ids).logits, reference(ids).logits)
@@ -257,7 +268,7 @@ def test_self_extend_through_the_harness_model(tiny_dir):
 
 @pytest.mark.parametrize(
     "family, method, params",
-    [("gpt2", "linear", {"factor": 2}), ("llama", "self-extend", {"group_size": 4, "window": 16})],
+    [("gpt2", "linear", {"factor": 2}), ("llama", "self-extend", {"group_size": 4, "neighbor_window": 16})],
 )
 def test_a_saved_scaling_is_reloaded_exactly_as_hf_posext_load_does(tmp_path, family, method, params):
     # Was: a saved linear GPT-2 failed to re-apply, and Self-Extend came back on the stock attention

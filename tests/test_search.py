@@ -43,7 +43,7 @@ def test_search_beats_its_initial_point_and_the_json_patches_longrope(tmp_path):
     # the positions (with the default init every candidate scores ln(128) to 5 digits).
     model = tiny_model("llama", initializer_range=0.5)
     path = tmp_path / "factors.json"
-    result = search_factors(model, 128, _calibration(), windows=2, population=6, generations=3, parents=2,
+    result = search_factors(model, 128, _calibration(), segments=2, population=6, generations=3, parents=2,
                             seed=0, output=path, progress=False)
     assert "_hf_posext_state" not in model.__dict__  # left unpatched
     assert result.evaluations >= 6 + 3 * 4 - 3  # duplicates are never re-evaluated
@@ -76,13 +76,24 @@ def test_time_budget_stops_early():
 
 
 def test_text_calibration_with_a_tokenizer():
-    from hf_posext.evaluation.runner import AsciiTokenizer
+    from hf_posext.evaluation.loading import AsciiTokenizer
 
     model = tiny_model("llama")
     text = ["Plain words for a calibration text, repeated. " * 10]
     result = search_factors(model, 96, text, tokenizer=AsciiTokenizer(), population=3, generations=1, parents=1,
                             progress=False)
     assert result.settings["windows"] == 1 and len(result.long_factor) == 4
+
+
+def test_the_old_name_windows_still_sets_the_calibration_segments():
+    model = tiny_model("llama")
+    settings = dict(population=2, generations=0, parents=1, progress=False)
+    with pytest.warns(FutureWarning, match="windows= is now called segments="):
+        old = search_factors(model, 128, _calibration(), windows=2, **settings)
+    new = search_factors(model, 128, _calibration(), segments=2, **settings)
+    assert old.settings["windows"] == new.settings["windows"] == 2 and old.best_nll == new.best_nll
+    with pytest.raises(ValueError, match="Give segments= only"):
+        search_factors(model, 128, _calibration(), segments=2, windows=2, **settings)
 
 
 def test_rescale_factors_maps_unscaled_to_one_and_pi_to_the_new_scale(tmp_path):
@@ -102,9 +113,9 @@ def test_rescale_factors_maps_unscaled_to_one_and_pi_to_the_new_scale(tmp_path):
 
 def test_a_search_seeded_from_an_earlier_scale_starts_from_its_carried_factors():
     model = tiny_model("llama", initializer_range=0.5)
-    at_two = search_factors(model, 128, _calibration(), windows=2, population=4, generations=1, parents=2,
+    at_two = search_factors(model, 128, _calibration(), segments=2, population=4, generations=1, parents=2,
                             seed=0, progress=False)
-    at_four = search_factors(model, 256, _calibration(256), windows=2, population=4, generations=0, parents=2,
+    at_four = search_factors(model, 256, _calibration(256), segments=2, population=4, generations=0, parents=2,
                              seed=0, progress=False, start_from=at_two)
     assert set(at_four.initial_nll) == {"pi", "yarn", "ntk", "start_from"}
     # The carried start is scored: patching it by hand reproduces its fitness.
@@ -124,12 +135,12 @@ def test_a_stopped_search_resumes_without_evaluating_anything_twice(tmp_path, mo
 
     model = tiny_model("llama", initializer_range=0.5)
     path = tmp_path / "search.json"
-    settings = dict(windows=2, population=4, parents=2, seed=0, progress=False, output=path)
+    settings = dict(segments=2, population=4, parents=2, seed=0, progress=False, output=path)
     real_nll, calls = scoring.chunked_nll, []
 
     def crashing_nll(*args, **kwargs):
         calls.append(1)
-        if len(calls) > 4 * 2 + 2 * 2:  # generation 0 (4 candidates x 2 windows) and generation 1 finish
+        if len(calls) > 4 * 2 + 2 * 2:  # generation 0 (4 candidates x 2 segments) and generation 1 finish
             raise RuntimeError("simulated crash")
         return real_nll(*args, **kwargs)
 
@@ -144,7 +155,7 @@ def test_a_stopped_search_resumes_without_evaluating_anything_twice(tmp_path, mo
     calls.clear()
     monkeypatch.setattr(scoring, "chunked_nll", lambda *a, **k: (calls.append(1), real_nll(*a, **k))[1])
     resumed = search_factors(model, 128, _calibration(), generations=2, resume=path, **settings)
-    assert len(calls) == 2 * 2 * 2  # only the 2 new generations' 2 children, 2 windows each
+    assert len(calls) == 2 * 2 * 2  # only the 2 new generations' 2 children, 2 segments each
     assert [h["generation"] for h in resumed.history] == [0, 1, 2, 3]
     assert resumed.candidates[:6] == saved.candidates and resumed.evaluations == len(resumed.candidates) == 10
     assert resumed.initial_nll == saved.initial_nll and resumed.best_nll <= saved.best_nll
@@ -157,7 +168,7 @@ def test_resume_refuses_another_search(tmp_path):
     search_factors(model, 128, _calibration(), population=3, generations=0, parents=1, progress=False, output=path)
     with pytest.raises(ValueError, match="target_length 128 \\(now 256\\)"):
         search_factors(model, 256, _calibration(256), population=3, generations=0, parents=1, progress=False, resume=path)
-    with pytest.raises(ValueError, match="other calibration windows"):
+    with pytest.raises(ValueError, match="other calibration segments"):
         search_factors(model, 128, _calibration().flip(-1), population=3, generations=0, parents=1, progress=False, resume=path)
     with pytest.raises(ValueError, match="search result: no file"):
         search_factors(model, 128, _calibration(), progress=False, resume=tmp_path / "missing.json")
@@ -195,7 +206,7 @@ def test_two_processes_find_what_one_finds(tmp_path):
     launcher = shutil.which("torchrun")
     if launcher is None:
         pytest.skip("torchrun not installed")
-    args = ["--model", "tiny", "--target-length", "128", "--data", str(tmp_path / "text.txt"), "--windows", "1",
+    args = ["--model", "tiny", "--target-length", "128", "--data", str(tmp_path / "text.txt"), "--segments", "1",
             "--population", "4", "--generations", "1", "--parents", "2", "--no-progress"]
     (tmp_path / "text.txt").write_text("Ordinary words make a calibration text for the search test. " * 20)
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}

@@ -92,7 +92,7 @@ def test_sdpa_path_uses_the_split_attention_and_eager_does_not(monkeypatch):
     for implementation in ("sdpa", "eager"):
         model = tiny_model("llama")
         model.set_attn_implementation(implementation)
-        hf_posext.patch(model, "self-extend", group_size=3, window=10)
+        hf_posext.patch(model, "self-extend", group_size=3, neighbor_window=10)
         calls.clear()
         outputs[implementation] = logits_of(model, ids)
         assert bool(calls) == (implementation == "sdpa")
@@ -104,7 +104,7 @@ def test_sdpa_path_uses_the_split_attention_and_eager_does_not(monkeypatch):
         torch.manual_seed(0)
         model = tiny_model("llama")
         model.set_attn_implementation(implementation)
-        hf_posext.patch(model, "self-extend", group_size=3, window=10)
+        hf_posext.patch(model, "self-extend", group_size=3, neighbor_window=10)
         calls.clear()
         model(ids, labels=ids).loss.backward()
         assert not calls
@@ -135,7 +135,7 @@ def test_sizing_rule_matches_the_paper():
     assert size_for_target(8192, 16384) == (3, 2048)
     assert size_for_target(8192, 32768) == (6, 2048)
     assert (32767 // 5) + 2048 - 2048 // 5 == 8192
-    assert size_for_target(8192, 32768, window=1024) == (5, 1024)
+    assert size_for_target(8192, 32768, neighbor_window=1024) == (5, 1024)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -146,7 +146,7 @@ def test_every_family_identity_inside_window_extends_and_unpatches_to_the_bit(fa
     before_dict = dict(model.config.__dict__)
     base = logits_of(model, ids[:, :60])  # inside the window (GPT-J's table stops at 64)
     # Window covering the whole sequence: exactly the original model.
-    hf_posext.patch(model, "self-extend", group_size=4, window=63)
+    hf_posext.patch(model, "self-extend", group_size=4, neighbor_window=63)
     torch.testing.assert_close(logits_of(model, ids[:, :60]), base, atol=0, rtol=0)
     report = hf_posext.describe(model)
     assert report.kind == "attention" and report.method == "self-extend"
@@ -170,7 +170,7 @@ def test_every_family_identity_inside_window_extends_and_unpatches_to_the_bit(fa
 def test_cached_generation_matches_full_recompute(family, implementation):
     model = tiny_model(family)
     model.set_attn_implementation(implementation)
-    hf_posext.patch(model, "self-extend", group_size=3, window=10)
+    hf_posext.patch(model, "self-extend", group_size=3, neighbor_window=10)
     assert model.config._attn_implementation == self_extend.IMPLEMENTATIONS[implementation]
     ids = _ids(120)
     full = logits_of(model, ids)
@@ -196,7 +196,7 @@ def test_sdpa_and_eager_paths_agree():
     sdpa.set_attn_implementation("sdpa")
     ids = _ids(120, batch=2)
     for model in (eager, sdpa):
-        hf_posext.patch(model, "self-extend", group_size=4, window=16)
+        hf_posext.patch(model, "self-extend", group_size=4, neighbor_window=16)
     torch.testing.assert_close(logits_of(sdpa, ids), logits_of(eager, ids), atol=1e-4, rtol=1e-4)
     hf_posext.unpatch(sdpa)
     assert sdpa.config._attn_implementation == "sdpa"
@@ -205,7 +205,7 @@ def test_sdpa_and_eager_paths_agree():
 def test_generate_with_cache_equals_generate_without():
     model = tiny_model("llama")
     model.set_attn_implementation("sdpa")
-    hf_posext.patch(model, "self-extend", group_size=4, window=12)
+    hf_posext.patch(model, "self-extend", group_size=4, neighbor_window=12)
     ids = _ids(80)
     kwargs = dict(max_new_tokens=8, do_sample=False, pad_token_id=0)
     with torch.no_grad():
@@ -219,7 +219,7 @@ def test_beam_search_with_cache_equals_without():
     # Beam search reorders the KV cache between steps (the reuse check itself is tested directly below).
     model = tiny_model("llama")
     model.set_attn_implementation("sdpa")
-    hf_posext.patch(model, "self-extend", group_size=4, window=12)
+    hf_posext.patch(model, "self-extend", group_size=4, neighbor_window=12)
     ids = _ids(70)
     kwargs = dict(max_new_tokens=6, do_sample=False, num_beams=3, num_return_sequences=3, pad_token_id=0)
     with torch.no_grad():
@@ -255,7 +255,7 @@ def test_grouped_keys_kept_between_steps_are_reused_only_for_the_same_cache(reor
 def test_left_padded_batch_matches_single_rows():
     model = tiny_model("llama")
     model.set_attn_implementation("sdpa")
-    hf_posext.patch(model, "self-extend", group_size=4, window=12)
+    hf_posext.patch(model, "self-extend", group_size=4, neighbor_window=12)
     long_row, short_row = _ids(90, seed=1)[0], _ids(75, seed=2)[0]
     batch = torch.stack((long_row, torch.cat((torch.zeros(15, dtype=torch.long), short_row))))
     mask = torch.ones_like(batch)
@@ -270,15 +270,15 @@ def test_left_padded_batch_matches_single_rows():
 def test_replace_not_compound_and_previous_frequency_patch_is_removed():
     model = tiny_model("llama")
     ids = _ids(150)
-    hf_posext.patch(model, "self-extend", group_size=4, window=16)
+    hf_posext.patch(model, "self-extend", group_size=4, neighbor_window=16)
     first = logits_of(model, ids)
-    hf_posext.patch(model, "self-extend", group_size=2, window=8)
-    hf_posext.patch(model, "self-extend", group_size=4, window=16)
+    hf_posext.patch(model, "self-extend", group_size=2, neighbor_window=8)
+    hf_posext.patch(model, "self-extend", group_size=4, neighbor_window=16)
     torch.testing.assert_close(logits_of(model, ids), first, atol=0, rtol=0)
     hf_posext.patch(model, "yarn", factor=2)  # a frequency method replaces Self-Extend
     assert hf_posext.describe(model).kind == "rope"
     assert model.config._attn_implementation == "eager"
-    hf_posext.patch(model, "self-extend", group_size=4, window=16)  # and the other way round
+    hf_posext.patch(model, "self-extend", group_size=4, neighbor_window=16)  # and the other way round
     assert hf_posext.describe(model).method == "self-extend"
     torch.testing.assert_close(logits_of(model, ids), first, atol=0, rtol=0)
 
@@ -286,7 +286,7 @@ def test_replace_not_compound_and_previous_frequency_patch_is_removed():
 def test_save_and_load_round_trip(tmp_path):
     model = tiny_model("llama")
     model.set_attn_implementation("sdpa")
-    hf_posext.patch(model, "self-extend", group_size=3, window=16)
+    hf_posext.patch(model, "self-extend", group_size=3, neighbor_window=16)
     ids = _ids(150)
     expected = logits_of(model, ids)
     model.save_pretrained(tmp_path)
@@ -306,10 +306,10 @@ def test_save_and_load_round_trip(tmp_path):
         ({}, "needs its size"),
         ({"group_size": 0}, "group_size must be an integer"),
         ({"group_size": 2.5}, "group_size must be an integer"),
-        ({"group_size": 2, "window": 64}, "smaller than the model's original window"),
-        ({"group_size": 2, "windw": 8}, "Did you mean 'window'"),
+        ({"group_size": 2, "neighbor_window": 64}, "smaller than the model's original window"),
+        ({"group_size": 2, "neighbor_windw": 8}, "Did you mean 'neighbor_window'"),
         ({"factor": 0.5}, "below 1"),
-        ({"factor": 8, "group_size": 2, "window": 16}, "use group_size >= 11"),
+        ({"factor": 8, "group_size": 2, "neighbor_window": 16}, "use group_size >= 11"),
         ({"factor": 2, "target_length": 128}, "exactly one"),
     ],
 )
@@ -322,11 +322,30 @@ def test_bad_settings_raise_clear_errors_and_leave_the_model_untouched(kwargs, m
     assert not self_extend.is_patched(model)
 
 
+def test_the_old_parameter_name_window_still_works_with_a_warning(tmp_path):
+    model = tiny_model("llama")
+    ids = _ids(200)
+    with pytest.warns(FutureWarning, match="'window' is now called 'neighbor_window'"):
+        hf_posext.patch(model, "self-extend", group_size=4, window=12)
+    assert hf_posext.describe(model).params["neighbor_window"] == 12
+    old_name = logits_of(model, ids)
+    hf_posext.patch(model, "self-extend", group_size=4, neighbor_window=12)
+    torch.testing.assert_close(logits_of(model, ids), old_name, atol=0, rtol=0)
+    with pytest.raises(ValueError, match="give neighbor_window= only"):
+        hf_posext.patch(model, "self-extend", group_size=4, window=12, neighbor_window=12)
+    # A folder saved before the rename records "window": it loads to the same model.
+    model.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["hf_posext"]["params"] = {"group_size": 4, "window": 12}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    torch.testing.assert_close(logits_of(hf_posext.load(tmp_path), ids), old_name, atol=0, rtol=0)
+
+
 def test_model_whose_attention_bypasses_the_registry_is_refused():
     model = tiny_model("falcon")
     before = dict(model.config.__dict__)
     with pytest.raises(UnsupportedModelError, match="registry"):
-        hf_posext.patch(model, "self-extend", group_size=2, window=8)
+        hf_posext.patch(model, "self-extend", group_size=2, neighbor_window=8)
     assert model.config.__dict__ == before
 
 
@@ -335,4 +354,4 @@ def test_absolute_position_model_is_refused():
 
     model = GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=1, n_head=2, n_positions=64, vocab_size=128))
     with pytest.raises(ValueError):
-        hf_posext.patch(model, "self-extend", group_size=2, window=8)
+        hf_posext.patch(model, "self-extend", group_size=2, neighbor_window=8)

@@ -30,7 +30,7 @@ from hf_posext.core.errors import UnsupportedModelError
 from hf_posext.core.loading import config_kwargs, model_class_for
 from hf_posext.core.record import CONFIG_KEY, ScalingReport, make_record, restore_config, snapshot_config, text_config
 from hf_posext.core.request import ScalingRequest, resolve_factor
-from hf_posext.methods import get_method
+from hf_posext.methods import BASELINE, get_method
 
 __all__ = ["RelativeBackend", "BiasSite", "find_bias_sites"]
 
@@ -210,7 +210,7 @@ class RelativeBackend:
                     "(unscaled now); use hf_posext.load(path) to restore it"
                 )
             window = min((s.max_distance for s in sites), default=0)
-            return ScalingReport(family, _KIND, "none", 1.0, window, window, False, [s.path for s in sites], {}, None, notes)
+            return ScalingReport(family, _KIND, BASELINE, 1.0, window, window, False, [s.path for s in sites], {}, None, notes)
         if not state.stock_loadable:
             notes.append(
                 "stock from_pretrained loads this model unscaled: transformers has no relative-distance scaling "

@@ -8,7 +8,7 @@ Subcommands:
     eval TASK ...                 perplexity / passkey / needle grids (hf_posext.evaluation.cli)
     report FOLDER                 tables and plots from a results folder (hf_posext.evaluation.cli)
     train --config ...            fine-tuning recipes (hf_posext.training.cli)
-    lm-eval, lm-eval-compare      lm-evaluation-harness (hf_posext.lm_eval_cli)
+    lm-eval, lm-eval-compare      lm-evaluation-harness (hf_posext.integrations.lm_eval.cli)
     inspect MODEL --method M      per-dimension RoPE wavelengths (hf_posext.inspect_cli)
     export DIR --for T --out D    a saved model re-configured for vllm / sglang / llama.cpp (hf_posext.export)
 
@@ -24,10 +24,11 @@ import os
 import sys
 from typing import Any, Callable
 
-from hf_posext import export, inspect_cli, lm_eval_cli
+from hf_posext import export, inspect_cli
 from hf_posext.api import describe, load, patch
 from hf_posext.core.request import ScalingRequest, parse_param_items
 from hf_posext.evaluation import cli as evaluation_cli
+from hf_posext.integrations.lm_eval import cli as lm_eval_cli
 from hf_posext.methods import available_methods
 from hf_posext.training import cli as training_cli
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-__all__ = ["UnsupportedModelError", "RecordError"]
+from typing import Any
+
+__all__ = ["UnsupportedModelError", "RecordError", "check_model"]
 
 
 class UnsupportedModelError(ValueError):
@@ -11,3 +13,14 @@ class UnsupportedModelError(ValueError):
 
 class RecordError(ValueError):
     """A saved ``hf_posext`` record in a config is malformed (the message names the file and the field)."""
+
+
+def check_model(model: Any) -> None:
+    """Raise TypeError unless ``model`` looks like a transformers model (an ``nn.Module`` with a ``.config``)."""
+    from torch import nn
+
+    if not isinstance(model, nn.Module) or not hasattr(model, "config"):
+        raise TypeError(
+            f"Expected a transformers model (an nn.Module with a .config), got {type(model).__name__}. "
+            "Load one with AutoModelForCausalLM.from_pretrained(...) or hf_posext.models.load_model(...)."
+        )

@@ -9,8 +9,15 @@ without a model. The four spellings all end in :meth:`ScalingRequest.from_mappin
 * lm-eval model args: ``posext_method=yarn,posext_factor=4,posext_beta_fast=32`` ->
   :meth:`ScalingRequest.from_model_args`.
 
-Text values go through one coercer, :func:`parse_value`. :class:`ScalingConfig` is a request resolved
-against a model's pre-training window (what a backend builds its numbers from).
+Text values go through one coercer, :func:`parse_value`.
+
+Two types, on purpose: a :class:`ScalingRequest` is what the user asked for and may leave things open
+(a factor or a target length, no window, parameters left to their defaults); a :class:`ScalingConfig`
+is that request *resolved against a model*: the model's kind of position, its pre-training window L
+and a concrete factor s, with every parameter filled in. Only a backend makes one (it alone reads the
+model), and it is what the backend builds its numbers from and what the saved record holds.
+``SelfExtendSettings`` (:mod:`hf_posext.backends.attention.self_extend`) is the same thing for Self-Extend:
+the request resolved to a group size, a neighbor window and L.
 """
 
 from __future__ import annotations
@@ -89,6 +96,12 @@ def _check_length(value: Any, name: str) -> int | None:
     return value
 
 
+def _canonical_params(method: str, params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` with renamed parameters under their current names (the first kind that has ``method`` decides)."""
+    kinds = kinds_of(method)
+    return get_method(method, kinds[0]).canonical_params(params) if kinds else dict(params)
+
+
 def _check_params(method: str, params: dict[str, Any]) -> None:
     """Accept ``params`` if some kind that has ``method`` accepts them; else raise that kind's error."""
     errors = []
@@ -134,6 +147,7 @@ class ScalingRequest:
                 f"Give exactly one of factor= or target_length=, not both; got factor={self.factor!r}, target_length={self.target_length!r}."
             )
         params = dict(self.params.items() if isinstance(self.params, Mapping) else self.params)
+        params = _canonical_params(method, params)
         _check_params(method, params)
         object.__setattr__(self, "params", tuple(sorted(params.items(), key=lambda item: item[0])))
 
@@ -338,14 +352,14 @@ def resolve_factor(factor: float | None, target_length: int | None, original_len
 
 @dataclass
 class ScalingConfig:
-    """A validated scaling request.
+    """A :class:`ScalingRequest` resolved against a model (see the module docstring): concrete L and s.
 
     Attributes:
         method: registered method name (``hf_posext.available_methods()``).
         factor: scale s >= 1; the patched window is ``original_max_position_embeddings * factor``.
         original_max_position_embeddings: the window the model was pre-trained with (L).
         params: the method's keyword parameters, with defaults filled in.
-        kind: ``"rope"`` or ``"learned"``.
+        kind: the model's kind of position (``"rope"``, ``"learned"``, ``"sinusoidal"``, ``"alibi"``, ...).
     """
 
     method: str

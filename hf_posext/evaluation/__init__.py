@@ -12,15 +12,10 @@ from hf_posext.evaluation.needle import evaluate_needle
 from hf_posext.evaluation.passkey import evaluate_passkey
 from hf_posext.evaluation.perplexity import chunked_nll, evaluate_perplexity
 from hf_posext.evaluation.report import load_results, markdown_tables, write_plots, write_report
-from hf_posext.evaluation.runner import (
-    AsciiTokenizer,
-    Distributed,
-    MethodRequest,
-    ResultStore,
-    load_model_and_tokenizer,
-    parse_lengths,
-    parse_methods,
-)
+from hf_posext.evaluation.arguments import MethodRequest, parse_lengths, parse_methods
+from hf_posext.evaluation.loading import AsciiTokenizer, load_model_and_tokenizer
+from hf_posext.evaluation.store import ResultStore
+from hf_posext.lm.distributed import Distributed
 
 __all__ = [
     "evaluate_perplexity",

@@ -33,7 +33,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", help="cpu, cuda, cuda:1, mps (default: this process's accelerator, else cpu)")
     parser.add_argument("--device-map", help="e.g. auto: spread a model too big for one device (one process only)")
     parser.add_argument("--attn-implementation", help="eager, sdpa, flash_attention_2 (default: the model's)")
-    parser.add_argument("--batch-size", type=int, default=1, help="windows/prompts per forward pass (default: %(default)s)")
+    parser.add_argument("--batch-size", type=int, default=1, help="segments/prompts per forward pass (default: %(default)s)")
     parser.add_argument("--overwrite", action="store_true", help="recompute cells already in the results file")
     parser.add_argument("--no-reuse", dest="reuse_identical", action="store_false",
                         help="recompute even where two methods compute the same function at a length")
@@ -56,11 +56,12 @@ def add_task_arguments(parser: argparse.ArgumentParser, task: str) -> None:
                             help="text: .txt/.jsonl/.parquet file or folder, a datasets name[:config], or builtin:python-docs (default)")
         parser.add_argument("--text-field", help="JSON field / column holding the text (default: text, content, document, body)")
         parser.add_argument("--split", default="test", help="dataset split for a datasets name (default: %(default)s)")
-        parser.add_argument("--max-windows", type=int, default=8, help="windows per length (default: %(default)s)")
+        parser.add_argument("--max-segments", "--max-windows", dest="max_segments", type=int, default=8,
+                            help="segments of each length scored (default: %(default)s; --max-windows is the old name)")
         parser.add_argument("--max-tokens", type=int,
-                            help="at most max(1, N // length) windows per length, so every length reads the same first N tokens")
-        parser.add_argument("--bos", choices=("auto", "yes", "no"), default="auto", help="start windows with BOS (default: when the tokenizer adds it)")
-        parser.add_argument("--concatenate", action="store_true", help="join documents (EOS-separated) before cutting windows")
+                            help="at most max(1, N // length) segments per length, so every length reads the same first N tokens")
+        parser.add_argument("--bos", choices=("auto", "yes", "no"), default="auto", help="start segments with BOS (default: when the tokenizer adds it)")
+        parser.add_argument("--concatenate", action="store_true", help="join documents (EOS-separated) before cutting segments")
         parser.add_argument("--chunk-size", type=int, default=2048, help="positions per output-head chunk (default: %(default)s)")
     elif task == "passkey":
         _retrieval(parser, trials=3, max_new=10)
@@ -76,7 +77,9 @@ def run_task(task: str, args: argparse.Namespace) -> int:
     """Run evaluation ``task`` with parsed ``args``; prints a summary table and writes plots."""
     from hf_posext.evaluation import needle, passkey, perplexity
     from hf_posext.evaluation.report import markdown_tables, write_plots
-    from hf_posext.evaluation.runner import Distributed, load_model_and_tokenizer, parse_floats, parse_lengths, parse_methods
+    from hf_posext.evaluation.arguments import parse_floats, parse_lengths, parse_methods
+    from hf_posext.evaluation.loading import load_model_and_tokenizer
+    from hf_posext.lm.distributed import Distributed
 
     started = time.time()
     methods = parse_methods(args.methods, parse_param_items(args.param))
@@ -104,7 +107,7 @@ def run_task(task: str, args: argparse.Namespace) -> int:
     )
     if task == "perplexity":
         store = perplexity.evaluate_perplexity(
-            model, tokenizer, data=args.data, max_windows=args.max_windows, max_tokens=args.max_tokens, bos=args.bos, concatenate=args.concatenate,
+            model, tokenizer, data=args.data, max_segments=args.max_segments, max_tokens=args.max_tokens, bos=args.bos, concatenate=args.concatenate,
             text_field=args.text_field, split=args.split, chunk_size=args.chunk_size, **common,
         )
     else:

@@ -21,10 +21,13 @@ from typing import Any, Sequence
 
 import torch
 
+from hf_posext.core.request import ScalingRequest
 from hf_posext.data import load_documents, split_sentences
+from hf_posext.evaluation.grid import Cell, Unit, run_grid
 from hf_posext.evaluation.passkey import retrieval_metrics
 from hf_posext.evaluation.retrieval import score_retrieval_grouped
-from hf_posext.evaluation.runner import Cell, Distributed, MethodRequest, ResultStore, Unit, run_grid
+from hf_posext.evaluation.store import ResultStore
+from hf_posext.lm.distributed import Distributed
 
 __all__ = ["NEEDLE", "QUESTION", "KEYS", "Haystack", "build_needle_prompt", "evaluate_needle"]
 
@@ -113,7 +116,7 @@ def evaluate_needle(
     tokenizer: Any,
     *,
     haystack: str | os.PathLike | Sequence[str] = "builtin:python-docs",
-    methods: Sequence[MethodRequest],
+    methods: Sequence[ScalingRequest],
     lengths: Sequence[int],
     depths: Sequence[float] = (0.0, 0.25, 0.5, 0.75, 1.0),
     trials: int = 1,

@@ -23,8 +23,11 @@ from typing import Any, Sequence
 
 import torch
 
+from hf_posext.core.request import ScalingRequest
+from hf_posext.evaluation.grid import Cell, Unit, run_grid
 from hf_posext.evaluation.retrieval import score_retrieval_grouped
-from hf_posext.evaluation.runner import Cell, Distributed, MethodRequest, ResultStore, Unit, run_grid
+from hf_posext.evaluation.store import ResultStore
+from hf_posext.lm.distributed import Distributed
 
 __all__ = ["TASK_DESCRIPTION", "FILLER", "passkey_line", "QUESTION", "build_passkey_prompt", "evaluate_passkey", "retrieval_metrics"]
 
@@ -99,7 +102,7 @@ def evaluate_passkey(
     model: torch.nn.Module,
     tokenizer: Any,
     *,
-    methods: Sequence[MethodRequest],
+    methods: Sequence[ScalingRequest],
     lengths: Sequence[int],
     depths: Sequence[float] = (0.0, 0.25, 0.5, 0.75, 1.0),
     trials: int = 3,

@@ -1,11 +1,13 @@
 """Perplexity at several context lengths, methods side by side (protocol: docs/evaluation.md).
 
-For each length n, the text is cut into non-overlapping windows of n tokens, document by document
-(windows never cross documents; a document shorter than one window is skipped and counted). With a
-BOS token (``bos="auto"`` uses one when the tokenizer adds it by itself), a window is BOS + n-1 text
-tokens. Every token of a window except the first is predicted from all the tokens before it in the
-window, so a window scores n-1 tokens; the result is the token-weighted mean NLL over the windows and
-its exponential, the perplexity. The loss is computed from the final hidden states in chunks, so the
+For each length n, the text is cut into non-overlapping *segments* of n tokens, document by document
+(segments never cross documents; a document shorter than one segment is skipped and counted). With a
+BOS token (``bos="auto"`` uses one when the tokenizer adds it by itself), a segment is BOS + n-1 text
+tokens. Every token of a segment except the first is predicted from all the tokens before it in the
+segment, so a segment scores n-1 tokens; the result is the token-weighted mean NLL over the segments and
+its exponential, the perplexity. ("Window" is kept for the model's context window; segments were
+called windows before, and ``max_windows=`` / ``make_windows`` still work. Results files keep their
+``max_windows`` and ``windows`` keys, so earlier results are found and read as before.) The loss is computed from the final hidden states in chunks, so the
 [tokens x vocabulary] logits never exist at once (at 16384 tokens and a 49k vocabulary they would take
 3.2 GB in float32).
 """
@@ -18,22 +20,19 @@ from typing import Any, Sequence
 
 import torch
 
+from hf_posext.core.deprecation import renamed_keyword
+from hf_posext.core.request import ScalingRequest
 from hf_posext.data import load_documents
-from hf_posext.evaluation.runner import (
-    Cell,
-    Distributed,
-    MethodRequest,
-    ResultStore,
-    Unit,
-    run_grid,
-)
+from hf_posext.evaluation.grid import Cell, Unit, run_grid
+from hf_posext.evaluation.store import ResultStore
+from hf_posext.lm.distributed import Distributed
 from hf_posext.lm.scoring import base_model, chunked_nll
 
-__all__ = ["chunked_nll", "tokenize_documents", "make_windows", "evaluate_perplexity", "uses_bos"]
+__all__ = ["chunked_nll", "tokenize_documents", "make_segments", "make_windows", "evaluate_perplexity", "uses_bos"]
 
 
 def uses_bos(tokenizer: Any, bos: str = "auto") -> int | None:
-    """The BOS id to start windows with: ``"yes"``/``"no"``, or ``"auto"`` = when the tokenizer adds one itself."""
+    """The BOS id to start segments with: ``"yes"``/``"no"``, or ``"auto"`` = when the tokenizer adds one itself."""
     bos_id = getattr(tokenizer, "bos_token_id", None)
     if bos == "no":
         return None
@@ -64,37 +63,44 @@ def tokenize_documents(tokenizer: Any, documents: Sequence[str], concatenate: bo
     return token_docs
 
 
-def make_windows(
-    token_docs: Sequence[Sequence[int]], length: int, max_windows: int | None = None, bos_id: int | None = None
+def make_segments(
+    token_docs: Sequence[Sequence[int]], length: int, max_segments: int | None = None, bos_id: int | None = None
 ) -> tuple[list[tuple[int, int, list[int]]], int]:
-    """Non-overlapping windows of ``length`` tokens (BOS + ``length-1`` text tokens with a BOS).
+    """Non-overlapping segments of ``length`` tokens (BOS + ``length-1`` text tokens with a BOS).
 
     Returns:
-        ``(windows, skipped)``: ``(document index, start token, ids)`` triples in document order (at most
-        ``max_windows``), and the number of documents shorter than one window.
+        ``(segments, skipped)``: ``(document index, start token, ids)`` triples in document order (at most
+        ``max_segments``), and the number of documents shorter than one segment.
 
     Raises:
-        ValueError: no document is long enough for one window.
+        ValueError: no document is long enough for one segment.
     """
     text_tokens = length - (1 if bos_id is not None else 0)
-    windows: list[tuple[int, int, list[int]]] = []
+    segments: list[tuple[int, int, list[int]]] = []
     skipped = 0
     for doc_index, ids in enumerate(token_docs):
         if len(ids) < text_tokens:
             skipped += 1
             continue
         for start in range(0, len(ids) - text_tokens + 1, text_tokens):
-            if max_windows is not None and len(windows) >= max_windows:
+            if max_segments is not None and len(segments) >= max_segments:
                 break
-            window = list(ids[start : start + text_tokens])
-            windows.append((doc_index, start, ([bos_id] if bos_id is not None else []) + window))
-    if not windows:
+            segment = list(ids[start : start + text_tokens])
+            segments.append((doc_index, start, ([bos_id] if bos_id is not None else []) + segment))
+    if not segments:
         longest = max((len(ids) for ids in token_docs), default=0)
         raise ValueError(
-            f"No document has the {text_tokens} tokens a {length}-token window needs (the longest has {longest}, "
+            f"No document has the {text_tokens} tokens a {length}-token segment needs (the longest has {longest}, "
             f"{skipped} skipped). Use shorter --lengths, longer documents, or --concatenate to join documents."
         )
-    return windows, skipped
+    return segments, skipped
+
+
+def make_windows(
+    token_docs: Sequence[Sequence[int]], length: int, max_windows: int | None = None, bos_id: int | None = None
+) -> tuple[list[tuple[int, int, list[int]]], int]:
+    """The former name of :func:`make_segments` (same arguments, ``max_windows`` for ``max_segments``)."""
+    return make_segments(token_docs, length, max_windows, bos_id)
 
 
 def evaluate_perplexity(
@@ -102,12 +108,12 @@ def evaluate_perplexity(
     tokenizer: Any,
     *,
     data: str | os.PathLike | Sequence[str],
-    methods: Sequence[MethodRequest],
+    methods: Sequence[ScalingRequest],
     lengths: Sequence[int],
     factor: float | None = None,
     out_dir: str | os.PathLike = "results",
     model_name: str = "model",
-    max_windows: int = 8,
+    max_segments: int = 8,
     max_tokens: int | None = None,
     bos: str = "auto",
     concatenate: bool = False,
@@ -119,6 +125,7 @@ def evaluate_perplexity(
     reuse_identical: bool = True,
     dist: Distributed | None = None,
     extra_config: dict[str, Any] | None = None,
+    max_windows: int | None = None,
 ) -> ResultStore:
     """Perplexity of ``model`` under each method at each length; records go to ``out_dir``.
 
@@ -127,36 +134,38 @@ def evaluate_perplexity(
         tokenizer: its tokenizer.
         data: a text source (see :mod:`hf_posext.data`) or a list of document strings.
         methods: methods to compare (``none`` = unpatched).
-        lengths: window lengths in tokens.
+        lengths: segment lengths in tokens.
         factor: scale factor for every method (None: longest length / original window).
         out_dir: results folder.
         model_name: how the model is named in the results.
-        max_windows: windows per length (the first ones, in document order).
-        max_tokens: if given, at most ``max(1, max_tokens // length)`` windows per length (still capped
-            by ``max_windows``), so every length reads the same leading tokens: 4 windows of 4096 and one
-            of 16384 cover the same 16384 tokens.
+        max_segments: segments per length (the first ones, in document order).
+        max_tokens: if given, at most ``max(1, max_tokens // length)`` segments per length (still capped
+            by ``max_segments``), so every length reads the same leading tokens: 4 segments of 4096 and
+            one of 16384 cover the same 16384 tokens.
         bos: ``"auto"``, ``"yes"`` or ``"no"`` (see :func:`uses_bos`).
-        concatenate: join all documents into one (EOS between them) before cutting windows.
+        concatenate: join all documents into one (EOS between them) before cutting segments.
         text_field: the text field/column of .jsonl/.parquet/dataset sources.
         split: the dataset split of a dataset name.
         chunk_size: positions per output-head chunk.
-        batch_size: windows per forward pass.
+        batch_size: segments per forward pass.
         overwrite: recompute cells already in the results file.
         reuse_identical: reuse results between methods that compute the same function at a length.
         dist: process group (None: detected from the environment).
         extra_config: more entries for the run config (e.g. the dtype), part of the results file key.
+        max_windows: the old name of ``max_segments`` (a FutureWarning).
 
     Returns:
         The :class:`ResultStore` with one record per (method, length): ``nll``, ``ppl``, ``tokens``,
-        ``windows``, ``skipped_documents``.
+        ``windows`` (the number of segments), ``skipped_documents``.
     """
+    max_segments = renamed_keyword("max_windows", max_windows, "max_segments", max_segments, 8)
     dist = dist or Distributed()
     documents = [str(d) for d in data] if isinstance(data, (list, tuple)) else load_documents(data, text_field=text_field, split=split)
     token_docs = tokenize_documents(tokenizer, documents, concatenate)
     bos_id = uses_bos(tokenizer, bos)
     source = "<in-memory documents>" if isinstance(data, (list, tuple)) else str(data)
     run_config = {
-        "task": "perplexity", "model": model_name, "data": source, "max_windows": max_windows, "bos": bos_id is not None,
+        "task": "perplexity", "model": model_name, "data": source, "max_windows": max_segments, "bos": bos_id is not None,
         "concatenate": concatenate, "text_field": text_field, **(extra_config or {}),
     }
     if max_tokens is not None:
@@ -167,9 +176,9 @@ def evaluate_perplexity(
     device = next(base_model(model).parameters()).device
 
     def plan(length: int) -> list[Cell]:
-        count = max_windows if max_tokens is None else min(max_windows, max(1, max_tokens // length))
-        windows, skipped = make_windows(token_docs, length, count, bos_id)
-        units = [Unit(("ppl", length, doc, start), ids) for doc, start, ids in windows]
+        count = max_segments if max_tokens is None else min(max_segments, max(1, max_tokens // length))
+        segments, skipped = make_segments(token_docs, length, count, bos_id)
+        units = [Unit(("ppl", length, doc, start), ids) for doc, start, ids in segments]
         return [Cell({}, units, {"skipped_documents": skipped, "documents": len(token_docs)})]
 
     def evaluate(batch: list[list[int]]) -> list[dict[str, Any]]:

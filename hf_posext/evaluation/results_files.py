@@ -1,6 +1,6 @@
 """Reading evaluation results files back, strictly: a file that cannot be used is named, never skipped.
 
-A results file is the JSON a :class:`hf_posext.evaluation.runner.ResultStore` writes:
+A results file is the JSON a :class:`hf_posext.evaluation.store.ResultStore` writes:
 ``{"task", "config", "cells": {cell id: record}, "runs": [...]}``. Each record must carry its
 coordinates and the numbers of its task; a record that lacks them (a truncated or hand-edited file)
 would otherwise show as a blank table cell or be taken for a finished cell and reused.

@@ -11,13 +11,17 @@ from hf_posext.methods import learned  # noqa: F401
 from hf_posext.methods import attention  # noqa: F401
 from hf_posext.methods import relative  # noqa: F401
 from hf_posext.methods.registry import (
+    BASELINE,
     METHODS,
     Method,
     available_methods,
     check_method_name,
     get_method,
     kinds_of,
+    register_alias,
     register_method,
+    resolve_method,
 )
 
-__all__ = ["Method", "register_method", "get_method", "available_methods", "kinds_of", "check_method_name", "METHODS"]
+__all__ = ["Method", "register_method", "register_alias", "get_method", "resolve_method", "available_methods", "kinds_of",
+           "check_method_name", "METHODS", "BASELINE"]

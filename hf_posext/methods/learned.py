@@ -24,7 +24,7 @@ from fractions import Fraction
 
 import torch
 
-from hf_posext.methods.registry import register_method
+from hf_posext.methods.registry import register_alias, register_method
 
 __all__ = ["exact_factor", "interpolation_grid", "linear_table", "linear_positions", "MAX_TABLE_ROWS"]
 
@@ -171,3 +171,10 @@ def alibi_unchanged(factor: Fraction, params: NoParams | None = None) -> None:
     """ALiBi (Press et al. 2022) adds -m_h * (i - j) to attention logits; no number depends on a window,
     so there is nothing to rescale. Returns None."""
     return None
+
+
+register_alias(
+    "linear", "alibi", "none",
+    "ALiBi needs no position interpolation: method 'linear' changes no number on an ALiBi model; "
+    "hf_posext only lifts the length limit (recorded as method 'none').",
+)

@@ -11,12 +11,27 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from hf_posext.methods.transformers import rope_type_for
 
-__all__ = ["Method", "register_method", "get_method", "available_methods", "kinds_of", "check_method_name", "METHODS"]
+__all__ = [
+    "Method",
+    "register_method",
+    "register_alias",
+    "get_method",
+    "resolve_method",
+    "available_methods",
+    "kinds_of",
+    "check_method_name",
+    "METHODS",
+    "BASELINE",
+]
+
+#: The name every kind gives its unscaled baseline: the model's own positions, factor 1.
+BASELINE = "none"
 
 
 @dataclass(frozen=True)
@@ -33,6 +48,8 @@ class Method:
         size_params: parameters that size the extension by themselves (Self-Extend's ``group_size``):
             with one of them, neither ``factor`` nor ``target_length`` is needed.
         identity_at_one: ``factor=1`` gives the unscaled model exactly (static methods).
+        renamed_params: ``(old name, new name)`` pairs: a parameter renamed since it was first published;
+            the old name is still accepted, with a ``FutureWarning``.
     """
 
     name: str
@@ -43,18 +60,44 @@ class Method:
     dynamic: bool = False
     size_params: tuple[str, ...] = ()
     identity_at_one: bool = False
+    renamed_params: tuple[tuple[str, str], ...] = ()
 
     @property
     def transformers_type(self) -> str | None:
         """The ``rope_type`` transformers uses for the same rule, if any (:mod:`hf_posext.methods.transformers`)."""
         return rope_type_for(self.name) if self.kind == "rope" else None
 
+    @property
+    def baseline(self) -> bool:
+        """Whether this is the kind's unscaled baseline (:data:`BASELINE`): it changes no number."""
+        return self.name == BASELINE
+
+    def canonical_params(self, params: dict[str, Any]) -> dict[str, Any]:
+        """``params`` with every renamed parameter under its current name (a ``FutureWarning`` for each old one).
+
+        Raises:
+            ValueError: both the old and the new name of a parameter are given.
+        """
+        params = dict(params)
+        for old, new in self.renamed_params:
+            if old not in params:
+                continue
+            if new in params:
+                raise ValueError(f"Method {self.name!r}: give {new}= only ({old}= is its old name), not both.")
+            warnings.warn(f"Method {self.name!r}: parameter {old!r} is now called {new!r}; the old name will be removed.",
+                          FutureWarning, stacklevel=3)
+            params[new] = params.pop(old)
+        return params
+
     def parse_params(self, params: dict[str, Any]) -> Any:
         """Validate keyword parameters and return the method's parameter dataclass.
+
+        Renamed parameters are accepted under their old name (see :meth:`canonical_params`).
 
         Raises:
             ValueError: an unknown parameter name (with the closest known one) or a bad value.
         """
+        params = self.canonical_params(params)
         known = [f.name for f in dataclasses.fields(self.params_cls)]
         for key in params:
             if key not in known:
@@ -71,6 +114,9 @@ class Method:
 # tables); the model being patched decides the kind.
 METHODS: dict[str, dict[str, Method]] = {}
 
+# kind -> alias -> (the registered method it stands for, the note a backend reports when it is used).
+ALIASES: dict[str, dict[str, tuple[str, str]]] = {}
+
 
 def register_method(
     name: str,
@@ -80,6 +126,7 @@ def register_method(
     dynamic: bool = False,
     size_params: tuple[str, ...] = (),
     identity_at_one: bool = False,
+    renamed_params: tuple[tuple[str, str], ...] = (),
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator registering ``compute`` under ``name`` (see :class:`Method`)."""
 
@@ -87,10 +134,36 @@ def register_method(
         registry = METHODS.setdefault(kind, {})
         if name in registry:
             raise ValueError(f"A {kind} method named {name!r} is already registered.")
-        registry[name] = Method(name, summary, kind, params_cls, compute, dynamic, size_params, identity_at_one)
+        registry[name] = Method(name, summary, kind, params_cls, compute, dynamic, size_params, identity_at_one, renamed_params)
         return compute
 
     return decorator
+
+
+def register_alias(alias: str, kind: str, method: str, note: str) -> None:
+    """Accept ``alias`` for ``kind`` as the registered ``method``, reporting ``note`` when it is used.
+
+    For a name users reasonably pass that means another method on this kind of position (``linear`` on
+    an ALiBi model changes no number: it is ``none`` there).
+    """
+    if method not in METHODS.get(kind, {}):
+        raise ValueError(f"Cannot alias {alias!r} to {method!r}: no {kind} method has that name.")
+    if alias in METHODS[kind]:
+        raise ValueError(f"{alias!r} is already a {kind} method; an alias cannot hide it.")
+    ALIASES.setdefault(kind, {})[alias] = (method, note)
+
+
+def resolve_method(name: str, kind: str) -> tuple[Method, list[str]]:
+    """The method ``name`` stands for on ``kind`` (following an alias) and the notes to report.
+
+    Raises:
+        TypeError, ValueError: as :func:`get_method`.
+    """
+    key = name.strip().lower().replace("_", "-") if isinstance(name, str) else name
+    if isinstance(key, str) and key in ALIASES.get(kind, {}):
+        method, note = ALIASES[kind][key]
+        return METHODS[kind][method], [note]
+    return get_method(name, kind), []
 
 
 def get_method(name: str, kind: str = "rope") -> Method:

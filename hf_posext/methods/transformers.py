@@ -6,7 +6,14 @@ writing ``rope_parameters`` so stock ``from_pretrained`` reproduces a patched mo
 
 from __future__ import annotations
 
-__all__ = ["ROPE_TYPES", "method_for_rope_type", "rope_type_for", "stock_rope_parameters"]
+__all__ = [
+    "ROPE_TYPES",
+    "method_for_rope_type",
+    "rope_type_for",
+    "stock_rope_parameters",
+    "window_is_scaled",
+    "reads_top_level_original_window",
+]
 
 #: transformers ``rope_type`` -> (our method, the parameters both spell the same way).
 ROPE_TYPES: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -17,6 +24,25 @@ ROPE_TYPES: dict[str, tuple[str, tuple[str, ...]]] = {
     "llama3": ("llama3", ("low_freq_factor", "high_freq_factor")),
     "longrope": ("longrope", ("long_factor", "short_factor", "attention_factor")),
 }
+
+
+#: rope types whose config keeps ``max_position_embeddings`` at the pre-training window L: the unscaled
+#: default, and ``dynamic``, which scales from L at run time. Every other type's config holds L * s there.
+_WINDOW_KEEPING_TYPES = ("default", "dynamic")
+
+#: rope types for which transformers 4.x reads L from the config's top-level ``original_max_position_embeddings``
+#: (Phi-3 style), not from the rope dict.
+_TOP_LEVEL_ORIGINAL_WINDOW_TYPES = ("longrope",)
+
+
+def window_is_scaled(rope_type: str) -> bool:
+    """Whether a config with this ``rope_type`` holds the scaled window L * s in ``max_position_embeddings``."""
+    return rope_type not in _WINDOW_KEEPING_TYPES
+
+
+def reads_top_level_original_window(rope_type: str) -> bool:
+    """Whether transformers 4.x reads this ``rope_type``'s L from the config's top-level ``original_max_position_embeddings``."""
+    return rope_type in _TOP_LEVEL_ORIGINAL_WINDOW_TYPES
 
 
 def method_for_rope_type(rope_type: str) -> tuple[str, tuple[str, ...]] | None:

@@ -40,11 +40,7 @@ class AbsoluteBackend:
         unknown = [k for k in extras if k != "tokenizer"]
         if unknown:
             raise ValueError(f"Unknown argument(s) {', '.join(unknown)} for models with absolute positions.")
-        return absolute.patch_absolute(
-            model, request.method, request.factor, target_length=request.target_length,
-            original_max_position_embeddings=request.original_max_position_embeddings,
-            **request.params_dict, **extras,
-        )
+        return absolute.patch_absolute(model, request, **extras)
 
     def unpatch(self, model: nn.Module) -> nn.Module:
         return absolute.unpatch_absolute(model)

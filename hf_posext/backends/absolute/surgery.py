@@ -41,11 +41,11 @@ import torch
 from torch import nn
 
 from hf_posext.backends.rope import sites as families
-from hf_posext.core.errors import UnsupportedModelError
+from hf_posext.core.errors import UnsupportedModelError, check_model
 from hf_posext.core.loading import config_kwargs, model_class_for
 from hf_posext.core.record import ABSENT, CONFIG_KEY, ScalingReport, config_attribute
-from hf_posext.core.request import ScalingConfig, resolve_factor
-from hf_posext.methods import get_method
+from hf_posext.core.request import ScalingConfig, ScalingRequest, resolve_factor
+from hf_posext.methods import BASELINE, get_method, resolve_method
 from hf_posext.methods.learned import MAX_TABLE_ROWS, exact_factor
 
 __all__ = [
@@ -481,30 +481,21 @@ class _AbsoluteState:
     notes: list[str] = field(default_factory=list)
 
 
-def _check_model(model: Any) -> None:
-    if not isinstance(model, nn.Module) or not hasattr(model, "config"):
-        raise TypeError(
-            f"Expected a transformers model (an nn.Module with a .config), got {type(model).__name__}."
-        )
-
-
 def _resolve_method(name: Any, kind: str) -> tuple[str, list[str]]:
-    """The registered method for ``kind`` and any warning to emit (ALiBi accepts 'linear' as 'none')."""
-    notes = []
-    if kind == "alibi" and isinstance(name, str) and name.strip().lower() == "linear":
-        notes.append(
-            "ALiBi needs no position interpolation: method 'linear' changes no number on an ALiBi model; "
-            "hf_posext only lifts the length limit (recorded as method 'none')."
-        )
-        name = "none"
-    return get_method(name, kind).name, notes
+    """The registered method for ``kind`` and any warning to emit (an alias such as ALiBi's 'linear')."""
+    method, notes = resolve_method(name, kind)
+    return method.name, notes
+
+
+def _stock_loadable(kind: str, method: str) -> bool:
+    """Whether stock ``from_pretrained`` rebuilds the patched model: not for rescaled sinusoids (recomputed on load)."""
+    return not (kind == "sinusoidal" and not get_method(method, kind).baseline)
 
 
 def _original_window(positions: AbsolutePositions, override: int | None) -> int | None:
+    """The pre-training window L: ``override`` (a positive int, checked by ScalingRequest) or the model's own."""
     if override is None:
         return positions.window
-    if isinstance(override, bool) or not isinstance(override, int) or override <= 0:
-        raise ValueError(f"original_max_position_embeddings must be a positive int, got {override!r}.")
     if positions.kind == "learned" and override > positions.window:
         raise ValueError(
             f"original_max_position_embeddings={override} is larger than the learned table ({positions.window} "
@@ -564,7 +555,7 @@ def _plan(
         assignments.append(_Assignment(table.module, "weight", original, parameter, "parameter"))
         assignments.append(_Assignment(table.module, "num_embeddings", original.shape[0], parameter.shape[0], "attribute"))
     for site in positions.sinusoids:
-        if spec.name != "none":
+        if not spec.baseline:
             compute = spec.compute
             rows = max(site.original_buffer.shape[0] + delta, site.offset + new_window)
             table = _scaled_sinusoid_rows(
@@ -628,15 +619,7 @@ def _record(scaling: ScalingConfig, positions: AbsolutePositions, new_window: in
     }
 
 
-def patch_absolute(
-    model: nn.Module,
-    method: str,
-    factor: float | None = None,
-    *,
-    target_length: int | None = None,
-    original_max_position_embeddings: int | None = None,
-    **params: Any,
-) -> nn.Module:
+def patch_absolute(model: nn.Module, request: ScalingRequest, tokenizer: Any = None) -> nn.Module:
     """Extend the window of a model with absolute positions (see :func:`hf_posext.patch`).
 
     Learned tables are resampled (``"linear"``: T'[p] = interpolation of T at p/s), sinusoidal encodings
@@ -645,13 +628,10 @@ def patch_absolute(
 
     Args:
         model: a transformers model whose positions :func:`detect` recognises.
-        method: ``"linear"`` or ``"none"`` (``hf_posext.available_methods()`` lists them per kind).
-        factor: scale s >= 1 (new window L * s); or give ``target_length``.
-        target_length: the new window in tokens.
-        original_max_position_embeddings: the pre-training window L (default: the table's rows / the
-            config's window). For a learned table it can be at most the number of position rows.
-        **params: method parameters, plus ``tokenizer=`` (its ``model_max_length`` is set to the new
-            window, and restored by unpatch).
+        request: the method (``"linear"`` or ``"none"``; ``hf_posext.available_methods()`` lists them per
+            kind), factor or target length, and the pre-training window L if overridden (default: the
+            table's rows / the config's window; for a learned table at most the number of position rows).
+        tokenizer: its ``model_max_length`` is set to the new window (and restored by unpatch).
 
     Returns:
         The same model, patched in place. Patching again replaces the previous patch.
@@ -662,8 +642,7 @@ def patch_absolute(
             unknown parameter, bad factor, a table over 2^20 rows. The model is unchanged on any error.
         UnsupportedModelError: no absolute positions found.
     """
-    _check_model(model)
-    tokenizer = params.pop("tokenizer", None)
+    check_model(model)
     previous: _AbsoluteState | None = model.__dict__.get(_STATE_ATTRIBUTE)
     if previous is not None:
         positions = previous.positions
@@ -686,7 +665,9 @@ def patch_absolute(
             raise UnsupportedModelError(
                 f"{type(model).__name__} has no learned position table, sinusoidal encoding or ALiBi that hf_posext recognises."
             )
-    method_name, notes = _resolve_method(method, positions.kind)
+    method_name, notes = _resolve_method(request.method, positions.kind)
+    factor, target_length = request.factor, request.target_length
+    original_max_position_embeddings = request.original_max_position_embeddings
     window = _original_window(positions, original_max_position_embeddings)
     if window is None:
         if original_max_position_embeddings is None and target_length is None:
@@ -699,7 +680,7 @@ def patch_absolute(
             return model
         window = target_length if original_max_position_embeddings is None else original_max_position_embeddings
     scale = resolve_factor(factor, target_length, window)
-    scaling = ScalingConfig(method_name, scale, window, params, kind=positions.kind)
+    scaling = ScalingConfig(method_name, scale, window, request.params_dict, kind=positions.kind)
     exact = exact_factor(scale, target_length, window)
     new_window = int(target_length) if target_length is not None else scaling.target_length
     if positions.window is not None and new_window < positions.window:
@@ -738,7 +719,7 @@ def patch_absolute(
         tokenizers = previous.tokenizers
         for tok, _ in tokenizers:
             tok.model_max_length = new_window
-    stock_loadable = not (positions.kind == "sinusoidal" and method_name != "none")
+    stock_loadable = _stock_loadable(positions.kind, method_name)
     state = _AbsoluteState(scaling, positions, assignments, new_window, tokenizers, True, stock_loadable, notes)
     model.__dict__[_STATE_ATTRIBUTE] = state
     if positions.tables:
@@ -762,7 +743,7 @@ def unpatch_absolute(model: nn.Module) -> nn.Module:
     Raises:
         ValueError: the model is not patched, or was loaded without its original-table file.
     """
-    _check_model(model)
+    check_model(model)
     state: _AbsoluteState | None = model.__dict__.get(_STATE_ATTRIBUTE)
     if state is None:
         raise ValueError("This model is not patched by hf_posext (nothing to unpatch).")
@@ -816,7 +797,7 @@ def _kind_notes(positions: AbsolutePositions) -> list[str]:
 
 def describe_absolute(model: nn.Module) -> ScalingReport:
     """:class:`~hf_posext.backends.rope.surgery.ScalingReport` for a model with absolute positions (kind learned/sinusoidal/alibi)."""
-    _check_model(model)
+    check_model(model)
     state: _AbsoluteState | None = model.__dict__.get(_STATE_ATTRIBUTE)
     if state is not None:
         positions = state.positions
@@ -843,7 +824,7 @@ def describe_absolute(model: nn.Module) -> ScalingReport:
         )
     window = positions.window or 0
     return ScalingReport(
-        family=positions.family, kind=positions.kind, method="none", factor=1.0, original_window=window,
+        family=positions.family, kind=positions.kind, method=BASELINE, factor=1.0, original_window=window,
         current_window=window, dynamic=False, sites=positions.site_paths, params={}, stock_loadable=None, notes=notes,
     )
 
@@ -915,7 +896,7 @@ def load_absolute(path: str, record: dict[str, Any], **from_pretrained_kwargs: A
     exact = exact_factor(scaling.factor, None, scaling.original_max_position_embeddings)
     assignments = _plan(positions, scaling, exact, new_window, dict(record), base_record, loaded_tables=loaded_tables)
     _apply(assignments)
-    stock_loadable = not (positions.kind == "sinusoidal" and scaling.method != "none")
+    stock_loadable = _stock_loadable(positions.kind, scaling.method)
     state = _AbsoluteState(scaling, positions, assignments, new_window, [], available, stock_loadable)
     model.__dict__[_STATE_ATTRIBUTE] = state
     if positions.tables:

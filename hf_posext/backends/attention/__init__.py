@@ -46,7 +46,7 @@ class AttentionBackend:
         settings = self_extend.current_settings(model)
         return ScalingRequest.from_kwargs(
             "self-extend", original_max_position_embeddings=settings.original_max_position_embeddings,
-            group_size=settings.group_size, window=settings.window,
+            group_size=settings.group_size, neighbor_window=settings.neighbor_window,
         )
 
     def describe(self, model: nn.Module) -> ScalingReport:

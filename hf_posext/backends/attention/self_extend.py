@@ -51,7 +51,7 @@ from torch import nn
 from hf_posext.core.loading import config_kwargs, model_class_for
 from hf_posext.core.record import CONFIG_KEY, make_record, restore_config, snapshot_config
 
-from hf_posext.methods.attention import check_window, default_window, max_extended_length, size_for_target
+from hf_posext.methods.attention import check_neighbor_window, default_neighbor_window, max_extended_length, size_for_target
 from hf_posext.methods.registry import get_method
 
 __all__ = [
@@ -94,22 +94,22 @@ def _check_int(name: str, value: Any, minimum: int) -> int:
 
 @dataclass(frozen=True)
 class SelfExtendSettings:
-    """A validated Self-Extend request.
+    """A Self-Extend request resolved against a model: G, W and the model's L (see :mod:`hf_posext.core.request`).
 
     Attributes:
-        group_size: G, the floor divisor of positions beyond the neighbour window (1 = unchanged model).
-        window: W, the neighbour window where positions stay exact.
+        group_size: G, the floor divisor of positions beyond the neighbor window (1 = unchanged model).
+        neighbor_window: W, the distances below which positions stay exact.
         original_max_position_embeddings: L, the pre-training window.
     """
 
     group_size: int
-    window: int
+    neighbor_window: int
     original_max_position_embeddings: int
 
     @property
     def max_length(self) -> int:
         """Longest sequence whose grouped distances all stay inside the original window."""
-        return max_extended_length(self.original_max_position_embeddings, self.group_size, self.window)
+        return max_extended_length(self.original_max_position_embeddings, self.group_size, self.neighbor_window)
 
     @property
     def factor(self) -> float:
@@ -129,7 +129,7 @@ class _LayerSettings:
     rotary_dim: int
     interleaved: bool  # GPT-J pairs (x0, x1), (x2, x3)...; otherwise rotate_half halves
     group_size: int | None
-    window: int | None
+    neighbor_window: int | None  # W
     mask_kind: str  # "sdpa" (bool or None) or "eager" (additive float)
     scaled: bool = True  # False: a layer type Self-Extend leaves alone (Gemma 3 sliding layers)
     # Keys rotated to grouped positions during generation: (grouped keys, first raw key row, last raw key
@@ -492,7 +492,7 @@ def self_extend_attention(
     query_positions, key_positions = _positions(query, key, kwargs.get("position_ids"))
     plain = settings.group_size is None or settings.group_size == 1 or int(
         (query_positions.max() - key_positions.min())
-    ) < settings.window
+    ) < settings.neighbor_window
     if plain and settings.mask_kind == "sdpa" and softcap is None:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -501,13 +501,13 @@ def self_extend_attention(
     if not plain and _can_split(settings, attention_mask, query_positions, key_positions, softcap, dropout, module, (query, key, value)):
         output = split_grouped_attention(
             query, key, value, key_grouped, attention_mask, query_positions, key_positions,
-            settings.inv_freq, settings.rotary_dim, settings.interleaved, settings.group_size, settings.window, scaling,
+            settings.inv_freq, settings.rotary_dim, settings.interleaved, settings.group_size, settings.neighbor_window, scaling,
         )
         return output, None
     output = grouped_attention(
         query, key, value, attention_mask, query_positions, key_positions,
         settings.inv_freq, settings.rotary_dim, settings.interleaved,
-        None if plain else settings.group_size, None if plain else settings.window,
+        None if plain else settings.group_size, None if plain else settings.neighbor_window,
         scaling, softcap=softcap, dropout=dropout, training=module.training, key_grouped=key_grouped,
     )
     return output, None
@@ -543,7 +543,7 @@ def _grouped_keys(settings: _LayerSettings, key: torch.Tensor, key_positions: to
     key_positions = key_positions.to(key.device).expand(batch, kv_len)
 
     def rotated(part: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return _to_grouped(part, positions, "key", settings.group_size, settings.window, settings.inv_freq,
+        return _to_grouped(part, positions, "key", settings.group_size, settings.neighbor_window, settings.inv_freq,
                            settings.rotary_dim, settings.interleaved)
 
     cached = settings.grouped_keys
@@ -715,43 +715,44 @@ def _layer_type(model: nn.Module, module: nn.Module) -> str | None:
 
 
 def _parse_params(params: dict[str, Any]) -> dict[str, Any]:
-    get_method("self-extend", "attention").parse_params(params)  # names and types, with "did you mean"
-    return params
+    method = get_method("self-extend", "attention")
+    method.parse_params(params)  # names and types, with "did you mean"
+    return method.canonical_params(params)
 
 
 def _resolve_settings(
-    factor: float | None, target_length: int | None, original_length: int, group_size: int | None, window: int | None
+    factor: float | None, target_length: int | None, original_length: int, group_size: int | None, neighbor_window: int | None
 ) -> SelfExtendSettings:
     from hf_posext.core.request import resolve_factor
 
     if group_size is not None:
         _check_int("group_size", group_size, 1)
-    if window is not None:
-        check_window(window, original_length)
+    if neighbor_window is not None:
+        check_neighbor_window(neighbor_window, original_length)
     if factor is None and target_length is None:
         if group_size is None:
             raise ValueError(
-                "Self-Extend needs its size: give group_size= (and optionally window=), or factor= / "
+                "Self-Extend needs its size: give group_size= (and optionally neighbor_window=), or factor= / "
                 "target_length= to choose them by the paper's rule, e.g. "
                 f"patch(model, 'self-extend', target_length={4 * original_length})."
             )
-        window = default_window(original_length) if window is None else window
-        return SelfExtendSettings(group_size, window, original_length)
+        neighbor_window = default_neighbor_window(original_length) if neighbor_window is None else neighbor_window
+        return SelfExtendSettings(group_size, neighbor_window, original_length)
     scale = resolve_factor(factor, target_length, original_length)
     target = target_length if target_length is not None else int(math.ceil(original_length * scale - 1e-9))
     if group_size is None:
-        group_size, window = size_for_target(original_length, target, window)
+        group_size, neighbor_window = size_for_target(original_length, target, neighbor_window)
     else:
-        window = default_window(original_length) if window is None else window
-        reach = max_extended_length(original_length, group_size, window)
+        neighbor_window = default_neighbor_window(original_length) if neighbor_window is None else neighbor_window
+        reach = max_extended_length(original_length, group_size, neighbor_window)
         if reach < target:
-            needed, _ = size_for_target(original_length, target, window)
+            needed, _ = size_for_target(original_length, target, neighbor_window)
             raise ValueError(
-                f"group_size={group_size} with window={window} reaches only {reach} tokens, short of the "
-                f"{target} requested (original window {original_length}); use group_size >= {needed}, or leave "
+                f"group_size={group_size} with neighbor_window={neighbor_window} reaches only {reach} tokens, short of the "
+                f"{target} requested (original neighbor_window {original_length}); use group_size >= {needed}, or leave "
                 "group_size out to have it chosen."
             )
-    return SelfExtendSettings(group_size, window, original_length)
+    return SelfExtendSettings(group_size, neighbor_window, original_length)
 
 
 def _layer_settings(model: nn.Module, settings: SelfExtendSettings, mask_kind: str) -> tuple[dict[str, _LayerSettings], dict[int, str], list]:
@@ -787,7 +788,7 @@ def _layer_settings(model: nn.Module, settings: SelfExtendSettings, mask_kind: s
             continue
         inv_freq, dim, scaled = frequencies[layer_type]
         per_module[path] = _LayerSettings(
-            inv_freq, dim, interleaved, settings.group_size if scaled else None, settings.window if scaled else None,
+            inv_freq, dim, interleaved, settings.group_size if scaled else None, settings.neighbor_window if scaled else None,
             mask_kind, scaled,
         )
     # A fixed sin/cos table (GPT-J's embed_positions) stops at the original window; Self-Extend keeps
@@ -810,10 +811,10 @@ def patch_self_extend(
     Args:
         model: a RoPE causal LM whose attention uses transformers' attention registry (5.x models).
         method: ``"self-extend"``.
-        factor: extension factor s; G is then chosen so that ``L * s`` tokens fit (window default L/4).
+        factor: extension factor s; G is then chosen so that ``L * s`` tokens fit (neighbor window default L/4).
         target_length: the length to reach instead of ``factor``.
         original_max_position_embeddings: override the pre-training window L read from the config.
-        **params: ``group_size`` (G) and ``window`` (W). With neither ``factor`` nor ``target_length``,
+        **params: ``group_size`` (G) and ``neighbor_window`` (W; ``window`` is its old name). With neither ``factor`` nor ``target_length``,
             ``group_size`` is required.
 
     Returns:
@@ -825,7 +826,7 @@ def patch_self_extend(
             is unchanged in every case.
 
     Example:
-        >>> hf_posext.patch(model, "self-extend", group_size=4, window=2048)
+        >>> hf_posext.patch(model, "self-extend", group_size=4, neighbor_window=2048)
         >>> hf_posext.patch(model, "self-extend", target_length=32768)  # G, W by the paper's rule
     """
     from hf_posext.backends.rope.sites import find_rotary_sites
@@ -844,7 +845,7 @@ def patch_self_extend(
         sites = find_rotary_sites(model)
         main = next(site for site in sites if site.scaled_layer_types)
         original_length = main.current[main.scaled_layer_types[0]].original_max_position_embeddings
-    settings = _resolve_settings(factor, target_length, original_length, params.get("group_size"), params.get("window"))
+    settings = _resolve_settings(factor, target_length, original_length, params.get("group_size"), params.get("neighbor_window"))
 
     if previous is not None:
         # Same model, new G / W: update the settings in place (never compound, nothing to re-verify).
@@ -852,7 +853,7 @@ def patch_self_extend(
             layer = getattr(module, _LAYER_ATTRIBUTE)
             if layer.scaled:
                 setattr(module, _LAYER_ATTRIBUTE, dataclasses.replace(
-                    layer, group_size=settings.group_size, window=settings.window, grouped_keys=None))
+                    layer, group_size=settings.group_size, neighbor_window=settings.neighbor_window, grouped_keys=None))
         previous.settings = settings
         setattr(model.config, CONFIG_KEY, _record(settings, previous.base_implementation))
         return model
@@ -891,7 +892,7 @@ def _record(settings: SelfExtendSettings, base: str) -> dict[str, Any]:
     """What ``config.hf_posext`` holds for a Self-Extend model (``save_pretrained`` writes it)."""
     return make_record(
         "attention", "self-extend", settings.factor, settings.original_max_position_embeddings,
-        {"group_size": settings.group_size, "window": settings.window}, attn_implementation=base,
+        {"group_size": settings.group_size, "neighbor_window": settings.neighbor_window}, attn_implementation=base,
     )
 
 
@@ -926,8 +927,8 @@ def describe_self_extend(model: nn.Module):
     settings = state.settings
     grouped = [path for path, module in state.modules if getattr(module, _LAYER_ATTRIBUTE).group_size]
     notes = [
-        f"relative distances < {settings.window} exact; beyond, positions // {settings.group_size} shifted by "
-        f"{settings.window - settings.window // settings.group_size}",
+        f"relative distances < {settings.neighbor_window} exact; beyond, positions // {settings.group_size} shifted by "
+        f"{settings.neighbor_window - settings.neighbor_window // settings.group_size}",
         "cost: past the window, scores are computed explicitly in blocks (no fused SDPA kernel) plus a band of "
         "neighbour scores and a re-rotation of q and k (see bench/self_extend_cost.py)",
     ]
@@ -944,7 +945,7 @@ def describe_self_extend(model: nn.Module):
         current_window=settings.max_length,
         dynamic=False,
         sites=_site_pattern([path for path, _ in state.modules]),
-        params={"group_size": settings.group_size, "window": settings.window, "attn_implementation": state.base_implementation},
+        params={"group_size": settings.group_size, "neighbor_window": settings.neighbor_window, "attn_implementation": state.base_implementation},
         stock_loadable=False,
         notes=notes,
     )
@@ -965,5 +966,6 @@ def load_self_extend(path: str, record: dict[str, Any], **from_pretrained_kwargs
     return patch_self_extend(
         model, "self-extend", None,
         original_max_position_embeddings=int(record["original_max_position_embeddings"]),
-        group_size=int(params["group_size"]), window=int(params["window"]),
+        group_size=int(params["group_size"]),
+        neighbor_window=int(params.get("neighbor_window", params.get("window"))),  # "window": saved before the rename
     )

@@ -33,13 +33,10 @@ class RopeBackend:
 
     def patch(self, model: nn.Module, request: ScalingRequest, **extras: Any) -> nn.Module:
         _no_extras(extras, "RoPE")
-        return patching.patch(
-            model, request.method, request.factor, target_length=request.target_length,
-            original_max_position_embeddings=request.original_max_position_embeddings, **request.params_dict,
-        )
+        return patching.patch_rope(model, request)
 
     def unpatch(self, model: nn.Module) -> nn.Module:
-        return patching.unpatch(model)
+        return patching.unpatch_rope(model)
 
     def current_request(self, model: nn.Module) -> ScalingRequest:
         scaling = patching.current_scaling(model)
@@ -49,7 +46,7 @@ class RopeBackend:
         )
 
     def describe(self, model: nn.Module) -> ScalingReport:
-        return patching.describe(model)
+        return patching.describe_rope(model)
 
     def load(self, path: str, record: dict[str, Any], **from_pretrained_kwargs: Any) -> nn.Module:
         return patching.load_rope(path, record, **from_pretrained_kwargs)

@@ -28,7 +28,8 @@ from hf_posext.backends.rope.module import RotaryEntry, ScaledRotaryEmbedding
 from hf_posext.core.errors import UnsupportedModelError
 from hf_posext.core.request import ScalingConfig
 from hf_posext.methods.rope import RotaryBase
-from hf_posext.methods.transformers import ROPE_TYPES, method_for_rope_type
+from hf_posext.methods import get_method
+from hf_posext.methods.transformers import ROPE_TYPES, method_for_rope_type, reads_top_level_original_window, window_is_scaled
 
 __all__ = [
     "RotarySite",
@@ -104,23 +105,23 @@ def set_rope_parameters(config, params: dict[str, Any], layer_type: str | None =
     else:
         params["type"] = params["rope_type"]  # 4.x reads either spelling; older code only "type"
         config.rope_scaling = params
-        if params["rope_type"] == "longrope" and params.get("original_max_position_embeddings"):
-            # 4.x LongRoPE reads the pre-training window from the config itself (Phi-3 style).
+        if reads_top_level_original_window(params["rope_type"]) and params.get("original_max_position_embeddings"):
+            # e.g. 4.x LongRoPE reads the pre-training window from the config itself (Phi-3 style).
             config.original_max_position_embeddings = params["original_max_position_embeddings"]
 
 
 def original_window(config, params: dict[str, Any] | None) -> int:
     """The pre-training window L: ``original_max_position_embeddings`` if scaled, else the max length."""
     params = params or {}
-    rope_type = params.get("rope_type", "default")
-    if rope_type not in ("default", "dynamic") and params.get("original_max_position_embeddings"):
+    scaled = window_is_scaled(params.get("rope_type", "default"))
+    if scaled and params.get("original_max_position_embeddings"):
         return int(params["original_max_position_embeddings"])
-    if rope_type not in ("default", "dynamic") and getattr(config, "original_max_position_embeddings", None):
+    if scaled and getattr(config, "original_max_position_embeddings", None):
         return int(config.original_max_position_embeddings)
     for name in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
         value = getattr(config, name, None)
         if isinstance(value, int) and value > 0:
-            if rope_type not in ("default", "dynamic") and params.get("factor"):
+            if scaled and params.get("factor"):
                 return int(round(value / params["factor"]))
             return value
     raise UnsupportedModelError(
@@ -143,9 +144,9 @@ def scaling_from_transformers(config, params: dict[str, Any], window: int) -> Sc
     if factor is None:
         max_len = getattr(config, "max_position_embeddings", None) or window
         factor = max(1.0, max_len / window)
-    if method == "none":
+    if get_method(method).baseline:
         factor = 1.0
-    if method == "dynamic-ntk":
+    if not window_is_scaled(rope_type):  # dynamic scales from the config's max_position_embeddings = L
         window = getattr(config, "max_position_embeddings", window)
     return ScalingConfig(method, float(factor), int(window), method_params)
 

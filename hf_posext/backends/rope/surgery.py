@@ -1,8 +1,8 @@
-"""The RoPE backend's surgery: patch / unpatch / describe / load_rope of rotary modules (no math here; the methods do the numbers).
+"""The RoPE backend's surgery: patch_rope / unpatch_rope / describe_rope / load_rope of rotary modules (no math here; the methods do the numbers).
 
-``patch`` validates everything before it changes anything, swaps each rotary module for a
+``patch_rope`` validates everything before it changes anything, swaps each rotary module for a
 :class:`~hf_posext.backends.rope.module.ScaledRotaryEmbedding`, updates the config so ``save_pretrained`` records the
-scaling, and remembers the originals so ``unpatch`` restores the model and its config exactly.
+scaling, and remembers the originals so ``unpatch_rope`` restores the model and its config exactly.
 
 How the config records a scaling: ``config.hf_posext`` holds our description (method, factor,
 parameters, the original values of every config field we changed). Where transformers has the same
@@ -10,7 +10,7 @@ rule for this model, ``rope_parameters`` (5.x) / ``rope_scaling`` (4.5x) is set 
 ``from_pretrained`` reproduces the patched model without hf_posext; this is checked when patching by
 building the model's own rotary class from the new config and comparing outputs. Otherwise the RoPE
 fields keep their original values (stock transformers then loads the unscaled model) and
-:func:`load` re-applies the scaling.
+:func:`load_rope` re-applies the scaling.
 """
 
 from __future__ import annotations
@@ -36,13 +36,14 @@ from hf_posext.backends.rope.sites import (
     set_rope_parameters,
     window_attribute,
 )
+from hf_posext.core.errors import check_model
 from hf_posext.core.loading import config_kwargs, model_class_for
 from hf_posext.core.record import CONFIG_KEY, ScalingReport, jsonable, restore_config, snapshot_config, text_config
-from hf_posext.core.request import ScalingConfig, resolve_factor
+from hf_posext.core.request import ScalingConfig, ScalingRequest, resolve_factor
 from hf_posext.methods import get_method
-from hf_posext.methods.transformers import stock_rope_parameters
+from hf_posext.methods.transformers import stock_rope_parameters, window_is_scaled
 
-__all__ = ["patch", "unpatch", "describe", "load_rope", "is_patched", "current_scaling", "fixed_length", "ScalingReport", "CONFIG_KEY"]
+__all__ = ["patch_rope", "unpatch_rope", "describe_rope", "load_rope", "is_patched", "current_scaling", "fixed_length", "ScalingReport", "CONFIG_KEY"]
 
 _STATE_ATTRIBUTE = "_hf_posext_state"
 _CONFIG_FIELDS = (
@@ -59,14 +60,6 @@ class _PatchState:
     config_snapshots: list[tuple[Any, dict[str, Any]]]
     stock_loadable: bool
     wrapped_generate: bool = False
-
-
-def _check_model(model: Any) -> None:
-    if not isinstance(model, nn.Module) or not hasattr(model, "config"):
-        raise TypeError(
-            f"Expected a transformers model (an nn.Module with a .config), got {type(model).__name__}. "
-            "Load one with AutoModelForCausalLM.from_pretrained(...) or hf_posext.models.load_model(...)."
-        )
 
 
 def _state(model: nn.Module) -> _PatchState | None:
@@ -131,8 +124,8 @@ def _plan_config(
     if stock is not None:
         stock.update({k: v for k, v in base_params.items() if k in ("partial_rotary_factor",)})
         set_rope_parameters(work, stock, layer_type)
-        # transformers' dynamic types scale from max_position_embeddings = L; longrope reads L from its dict.
-        keeps_window = scaling.spec.dynamic and stock.get("rope_type") == "dynamic"
+        # transformers' dynamic types scale from max_position_embeddings = L; the others read L from their dict.
+        keeps_window = scaling.spec.dynamic and not window_is_scaled(stock["rope_type"])
         setattr(work, window_attribute(work), window if keeps_window else scaling.target_length)
         if all(_stock_reproduces(site, module, work, scaling) for site, module in scaled_sites):
             return _snapshot(work), True
@@ -143,43 +136,15 @@ def _plan_config(
     return _snapshot(work), False
 
 
-def patch(
-    model: nn.Module,
-    method: str,
-    factor: float | None = None,
-    *,
-    target_length: int | None = None,
-    original_max_position_embeddings: int | None = None,
-    **method_params: Any,
-) -> nn.Module:
-    """Extend a model's context window in place with a scaling method.
-
-    Args:
-        model: a loaded transformers model (any family in ``hf_posext.backends.rope.sites.SUPPORTED_FAMILIES`` or
-            with the same structure).
-        method: a name from :func:`hf_posext.available_methods` (e.g. ``"yarn"``).
-        factor: scale s >= 1; the new window is L * s. Give this or ``target_length``.
-        target_length: the window you need (factor = target_length / L).
-        original_max_position_embeddings: override the pre-training window L read from the config.
-        **method_params: the method's parameters (e.g. ``beta_fast=32``, ``low_freq_factor=1``). For
-            learned/sinusoidal/ALiBi models, ``tokenizer=`` also sets the tokenizer's
-            ``model_max_length`` (restored by ``unpatch``); see docs/absolute.md.
-
-    Returns:
-        The same model, patched. Patching again replaces the previous scaling (it never compounds).
+def patch_rope(model: nn.Module, request: ScalingRequest) -> nn.Module:
+    """Scale the model's rotary modules as ``request`` says (:func:`hf_posext.patch` routes RoPE requests here).
 
     Raises:
-        TypeError: ``model`` is not a transformers model.
-        ValueError: unknown method or parameter, factor < 1, factor and target_length both or
-            neither, target shorter than the window, no supported positional module. In every case the
-            model is left untouched.
-
-    Example:
-        >>> hf_posext.patch(model, "yarn", factor=4)
-        >>> hf_posext.patch(model, "linear", target_length=32768)
+        ValueError: a method that is not a RoPE method, a bad factor or target, no supported rotary
+            module. In every case the model is left untouched (a previous patch included).
     """
-    _check_model(model)
-    spec = get_method(method, "rope")
+    check_model(model)
+    spec = get_method(request.method, "rope")
     previous = _state(model)
     if previous is not None:
         sites = previous.sites
@@ -198,12 +163,10 @@ def patch(
                 site.bases[layer_type] = float(record["original_theta"])
     else:
         window = main_site.current[main_type].original_max_position_embeddings
-    if original_max_position_embeddings is not None:
-        if not isinstance(original_max_position_embeddings, int) or original_max_position_embeddings <= 0:
-            raise ValueError(f"original_max_position_embeddings must be a positive int, got {original_max_position_embeddings!r}.")
-        window = original_max_position_embeddings
-    scale = resolve_factor(factor, target_length, window)
-    scaling = ScalingConfig(spec.name, scale, window, method_params)
+    if request.original_max_position_embeddings is not None:  # validated by ScalingRequest
+        window = request.original_max_position_embeddings
+    scale = resolve_factor(request.factor, request.target_length, window)
+    scaling = ScalingConfig(spec.name, scale, window, request.params_dict)
     new_modules = [build_rotary_module(site, scaling) for site in sites]
 
     # Work out every config change before touching the model.
@@ -253,14 +216,9 @@ def patch(
     return model
 
 
-def unpatch(model: nn.Module) -> nn.Module:
-    """Undo :func:`patch`: restore the original rotary modules and config fields exactly.
-
-    Raises:
-        TypeError: ``model`` is not a transformers model.
-        ValueError: the model is not patched.
-    """
-    _check_model(model)
+def unpatch_rope(model: nn.Module) -> nn.Module:
+    """Undo :func:`patch_rope`: the original rotary modules and config fields, exactly (ValueError if not patched)."""
+    check_model(model)
     state = _state(model)
     if state is None:
         raise ValueError("This model is not patched by hf_posext (nothing to unpatch).")
@@ -332,12 +290,9 @@ def fixed_length(model: nn.Module, length: int | None) -> Iterator[None]:
         yield
 
 
-def describe(model: nn.Module) -> ScalingReport:
-    """Family, position kind, method, factor, original and current window of ``model``.
-
-    Works on unpatched models too (reporting the scaling transformers applies, if any).
-    """
-    _check_model(model)
+def describe_rope(model: nn.Module) -> ScalingReport:
+    """:func:`hf_posext.describe` for a RoPE model, patched or not (then: the scaling transformers applies, if any)."""
+    check_model(model)
     family = getattr(model.config, "model_type", type(model).__name__)
     state = _state(model)
     if state is not None:
@@ -360,7 +315,7 @@ def describe(model: nn.Module) -> ScalingReport:
     site = next(s for s in sites if s.scaled_layer_types)
     current = site.current[site.scaled_layer_types[0]]
     notes = []
-    if current.method != "none":
+    if not current.spec.baseline:
         notes.append("scaled by the model's own config (transformers' built-in rope_type)")
     record = getattr(site.config, CONFIG_KEY, None)
     if isinstance(record, dict):
@@ -374,7 +329,7 @@ def describe(model: nn.Module) -> ScalingReport:
 
 
 def is_patched(model: nn.Module) -> bool:
-    """True when :func:`patch` scaled this model's rotary modules in memory."""
+    """True when :func:`patch_rope` scaled this model's rotary modules in memory."""
     return _state(model) is not None
 
 
@@ -384,10 +339,10 @@ def current_scaling(model: nn.Module) -> ScalingConfig:
 
 
 def load_rope(path: str, record: dict[str, Any], **from_pretrained_kwargs: Any) -> nn.Module:
-    """Load a RoPE model saved after :func:`patch` (``record``: its validated ``hf_posext`` record).
+    """Load a RoPE model saved after :func:`patch_rope` (``record``: its validated ``hf_posext`` record).
 
     The config's RoPE fields are reset to the pre-patch values kept in the record, the weights are
-    loaded, and the scaling is re-applied by :func:`patch`, so the model equals the one that was saved.
+    loaded, and the scaling is re-applied by :func:`patch_rope`, so the model equals the one that was saved.
     """
     from transformers import AutoConfig
 
@@ -397,8 +352,7 @@ def load_rope(path: str, record: dict[str, Any], **from_pretrained_kwargs: Any) 
     target.__dict__.pop(CONFIG_KEY, None)
     model = model_class_for(config).from_pretrained(path, config=config, **from_pretrained_kwargs)
     scaling = ScalingConfig.from_dict(record)
-    return patch(
-        model, scaling.method, scaling.factor,
-        original_max_position_embeddings=scaling.original_max_position_embeddings,
+    return patch_rope(model, ScalingRequest.from_kwargs(
+        scaling.method, scaling.factor, original_max_position_embeddings=scaling.original_max_position_embeddings,
         **{k: v for k, v in scaling.params.items() if v is not None},
-    )
+    ))

@@ -1,16 +1,15 @@
 """lm-evaluation-harness subcommands; the harness is imported only when one runs.
 
 * ``hf-posext lm-eval <lm_eval arguments>``: the harness's own CLI with the ``hf-posext`` model
-  registered; every argument goes to the harness unchanged (see :mod:`hf_posext.lm_eval`).
+  registered; every argument goes to the harness unchanged (see :mod:`hf_posext.integrations.lm_eval.launcher`).
 * ``hf-posext lm-eval-compare MODEL --methods none yarn:factor=2 ... --tasks ...``: one model under
-  several methods on the same tasks (built once), printed as a table (:func:`hf_posext.lm_eval.compare_methods`).
+  several methods on the same tasks (built once), printed as a table (:func:`hf_posext.integrations.lm_eval.compare.compare_methods`).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-
 
 __all__ = ["add_arguments", "run", "add_compare_arguments", "run_compare"]
 
@@ -35,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Hand ``args.extra`` to the harness's CLI with ``hf-posext`` registered."""
-    from hf_posext.lm_eval import main
+    from hf_posext.integrations.lm_eval.launcher import main
 
     return main(list(args.extra))
 
@@ -73,8 +72,9 @@ def _parse_bool(text: str) -> bool:
 
 
 def run_compare(args: argparse.Namespace) -> int:
-    """Run :func:`hf_posext.lm_eval.compare_methods` and print its table."""
-    from hf_posext.lm_eval import import_harness, compare_methods, format_comparison
+    """Run :func:`hf_posext.integrations.lm_eval.compare.compare_methods` and print its table."""
+    from hf_posext.integrations.lm_eval.compare import compare_methods, format_comparison
+    from hf_posext.integrations.lm_eval.launcher import import_harness
 
     if args.fewshot_as_multiturn and not args.apply_chat_template:
         raise ValueError("--fewshot_as_multiturn needs --apply_chat_template (few-shot turns are chat messages).")

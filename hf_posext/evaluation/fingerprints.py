@@ -1,0 +1,99 @@
+"""What a stored cell was computed with: the rotary frequencies a model uses at a length, and their hash.
+
+The grid compares them to decide whether a stored cell is stale and whether two methods compute the
+same function at a length (then one result serves both).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from typing import Any
+
+import torch
+
+from hf_posext.api import describe, fixed_length
+
+__all__ = ["rope_fingerprint", "hash_frequencies", "rope_frequencies", "same_frequencies"]
+
+
+def rope_fingerprint(model: torch.nn.Module, length: int) -> str | None:
+    """A hash of the rotary frequencies the model uses for ``length`` tokens (None if not a RoPE model).
+
+    Two methods with the same fingerprint compute the same function at this length (e.g. dynamic YaRN
+    equals the unpatched model inside the original window, and static YaRN with s = length / window at
+    ``length``): the grid then reuses the result instead of recomputing it, and records that it did.
+    The hash is exact, so it is for comparisons on one machine; across machines compare
+    :func:`rope_frequencies` with :func:`same_frequencies`.
+    """
+    return hash_frequencies(rope_frequencies(model, length))
+
+
+def hash_frequencies(frequencies: list[dict[str, Any]] | None) -> str | None:
+    if frequencies is None:
+        return None
+    return hashlib.sha1(json.dumps(frequencies, sort_keys=True).encode()).hexdigest()
+
+
+def rope_frequencies(model: torch.nn.Module, length: int) -> list[dict[str, Any]] | None:
+    """The inverse frequencies and attention factor of every rotary module for ``length`` tokens.
+
+    What a stored cell is checked against when it is read back (see :func:`run_grid`). Frequencies,
+    not the cos/sin tables: a GPU, or a CPU with other vector instructions, rounds the trigonometry
+    differently in the last bit, while the frequencies are computed before any trigonometry, on the
+    CPU, so two machines agree on them to a float32 rounding. :func:`same_frequencies` compares them
+    with a tolerance far below what any change of method or factors makes. None if the model has no RoPE.
+    """
+    from hf_posext.backends.rope.module import ScaledRotaryEmbedding
+
+    try:
+        if describe(model).kind != "rope":
+            return None
+    except Exception:
+        return None
+    entries: list[dict[str, Any]] = []
+    with fixed_length(model, length):
+        for name, module in model.named_modules():
+            if isinstance(module, ScaledRotaryEmbedding):
+                for layer_type in module.entries:
+                    inv_freq, attention = module.frequencies(length, layer_type, device="cpu")
+                    entries.append({"module": name, "layer_type": layer_type, "inv_freq": inv_freq.float().tolist(),
+                                    "attention": float(attention)})
+            elif type(module).__name__.endswith("RotaryEmbedding"):
+                buffer = next(module.buffers(), None)
+                device = buffer.device if buffer is not None else "cpu"
+                try:  # a dynamic rope type updates its buffers for the length on a forward
+                    module(torch.zeros(1, dtype=torch.float32, device=device), torch.arange(length, device=device)[None])
+                except Exception:
+                    pass  # another forward signature (e.g. per layer type): static buffers are read as they are
+                for buffer_name, tensor in module.named_buffers(recurse=False):
+                    if not buffer_name.endswith("inv_freq") or "original" in buffer_name:
+                        continue
+                    # transformers names them inv_freq, or {layer_type}_inv_freq with several layer types
+                    layer_type = None if buffer_name == "inv_freq" else buffer_name[: -len("_inv_freq")]
+                    scaling = getattr(module, f"{layer_type}_attention_scaling", None) if layer_type else None
+                    if scaling is None:
+                        scaling = getattr(module, "attention_scaling", 1.0)
+                    if isinstance(scaling, dict):
+                        scaling = scaling.get(layer_type, 1.0)
+                    entries.append({"module": name, "layer_type": layer_type, "inv_freq": tensor.float().cpu().tolist(),
+                                    "attention": float(scaling) if isinstance(scaling, (int, float)) else repr(scaling)})
+    return sorted(entries, key=lambda e: (e["module"], str(e["layer_type"]))) or None
+
+
+def same_frequencies(a: list[dict[str, Any]], b: list[dict[str, Any]], rtol: float = 1e-6) -> bool:
+    """Whether two :func:`rope_frequencies` results describe the same rotary embedding (to ``rtol``)."""
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b):
+        if (x["module"], x["layer_type"]) != (y["module"], y["layer_type"]) or len(x["inv_freq"]) != len(y["inv_freq"]):
+            return False
+        if isinstance(x["attention"], str) or isinstance(y["attention"], str):
+            if x["attention"] != y["attention"]:
+                return False
+        elif not math.isclose(x["attention"], y["attention"], rel_tol=rtol):
+            return False
+        if not all(math.isclose(u, v, rel_tol=rtol) for u, v in zip(x["inv_freq"], y["inv_freq"])):
+            return False
+    return True

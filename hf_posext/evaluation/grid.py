@@ -1,0 +1,277 @@
+"""The grid loop every evaluation shares: methods x lengths x cells, on one model, resumable.
+
+One run evaluates one model under several scaling methods side by side: the model is loaded once and
+patched with each method in turn (``"none"`` is the unpatched baseline), so every method sees exactly the
+same weights, text, passkeys and seeds.
+
+Work is a grid of *cells* (method x length x ...); each cell is made of *units* (perplexity segments,
+passkey trials). Under ``accelerate launch --num_processes N`` (or ``torchrun``) the pending units of a
+(method, length) step are split round-robin across processes, evaluated, and gathered to every process,
+so the numbers do not depend on N (with ``batch_size=1``). After each step the main process writes the
+cell records to one JSON file per run (plus a CSV), so an interrupted run resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+
+from hf_posext.api import describe, patch, unpatch
+from hf_posext.core.record import ScalingReport
+from hf_posext.core.request import ScalingRequest
+from hf_posext.evaluation.fingerprints import hash_frequencies, rope_frequencies, same_frequencies
+from hf_posext.evaluation.store import ResultStore
+from hf_posext.lm.distributed import Distributed
+
+__all__ = ["Unit", "Cell", "cell_id", "resolve_factor_for", "apply_method", "check_length", "run_grid"]
+
+
+def resolve_factor_for(method: ScalingRequest, factor: float | None, lengths: Sequence[int], original_window: int) -> float:
+    """The factor a method runs with: 1 for ``none``, else ``factor``, else longest length / window (>= 1)."""
+    if method.method == "none":
+        return 1.0
+    if method.factor is not None:
+        return float(method.factor)
+    if factor is not None:
+        return float(factor)
+    return max(1.0, max(lengths) / original_window)
+
+
+@contextlib.contextmanager
+def apply_method(model: torch.nn.Module, method: ScalingRequest, factor: float) -> Iterator[ScalingReport]:
+    """Patch ``model`` with ``method`` for the block, then restore it exactly; yields the scaling report."""
+    patch(model, method.method, factor, **method.params_dict)
+    try:
+        yield describe(model)
+    finally:
+        unpatch(model)
+
+
+def check_length(report: ScalingReport, length: int, method_label: str) -> str | None:
+    """Warn (never fail) when ``length`` exceeds what the method and factor claim to support."""
+    if report.dynamic or length <= report.current_window:
+        return None
+    message = (
+        f"{method_label} x{report.factor:g} supports {report.current_window} tokens; evaluating {length} "
+        "anyway (that is the experiment: expect degraded numbers)."
+    )
+    warnings.warn(message, stacklevel=2)
+    return message
+
+
+@dataclass
+class Unit:
+    """One piece of work: ``key`` identifies its input (for reuse), ``payload`` is what the evaluator needs."""
+
+    key: Any
+    payload: Any
+
+
+@dataclass
+class Cell:
+    """A grid cell at one length: its extra coordinates (e.g. depth) and its units."""
+
+    coords: dict[str, Any]
+    units: list[Unit]
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def cell_id(method: ScalingRequest, factor: float, length: int, coords: dict[str, Any]) -> str:
+    parts = [method.label, f"factor={factor:g}", f"length={length}"] + [f"{k}={v}" for k, v in sorted(coords.items())]
+    return "|".join(parts)
+
+
+def run_grid(
+    *,
+    model: torch.nn.Module,
+    methods: Sequence[ScalingRequest],
+    lengths: Sequence[int],
+    factor: float | None,
+    plan: Callable[[int], list[Cell]],
+    evaluate: Callable[[list[Any]], list[dict[str, Any]]],
+    aggregate: Callable[[list[dict[str, Any]]], dict[str, Any]],
+    store: ResultStore,
+    dist: Distributed | None = None,
+    batch_size: int = 1,
+    reuse_identical: bool = True,
+    progress: bool = True,
+    description: str = "",
+) -> ResultStore:
+    """Evaluate every (method, length, cell) not yet in ``store``, side by side on one model.
+
+    Args:
+        model: the loaded model (patched here with each method in turn, restored afterwards).
+        methods: methods to compare.
+        lengths: sequence lengths in tokens.
+        factor: the scale factor (None: longest length / the model's original window).
+        plan: ``length -> cells`` (same on every process: deterministic).
+        evaluate: evaluates a batch of unit payloads -> one result dict per payload (each with a
+            ``"seconds"`` entry added here).
+        aggregate: unit results of one cell -> the cell's metrics.
+        store: where records go (and which cells are done); build it with ``write=dist.is_main``.
+        dist: process group (None: one process).
+        batch_size: units per forward pass.
+        reuse_identical: reuse a unit result when another method computes the same function at this
+            length (see :func:`~hf_posext.evaluation.fingerprints.rope_fingerprint`).
+        progress: show a progress bar (main process only).
+        description: progress bar label.
+    """
+    job = _Job(evaluate, aggregate, store, dist or Distributed(), batch_size, reuse_identical, progress, description)
+    original_window = describe(model).original_window
+    memo: dict[tuple[str, Any], tuple[dict[str, Any], str]] = {}
+    plans = {length: plan(length) for length in lengths}
+    for method in methods:
+        method_factor = resolve_factor_for(method, factor, lengths, original_window)
+        ids = {length: [cell_id(method, method_factor, length, c.coords) for c in plans[length]] for length in lengths}
+        if _all_stored_without_frequencies(store, ids):
+            continue  # all done, nothing to re-check
+        with apply_method(model, method, method_factor) as report:
+            for length in lengths:
+                step = _Step(method, method_factor, length, report, rope_frequencies(model, length))
+                _run_step(job, step, plans[length], ids[length], memo)
+    store.save(world_size=job.dist.world_size)
+    return store
+
+
+@dataclass(frozen=True)
+class _Job:
+    """What a task gives :func:`run_grid`: how to evaluate and aggregate units, where records go, how to run."""
+
+    evaluate: Callable[[list[Any]], list[dict[str, Any]]]
+    aggregate: Callable[[list[dict[str, Any]]], dict[str, Any]]
+    store: ResultStore
+    dist: Distributed
+    batch_size: int
+    reuse_identical: bool
+    progress: bool
+    description: str
+
+
+@dataclass(frozen=True)
+class _Step:
+    """One (method, length) of the grid, with the model patched: its report and rotary frequencies."""
+
+    method: ScalingRequest
+    factor: float
+    length: int
+    report: ScalingReport
+    frequencies: list[dict[str, Any]] | None  # None: not a RoPE model
+
+    @functools.cached_property
+    def fingerprint(self) -> str | None:
+        return hash_frequencies(self.frequencies)
+
+    @property
+    def label(self) -> str:
+        return f"{self.method.label} x{self.factor:g}"
+
+
+def _all_stored_without_frequencies(store: ResultStore, ids: dict[int, list[str]]) -> bool:
+    """Every cell of a method is stored, and none carries frequencies to re-check against the model."""
+    stored = [store.get(i) for length_ids in ids.values() for i in length_ids if store.has(i)]
+    return len(stored) == sum(map(len, ids.values())) and not any("rope_frequencies" in r for r in stored)
+
+
+def _stale_cells(store: ResultStore, ids: list[str], frequencies: list[dict[str, Any]] | None) -> list[str]:
+    """Stored cells computed with other rotary frequencies than the model has now.
+
+    A stored cell counts only if the method still computes the same rotary function: a factors file
+    rewritten by a new search, or a changed formula, makes it stale. The check compares frequencies, so
+    cells computed on another machine (a GPU) are not stale. Records without frequencies (written
+    before they were kept) are trusted by label.
+    """
+    if frequencies is None:
+        return []
+    return [i for i in ids if store.has(i) and store.get(i).get("rope_frequencies") is not None
+            and not same_frequencies(store.get(i)["rope_frequencies"], frequencies)]
+
+
+def _run_step(job: _Job, step: _Step, cells: list[Cell], ids: list[str], memo: dict) -> None:
+    """Compute the cells of one (method, length) that are missing or stale, reusing ``memo`` where allowed."""
+    stale = _stale_cells(job.store, ids, step.frequencies)
+    if stale:
+        warnings.warn(f"{step.label} @ {step.length}: {len(stale)} stored cell(s) were computed with another rotary "
+                      "embedding (changed parameters or factors file); recomputing them.", stacklevel=3)
+    cells = [c for c, i in zip(cells, ids) if not job.store.has(i) or i in stale]
+    if not cells:
+        return
+    warning = check_length(step.report, step.length, step.method.label)
+    fingerprint = step.fingerprint if job.reuse_identical else None
+    needed = [u for cell in cells for u in cell.units if fingerprint is None or (fingerprint, u.key) not in memo]
+    gathered = _evaluate_units(job, needed, f"{job.description}{step.method.label} @ {step.length}")
+    computed = {}
+    for i, unit in enumerate(needed):
+        computed[id(unit)] = gathered[i]
+        if fingerprint is not None:
+            memo[(fingerprint, unit.key)] = (gathered[i], step.label)
+    for cell in cells:
+        unit_results, reused_from = _unit_results(cell, computed, memo, fingerprint)
+        record = _cell_record(step, cell, job.aggregate(unit_results), unit_results, reused_from, warning is not None)
+        job.store.put(cell_id(step.method, step.factor, step.length, cell.coords), record)
+    job.dist.barrier()
+
+
+def _evaluate_units(job: _Job, needed: list[Unit], bar_label: str) -> dict[int, dict[str, Any]]:
+    """This process's share of ``needed``, evaluated in batches; every unit's result (index in ``needed``), from all processes."""
+    from tqdm.auto import tqdm
+
+    local = job.dist.shard(needed)
+    index_of = {id(u): i for i, u in enumerate(needed)}
+    results: list[tuple[int, dict[str, Any]]] = []
+    bar = tqdm(total=len(local), desc=bar_label, disable=not (job.progress and job.dist.is_main), leave=False)
+    for start in range(0, len(local), job.batch_size):
+        batch = local[start : start + job.batch_size]
+        began = time.time()
+        outputs = job.evaluate([u.payload for u in batch])
+        seconds = (time.time() - began) / len(batch)
+        results.extend((index_of[id(unit)], {**output, "seconds": seconds}) for unit, output in zip(batch, outputs))
+        bar.update(len(batch))
+    bar.close()
+    return dict(job.dist.gather(results))
+
+
+def _unit_results(cell: Cell, computed: dict[int, dict[str, Any]], memo: dict, fingerprint: str | None
+                  ) -> tuple[list[dict[str, Any]], set[str]]:
+    """A cell's unit results in order (computed now, or reused from another method), and where reused ones came from."""
+    results, reused_from = [], set()
+    for unit in cell.units:
+        if id(unit) in computed:
+            results.append(computed[id(unit)])
+        else:
+            result, origin = memo[(fingerprint, unit.key)]
+            results.append({**result, "seconds": 0.0})
+            reused_from.add(origin)
+    return results, reused_from
+
+
+def _cell_record(step: _Step, cell: Cell, metrics: dict[str, Any], unit_results: list[dict[str, Any]],
+                 reused_from: set[str], beyond_window: bool) -> dict[str, Any]:
+    """What the results file keeps for one cell: where it sits, its metrics, and what computed it."""
+    record = {
+        "method": step.method.method,
+        "label": step.method.label,
+        "params": step.method.params_dict,
+        "factor": step.factor,
+        "length": step.length,
+        **cell.coords,
+        **metrics,
+        **cell.info,
+        "supported_window": step.report.current_window,
+        "dynamic": step.report.dynamic,
+        "beyond_window": beyond_window,
+        "seconds": round(sum(r["seconds"] for r in unit_results), 3),
+        "units": unit_results,
+    }
+    if reused_from:
+        record["reused_from"] = sorted(reused_from)
+    if step.fingerprint is not None:
+        record["rope_fingerprint"] = step.fingerprint
+    if step.frequencies is not None:
+        record["rope_frequencies"] = step.frequencies
+    return record

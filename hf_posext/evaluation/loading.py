@@ -1,0 +1,82 @@
+"""Loading a model and its tokenizer for evaluation (a hub name, a local folder, or a tiny test model)."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+__all__ = ["AsciiTokenizer", "load_model_and_tokenizer"]
+
+
+class AsciiTokenizer:
+    """A character tokenizer for the 128-token tiny test models (``hf_posext.models.tiny_model``).
+
+    Token id = the character's code point for ASCII text; any other character becomes ``?``. It has no
+    special tokens. Real models use their own tokenizer; this one only makes tiny-model runs possible.
+    """
+
+    bos_token_id = None
+    eos_token_id = None
+    vocab_size = 128
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return [ord(c) if ord(c) < 128 else ord("?") for c in text]
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return "".join(chr(int(i)) for i in ids)
+
+
+def _dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    aliases = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "half": "float16"}
+    name = aliases.get(dtype, dtype)
+    value = getattr(torch, name, None)
+    if not isinstance(value, torch.dtype):
+        raise ValueError(f"Unknown dtype {dtype!r}; use float32, bfloat16 or float16.")
+    return value
+
+
+def load_model_and_tokenizer(
+    name: str,
+    *,
+    dtype: str | torch.dtype = "float32",
+    device: str | None = None,
+    device_map: str | None = None,
+    attn_implementation: str | None = None,
+):
+    """Load a causal LM and its tokenizer for evaluation.
+
+    Args:
+        name: a hub name, a local folder, ``"smollm2-135m"``, or ``"tiny"`` / ``"tiny:FAMILY"`` / ``"tiny:FAMILY:WINDOW"`` (a tiny
+            random model from :func:`hf_posext.models.tiny_model` with :class:`AsciiTokenizer`, for
+            smoke tests).
+        dtype: weights dtype.
+        device: where to put the model (ignored with ``device_map``).
+        device_map: e.g. ``"auto"`` to spread a model too big for one device.
+        attn_implementation: e.g. ``"sdpa"``, ``"eager"``, ``"flash_attention_2"``.
+
+    Returns:
+        ``(model, tokenizer)``, the model in eval mode.
+    """
+    from hf_posext.models import load_model, load_tokenizer, tiny_model
+
+    if name == "tiny" or name.startswith("tiny:"):
+        _, family, window = (name.split(":") + ["", ""])[:3]
+        overrides = {}
+        if window:
+            if not window.isdigit():
+                raise ValueError(f"Bad tiny model spec {name!r}: use tiny, tiny:FAMILY or tiny:FAMILY:WINDOW (e.g. tiny:llama:512).")
+            overrides["n_positions" if family == "gptj" else "max_position_embeddings"] = int(window)
+        model = tiny_model(family or "llama", **overrides).to(_dtype(dtype))
+        if device:
+            model.to(device)
+        return model, AsciiTokenizer()
+    kwargs: dict[str, Any] = {}
+    if device_map:
+        kwargs["device_map"] = device_map
+    if attn_implementation:
+        kwargs["attn_implementation"] = attn_implementation
+    model = load_model(name, dtype=_dtype(dtype), device=device, **kwargs)
+    return model, load_tokenizer(name)

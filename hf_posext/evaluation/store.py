@@ -1,0 +1,97 @@
+"""Results on disk: one JSON file per run (plus a CSV), resumable, with the versions that produced it."""
+
+from __future__ import annotations
+
+import datetime as _datetime
+import hashlib
+import json
+import os
+import platform
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hf_posext.core.version import VERSION
+
+__all__ = ["ResultStore", "versions"]
+
+
+def versions() -> dict[str, str]:
+    """Versions of the software that produced a result."""
+    import accelerate
+    import transformers
+
+    return {
+        "hf_posext": VERSION,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "accelerate": accelerate.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else platform.processor() or "cpu",
+    }
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text.strip("/").split("/")[-1]).strip("-") or "model"
+
+
+class ResultStore:
+    """One JSON file per run (config, versions, per-cell records, timing) and a CSV next to it.
+
+    ``versions`` is the latest run's; ``runs[i]["versions"]`` is run i's, and each cell's ``run`` says
+    which run computed it.
+
+    The file name is ``{task}-{model}-{hash of the run config}.json``: the same command finds its own
+    file again and skips the cells already in it; a different model, text or seed writes a new file.
+    Methods and lengths are cells, not config, so adding a method to a finished run only computes it.
+    """
+
+    def __init__(self, out_dir: str | os.PathLike, task: str, run_config: dict[str, Any], *, overwrite: bool = False, write: bool = True) -> None:
+        self.out_dir = Path(out_dir)
+        self.task = task
+        self.write = write
+        key = hashlib.sha1(json.dumps(run_config, sort_keys=True, default=str).encode()).hexdigest()[:8]
+        self.path = self.out_dir / f"{task}-{_slug(str(run_config.get('model', 'model')))}-{key}.json"
+        self.data: dict[str, Any] = {"task": task, "config": run_config, "versions": versions(), "cells": {}, "runs": []}
+        if self.path.exists() and not overwrite:
+            from hf_posext.evaluation.results_files import read_results_file
+
+            previous = read_results_file(self.path)  # a damaged file is named, never reused or silently replaced
+            self.data["cells"] = previous["cells"]
+            self.data["runs"] = previous.get("runs", [])
+        self._started = time.time()
+        # Cells of one file can come from several runs on different machines (a CPU and a GPU, say): each
+        # run keeps its own versions, and each cell the index of the run that computed it.
+        self.data["runs"].append({"started": _datetime.datetime.now().isoformat(timespec="seconds"), "seconds": None,
+                                  "versions": self.data["versions"]})
+
+    def has(self, cell_id: str) -> bool:
+        return cell_id in self.data["cells"]
+
+    def get(self, cell_id: str) -> dict[str, Any]:
+        return self.data["cells"][cell_id]
+
+    @property
+    def cells(self) -> dict[str, dict[str, Any]]:
+        return self.data["cells"]
+
+    def put(self, cell_id: str, record: dict[str, Any]) -> None:
+        self.data["cells"][cell_id] = {**record, "run": len(self.data["runs"]) - 1}
+        self.save()
+
+    def save(self, **run_info: Any) -> None:
+        self.data["runs"][-1]["seconds"] = round(time.time() - self._started, 2)
+        self.data["runs"][-1].update(run_info)
+        if not self.write:
+            return
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        temporary = self.path.with_suffix(".json.tmp")
+        temporary.write_text(json.dumps(self.data, indent=1, default=str))
+        temporary.replace(self.path)
+        from hf_posext.evaluation.report import write_csv
+
+        write_csv(self.data, self.path.with_suffix(".csv"))

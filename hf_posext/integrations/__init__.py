@@ -1,0 +1,1 @@
+"""Integrations with other tools; each is imported only when used (its tool is an optional extra)."""

@@ -1,0 +1,193 @@
+"""One model under several scaling methods on the same harness tasks (``hf-posext lm-eval-compare``).
+
+:func:`compare_methods` builds the tasks once and evaluates every method on them; :func:`format_comparison`
+prints the table; :func:`parse_method_spec` turns ``"yarn:factor=2"`` into the model's ``posext_*`` arguments.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from hf_posext.integrations.lm_eval.launcher import import_harness
+
+__all__ = ["parse_method_spec", "compare_methods", "format_comparison"]
+
+logger = logging.getLogger(__name__)
+
+
+def parse_method_spec(spec: str) -> dict[str, Any]:
+    """Turn ``"yarn:factor=2,beta_fast=32"`` into ``posext_*`` model arguments (validated).
+
+    Args:
+        spec: ``METHOD`` or ``METHOD:key=value,key=value`` with keys ``factor``, ``target_length``,
+            ``original_max_position_embeddings`` or any parameter of the method.
+
+    Returns:
+        e.g. ``{"posext_method": "yarn", "posext_factor": 2, "posext_beta_fast": 32}``.
+
+    Raises:
+        ValueError: malformed text, unknown method or parameter, missing factor.
+    """
+    from hf_posext.integrations.lm_eval.model import POSEXT_PREFIX, parse_posext_args
+
+    method, _, rest = spec.partition(":")
+    if not method.strip():
+        raise ValueError(f"Method spec {spec!r} names no method; write e.g. 'yarn:factor=2' or 'none'.")
+    arguments: dict[str, Any] = {f"{POSEXT_PREFIX}method": method.strip()}
+    for item in filter(None, (part.strip() for part in rest.split(","))):
+        key, equals, value = item.partition("=")
+        if not equals or not key.strip():
+            raise ValueError(f"Method spec {spec!r}: expected key=value after ':', got {item!r} (e.g. yarn:factor=2).")
+        arguments[POSEXT_PREFIX + key.strip()] = value.strip()
+    request, _ = parse_posext_args(arguments)  # raises on anything unknown
+    return {f"{POSEXT_PREFIX}{k}": v for k, v in request.to_dict().items() if k != "params" and v is not None} | {
+        f"{POSEXT_PREFIX}{k}": v for k, v in request.params
+    }
+
+
+def _leaf_tasks(task_dict: dict) -> list:
+    leaves = []
+    for value in task_dict.values():
+        leaves.extend(_leaf_tasks(value) if isinstance(value, dict) else [value])
+    return leaves
+
+
+def _score_rows(label: str, results: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    for task, metrics in sorted(results.get("results", {}).items()):
+        for key, value in metrics.items():
+            metric, _, filter_name = key.partition(",")
+            if not filter_name or "stderr" in metric or not isinstance(value, (int, float)) or isinstance(value, bool):
+                continue
+            if value == -1:  # RULER reports -1 for the lengths it did not run
+                continue
+            rows.append({"method": label, "task": task, "metric": metric, "value": float(value)})
+    return rows
+
+
+def _first_prompt(results: dict[str, Any]) -> str | None:
+    """The context of the first request the harness built (its logged samples), or None."""
+    for samples in (results.get("samples") or {}).values():
+        for sample in samples:
+            arguments = sample.get("arguments")
+            first = next(iter(arguments.values()), None) if isinstance(arguments, dict) else (arguments[0] if arguments else None)
+            if isinstance(first, dict):
+                first = next(iter(first.values()), None)
+            elif isinstance(first, (list, tuple)):
+                first = first[0] if first else None
+            return first if isinstance(first, str) else None
+    return None
+
+
+def compare_methods(
+    pretrained: str,
+    methods: list[str],
+    tasks: list[str],
+    *,
+    max_seq_lengths: list[int] | None = None,
+    limit: int | float | None = None,
+    max_length: int | None = None,
+    model_args: dict[str, Any] | None = None,
+    device: str = "cpu",
+    batch_size: int | str = 1,
+    include_path: str | None = None,
+    output_path: str | Path | None = None,
+    apply_chat_template: bool | str = False,
+    fewshot_as_multiturn: bool | None = None,
+    system_instruction: str | None = None,
+) -> list[dict[str, Any]]:
+    """Evaluate one model under several scaling methods on the same harness tasks.
+
+    The tasks (for RULER: 500 synthetic samples per length, minutes to build at 16k) are built once
+    and reused for every method; each method loads the model afresh through ``hf-posext``.
+
+    Args:
+        pretrained: hub name, local folder or ``smollm2-135m``.
+        methods: specs for :func:`parse_method_spec`, e.g. ``["none", "yarn:factor=2"]``.
+        tasks: harness task names, e.g. ``["niah_single_1", "ruler_vt"]``.
+        max_seq_lengths: RULER lengths (task metadata ``max_seq_lengths``); None for other tasks.
+        limit: samples per task (the harness's ``--limit``).
+        max_length: the harness's context limit for every method (give it for a fair comparison:
+            without it an unscaled model is truncated to its own window).
+        model_args: further ``hf`` model arguments (e.g. ``{"dtype": "float32"}``).
+        device: torch device.
+        batch_size: harness batch size.
+        include_path: folder of extra task YAMLs.
+        output_path: JSON file to write ``{"rows": [...], "reports": {...}, "settings": {...}}`` to; each
+            report keeps the first prompt the harness built, so the formatting can be checked.
+        apply_chat_template: the harness's ``--apply_chat_template`` (True, or a template name).
+        fewshot_as_multiturn: the harness's ``--fewshot_as_multiturn`` (None: on with a chat template).
+        system_instruction: the harness's ``--system_instruction``.
+
+    Returns:
+        One row per (method, task, metric): ``{"method", "task", "metric", "value"}``.
+    """
+    import_harness()
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager, get_task_dict
+
+    from hf_posext.integrations.lm_eval.model import PosextHFLM
+    from hf_posext.models import resolve_model_path
+
+    specs = {spec: parse_method_spec(spec) for spec in methods}  # every spec checked before any work
+    if fewshot_as_multiturn is None:
+        fewshot_as_multiturn = bool(apply_chat_template)
+    elif fewshot_as_multiturn and not apply_chat_template:
+        raise ValueError("--fewshot_as_multiturn needs --apply_chat_template (few-shot turns are chat messages).")
+    path = resolve_model_path(pretrained)
+    metadata: dict[str, Any] = {"pretrained": path, "tokenizer": path}
+    if max_seq_lengths:
+        metadata["max_seq_lengths"] = list(max_seq_lengths)
+    task_manager = None
+    if include_path:  # indexing the harness's ~15k built-in tasks takes ~20 s: skip it when not needed
+        local = TaskManager(include_path=include_path, include_defaults=False, metadata=metadata)
+        if all(task in local.all_tasks for task in tasks):
+            task_manager = local
+    if task_manager is None:
+        task_manager = TaskManager(include_path=include_path, metadata=metadata)
+    task_objects = _leaf_tasks(get_task_dict(tasks, task_manager))
+    rows: list[dict[str, Any]] = []
+    reports: dict[str, Any] = {}
+    for spec, posext_args in specs.items():
+        started = time.perf_counter()
+        lm = PosextHFLM(
+            pretrained=path, device=device, batch_size=batch_size, max_length=max_length,
+            **dict(model_args or {}), **posext_args,
+        )
+        results = simple_evaluate(
+            model=lm, tasks=task_objects, limit=limit, batch_size=batch_size, device=device, task_manager=task_manager,
+            apply_chat_template=apply_chat_template, fewshot_as_multiturn=fewshot_as_multiturn, system_instruction=system_instruction,
+        )
+        logger.info("%s done in %.0f s: %s", spec, time.perf_counter() - started, _score_rows(spec, results))
+        rows.extend(_score_rows(spec, results))
+        reports[spec] = {"report": lm.posext_report, "seconds": round(time.perf_counter() - started, 1),
+                         "first_prompt": _first_prompt(results)}
+        del lm, results
+        gc.collect()
+        if output_path is not None:  # after every method: a long comparison keeps what it finished
+            settings = {"pretrained": pretrained, "tasks": tasks, "max_seq_lengths": max_seq_lengths, "limit": limit,
+                        "max_length": max_length, "model_args": model_args, "device": device,
+                        "apply_chat_template": apply_chat_template, "fewshot_as_multiturn": fewshot_as_multiturn,
+                        "system_instruction": system_instruction}
+            Path(output_path).parent.mkdir(parents=True, exist_ok=True)
+            Path(output_path).write_text(
+                json.dumps({"rows": rows, "reports": reports, "settings": settings}, indent=2, default=str)
+            )
+    return rows
+
+
+def format_comparison(rows: list[dict[str, Any]]) -> str:
+    """A markdown table: one row per method, one column per task/metric."""
+    columns = list(dict.fromkeys(f"{r['task']} {r['metric']}" for r in rows))
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    values = {(r["method"], f"{r['task']} {r['metric']}"): r["value"] for r in rows}
+    lines = ["| method | " + " | ".join(columns) + " |", "|---|" + "---:|" * len(columns)]
+    for method in methods:
+        cells = [f"{values[(method, c)]:.3f}" if (method, c) in values else "" for c in columns]
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)

@@ -1,0 +1,197 @@
+"""The ``hf-posext`` model for lm-evaluation-harness: any harness task on any scaled model.
+
+Importing this module registers ``hf-posext`` with the harness. The class is a subclass of the
+harness's own ``hf`` model (``lm_eval.models.huggingface.HFLM``) that patches the model right after
+the harness creates it, so batching, ``max_length``, ``accelerate launch`` data parallelism,
+``parallelize=True`` (``device_map``), PEFT adapters and the rest behave exactly as with ``hf``.
+One addition: under ``accelerate launch`` on CPU (gloo) the requests are sharded across processes
+too (the ``hf`` model shards only across GPUs, so every CPU process would repeat all the work).
+
+Model arguments (``--model_args``), on top of every ``hf`` argument:
+
+* ``posext_method``: a name from :func:`hf_posext.available_methods` (``none`` for the baseline).
+* ``posext_factor`` or ``posext_target_length``: how far to scale (exactly one; ``none`` needs neither).
+* ``posext_original_max_position_embeddings``: override the pre-training window read from the config.
+* ``posext_<name>``: any parameter of the method, e.g. ``posext_beta_fast=32``.
+* ``pretrained=smollm2-135m`` (or any embedded name in :data:`hf_posext.models.EMBEDDED_MODELS`) works.
+
+Without ``posext_method`` the model is evaluated as saved; a folder written by
+``save_pretrained`` after ``hf_posext.patch`` gets its scaling re-applied (as :func:`hf_posext.load`
+would). Unknown ``posext_*`` arguments and unknown methods raise ``ValueError`` before anything loads.
+
+When ``max_length`` is not given, the harness's context limit is the scaled window
+(``describe(model).current_window``), not the config's ``max_position_embeddings``, which dynamic
+methods leave at the original window.
+
+Example:
+    >>> import lm_eval, hf_posext.integrations.lm_eval.model  # registers "hf-posext"
+    >>> lm_eval.simple_evaluate(model="hf-posext", tasks=["niah_single_1"],
+    ...     model_args="pretrained=/path/to/model,posext_method=yarn,posext_factor=2",
+    ...     metadata={"max_seq_lengths": [16384]})
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from lm_eval.api.registry import register_model
+from lm_eval.models.huggingface import HFLM
+
+from hf_posext.api import describe, load, patch, patched_backend, read_record
+from hf_posext.core.record import CONFIG_KEY
+from hf_posext.core.request import MODEL_ARGS_PREFIX, ScalingRequest
+from hf_posext.core.version import VERSION
+from hf_posext.models import resolve_model_path
+
+__all__ = ["MODEL_NAME", "POSEXT_PREFIX", "parse_posext_args", "PosextHFLM"]
+
+logger = logging.getLogger(__name__)
+
+#: The name the model is registered under (``--model hf-posext``).
+MODEL_NAME = "hf-posext"
+#: Prefix of the model arguments this plugin consumes.
+POSEXT_PREFIX = MODEL_ARGS_PREFIX
+
+
+def parse_posext_args(model_args: dict[str, Any]) -> tuple[ScalingRequest | None, dict[str, Any]]:
+    """Split harness model arguments into a validated :class:`~hf_posext.core.request.ScalingRequest`
+    (None without ``posext_method``) and the rest (see :meth:`ScalingRequest.from_model_args`).
+
+    Raises:
+        ValueError: an unknown method, an unknown method parameter, a missing or doubled factor.
+    """
+    return ScalingRequest.from_model_args(model_args)
+
+
+def _prefer_gloo_on_cpu() -> None:
+    """Under a multi-process launch on a machine without accelerators, make accelerate use gloo.
+
+    ``accelerate`` (1.x) sets up ``MULTI_CPU`` only when asked for the CPU; without it, processes started
+    by ``accelerate launch --multi_gpu`` / ``torchrun`` on a CPU-only machine each see a world of one.
+    """
+    import os
+
+    import torch
+
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return
+    accelerator_api = getattr(torch, "accelerator", None)
+    has_accelerator = accelerator_api.is_available() if accelerator_api is not None else torch.cuda.is_available()
+    if not has_accelerator:
+        os.environ.setdefault("ACCELERATE_USE_CPU", "true")
+
+
+def _saved_record(pretrained: Any) -> dict[str, Any] | None:
+    """The validated hf_posext record saved in the folder ``pretrained``, if any (config only, no weights)."""
+    if not isinstance(pretrained, str):
+        return None
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(pretrained)
+    except (OSError, ValueError):
+        return None  # the harness's own loader reports a missing or unreadable model
+    return read_record(pretrained, config)
+
+
+class _LoadWithHfPosext:
+    """Stands in for the harness's ``AUTO_MODEL_CLASS``: ``from_pretrained`` is :func:`hf_posext.load`."""
+
+    @staticmethod
+    def from_pretrained(path: str, **kwargs: Any):
+        return load(path, **kwargs)
+
+
+@register_model(MODEL_NAME)
+class PosextHFLM(HFLM):
+    """The harness's ``hf`` model with :func:`hf_posext.patch` applied when the model is created.
+
+    Args:
+        pretrained: hub name, local folder, embedded name (``smollm2-135m``) or a loaded model.
+        **kwargs: ``posext_*`` arguments (see the module docstring) and any ``hf`` model argument.
+
+    Attributes:
+        posext_request: the validated scaling request.
+        posext_report: ``hf_posext.describe(model)`` after patching, as a dict (also written to the
+            results under ``config.posext``).
+    """
+
+    def __init__(self, pretrained: Any, **kwargs: Any) -> None:
+        # Validate before the harness builds anything: a typo must not cost a model download.
+        self.posext_request, rest = parse_posext_args(kwargs)
+        self.posext_report: dict[str, Any] | None = None
+        if isinstance(pretrained, str):
+            pretrained = resolve_model_path(pretrained)
+            if isinstance(rest.get("tokenizer"), str):
+                rest["tokenizer"] = resolve_model_path(rest["tokenizer"])
+        _prefer_gloo_on_cpu()
+        super().__init__(pretrained=pretrained, **rest)
+        if not isinstance(pretrained, str):
+            # The harness skips model creation for an already-loaded model: patch it here.
+            self._apply_posext()
+        self._enable_cpu_data_parallel()
+
+    def _enable_cpu_data_parallel(self) -> None:
+        # The harness shards requests across `accelerate launch` processes only when it counts several
+        # GPUs; on CPU (gloo) every process would evaluate everything. Shard there too: the evaluator's
+        # gathers (accelerator.gather, torch.distributed.gather_object) work on gloo.
+        accelerator = getattr(self, "accelerator", None)
+        if accelerator is None or accelerator.num_processes <= 1 or self._world_size > 1:
+            return
+        if self.device.type != "cpu":
+            return
+        self._rank = accelerator.process_index
+        self._world_size = accelerator.num_processes
+        logger.info("hf-posext: data parallel on CPU, process %d of %d", self._rank, self._world_size)
+
+    def _create_model(self, pretrained: str, **kwargs: Any) -> None:
+        if self.posext_request is None and _saved_record(pretrained) is not None:
+            # A folder saved after hf_posext.patch: load it exactly as hf_posext.load does (same backend,
+            # same recorded attention implementation), with the harness's own loading arguments.
+            auto_class = self.AUTO_MODEL_CLASS
+            self.AUTO_MODEL_CLASS = _LoadWithHfPosext
+            try:
+                super()._create_model(pretrained, **kwargs)
+            finally:
+                self.AUTO_MODEL_CLASS = auto_class
+        else:
+            super()._create_model(pretrained, **kwargs)
+        self._apply_posext()
+
+    def _patch_target(self):
+        # A PEFT wrapper forwards to the base model; the rotary modules live there.
+        model = self._model
+        if hasattr(model, "peft_config") and callable(getattr(model, "get_base_model", None)):
+            return model.get_base_model()
+        return model
+
+    def _apply_posext(self) -> None:
+        model = self._patch_target()
+        request = self.posext_request
+        if request is not None:
+            patch(model, **request.patch_kwargs())
+        elif patched_backend(model) is None and getattr(model.config, CONFIG_KEY, None) is not None:
+            logger.warning(
+                "hf-posext: the model passed in carries a saved hf_posext scaling but is not patched; load it with "
+                "hf_posext.load(path) (or pass its folder as pretrained=) to evaluate it scaled."
+            )
+        report = describe(model)
+        self.posext_report = report.to_dict()
+        logger.info("hf-posext: evaluating a model scaled as follows:\n%s", report)
+
+    @property
+    def max_length(self) -> int:
+        if self._max_length:
+            return self._max_length
+        if self.posext_report is not None:
+            # Dynamic methods keep max_position_embeddings at the original window; the harness would
+            # otherwise truncate every context to it.
+            return int(self.posext_report["current_window"])
+        return super().max_length
+
+    def get_model_info(self) -> dict:
+        info = super().get_model_info()
+        info["posext"] = dict(self.posext_report or {}, hf_posext_version=VERSION)
+        info["posext_request"] = self.posext_request.to_dict() if self.posext_request is not None else None
+        return info

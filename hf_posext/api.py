@@ -23,11 +23,13 @@ __all__ = ["patch", "unpatch", "describe", "load", "fixed_length", "patched_back
 
 
 def _check_model(model: Any) -> None:
+    """Refuse what is not a transformers model, or one whose weights are on the meta device."""
     if not isinstance(model, nn.Module) or not hasattr(model, "config"):
         raise TypeError(
             f"Expected a transformers model (an nn.Module with a .config), got {type(model).__name__}. "
             "Load one with AutoModelForCausalLM.from_pretrained(...) or hf_posext.models.load_model(...)."
         )
+    require_loaded_weights(model)  # a meta model would fail half-way, deep in a probe or a table copy
 
 
 def patched_backend(model: nn.Module) -> Backend | None:
@@ -96,7 +98,6 @@ def patch(
         method, factor, target_length=target_length,
         original_max_position_embeddings=original_max_position_embeddings, **method_params,
     ).require_size()  # "none" needs no factor; any other method needs a size
-    require_loaded_weights(model)  # a meta model would fail half-way, deep in a probe or a table copy
     extras = {} if tokenizer is None else {"tokenizer": tokenizer}
     backend = select_backend(model, request.method)
     previous = patched_backend(model)

@@ -92,6 +92,6 @@ def require_loaded_weights(model: Any) -> None:
         if tensor.is_meta:
             raise ValueError(
                 f"the model's {name} is on the meta device (no data: built under init_empty_weights or "
-                "torch.device('meta')); load real weights first (from_pretrained, or to_empty() then "
-                "load_state_dict), then patch"
+                "torch.device('meta')); hf_posext finds and patches positions by running them, so load real "
+                "weights first (from_pretrained, or to_empty() then load_state_dict)"
             )

@@ -9,11 +9,12 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from hf_posext.core.errors import run_reporting_errors
 from hf_posext.core.request import parse_param_items
@@ -117,8 +118,28 @@ def check_task_arguments(task: str, args: argparse.Namespace) -> None:
         raise ValueError(f"--out {args.out} is a file; give a folder for the results (new or existing).")
 
 
+@contextlib.contextmanager
+def transformers_progress_bars(enabled: bool) -> Iterator[None]:
+    """Turn transformers' own progress bars (loading weights) off inside the block when not ``enabled``."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    if not enabled:
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled and not enabled:
+            hf_logging.enable_progress_bar()
+
+
 def run_task(task: str, args: argparse.Namespace) -> int:
     """Run evaluation ``task`` with parsed ``args``; prints a summary table and writes plots."""
+    with transformers_progress_bars(args.progress):
+        return _run_task(task, args)
+
+
+def _run_task(task: str, args: argparse.Namespace) -> int:
     from hf_posext.evaluation import needle, passkey, perplexity
     from hf_posext.evaluation.report import markdown_tables, write_plots
     from hf_posext.evaluation.runner import Distributed, load_model_and_tokenizer, parse_floats, parse_lengths, parse_methods
@@ -136,6 +157,7 @@ def run_task(task: str, args: argparse.Namespace) -> int:
     common: dict[str, Any] = dict(
         methods=methods, lengths=lengths, factor=args.factor, out_dir=args.out, model_name=args.model, batch_size=args.batch_size,
         overwrite=args.overwrite, reuse_identical=args.reuse_identical, dist=dist, extra_config={"dtype": args.dtype},
+        progress=args.progress,
     )
     if task == "perplexity":
         store = perplexity.evaluate_perplexity(

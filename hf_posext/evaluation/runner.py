@@ -33,6 +33,7 @@ from hf_posext.api import describe, fixed_length, patch, unpatch
 from hf_posext.core.record import ScalingReport
 from hf_posext.core.request import ScalingRequest
 from hf_posext.core.version import VERSION
+from hf_posext.evaluation.fingerprints import attention_function
 from hf_posext.lm.distributed import Distributed
 from hf_posext.lm.scoring import base_model, head_logits
 from hf_posext.methods import check_method_name
@@ -292,7 +293,7 @@ def rope_frequencies(model: torch.nn.Module, length: int) -> list[dict[str, Any]
     from hf_posext.backends.rope.module import ScaledRotaryEmbedding
 
     try:
-        if describe(model).kind != "rope":
+        if describe(model).kind not in ("rope", "attention"):  # an attention-level method keeps the model's RoPE
             return None
     except Exception:
         return None
@@ -482,7 +483,9 @@ def run_grid(
         method_factor = resolve_factor_for(method, factor, lengths, original_window)
         ids = {length: [cell_id(method, method_factor, length, c.coords) for c in plans[length]] for length in lengths}
         stored = [store.get(i) for length in lengths for i in ids[length] if store.has(i)]
-        if len(stored) == sum(map(len, ids.values())) and not any("rope_frequencies" in r for r in stored):
+        if len(stored) == sum(map(len, ids.values())) and not any(
+            "rope_frequencies" in r or "attention_function" in r for r in stored
+        ):
             continue  # all done, nothing to re-check
         with apply_method(model, method, method_factor) as report:
             for length in lengths:
@@ -490,15 +493,20 @@ def run_grid(
                 # factors file rewritten by a new search, or a changed formula, makes it stale. The check
                 # compares frequencies, so cells computed on another machine (a GPU) are not stale.
                 # Records without frequencies (written before they were kept) are trusted by label.
+                # An attention-level method (Self-Extend) is checked by its settings and kernel code too.
                 frequencies = rope_frequencies(model, length)
+                attention = attention_function(model)
                 current = _hash_frequencies(frequencies)
-                stale = [i for i in ids[length] if store.has(i) and frequencies is not None
-                         and store.get(i).get("rope_frequencies") is not None
-                         and not same_frequencies(store.get(i)["rope_frequencies"], frequencies)]
+                if attention is not None:
+                    current = hashlib.sha1(f"{current}|{json.dumps(attention, sort_keys=True)}".encode()).hexdigest()
+                stale = [i for i in ids[length] if store.has(i) and (
+                    (frequencies is not None and store.get(i).get("rope_frequencies") is not None
+                     and not same_frequencies(store.get(i)["rope_frequencies"], frequencies))
+                    or ("attention_function" in store.get(i) and store.get(i)["attention_function"] != attention))]
                 if stale:
                     warnings.warn(f"{method.label} x{method_factor:g} @ {length}: {len(stale)} stored cell(s) were computed "
-                                  "with another rotary embedding (changed parameters or factors file); recomputing them.",
-                                  stacklevel=2)
+                                  "with another rotary embedding or attention kernel (changed parameters, factors file or "
+                                  "code); recomputing them.", stacklevel=2)
                 cells = [c for c, i in zip(plans[length], ids[length]) if not store.has(i) or i in stale]
                 if not cells:
                     continue
@@ -556,6 +564,8 @@ def run_grid(
                         record["rope_fingerprint"] = current
                     if frequencies is not None:
                         record["rope_frequencies"] = frequencies
+                    if attention is not None:
+                        record["attention_function"] = attention
                     store.put(cell_id(method, method_factor, length, cell.coords), record)
                 dist.barrier()
     store.save(world_size=dist.world_size)

@@ -13,7 +13,7 @@ from torch import nn
 
 from hf_posext.backends import BACKENDS, Backend, backend_for_record, primary_backend
 from hf_posext.core.errors import RecordError, check_model
-from hf_posext.core.loading import config_kwargs, model_class_for
+from hf_posext.core.loading import check_weight_files, config_kwargs, model_class_for
 from hf_posext.core.record import CONFIG_KEY, ScalingReport, text_config, validate_record
 from hf_posext.core.request import ScalingRequest
 from hf_posext.methods import kinds_of
@@ -75,7 +75,7 @@ def patch(
     Raises:
         TypeError: ``model`` is not a transformers model.
         ValueError: unknown method or parameter, factor < 1 or not finite, factor and target_length
-            both, a method of another kind of positions, ... In every case the model is left as it was
+            both, a method of another kind of positions, weights on the meta device, ... In every case the model is left as it was
             (a previous patch included).
         UnsupportedModelError: no supported positional module.
 
@@ -158,6 +158,7 @@ def load(name_or_path: str | os.PathLike, **from_pretrained_kwargs: Any) -> nn.M
     Raises:
         RecordError: the saved record is malformed (the message names the file and the field); raised
             before any weight is loaded.
+        DamagedFileError: a weights file of the folder is truncated or corrupt (named).
     """
     from transformers import AutoConfig
 
@@ -166,6 +167,7 @@ def load(name_or_path: str | os.PathLike, **from_pretrained_kwargs: Any) -> nn.M
     path = resolve_model_path(str(name_or_path))
     config = AutoConfig.from_pretrained(path, **config_kwargs(from_pretrained_kwargs))
     record = read_record(path, config)
+    check_weight_files(path)
     if record is None:
         return model_class_for(config).from_pretrained(path, **from_pretrained_kwargs)
     return backend_for_record(record["kind"]).load(path, record, **from_pretrained_kwargs)

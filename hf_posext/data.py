@@ -31,6 +31,7 @@ __all__ = [
     "BUILTIN_SOURCES",
     "load_documents",
     "iter_documents",
+    "check_text_source",
     "python_docs_text",
     "split_sentences",
 ]
@@ -161,28 +162,49 @@ def iter_documents(source: str | os.PathLike, *, text_field: str | None = None, 
         ValueError: a folder without readable files, an unknown built-in, a record without text.
     """
     text = str(source)
+    check_text_source(text)
     if text.startswith("builtin:"):
-        if text != "builtin:python-docs":
-            raise ValueError(f"Unknown built-in text {text!r}; available: {', '.join(BUILTIN_SOURCES)}.")
         yield python_docs_text()
         return
     path = Path(text).expanduser()
     if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES)
-        if not files:
-            raise ValueError(f"The folder {path} holds no {'/'.join(TEXT_SUFFIXES)} files to read text from.")
-        for file in files:
+        for file in _text_files(path):
             yield from _file_documents(file, text_field)
         return
     if path.is_file():
         yield from _file_documents(path, text_field)
         return
-    if _looks_like_path(text):
+    yield from _dataset_documents(text, split, text_field)
+
+
+def _text_files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES)
+
+
+def check_text_source(source: str | os.PathLike) -> None:
+    """Refuse a text source that cannot be read, without reading it (run before loading a model).
+
+    Raises:
+        FileNotFoundError: ``source`` looks like a path but does not exist.
+        ValueError: an unknown built-in, a folder without text files, a file of another type.
+    """
+    text = str(source)
+    if text.startswith("builtin:"):
+        if text not in BUILTIN_SOURCES:
+            raise ValueError(f"Unknown built-in text {text!r}; available: {', '.join(BUILTIN_SOURCES)}.")
+        return
+    path = Path(text).expanduser()
+    if path.is_dir():
+        if not _text_files(path):
+            raise ValueError(f"The folder {path} holds no {'/'.join(TEXT_SUFFIXES)} files to read text from.")
+    elif path.is_file():
+        if path.suffix.lower() not in TEXT_SUFFIXES:
+            raise ValueError(f"{path}: unsupported file type {path.suffix!r}; expected one of {', '.join(TEXT_SUFFIXES)}.")
+    elif _looks_like_path(text):
         raise FileNotFoundError(
             f"Text source {text!r} does not exist. Pass an existing .txt/.jsonl/.parquet file or folder, "
             f"a Hugging Face dataset name, or one of {', '.join(BUILTIN_SOURCES)}."
         )
-    yield from _dataset_documents(text, split, text_field)
 
 
 def load_documents(

@@ -21,6 +21,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from hf_posext.core.errors import DamagedFileError
+from hf_posext.core.loading import check_weight_files
+
+
 TARGETS = ("transformers", "vllm", "sglang", "llama.cpp")
 RECORD_KEY = "hf_posext"
 YARN_DEFAULT_ONLY = ("attention_factor", "mscale", "mscale_all_dim")
@@ -135,7 +139,13 @@ def export_config(config: dict[str, Any], target: str) -> dict[str, Any]:
 
 
 def _record_and_config(folder: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    config = json.loads((folder / "config.json").read_text())
+    path = folder / "config.json"
+    try:
+        config = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as error:
+        raise DamagedFileError(f"{path} is not valid JSON ({error}); save the model again") from None
+    if not isinstance(config, dict):
+        raise DamagedFileError(f"{path} holds a {type(config).__name__}, not a config object; save the model again")
     return scaling_record(config), config
 
 
@@ -201,6 +211,8 @@ def export(source: Any, target: str, out: str | os.PathLike, overwrite: bool = F
     if folder is not None and not (folder / "config.json").is_file():
         raise ExportError(f"no saved model folder at {folder} (no config.json): pass a folder written by save_pretrained")
     _check_destination(folder, out, overwrite)
+    if folder is not None:
+        check_weight_files(folder)  # a truncated weights file is named, not copied into a served folder
     problems = check_serving(source, target)
     if problems:
         raise ExportError(problems[0])

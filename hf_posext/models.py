@@ -132,12 +132,22 @@ def load_model(name: str, dtype: torch.dtype | str = torch.float32, device: str 
         dtype: torch dtype (or its name, e.g. ``"bfloat16"``).
         device: device to move the model to; ``device_map=`` in kwargs for multi-device loading.
         **kwargs: passed to ``AutoModelForCausalLM.from_pretrained``.
+
+    Raises:
+        FileNotFoundError: a local path that does not exist.
+        ValueError: the folder holds another kind of model (e.g. T5), named in one line.
+        DamagedFileError: a truncated or corrupt weights file (named).
     """
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from hf_posext.core.loading import check_weight_files, config_kwargs, require_causal_lm
 
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype)
-    model = AutoModelForCausalLM.from_pretrained(resolve_model_path(name), dtype=dtype, **kwargs)
+    path = resolve_model_path(name)
+    require_causal_lm(AutoConfig.from_pretrained(path, **config_kwargs(kwargs)), name)
+    check_weight_files(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs)
     if device is not None and "device_map" not in kwargs:
         model.to(device)
     model.eval()
@@ -145,10 +155,25 @@ def load_model(name: str, dtype: torch.dtype | str = torch.float32, device: str 
 
 
 def load_tokenizer(name: str, **kwargs: Any):
-    """The tokenizer for ``name`` (hub name, local path or embedded name)."""
+    """The tokenizer for ``name`` (hub name, local path or embedded name).
+
+    Raises:
+        FileNotFoundError: a local path that does not exist.
+        ValueError: a local folder without a usable tokenizer (one line naming it).
+    """
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(resolve_model_path(name), **kwargs)
+    path = resolve_model_path(name)
+    try:
+        return AutoTokenizer.from_pretrained(path, **kwargs)
+    except (ValueError, OSError) as error:
+        if not Path(path).expanduser().is_dir():
+            raise
+        first = " ".join(str(error).split())[:160]
+        raise ValueError(
+            f"{name} has no usable tokenizer ({first}); save one beside the model with "
+            f"tokenizer.save_pretrained({name!r})"
+        ) from None
 
 
 # --------------------------------------------------------------------------------------------------

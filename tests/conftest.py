@@ -37,3 +37,20 @@ def token_ids():
 def logits_of(model, ids, **kwargs):
     with torch.no_grad():
         return model(ids, **kwargs).logits
+
+
+def assert_close_guarding(actual, expected, wrong, *, atol: float, rtol: float, margin: float = 100.0) -> None:
+    """``assert_close(actual, expected)``, and proof that the comparison can fail.
+
+    ``wrong`` is what the failure the test guards against would give (e.g. the unpatched model, or
+    frequencies chosen for another length). It must differ from ``expected`` by at least ``margin``
+    times the tolerance, else the test could pass on a broken implementation.
+    """
+    import torch
+
+    torch.testing.assert_close(actual, expected, atol=atol, rtol=rtol)
+    tolerance = atol + rtol * expected.abs().max().item()
+    effect = (wrong.float() - expected.float()).abs().max().item()
+    assert effect >= margin * tolerance, (
+        f"the effect this test guards ({effect:.3g}) is not {margin:g}x its tolerance ({tolerance:.3g}): it could not fail"
+    )

@@ -119,3 +119,20 @@ def test_eval_refuses_bad_arguments_before_loading(bad, message, tmp_path, capsy
     err = capsys.readouterr().err.strip()
     assert message in err and "\n" not in err
     assert existing.read_text() == "keep" and not (tmp_path / "results").exists()
+
+
+@pytest.mark.parametrize("task", ["perplexity", "passkey"])
+def test_eval_no_progress_draws_no_progress_bar(task, tmp_path, capsys):
+    # issue 17: --no-progress still drew the grid's bars and transformers' "Loading weights" bar
+    text = tmp_path / "text.txt"
+    text.write_text("Some words to read here. " * 200)
+    model = str(Path(__file__).parent / "data" / "training" / "tiny-llama")
+    length = "48" if task == "perplexity" else "320"  # a passkey prompt needs room for its filler
+    argv = ["eval", task, "--model", model, "--methods", "none", "--lengths", length, "--out", str(tmp_path / "r")]
+    argv += ["--data", str(text), "--max-windows", "2"] if task == "perplexity" else ["--depths", "0.5", "--trials", "1", "--no-generate"]
+    assert main(argv + ["--overwrite"]) == 0
+    drawn = capsys.readouterr().err
+    assert f"{task} none @ {length}" in drawn and "Loading weights" in drawn  # the bars this test must see go
+    assert main(argv + ["--overwrite", "--no-progress"]) == 0
+    quiet = capsys.readouterr().err
+    assert "it/s" not in quiet and "%|" not in quiet and "Loading weights" not in quiet, quiet

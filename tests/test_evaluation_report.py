@@ -105,7 +105,7 @@ def test_report_names_a_corrupt_results_file(tmp_path, capsys, content, problem)
     with pytest.raises(ResultsFileError, match="zz-damaged.json") as error:
         load_results(tmp_path)
     assert problem in str(error.value)
-    assert main(["report", str(tmp_path)]) == 2
+    assert main(["report", str(tmp_path)]) == 1  # a damaged file is a runtime error (exit 1), not a usage error
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "zz-damaged.json" in err and problem in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["perplexity-x.json", "zz-damaged.json"]

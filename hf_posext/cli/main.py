@@ -19,13 +19,17 @@ is the one place that names them (nothing registers itself on import).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import shutil
 import sys
-from typing import Any, Callable
+import tempfile
+from typing import Any, Callable, Iterator
 
 from hf_posext import export, inspect_cli
 from hf_posext.api import describe, load, patch
+from hf_posext.core.errors import run_reporting_errors
 from hf_posext.core.request import ScalingRequest, parse_param_items
 from hf_posext.evaluation import cli as evaluation_cli
 from hf_posext.integrations.lm_eval import cli as lm_eval_cli
@@ -78,14 +82,31 @@ def _run_patch(args: argparse.Namespace) -> int:
         raise ValueError(f"--out {args.out} is a file; give a folder to save the model in (new or existing)")
     model = load(args.model)  # any architecture; a saved scaling comes back and is then replaced
     patch(model, **request.patch_kwargs())
-    model.save_pretrained(args.out)
-    try:
-        load_tokenizer(args.model).save_pretrained(args.out)
-    except Exception as error:  # a model folder without a tokenizer is still a valid output
-        print(f"note: no tokenizer saved ({error})", file=sys.stderr)
+    with staged_folder(args.out) as staging:  # nothing lands in --out unless every file was written
+        model.save_pretrained(staging)
+        try:
+            load_tokenizer(args.model).save_pretrained(staging)
+        except Exception as error:  # a model folder without a tokenizer is still a valid output
+            print(f"note: no tokenizer saved ({' '.join(str(error).split())[:200]})", file=sys.stderr)
     print(describe(model))
     print(f"saved to {args.out} (load with hf_posext.load({args.out!r}))")
     return 0
+
+
+@contextlib.contextmanager
+def staged_folder(out: str) -> Iterator[str]:
+    """A temporary folder beside ``out`` whose files are moved into ``out`` (each by an atomic rename)
+    when the block succeeds; on an error it is removed and ``out`` is left as it was."""
+    parent = os.path.dirname(os.path.abspath(out))
+    os.makedirs(parent, exist_ok=True)
+    staging = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(os.path.abspath(out))}.tmp-")
+    try:
+        yield staging
+        os.makedirs(out, exist_ok=True)
+        for name in os.listdir(staging):
+            os.replace(os.path.join(staging, name), os.path.join(out, name))
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def _run_demo(args: argparse.Namespace) -> int:
@@ -147,11 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     if extra and not getattr(args, "accepts_extra", False):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     args.extra = extra
-    try:
-        return int(args.run(args) or 0)
-    except (ValueError, TypeError, FileNotFoundError) as error:
-        print(f"hf-posext {args.command}: error: {error}", file=sys.stderr)
-        return 2
+    return run_reporting_errors(f"hf-posext {args.command}", lambda: args.run(args))
+
 
 
 if __name__ == "__main__":

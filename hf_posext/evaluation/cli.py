@@ -9,15 +9,17 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
+from hf_posext.core.errors import run_reporting_errors
 from hf_posext.core.request import parse_param_items
 
-__all__ = ["TASKS", "add_task_arguments", "run_task", "main_task"]
+__all__ = ["TASKS", "add_task_arguments", "check_task_arguments", "run_task", "main_task"]
 
 TASKS = ("perplexity", "passkey", "needle")
 
@@ -73,8 +75,72 @@ def add_task_arguments(parser: argparse.ArgumentParser, task: str) -> None:
         raise ValueError(f"Unknown evaluation task {task!r}; one of {', '.join(TASKS)}.")
 
 
+def _at_least_one(args: argparse.Namespace, option: str, what: str) -> None:
+    value = getattr(args, option.lstrip("-").replace("-", "_"), None)
+    if value is not None and value < 1:
+        raise ValueError(f"{option} must be a positive number of {what}, got {value}.")
+
+
+def check_task_arguments(task: str, args: argparse.Namespace) -> None:
+    """Refuse bad evaluation arguments before any model is loaded or file written (one-line errors).
+
+    Raises:
+        ValueError: a bad number, factor, depth, device or ``--out``.
+        FileNotFoundError: a text source that looks like a path but does not exist.
+    """
+    import math
+
+    import torch
+
+    from hf_posext.data import check_text_source
+    from hf_posext.evaluation.runner import parse_floats
+
+    _at_least_one(args, "--batch-size", "windows or prompts")
+    _at_least_one(args, "--chunk-size", "tokens")
+    _at_least_one(args, "--max-windows", "windows")
+    _at_least_one(args, "--max-tokens", "tokens")
+    _at_least_one(args, "--trials", "prompts")
+    _at_least_one(args, "--max-new-tokens", "tokens")
+    if args.factor is not None and not (math.isfinite(args.factor) and args.factor >= 1):
+        raise ValueError(f"--factor must be a finite number >= 1, got {args.factor}; leave it out to use longest length / window.")
+    if getattr(args, "depths", None) is not None:
+        parse_floats(args.depths, "depth")
+    for option in ("data", "haystack"):
+        if getattr(args, option, None):
+            check_text_source(getattr(args, option))
+    if args.device:
+        try:
+            device = torch.device(args.device)
+        except (RuntimeError, ValueError):
+            raise ValueError(f"--device {args.device} is not a device name; use cpu, cuda, cuda:1 or mps.") from None
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"--device {args.device}: no CUDA device here (torch {torch.__version__}); use --device cpu.")
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        raise ValueError(f"--out {args.out} is a file; give a folder for the results (new or existing).")
+
+
+@contextlib.contextmanager
+def transformers_progress_bars(enabled: bool) -> Iterator[None]:
+    """Turn transformers' own progress bars (loading weights) off inside the block when not ``enabled``."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    if not enabled:
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled and not enabled:
+            hf_logging.enable_progress_bar()
+
+
 def run_task(task: str, args: argparse.Namespace) -> int:
     """Run evaluation ``task`` with parsed ``args``; prints a summary table and writes plots."""
+    with transformers_progress_bars(args.progress):
+        return _run_task(task, args)
+
+
+def _run_task(task: str, args: argparse.Namespace) -> int:
     from hf_posext.evaluation import needle, passkey, perplexity
     from hf_posext.evaluation.report import markdown_tables, write_plots
     from hf_posext.evaluation.arguments import parse_floats, parse_lengths, parse_methods
@@ -84,17 +150,7 @@ def run_task(task: str, args: argparse.Namespace) -> int:
     started = time.time()
     methods = parse_methods(args.methods, parse_param_items(args.param))
     lengths = parse_lengths(args.lengths)
-    if args.batch_size < 1:
-        raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}.")
-    if getattr(args, "chunk_size", None) is not None and args.chunk_size < 1:
-        raise ValueError(f"--chunk-size must be a positive number of tokens, got {args.chunk_size}.")
-    if args.device and str(args.device).startswith("cuda"):
-        import torch
-
-        if not torch.cuda.is_available():
-            raise ValueError(f"--device {args.device}: no CUDA device here (torch {torch.__version__}); use --device cpu.")
-    if os.path.exists(args.out) and not os.path.isdir(args.out):
-        raise ValueError(f"--out {args.out} is a file; give a folder for the results (new or existing).")
+    check_task_arguments(task, args)
     dist = Distributed()
     if args.device_map and dist.world_size > 1:
         raise ValueError("--device-map spreads one model over devices: run it in one process (not under accelerate launch with several).")
@@ -104,6 +160,7 @@ def run_task(task: str, args: argparse.Namespace) -> int:
     common: dict[str, Any] = dict(
         methods=methods, lengths=lengths, factor=args.factor, out_dir=args.out, model_name=args.model, batch_size=args.batch_size,
         overwrite=args.overwrite, reuse_identical=args.reuse_identical, dist=dist, extra_config={"dtype": args.dtype},
+        progress=args.progress,
     )
     if task == "perplexity":
         store = perplexity.evaluate_perplexity(
@@ -141,15 +198,11 @@ def _folder_runs(folder: str, current: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def main_task(task: str, argv: list[str] | None = None) -> int:
-    """Entry point of ``eval/<task>.py``: parse arguments and run (errors print one line, exit 2)."""
+    """Entry point of ``eval/<task>.py``: parse arguments and run (an error prints one line; exit 2 usage, 1 runtime)."""
     parser = argparse.ArgumentParser(prog=f"eval/{task}.py", description=f"{task} evaluation, scaling methods side by side")
     add_task_arguments(parser, task)
     args = parser.parse_args(argv)
-    try:
-        return run_task(task, args)
-    except (ValueError, FileNotFoundError, ImportError) as error:
-        print(f"{task}: error: {error}", file=sys.stderr)
-        return 2
+    return run_reporting_errors(task, lambda: run_task(task, args))
 
 
 def add_eval_arguments(parser: argparse.ArgumentParser) -> None:

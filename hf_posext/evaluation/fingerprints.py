@@ -1,12 +1,17 @@
-"""What a stored cell was computed with: the rotary frequencies a model uses at a length, and their hash.
+"""What a stored cell was computed with: the rotary frequencies a model uses at a length, their hash, and
+for an attention-level method (Self-Extend, DCA) its settings and the code of its attention kernel.
 
 The grid compares them to decide whether a stored cell is stale and whether two methods compute the
-same function at a length (then one result serves both).
+same function at a length (then one result serves both). A RoPE method is pinned down by its rotary
+frequencies; an attention-level method also changes how positions enter the attention scores, so
+:func:`attention_function` records its settings and a hash of its kernel's code: a cell computed with
+other settings or another version of the kernel is recomputed, not reused.
 """
 
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import math
 from typing import Any
@@ -15,7 +20,18 @@ import torch
 
 from hf_posext.api import describe, fixed_length
 
-__all__ = ["rope_fingerprint", "hash_frequencies", "rope_frequencies", "same_frequencies"]
+__all__ = [
+    "rope_fingerprint",
+    "hash_frequencies",
+    "rope_frequencies",
+    "same_frequencies",
+    "attention_function",
+    "function_fingerprint",
+    "KERNEL_INDEPENDENT_PARAMS",
+]
+
+#: Parameters that choose how the scores are computed, not what they are (eager and SDPA agree).
+KERNEL_INDEPENDENT_PARAMS = ("attn_implementation",)
 
 
 def rope_fingerprint(model: torch.nn.Module, length: int) -> str | None:
@@ -48,7 +64,7 @@ def rope_frequencies(model: torch.nn.Module, length: int) -> list[dict[str, Any]
     from hf_posext.backends.rope.module import ScaledRotaryEmbedding
 
     try:
-        if describe(model).kind != "rope":
+        if describe(model).kind not in ("rope", "attention"):  # an attention-level method keeps the model's RoPE
             return None
     except Exception:
         return None
@@ -97,3 +113,43 @@ def same_frequencies(a: list[dict[str, Any]], b: list[dict[str, Any]], rtol: flo
         if not all(math.isclose(u, v, rel_tol=rtol) for u, v in zip(x["inv_freq"], y["inv_freq"])):
             return False
     return True
+
+
+def _kernel_source_hash(model: torch.nn.Module) -> str | None:
+    """sha256 of the source file of the attention function the model's config names (None: not found)."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    name = getattr(model.config, "_attn_implementation", None)
+    function = ALL_ATTENTION_FUNCTIONS.get(name) if name else None
+    if function is None:
+        return None
+    try:
+        source = inspect.getsource(inspect.getmodule(function))
+    except (OSError, TypeError):
+        return None
+    return hashlib.sha256(source.encode()).hexdigest()
+
+
+def attention_function(model: torch.nn.Module) -> dict[str, Any] | None:
+    """The method, settings and kernel-code hash of an attention-level patch (None: no such patch).
+
+    Two cells with different results here computed different functions. The kernel hash is of the whole
+    module that defines the registered attention function: any edit to it, even a comment, recomputes
+    the cells (the safe direction: a cell is never trusted across a change of its code).
+    """
+    try:
+        report = describe(model)
+    except Exception:
+        return None
+    if report.kind != "attention":
+        return None
+    params = {key: value for key, value in sorted(report.params.items()) if key not in KERNEL_INDEPENDENT_PARAMS}
+    return {"method": report.method, "params": params, "kernel_sha256": _kernel_source_hash(model)}
+
+
+def function_fingerprint(frequencies: list[dict[str, Any]] | None, attention: dict[str, Any] | None) -> str | None:
+    """One hash of what a (method, length) computes: its rotary frequencies and, if any, its attention function."""
+    current = hash_frequencies(frequencies)
+    if attention is None:
+        return current
+    return hashlib.sha1(f"{current}|{json.dumps(attention, sort_keys=True)}".encode()).hexdigest()

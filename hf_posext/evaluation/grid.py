@@ -25,7 +25,7 @@ import torch
 from hf_posext.api import describe, patch, unpatch
 from hf_posext.core.record import ScalingReport
 from hf_posext.core.request import ScalingRequest
-from hf_posext.evaluation.fingerprints import hash_frequencies, rope_frequencies, same_frequencies
+from hf_posext.evaluation.fingerprints import attention_function, function_fingerprint, rope_frequencies, same_frequencies
 from hf_posext.evaluation.store import ResultStore
 from hf_posext.lm.distributed import Distributed
 
@@ -133,7 +133,8 @@ def run_grid(
             continue  # all done, nothing to re-check
         with apply_method(model, method, method_factor) as report:
             for length in lengths:
-                step = _Step(method, method_factor, length, report, rope_frequencies(model, length))
+                step = _Step(method, method_factor, length, report, rope_frequencies(model, length),
+                             attention_function(model))
                 _run_step(job, step, plans[length], ids[length], memo)
     store.save(world_size=job.dist.world_size)
     return store
@@ -162,10 +163,11 @@ class _Step:
     length: int
     report: ScalingReport
     frequencies: list[dict[str, Any]] | None  # None: not a RoPE model
+    attention: dict[str, Any] | None = None  # an attention-level method's settings and kernel hash
 
     @functools.cached_property
     def fingerprint(self) -> str | None:
-        return hash_frequencies(self.frequencies)
+        return function_fingerprint(self.frequencies, self.attention)
 
     @property
     def label(self) -> str:
@@ -173,31 +175,38 @@ class _Step:
 
 
 def _all_stored_without_frequencies(store: ResultStore, ids: dict[int, list[str]]) -> bool:
-    """Every cell of a method is stored, and none carries frequencies to re-check against the model."""
+    """Every cell of a method is stored, and none carries frequencies or an attention function to re-check."""
     stored = [store.get(i) for length_ids in ids.values() for i in length_ids if store.has(i)]
-    return len(stored) == sum(map(len, ids.values())) and not any("rope_frequencies" in r for r in stored)
+    return len(stored) == sum(map(len, ids.values())) and not any(
+        "rope_frequencies" in r or "attention_function" in r for r in stored)
 
 
-def _stale_cells(store: ResultStore, ids: list[str], frequencies: list[dict[str, Any]] | None) -> list[str]:
-    """Stored cells computed with other rotary frequencies than the model has now.
+def _stale_cells(store: ResultStore, ids: list[str], step: _Step) -> list[str]:
+    """Stored cells computed with other rotary frequencies, or another attention function, than the model has now.
 
     A stored cell counts only if the method still computes the same rotary function: a factors file
     rewritten by a new search, or a changed formula, makes it stale. The check compares frequencies, so
     cells computed on another machine (a GPU) are not stale. Records without frequencies (written
-    before they were kept) are trusted by label.
+    before they were kept) are trusted by label. An attention-level method (Self-Extend, DCA) is also
+    checked by its settings and kernel code (:func:`~hf_posext.evaluation.fingerprints.attention_function`).
     """
-    if frequencies is None:
-        return []
-    return [i for i in ids if store.has(i) and store.get(i).get("rope_frequencies") is not None
-            and not same_frequencies(store.get(i)["rope_frequencies"], frequencies)]
+
+    def stale(record: dict[str, Any]) -> bool:
+        other_rope = (step.frequencies is not None and record.get("rope_frequencies") is not None
+                      and not same_frequencies(record["rope_frequencies"], step.frequencies))
+        other_attention = "attention_function" in record and record["attention_function"] != step.attention
+        return other_rope or other_attention
+
+    return [i for i in ids if store.has(i) and stale(store.get(i))]
 
 
 def _run_step(job: _Job, step: _Step, cells: list[Cell], ids: list[str], memo: dict) -> None:
     """Compute the cells of one (method, length) that are missing or stale, reusing ``memo`` where allowed."""
-    stale = _stale_cells(job.store, ids, step.frequencies)
+    stale = _stale_cells(job.store, ids, step)
     if stale:
         warnings.warn(f"{step.label} @ {step.length}: {len(stale)} stored cell(s) were computed with another rotary "
-                      "embedding (changed parameters or factors file); recomputing them.", stacklevel=3)
+                      "embedding or attention kernel (changed parameters, factors file or code); recomputing them.",
+                      stacklevel=3)
     cells = [c for c, i in zip(cells, ids) if not job.store.has(i) or i in stale]
     if not cells:
         return
@@ -274,4 +283,6 @@ def _cell_record(step: _Step, cell: Cell, metrics: dict[str, Any], unit_results:
         record["rope_fingerprint"] = step.fingerprint
     if step.frequencies is not None:
         record["rope_frequencies"] = step.frequencies
+    if step.attention is not None:
+        record["attention_function"] = step.attention
     return record

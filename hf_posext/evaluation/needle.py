@@ -131,6 +131,7 @@ def evaluate_needle(
     overwrite: bool = False,
     reuse_identical: bool = True,
     dist: Distributed | None = None,
+    progress: bool = True,
     extra_config: dict[str, Any] | None = None,
 ) -> ResultStore:
     """Needle retrieval accuracy of each method over lengths x depths (x trials).
@@ -168,5 +169,5 @@ def evaluate_needle(
     return run_grid(
         model=model, methods=methods, lengths=lengths, factor=factor, plan=plan, evaluate=evaluate,
         aggregate=retrieval_metrics, store=store, dist=dist, batch_size=batch_size, reuse_identical=reuse_identical,
-        description="needle ",
+        progress=progress, description="needle ",
     )

@@ -116,6 +116,7 @@ def evaluate_passkey(
     overwrite: bool = False,
     reuse_identical: bool = True,
     dist: Distributed | None = None,
+    progress: bool = True,
     extra_config: dict[str, Any] | None = None,
 ) -> ResultStore:
     """Passkey accuracy of each method over lengths x depths x trials.
@@ -137,6 +138,7 @@ def evaluate_passkey(
         overwrite: recompute finished cells.
         reuse_identical: reuse results between methods computing the same function at a length.
         dist: process group.
+        progress: show progress bars (``--no-progress`` turns them off).
         extra_config: more run-config entries.
 
     Returns:
@@ -168,5 +170,5 @@ def evaluate_passkey(
     return run_grid(
         model=model, methods=methods, lengths=lengths, factor=factor, plan=plan, evaluate=evaluate,
         aggregate=retrieval_metrics, store=store, dist=dist, batch_size=batch_size, reuse_identical=reuse_identical,
-        description="passkey ",
+        progress=progress, description="passkey ",
     )

@@ -124,6 +124,7 @@ def evaluate_perplexity(
     overwrite: bool = False,
     reuse_identical: bool = True,
     dist: Distributed | None = None,
+    progress: bool = True,
     extra_config: dict[str, Any] | None = None,
     max_windows: int | None = None,
 ) -> ResultStore:
@@ -151,6 +152,7 @@ def evaluate_perplexity(
         overwrite: recompute cells already in the results file.
         reuse_identical: reuse results between methods that compute the same function at a length.
         dist: process group (None: detected from the environment).
+        progress: show progress bars (``--no-progress`` turns them off).
         extra_config: more entries for the run config (e.g. the dtype), part of the results file key.
         max_windows: the old name of ``max_segments`` (a FutureWarning).
 
@@ -194,5 +196,5 @@ def evaluate_perplexity(
     return run_grid(
         model=model, methods=methods, lengths=lengths, factor=factor, plan=plan, evaluate=evaluate,
         aggregate=aggregate, store=store, dist=dist, batch_size=batch_size, reuse_identical=reuse_identical,
-        description="perplexity ",
+        progress=progress, description="perplexity ",
     )

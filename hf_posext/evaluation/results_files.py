@@ -14,6 +14,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from hf_posext.core.errors import DamagedFileError
+
 __all__ = ["ResultsFileError", "TASK_METRICS", "check_cell", "check_results", "read_results_file", "load_results"]
 
 #: The numbers every record of a task must carry (perplexity: the loss; retrieval: the accuracy).
@@ -25,7 +27,7 @@ TASK_METRICS: dict[str, tuple[str, ...]] = {
 _OPTIONAL_NUMBERS = ("greedy_accuracy", "answer_token_accuracy", "seconds", "supported_window", "windows")
 
 
-class ResultsFileError(ValueError):
+class ResultsFileError(DamagedFileError):
     """A results file that cannot be used; the message names the file, the cell and the field."""
 
 

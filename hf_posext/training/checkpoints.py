@@ -20,6 +20,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from hf_posext.core.errors import DamagedFileError
+
 __all__ = [
     "CHECKPOINT_PREFIX", "CHECKSUMS_FILE", "RUN_FILE", "CheckpointError", "checkpoint_step", "find_latest_checkpoint",
     "write_json_atomic", "file_sha256", "write_checksums", "verify_checkpoint", "read_run_info",
@@ -33,7 +35,7 @@ TRAINER_STATE_FILE = "trainer_state.json"
 _STEP_NAME = re.compile(rf"^{CHECKPOINT_PREFIX}(\d+)$")
 
 
-class CheckpointError(ValueError):
+class CheckpointError(DamagedFileError):
     """A checkpoint folder that is incomplete, altered or corrupt (the message names the bad file)."""
 
 

@@ -12,6 +12,8 @@ import logging
 import sys
 from pathlib import Path
 
+from hf_posext.core.errors import run_reporting_errors
+
 
 __all__ = ["add_train_arguments", "run_train", "main"]
 
@@ -75,9 +77,5 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="finetune.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_train_arguments(parser)
     args = parser.parse_args(argv)
-    try:
-        return run_train(args)
-    except (ValueError, FileNotFoundError, FileExistsError, ImportError) as error:
-        print(f"finetune: error: {error}", file=sys.stderr)
-        return 2
+    return run_reporting_errors("finetune", lambda: run_train(args))
 

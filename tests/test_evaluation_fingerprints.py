@@ -1,0 +1,76 @@
+"""Stored Self-Extend cells are fingerprinted by what defines their function (issue 17).
+
+Before, a Self-Extend cell carried no frequencies and was trusted by its label forever: a change of the
+attention kernel (or of the model's RoPE under it) would not recompute it. Now a cell records the rotary
+frequencies under the method and ``attention_function`` (method, settings, hash of the kernel's code).
+"""
+
+import json
+
+import pytest
+
+from hf_posext.evaluation import fingerprints, perplexity
+from hf_posext.evaluation.runner import AsciiTokenizer, parse_methods
+from hf_posext.models import tiny_model
+
+TEXT = ("The quick brown fox jumps over the lazy dog. " * 40).strip()
+SELF_EXTEND = {"group_size": 4, "window": 16}
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model("llama", seed=0, initializer_range=0.1)
+
+
+def _run(model, out, methods="self-extend", params=SELF_EXTEND):
+    return perplexity.evaluate_perplexity(
+        model, AsciiTokenizer(), data=[TEXT], methods=parse_methods(methods, params), lengths=(128,),
+        out_dir=out, model_name="tiny", max_windows=1, progress=False,
+    )
+
+
+def _count_forwards(monkeypatch) -> list[int]:
+    calls: list[int] = []
+    original = perplexity.chunked_nll
+    monkeypatch.setattr(perplexity, "chunked_nll", lambda *a, **k: calls.append(1) or original(*a, **k))
+    return calls
+
+
+def test_a_self_extend_cell_records_its_settings_kernel_and_frequencies(model, tmp_path):
+    (cell,) = _run(model, tmp_path).cells.values()
+    assert cell["attention_function"]["method"] == "self-extend"
+    assert cell["attention_function"]["params"] == SELF_EXTEND
+    assert len(cell["attention_function"]["kernel_sha256"]) == 64
+    assert cell["rope_frequencies"]  # the model's own RoPE under the grouped positions
+    saved = json.loads(next(tmp_path.glob("perplexity-*.json")).read_text())
+    assert saved["cells"][next(iter(saved["cells"]))]["attention_function"] == cell["attention_function"]
+
+
+def test_a_changed_kernel_recomputes_the_cell_and_the_same_kernel_does_not(model, tmp_path, monkeypatch):
+    _run(model, tmp_path)
+    calls = _count_forwards(monkeypatch)
+    _run(model, tmp_path)
+    assert calls == []  # same settings, same code: read back
+    monkeypatch.setattr(fingerprints, "_kernel_source_hash", lambda m: "0" * 64)  # the kernel's code changed
+    with pytest.warns(UserWarning, match="attention kernel"):
+        (cell,) = _run(model, tmp_path).cells.values()
+    assert calls == [1] and cell["attention_function"]["kernel_sha256"] == "0" * 64
+
+
+def test_a_changed_rope_under_self_extend_recomputes_the_cell(model, tmp_path, monkeypatch):
+    (before,) = _run(model, tmp_path).cells.values()
+    calls = _count_forwards(monkeypatch)
+    other = tiny_model("llama", seed=0, initializer_range=0.1, rope_theta=500.0)  # same weights, other RoPE base
+    with pytest.warns(UserWarning, match="another rotary embedding"):
+        (after,) = _run(other, tmp_path).cells.values()
+    assert calls == [1] and after["nll"] != before["nll"]
+
+
+def test_self_extend_is_not_reused_for_the_unpatched_model(model, tmp_path):
+    # the grid reuses a unit between methods with the same fingerprint; Self-Extend keeps the model's
+    # rotary frequencies, so its fingerprint must include the attention settings to stay apart from none
+    store = _run(model, tmp_path, methods="none,self-extend")
+    records = {c["method"]: c for c in store.cells.values()}
+    assert "reused_from" not in records["self-extend"]
+    assert records["self-extend"]["rope_fingerprint"] != records["none"]["rope_fingerprint"]
+    assert records["self-extend"]["nll"] != records["none"]["nll"]

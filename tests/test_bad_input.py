@@ -333,7 +333,7 @@ CLI_CASES: list[tuple[str, list[str], int, str, bool]] = [
     ("eval-no-length", _with(_PPL, lengths=","), USAGE, r"No length given: pass e.g. --lengths", False),
     ("eval-chunk-size-zero", _with(_PPL, chunk_size="0"), USAGE, r"--chunk-size must be a positive number of tokens, got 0", False),
     ("eval-batch-size-zero", _with(_PPL, batch_size="0"), USAGE, r"--batch-size must be a positive number", False),
-    ("eval-max-windows-zero", _with(_PPL, max_windows="0"), USAGE, r"--max-windows must be a positive number of windows", False),
+    ("eval-max-windows-zero", _with(_PPL, max_windows="0"), USAGE, r"--max-segments must be a positive number of segments", False),
     ("eval-max-tokens-zero", _with(_PPL, max_tokens="0"), USAGE, r"--max-tokens must be a positive number of tokens", False),
     ("eval-factor-below-1", _with(_PPL, factor="0.5"), USAGE, r"--factor must be a finite number >= 1, got 0.5", False),
     ("eval-factor-nan", _with(_PPL, factor="nan"), USAGE, r"--factor must be a finite number >= 1, got nan", False),

@@ -14,7 +14,7 @@ from hf_posext.evaluation.runner import AsciiTokenizer, parse_methods
 from hf_posext.models import tiny_model
 
 TEXT = ("The quick brown fox jumps over the lazy dog. " * 40).strip()
-SELF_EXTEND = {"group_size": 4, "window": 16}
+SELF_EXTEND = {"group_size": 4, "neighbor_window": 16}
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +25,7 @@ def model():
 def _run(model, out, methods="self-extend", params=SELF_EXTEND):
     return perplexity.evaluate_perplexity(
         model, AsciiTokenizer(), data=[TEXT], methods=parse_methods(methods, params), lengths=(128,),
-        out_dir=out, model_name="tiny", max_windows=1, progress=False,
+        out_dir=out, model_name="tiny", max_segments=1, progress=False,
     )
 
 

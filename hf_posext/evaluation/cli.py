@@ -75,8 +75,8 @@ def add_task_arguments(parser: argparse.ArgumentParser, task: str) -> None:
         raise ValueError(f"Unknown evaluation task {task!r}; one of {', '.join(TASKS)}.")
 
 
-def _at_least_one(args: argparse.Namespace, option: str, what: str) -> None:
-    value = getattr(args, option.lstrip("-").replace("-", "_"), None)
+def _at_least_one(args: argparse.Namespace, option: str, what: str, dest: str | None = None) -> None:
+    value = getattr(args, dest or option.lstrip("-").replace("-", "_"), None)
     if value is not None and value < 1:
         raise ValueError(f"{option} must be a positive number of {what}, got {value}.")
 
@@ -97,7 +97,7 @@ def check_task_arguments(task: str, args: argparse.Namespace) -> None:
 
     _at_least_one(args, "--batch-size", "windows or prompts")
     _at_least_one(args, "--chunk-size", "tokens")
-    _at_least_one(args, "--max-windows", "windows")
+    _at_least_one(args, "--max-segments", "segments")
     _at_least_one(args, "--max-tokens", "tokens")
     _at_least_one(args, "--trials", "prompts")
     _at_least_one(args, "--max-new-tokens", "tokens")

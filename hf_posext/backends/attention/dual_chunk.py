@@ -123,15 +123,24 @@ class _LayerSettings:
             self._frequencies[key] = self.inv_freq.to(device=device, dtype=torch.float64)
         return self._frequencies[key]
 
+    def chunk_step(self, device) -> torch.Tensor:
+        """The angles of a rotation by ``-s`` positions, reduced to [0, 2*pi), float32 on ``device``.
+
+        A key moves by ``-s * (j // s)``: its angles are ``(j // s) * chunk_step``, exact to float32 for
+        any realistic chunk count (the error grows with ``j // s``, about 1e-6 rad at 20 chunks), which
+        keeps the trigonometry over the key cache in float32.
+        """
+        key = ("step", str(device), self.chunk_size, self.local_window)
+        if key not in self._frequencies:
+            s = chunk_length(self.chunk_size, self.local_window)
+            step = torch.remainder(-s * self.inv_freq.double(), 2 * math.pi)
+            self._frequencies[key] = step.to(device=device, dtype=torch.float32)
+        return self._frequencies[key]
+
 
 # --------------------------------------------------------------------------------------------------
 # Position indices as tensors (the same rule as hf_posext.methods.dual_chunk.relative_distance)
 # --------------------------------------------------------------------------------------------------
-
-
-def _key_offsets(positions: torch.Tensor, chunk_len: int) -> torch.Tensor:
-    """Rotation moving a key from position p to ``p mod s``: ``-s * (p // s)``."""
-    return -chunk_len * torch.div(positions, chunk_len, rounding_mode="floor")
 
 
 def _query_offsets(positions: torch.Tensor, chunk_size: int, local_window: int) -> torch.Tensor:
@@ -142,6 +151,35 @@ def _query_offsets(positions: torch.Tensor, chunk_size: int, local_window: int) 
     successive = torch.clamp(inside + s, max=chunk_size) - positions
     inter = min(2 * s - 1, chunk_size) - positions
     return torch.stack((intra, successive, inter))
+
+
+def _query_offsets_by_distance(positions: torch.Tensor, kv_len: int, chunk_size: int, local_window: int) -> tuple[torch.Tensor, int]:
+    """Rotations that give a query the right score against a key *at its true position* ``d`` chunks back.
+
+    For a key in chunk ``b = a - d`` (the query in chunk ``a``, ``r = i mod s``) the wanted distance is
+    ``T_d - (j mod s)`` with ``T_0 = r``, ``T_1 = min(r + s, c)``, ``T_d = min(2s - 1, c)`` beyond; the
+    true one is ``s * d + r - (j mod s)``; so the query moves by ``T_d - s * d - r`` (0 for ``d = 0``).
+    Keys are consecutive up to the last query, so ``d <= (kv_len - 1) // s + 1``: the count is known
+    without reading any position back from the device.
+
+    Returns:
+        ``[distances, *positions.shape]`` offsets and the number of distances.
+    """
+    s = chunk_length(chunk_size, local_window)
+    distances = (kv_len - 1) // s + 2
+    inside = (positions - s * torch.div(positions, s, rounding_mode="floor")).unsqueeze(0)
+    d = torch.arange(distances, device=positions.device).view(-1, *([1] * positions.dim()))
+    target = torch.where(d == 0, inside, torch.where(d == 1, torch.clamp(inside + s, max=chunk_size),
+                                                     torch.full_like(inside, min(2 * s - 1, chunk_size))))
+    return target - s * d - inside, distances
+
+
+def _rotate_keys(key: torch.Tensor, key_positions: torch.Tensor, layer: _LayerSettings) -> torch.Tensor:
+    """Keys ``[B, kv_heads, T, D]`` at positions ``[B, T]`` moved to ``p mod s`` (see ``chunk_step``)."""
+    s = chunk_length(layer.chunk_size, layer.local_window)
+    chunks = torch.div(key_positions, s, rounding_mode="floor").to(torch.float32)
+    angles = (chunks.unsqueeze(-1) * layer.chunk_step(key.device)).unsqueeze(-3)
+    return rotate_with(key, angles.cos(), angles.sin(), layer.rotary_dim, layer.interleaved)
 
 
 def _rotate(states: torch.Tensor, offsets: torch.Tensor, layer: _LayerSettings) -> torch.Tensor:
@@ -194,17 +232,21 @@ def dual_chunk_explicit(
         raise ValueError(f"{heads} query heads cannot share {kv_heads} key/value heads evenly.")
     groups = heads // kv_heads
     chunked = layer.chunk_size is not None
-    kinds = 3 if chunked else 1
     if chunked:
         s = chunk_length(layer.chunk_size, layer.local_window)
         query_positions = query_positions.to(key.device).expand(batch, q_len)
         key_positions = key_positions.to(key.device).expand(batch, kv_len)
-        key = _rotate(key, _key_offsets(key_positions, s), layer)
-        query = _rotate(query.unsqueeze(0), _query_offsets(query_positions, layer.chunk_size, layer.local_window), layer)
         query_chunk = torch.div(query_positions, s, rounding_mode="floor")
         key_chunk = torch.div(key_positions, s, rounding_mode="floor")
+        if q_len <= DECODE_QUERIES:
+            # Few queries: leave the key cache as it is and rotate each query once per chunk distance instead.
+            offsets, kinds = _query_offsets_by_distance(query_positions, kv_len, layer.chunk_size, layer.local_window)
+        else:
+            key = _rotate_keys(key, key_positions, layer)
+            offsets, kinds = _query_offsets(query_positions, layer.chunk_size, layer.local_window), 3
+        query = _rotate(query.unsqueeze(0), offsets, layer)
     else:
-        query = query.unsqueeze(0)
+        query, kinds = query.unsqueeze(0), 1
     block = max(1, min(q_len, block_elements // max(1, batch * heads * kinds * kv_len)))
     offset = kv_len - q_len
     outputs = []
@@ -216,14 +258,15 @@ def dual_chunk_explicit(
         part = query[:, :, :, start:end].permute(1, 2, 0, 3, 4).reshape(batch, kv_heads, groups * kinds * rows, head_dim)
         scores = torch.matmul(part, key.transpose(2, 3)).view(batch, kv_heads, groups, kinds, rows, kv_len)
         if chunked:
-            kind = (query_chunk[:, start:end, None] - key_chunk[:, None, :]).clamp_(0, 2)
+            kind = (query_chunk[:, start:end, None] - key_chunk[:, None, :]).clamp_(0, kinds - 1)
             scores = scores.gather(3, kind[:, None, None, None].expand(batch, kv_heads, groups, 1, rows, kv_len))
         scores = scores.squeeze(3) * scaling
         if softcap is not None:
             scores = torch.tanh(scores / softcap) * softcap
         if attention_mask is None:
-            future = torch.ones(rows, kv_len, dtype=torch.bool, device=scores.device).triu_(start + offset + 1)
-            scores = scores.masked_fill(future, torch.finfo(scores.dtype).min)
+            if start + offset + 1 < kv_len:  # some key lies after a query of this block (never when decoding)
+                future = torch.ones(rows, kv_len, dtype=torch.bool, device=scores.device).triu_(start + offset + 1)
+                scores = scores.masked_fill(future, torch.finfo(scores.dtype).min)
         else:
             mask = attention_mask[..., start:end, :kv_len] if attention_mask.shape[-2] > 1 else attention_mask[..., :kv_len]
             if mask.shape[1] == heads and heads != kv_heads:
@@ -273,7 +316,7 @@ def dual_chunk_fused(
     s = chunk_length(layer.chunk_size, layer.local_window)
     first_key_position = first_query_position - (kv_len - q_len)
     key_positions = torch.arange(kv_len, device=key.device) + first_key_position
-    key_rotated = _rotate(key, _key_offsets(key_positions, s)[None], layer)
+    key_rotated = _rotate_keys(key, key_positions[None], layer)
 
     def index(position: int) -> int:
         return min(max(position - first_key_position, 0), kv_len)

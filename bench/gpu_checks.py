@@ -5,6 +5,10 @@ outcome depends on the device:
 
 - Self-Extend's cached generation against a full recompute (SDPA and eager), and its SDPA path
   against its eager path;
+- Dual Chunk Attention's cached generation against a full recompute (SDPA and eager: the prefill runs
+  the fused calls merged by log-sum-exp — PyTorch's CUDA flash / memory-efficient kernels on a GPU —
+  and the decode steps the explicit pass), its SDPA path against its eager path, and ``unpatch``
+  giving back the exact logits;
 - yarn, dynamic-ntk and llama3 logits against a model that transformers itself builds from the same
   ``rope_parameters`` on the device, and ``unpatch`` giving back the exact logits;
 - a model cast to bfloat16 and then patched: its rotary cos/sin at positions up to 32768 equal the
@@ -50,6 +54,9 @@ STOCK_ROPE = {
     "llama3": {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 64},
 }
+#: Dual Chunk Attention on the 64-token tiny model: chunks of 24 - 4 = 20 tokens, so 120 tokens span six
+#: chunks and every kind of position index (intra, successive, inter) is used.
+DCA = {"factor": 4, "chunk_size": 24, "local_window": 4}
 
 
 def position_sensitive_model(device: str, **overrides: Any) -> torch.nn.Module:
@@ -121,6 +128,25 @@ def run_checks(device: str) -> list[dict]:
         else:
             record("self-extend: SDPA path vs eager path", max_difference(sdpa_full, full),
                    max_difference(sdpa_unpatched, full), 1e-4)
+
+    for implementation in ("sdpa", "eager"):
+        model = position_sensitive_model(device)
+        model.set_attn_implementation(implementation)
+        unpatched = logits(model, ids)
+        hf_posext.patch(model, "dca", **DCA)
+        full = logits(model, ids)
+        # The 90-token prefix runs the fused calls; the 10-token steps run the explicit decode pass.
+        cached = cached_logits(model, ids, prefix=90, step=10)
+        record(f"dca {implementation}: cached generation vs full recompute",
+               max_difference(cached, full), max_difference(unpatched[:, 90:], full[:, 90:]), 1e-4)
+        if implementation == "sdpa":
+            dca_sdpa_full, dca_sdpa_unpatched = full, unpatched
+        else:
+            record("dca: SDPA path (fused calls, log-sum-exp merge) vs eager path (explicit scores)",
+                   max_difference(dca_sdpa_full, full), max_difference(dca_sdpa_unpatched, full), 1e-4)
+        hf_posext.unpatch(model)
+        record(f"dca {implementation}: unpatch restores the exact logits", max_difference(logits(model, ids), unpatched),
+               max_difference(unpatched, full), 0.0)
 
     for method, rope in STOCK_ROPE.items():
         model = position_sensitive_model(device)

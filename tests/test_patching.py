@@ -262,7 +262,7 @@ class _NotATransformer(torch.nn.Module):
 @pytest.mark.parametrize(
     "args, kwargs, error, message",
     [
-        (("wavelet",), {"factor": 2}, ValueError, "Unknown method 'wavelet'.*Known methods: dynamic-ntk"),
+        (("wavelet",), {"factor": 2}, ValueError, "Unknown method 'wavelet'.*Known methods: dca, dynamic-ntk"),
         (("yran",), {"factor": 2}, ValueError, "Did you mean 'yarn'"),
         (("yarn",), {"factor": 0.5}, ValueError, "factor=0.5 is below 1"),
         (("yarn",), {"factor": 2, "target_length": 128}, ValueError, "exactly one of factor"),

@@ -1,7 +1,7 @@
 """Layer 1: every scaling method of every kind, as pure functions of numbers, in one registry.
 
 Kinds: ``rope`` (:mod:`.rope`), ``learned`` / ``sinusoidal`` / ``alibi`` (:mod:`.learned`),
-``attention`` (:mod:`.attention`: Self-Extend) and ``relative`` (:mod:`.relative`: T5 bias).
+``attention`` (:mod:`.attention`: Self-Extend; :mod:`.dual_chunk`: Dual Chunk Attention) and ``relative`` (:mod:`.relative`: T5 bias).
 Importing this package registers all of them.
 """
 
@@ -9,6 +9,7 @@ Importing this package registers all of them.
 from hf_posext.methods import rope  # noqa: F401, I001
 from hf_posext.methods import learned  # noqa: F401
 from hf_posext.methods import attention  # noqa: F401
+from hf_posext.methods import dual_chunk  # noqa: F401
 from hf_posext.methods import relative  # noqa: F401
 from hf_posext.methods.registry import (
     BASELINE,

@@ -213,6 +213,13 @@ def check_method_name(name: str) -> str:
     key = name.strip().lower().replace("_", "-")
     if kinds_of(key):
         return key
+    parts = [part.strip() for part in key.replace(",", "+").split("+") if part.strip()]
+    if len(parts) > 1 and all(kinds_of(part) for part in parts):
+        raise ValueError(
+            f"Methods cannot be combined in one call ({name!r}): patch applies one method, and patching again "
+            f"replaces it. Attention-level methods (self-extend, dca) run on the model's own rotary frequencies; "
+            f"pick one of {', '.join(repr(p) for p in parts)}."
+        )
     known = sorted({n for methods in METHODS.values() for n in methods})
     close = difflib.get_close_matches(key, known, n=1)
     hint = f" Did you mean {close[0]!r}?" if close else ""

@@ -67,6 +67,10 @@ __all__ = [
     "unpatch_self_extend",
     "describe_self_extend",
     "load_self_extend",
+    "rotate_with",
+    "attention_with_lse",
+    "AttentionLayer",
+    "find_attention_layers",
 ]
 
 #: Method names :func:`hf_posext.patch` routes here.
@@ -192,7 +196,9 @@ def _to_grouped(states, positions, role, group_size, window, inv_freq, rotary_di
     return _rotate_with(states, cos[index][:, None], sin[index][:, None], rotary_dim, interleaved)
 
 
-def _rotate_with(states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary_dim: int, interleaved: bool) -> torch.Tensor:
+def rotate_with(states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary_dim: int, interleaved: bool) -> torch.Tensor:
+    """Rotate RoPE vectors by the angles whose cosines and sines are given (``rotary_dim / 2`` each,
+    broadcastable to ``states[..., :rotary_dim / 2]``); channels past ``rotary_dim`` pass through."""
     work = torch.float32 if states.dtype in (torch.float16, torch.bfloat16) else states.dtype
     cos, sin = cos.to(work), sin.to(work)
     rot = states[..., :rotary_dim].to(work)
@@ -206,6 +212,9 @@ def _rotate_with(states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rot
     if rotary_dim == states.shape[-1]:
         return rotated.to(states.dtype)
     return torch.cat((rotated.to(states.dtype), states[..., rotary_dim:]), dim=-1)
+
+
+_rotate_with = rotate_with
 
 
 def _count_at_most(positions: torch.Tensor, limits: torch.Tensor) -> int:
@@ -333,20 +342,25 @@ def grouped_attention(
 SPLIT_QUERY_BLOCK = 512
 
 
-def _attention_with_lse(query, key, value, mask, scaling):
+def attention_with_lse(query, key, value, mask, scaling, is_causal=False):
     """Attention output and log-sum-exp of its scores: ``([B, H, q, D], [B, H, q])``.
 
-    ``mask`` is None or a bool tensor broadcastable to ``[B, H, q, k]`` (True = attend). On CPU it calls
+    ``mask`` is None or a bool tensor broadcastable to ``[B, H, q, k]`` (True = attend); ``is_causal``
+    (with no mask) lets query r see keys 0..r (top-left aligned). On CPU it calls
     PyTorch's fused flash-attention kernel, the one ``scaled_dot_product_attention`` itself dispatches to,
     which also returns the log-sum-exp; elsewhere it computes the same two tensors explicitly. Rows with
     no key to attend give output 0 and log-sum-exp -inf.
     """
+    if query.device.type == "cuda" and mask is None:
+        fused = _cuda_attention_with_lse(query, key, value, scaling, is_causal)
+        if fused is not None:
+            return fused
     flash = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
     if flash is not None and query.device.type == "cpu" and query.dtype in (torch.float32, torch.bfloat16):
         bias = None
         if mask is not None:
             bias = torch.zeros(mask.shape, dtype=query.dtype, device=query.device).masked_fill_(~mask, float("-inf"))
-        output, lse = flash(query, key, value, 0.0, False, attn_mask=bias, scale=scaling)[:2]
+        output, lse = flash(query, key, value, 0.0, is_causal and mask is None, attn_mask=bias, scale=scaling)[:2]
         lse = lse.to(torch.float32)
         if mask is not None:  # the kernel leaves rows without any key undefined: make them empty
             empty = ~mask.any(dim=-1)
@@ -354,11 +368,32 @@ def _attention_with_lse(query, key, value, mask, scaling):
             lse = lse.masked_fill(empty, float("-inf"))
         return output, lse
     scores = torch.matmul(query, key.transpose(2, 3)).float() * scaling
+    if is_causal and mask is None:
+        mask = torch.ones(query.shape[2], key.shape[2], dtype=torch.bool, device=query.device).tril_()
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)
     probs = torch.nan_to_num(torch.exp(scores - lse[..., None]), nan=0.0).to(value.dtype)
     return torch.matmul(probs, value), lse
+
+
+def _cuda_attention_with_lse(query, key, value, scaling, is_causal):
+    """PyTorch's memory-efficient CUDA attention kernel (one of those ``scaled_dot_product_attention``
+    dispatches to), which also returns the log-sum-exp, for every dtype: one kernel, so that the float32
+    device check (bench/gpu_checks.py) covers the half-precision runs too. None when it does not take
+    these inputs (the caller then computes the scores explicitly)."""
+    q_len = query.shape[2]
+    try:
+        result = torch.ops.aten._scaled_dot_product_efficient_attention(query, key, value, None, True, 0.0, is_causal, scale=scaling)
+    except (RuntimeError, NotImplementedError, AttributeError, TypeError):
+        return None
+    output, lse = result[0], result[1]
+    if output.shape != query.shape[:3] + value.shape[-1:] or lse.shape[:2] != query.shape[:2] or lse.shape[-1] < q_len:
+        return None
+    return output, lse[..., :q_len].float()
+
+
+_attention_with_lse = attention_with_lse
 
 
 def split_grouped_attention(
@@ -620,7 +655,7 @@ def _close(a: torch.Tensor, b: torch.Tensor, tol: float) -> bool:
     return float((a - b).abs().max()) <= tol * scale
 
 
-def _probe(model: nn.Module, layer_settings: dict[str, _LayerSettings], names: dict[int, str]) -> list[nn.Module]:
+def _probe(model: nn.Module, layer_settings: dict[str, _LayerSettings], names: dict[int, str], label: str = "Self-Extend") -> list[nn.Module]:
     """Check, with two tiny forwards, that every attention call goes through the registry with q/k
     rotated by the frequencies we found; returns the attention modules. Restores the model."""
     original = model.config._attn_implementation
@@ -634,21 +669,21 @@ def _probe(model: nn.Module, layer_settings: dict[str, _LayerSettings], names: d
         first = _record_attention(model, torch.arange(length)[None])
         second = _record_attention(model, torch.arange(length)[None] + shift)
     except Exception as error:
-        raise _unsupported(model, f"its attention could not be routed through transformers' AttentionInterface ({error})") from error
+        raise _unsupported(model, label=label, reason=f"its attention could not be routed through transformers' AttentionInterface ({error})") from error
     finally:
         model.set_attn_implementation(original)
         model.train(was_training)
     if not first or len(first) != len(second):
-        raise _unsupported(model, "its attention modules do not call the AttentionInterface registry")
+        raise _unsupported(model, label=label, reason="its attention modules do not call the AttentionInterface registry")
     modules = []
     dtype = next(model.parameters()).dtype
     tol = 1e-3 if dtype == torch.float32 else 3e-2
     checked_types = set()
     for (module, q1, k1), (module2, q2, k2) in zip(first, second):
         if module is not module2:
-            raise _unsupported(model, "its attention modules are called in a different order on each forward")
+            raise _unsupported(model, label=label, reason="its attention modules are called in a different order on each forward")
         if id(module) not in names:
-            raise _unsupported(model, f"an attention call came from {type(module).__name__}, which is not a submodule")
+            raise _unsupported(model, label=label, reason=f"an attention call came from {type(module).__name__}, which is not a submodule")
         if module not in modules:
             modules.append(module)
         settings = layer_settings.get(names[id(module)])
@@ -663,19 +698,18 @@ def _probe(model: nn.Module, layer_settings: dict[str, _LayerSettings], names: d
             moved = rotate(before, delta, settings.inv_freq, settings.rotary_dim, settings.interleaved)
             if not _close(moved, after, tol):
                 raise _unsupported(
-                    model,
-                    f"the {name} reaching attention in {names[id(module)]} are not rotated the way its rotary "
+                    model, label=label, reason=                    f"the {name} reaching attention in {names[id(module)]} are not rotated the way its rotary "
                     f"module describes (rotary dim {settings.rotary_dim}, "
                     f"{'interleaved' if settings.interleaved else 'rotate_half'} layout)",
                 )
     return modules
 
 
-def _unsupported(model: nn.Module, reason: str) -> ValueError:
+def _unsupported(model: nn.Module, reason: str, label: str = "Self-Extend") -> ValueError:
     from hf_posext.core.errors import UnsupportedModelError
 
     return UnsupportedModelError(
-        f"Self-Extend cannot be applied to {type(model).__name__}: {reason}. It needs a RoPE model whose "
+        f"{label} cannot be applied to {type(model).__name__}: {reason}. It needs a RoPE model whose "
         "attention modules call transformers' attention-function registry with rotated q and k (Llama, "
         "Mistral, Qwen, Gemma, Phi, GPT-NeoX, GPT-J... in transformers 5.x); use a frequency method such "
         "as 'yarn' for this model."
@@ -755,7 +789,7 @@ def _resolve_settings(
     return SelfExtendSettings(group_size, neighbor_window, original_length)
 
 
-def _layer_settings(model: nn.Module, settings: SelfExtendSettings, mask_kind: str) -> tuple[dict[str, _LayerSettings], dict[int, str], list]:
+def _layer_settings(model: nn.Module, settings: SelfExtendSettings, mask_kind: str, label: str = "Self-Extend") -> tuple[dict[str, _LayerSettings], dict[int, str], list]:
     """Settings per attention-module path, from the verified rotary sites."""
     from hf_posext.backends.rope.sites import find_rotary_sites
     from hf_posext.methods.rope import RotaryBase
@@ -768,7 +802,7 @@ def _layer_settings(model: nn.Module, settings: SelfExtendSettings, mask_kind: s
         if current.spec.dynamic:
             raise ValueError(
                 f"The model's own rotary embedding is dynamic ({current.method}): its frequencies change with the "
-                "sequence length, so Self-Extend cannot re-rotate cached keys consistently. Load the model with a "
+                f"sequence length, so {label} cannot re-rotate cached keys consistently. Load the model with a "
                 "static rope_type (or unscaled) before applying Self-Extend."
             )
         inv_freq, _ = current.spec.compute(
@@ -795,6 +829,63 @@ def _layer_settings(model: nn.Module, settings: SelfExtendSettings, mask_kind: s
     # true positions, so those modules are swapped for our identical, length-free rotary module.
     tables = [site for site in sites if site.layout == "sin_cos_half"]
     return per_module, names, tables
+
+
+@dataclass(frozen=True)
+class AttentionLayer:
+    """One attention module an attention-level method drives, with the rotary embedding that feeds it.
+
+    Attributes:
+        path: the module's name in the model. module: the attention module.
+        inv_freq: its rotary inverse frequencies (float64, CPU). rotary_dim: channels carrying RoPE.
+        interleaved: GPT-J pair layout instead of rotate_half halves.
+        scaled: False for a layer type the method leaves alone (Gemma 3 sliding-window layers).
+    """
+
+    path: str
+    module: nn.Module
+    inv_freq: torch.Tensor
+    rotary_dim: int
+    interleaved: bool
+    scaled: bool
+
+
+def find_attention_layers(model: nn.Module, label: str) -> tuple[list[AttentionLayer], list[tuple[Any, nn.Module]]]:
+    """The attention modules of a RoPE model, verified by a probe, for an attention-level method (read-only).
+
+    Args:
+        model: the model. label: the method's name for error messages (e.g. ``"Dual Chunk Attention"``).
+
+    Returns:
+        The layers, and ``(rotary site, replacement module)`` pairs for fixed sin/cos tables (GPT-J) that
+        stop at the original window and must be swapped for a length-free rotary module.
+
+    Raises:
+        UnsupportedModelError: attention bypasses transformers' registry, or q/k are not rotated the
+            way the model's rotary module says. ValueError: a dynamic rotary embedding.
+    """
+    from hf_posext.backends.rope.sites import build_rotary_module, find_rotary_sites
+    from hf_posext.core.request import ScalingConfig
+
+    sites = find_rotary_sites(model)
+    main = next(site for site in sites if site.scaled_layer_types)
+    original = main.current[main.scaled_layer_types[0]].original_max_position_embeddings
+    _register()  # the probe's attention function
+    layer_settings, names, tables = _layer_settings(model, SelfExtendSettings(2, 1, max(2, original)), "sdpa", label)
+    modules = _probe(model, layer_settings, names, label)
+    missing = [names[id(m)] for m in modules if names[id(m)] not in layer_settings]
+    if missing:
+        raise _unsupported(model, f"no rotary settings for attention module(s) {', '.join(missing[:3])}", label)
+    layers = []
+    for module in modules:
+        path = names[id(module)]
+        settings = layer_settings[path]
+        layers.append(AttentionLayer(path, module, settings.inv_freq, settings.rotary_dim, settings.interleaved, settings.scaled))
+    swaps = []
+    for site in tables:
+        window = site.current[site.scaled_layer_types[0]].original_max_position_embeddings
+        swaps.append((site, build_rotary_module(site, ScalingConfig("none", 1.0, window))))
+    return layers, swaps
 
 
 def patch_self_extend(

@@ -1,0 +1,717 @@
+"""Dual Chunk Attention: training-free context extension by chunked position indices (An et al. 2024).
+
+An, Huang, Zhang, Gong, Qiu, Zhou, Kong 2024, "Training-Free Long-Context Scaling of Large Language
+Models" (arXiv:2402.17463, ICML 2024; ChunkLlama). The position indices (pure numbers) are in
+:mod:`hf_posext.methods.dual_chunk`: with chunk length ``s = chunk_size - local_window`` keys sit at
+``j mod s`` and a query sits at ``i mod s`` (intra-chunk), ``min(i mod s + s, chunk_size)``
+(successive chunk) or ``min(2s - 1, chunk_size)`` (inter-chunk) depending on how many chunks lie
+between it and the key, so no relative distance exceeds ``chunk_size``.
+
+How it hooks into transformers: exactly like Self-Extend (:mod:`hf_posext.backends.attention.self_extend`),
+through the public attention-function registry (``AttentionInterface``), under
+``hf_posext_dca_sdpa`` / ``hf_posext_dca_eager``. q and k arrive rotated to their true positions;
+rotating them again by ``R(p' - p)`` moves them to the DCA index ``p'`` (RoPE rotations compose). Keys
+move by ``-s * (j // s)`` (a multiple of the chunk length); queries by one of three offsets.
+
+Cost. Up to the chunk length nothing changes (the SDPA path calls transformers' SDPA function). Past it,
+on the SDPA path, each block of queries inside one chunk runs at most four fused attention calls with
+no explicit mask — intra-chunk keys before the block, the block's causal diagonal, the previous chunk,
+the older chunks — merged exactly by their log-sum-exp (the softmax over the whole row, taken in
+pieces). Decoding (a few new queries), the eager path, a logit cap, training and per-row positions use
+one explicit pass instead: each query rotated three ways, one matmul against the re-rotated keys, one
+gather picking the score of the right kind per key, one softmax — a fixed, small number of kernels
+with no host synchronisation. ``bench/dca_cost.py`` measures both.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from hf_posext.backends.attention.self_extend import attention_with_lse, find_attention_layers, rotate_with
+from hf_posext.core.loading import config_kwargs, model_class_for
+from hf_posext.core.record import CONFIG_KEY, make_record, restore_config, snapshot_config
+from hf_posext.methods.dual_chunk import (
+    check_chunk_sizes,
+    chunk_length,
+    default_chunk_size,
+    default_local_window,
+)
+from hf_posext.methods.registry import get_method
+
+__all__ = [
+    "METHOD_NAMES",
+    "VLLM_CONFIG_KEY",
+    "DualChunkSettings",
+    "dual_chunk_explicit",
+    "dual_chunk_fused",
+    "dual_chunk_attention",
+    "is_patched",
+    "current_settings",
+    "patch_dual_chunk",
+    "unpatch_dual_chunk",
+    "describe_dual_chunk",
+    "load_dual_chunk",
+]
+
+#: Method names :func:`hf_posext.patch` routes here.
+METHOD_NAMES = {"dca"}
+#: The config field vLLM reads (Qwen2.5-1M checkpoints carry it): chunk_size, local_size,
+#: original_max_position_embeddings.
+VLLM_CONFIG_KEY = "dual_chunk_attention_config"
+#: Registry names of our attention functions, keyed by the mask convention they expect.
+IMPLEMENTATIONS = {"sdpa": "hf_posext_dca_sdpa", "eager": "hf_posext_dca_eager"}
+_LAYER_ATTRIBUTE = "_hf_posext_dca"
+_STATE_ATTRIBUTE = "_hf_posext_dca_state"
+_LABEL = "Dual Chunk Attention"
+#: Score elements materialised at once on the explicit path (~256 MB in float32).
+SCORE_BLOCK_ELEMENTS = 1 << 26
+#: Queries per block on the fused path.
+FUSED_QUERY_BLOCK = 2048
+#: Calls with at most this many queries (decoding) take the explicit path, which needs no host sync.
+DECODE_QUERIES = 16
+
+
+@dataclass(frozen=True)
+class DualChunkSettings:
+    """A validated Dual Chunk Attention request.
+
+    Attributes:
+        chunk_size: c, the largest position index a query takes.
+        local_window: w; the chunk length is ``c - w``.
+        original_max_position_embeddings: L, the pre-training window.
+        target_length: the window the model is declared to handle (DCA itself has no length limit).
+    """
+
+    chunk_size: int
+    local_window: int
+    original_max_position_embeddings: int
+    target_length: int
+
+    @property
+    def chunk_length(self) -> int:
+        return chunk_length(self.chunk_size, self.local_window)
+
+    @property
+    def factor(self) -> float:
+        return self.target_length / self.original_max_position_embeddings
+
+
+@dataclass
+class _LayerSettings:
+    """What one attention module needs: its rotary frequencies and the chunking (None: plain attention)."""
+
+    inv_freq: torch.Tensor  # float64, rotary dim / 2 values
+    rotary_dim: int
+    interleaved: bool
+    chunk_size: int | None
+    local_window: int | None
+    mask_kind: str  # "sdpa" (bool or None) or "eager" (additive float)
+    scaled: bool = True
+    _frequencies: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
+
+    def frequencies(self, device) -> torch.Tensor:
+        """inv_freq as float64 on ``device`` (cached: no host-to-device copy per call)."""
+        key = str(device)
+        if key not in self._frequencies:
+            self._frequencies[key] = self.inv_freq.to(device=device, dtype=torch.float64)
+        return self._frequencies[key]
+
+    def chunk_step(self, device) -> torch.Tensor:
+        """The angles of a rotation by ``-s`` positions, reduced to [0, 2*pi), float32 on ``device``.
+
+        A key moves by ``-s * (j // s)``: its angles are ``(j // s) * chunk_step``, exact to float32 for
+        any realistic chunk count (the error grows with ``j // s``, about 1e-6 rad at 20 chunks), which
+        keeps the trigonometry over the key cache in float32.
+        """
+        key = ("step", str(device), self.chunk_size, self.local_window)
+        if key not in self._frequencies:
+            s = chunk_length(self.chunk_size, self.local_window)
+            step = torch.remainder(-s * self.inv_freq.double(), 2 * math.pi)
+            self._frequencies[key] = step.to(device=device, dtype=torch.float32)
+        return self._frequencies[key]
+
+
+# --------------------------------------------------------------------------------------------------
+# Position indices as tensors (the same rule as hf_posext.methods.dual_chunk.relative_distance)
+# --------------------------------------------------------------------------------------------------
+
+
+def _query_offsets(positions: torch.Tensor, chunk_size: int, local_window: int) -> torch.Tensor:
+    """Rotations moving a query from p to its intra-, successive- and inter-chunk indices: ``[3, *positions.shape]``."""
+    s = chunk_length(chunk_size, local_window)
+    inside = positions - s * torch.div(positions, s, rounding_mode="floor")  # p mod s, also for p < 0
+    intra = inside - positions
+    successive = torch.clamp(inside + s, max=chunk_size) - positions
+    inter = min(2 * s - 1, chunk_size) - positions
+    return torch.stack((intra, successive, inter))
+
+
+def _query_offsets_by_distance(positions: torch.Tensor, kv_len: int, chunk_size: int, local_window: int) -> tuple[torch.Tensor, int]:
+    """Rotations that give a query the right score against a key *at its true position* ``d`` chunks back.
+
+    For a key in chunk ``b = a - d`` (the query in chunk ``a``, ``r = i mod s``) the wanted distance is
+    ``T_d - (j mod s)`` with ``T_0 = r``, ``T_1 = min(r + s, c)``, ``T_d = min(2s - 1, c)`` beyond; the
+    true one is ``s * d + r - (j mod s)``; so the query moves by ``T_d - s * d - r`` (0 for ``d = 0``).
+    Keys are consecutive up to the last query, so ``d <= (kv_len - 1) // s + 1``: the count is known
+    without reading any position back from the device.
+
+    Returns:
+        ``[distances, *positions.shape]`` offsets and the number of distances.
+    """
+    s = chunk_length(chunk_size, local_window)
+    distances = (kv_len - 1) // s + 2
+    inside = (positions - s * torch.div(positions, s, rounding_mode="floor")).unsqueeze(0)
+    d = torch.arange(distances, device=positions.device).view(-1, *([1] * positions.dim()))
+    target = torch.where(d == 0, inside, torch.where(d == 1, torch.clamp(inside + s, max=chunk_size),
+                                                     torch.full_like(inside, min(2 * s - 1, chunk_size))))
+    return target - s * d - inside, distances
+
+
+def _rotate_keys(key: torch.Tensor, key_positions: torch.Tensor, layer: _LayerSettings) -> torch.Tensor:
+    """Keys ``[B, kv_heads, T, D]`` at positions ``[B, T]`` moved to ``p mod s`` (see ``chunk_step``)."""
+    s = chunk_length(layer.chunk_size, layer.local_window)
+    chunks = torch.div(key_positions, s, rounding_mode="floor").to(torch.float32)
+    angles = (chunks.unsqueeze(-1) * layer.chunk_step(key.device)).unsqueeze(-3)
+    return rotate_with(key, angles.cos(), angles.sin(), layer.rotary_dim, layer.interleaved)
+
+
+def _rotate(states: torch.Tensor, offsets: torch.Tensor, layer: _LayerSettings) -> torch.Tensor:
+    """Rotate ``states`` ``[..., B, heads, T, D]`` by ``offsets`` ``[..., B, T]`` more positions (angles in float64)."""
+    angles = offsets.to(dtype=torch.float64).unsqueeze(-1) * layer.frequencies(states.device)
+    angles = angles.unsqueeze(-3)  # broadcast over heads
+    return rotate_with(states, angles.cos(), angles.sin(), layer.rotary_dim, layer.interleaved)
+
+
+# --------------------------------------------------------------------------------------------------
+# Kernels
+# --------------------------------------------------------------------------------------------------
+
+
+def dual_chunk_explicit(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    query_positions: torch.Tensor,
+    key_positions: torch.Tensor,
+    layer: _LayerSettings,
+    scaling: float,
+    softcap: float | None = None,
+    dropout: float = 0.0,
+    training: bool = False,
+    block_elements: int = SCORE_BLOCK_ELEMENTS,
+) -> torch.Tensor:
+    """Dual Chunk Attention with the scores written out, block of queries by block.
+
+    Each query is rotated to its three indices and scored against every key rotated to ``j mod s`` in
+    one matmul; a gather keeps, per key, the score of the kind its chunk distance calls for (0: same
+    chunk, 1: previous chunk, 2: older). With ``layer.chunk_size`` None it is plain attention.
+
+    Args:
+        query: ``[batch, heads, q_len, head_dim]`` rotated to ``query_positions`` (``[batch, q_len]``).
+        key, value: ``[batch, kv_heads, kv_len, head_dim]``; keys rotated to ``key_positions``.
+        attention_mask: None (causal, the queries being the last keys), bool (True = attend) or additive
+            float, broadcastable to ``[batch, heads, q_len, kv_len]``.
+        layer: rotary frequencies and chunking. scaling: score multiplier. softcap: Gemma 2 logit cap.
+        dropout, training: attention dropout, applied when training.
+        block_elements: score elements materialised at once.
+
+    Returns:
+        ``[batch, q_len, heads, head_dim]``.
+    """
+    batch, heads, q_len, head_dim = query.shape
+    kv_heads, kv_len = key.shape[1], key.shape[2]
+    if heads % kv_heads:
+        raise ValueError(f"{heads} query heads cannot share {kv_heads} key/value heads evenly.")
+    groups = heads // kv_heads
+    chunked = layer.chunk_size is not None
+    if chunked:
+        s = chunk_length(layer.chunk_size, layer.local_window)
+        query_positions = query_positions.to(key.device).expand(batch, q_len)
+        key_positions = key_positions.to(key.device).expand(batch, kv_len)
+        query_chunk = torch.div(query_positions, s, rounding_mode="floor")
+        key_chunk = torch.div(key_positions, s, rounding_mode="floor")
+        if q_len <= DECODE_QUERIES:
+            # Few queries: leave the key cache as it is and rotate each query once per chunk distance instead.
+            offsets, kinds = _query_offsets_by_distance(query_positions, kv_len, layer.chunk_size, layer.local_window)
+        else:
+            key = _rotate_keys(key, key_positions, layer)
+            offsets, kinds = _query_offsets(query_positions, layer.chunk_size, layer.local_window), 3
+        query = _rotate(query.unsqueeze(0), offsets, layer)
+    else:
+        query, kinds = query.unsqueeze(0), 1
+    block = max(1, min(q_len, block_elements // max(1, batch * heads * kinds * kv_len)))
+    offset = kv_len - q_len
+    outputs = []
+    for start in range(0, q_len, block):
+        end = min(start + block, q_len)
+        rows = end - start
+        # [kinds, B, H, rows, D] -> [B, kv_heads, groups * kinds * rows, D]: the query heads sharing a kv
+        # head become rows of one matmul against it (no copy of the keys per head).
+        part = query[:, :, :, start:end].permute(1, 2, 0, 3, 4).reshape(batch, kv_heads, groups * kinds * rows, head_dim)
+        scores = torch.matmul(part, key.transpose(2, 3)).view(batch, kv_heads, groups, kinds, rows, kv_len)
+        if chunked:
+            kind = (query_chunk[:, start:end, None] - key_chunk[:, None, :]).clamp_(0, kinds - 1)
+            scores = scores.gather(3, kind[:, None, None, None].expand(batch, kv_heads, groups, 1, rows, kv_len))
+        scores = scores.squeeze(3) * scaling
+        if softcap is not None:
+            scores = torch.tanh(scores / softcap) * softcap
+        if attention_mask is None:
+            if start + offset + 1 < kv_len:  # some key lies after a query of this block (never when decoding)
+                future = torch.ones(rows, kv_len, dtype=torch.bool, device=scores.device).triu_(start + offset + 1)
+                scores = scores.masked_fill(future, torch.finfo(scores.dtype).min)
+        else:
+            mask = attention_mask[..., start:end, :kv_len] if attention_mask.shape[-2] > 1 else attention_mask[..., :kv_len]
+            if mask.shape[1] == heads and heads != kv_heads:
+                mask = mask.reshape(mask.shape[0], kv_heads, groups, mask.shape[-2], kv_len)
+            else:
+                mask = mask.unsqueeze(2)
+            if mask.dtype == torch.bool:
+                scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+            else:
+                scores = scores + mask
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
+        if dropout and training:
+            probs = nn.functional.dropout(probs, p=dropout, training=True)
+        out = torch.matmul(probs.view(batch, kv_heads, groups * rows, kv_len), value)
+        outputs.append(out.view(batch, kv_heads, groups, rows, head_dim).reshape(batch, heads, rows, head_dim))
+    return torch.cat(outputs, dim=2).transpose(1, 2).contiguous()
+
+
+def dual_chunk_fused(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    first_query_position: int,
+    layer: _LayerSettings,
+    scaling: float,
+    block: int = FUSED_QUERY_BLOCK,
+) -> torch.Tensor:
+    """Dual Chunk Attention as fused attention calls merged by log-sum-exp (inference; same result as
+    :func:`dual_chunk_explicit`).
+
+    Needs one set of positions for the whole batch, consecutive: queries at ``first_query_position + r``
+    and keys at ``first_query_position - (kv_len - q_len) + j`` (the queries are the last keys). For each
+    block of queries inside one chunk ``a`` (positions ``[lo, hi)``) the keys split into: intra-chunk keys
+    before the block (raw q and k: same chunk, true distances), the block's diagonal (raw, causal), the
+    previous chunk (successive-chunk queries against re-rotated keys) and older chunks (inter-chunk
+    queries). None of them needs a mask; with a bool ``attention_mask`` (padding) each takes its slice.
+
+    Args: as :func:`dual_chunk_explicit`; ``attention_mask`` None or bool ``[batch, 1, q_len, kv_len]``.
+
+    Returns:
+        ``[batch, q_len, heads, head_dim]``.
+    """
+    batch, heads, q_len, head_dim = query.shape
+    kv_heads, kv_len = key.shape[1], key.shape[2]
+    groups = heads // kv_heads
+    s = chunk_length(layer.chunk_size, layer.local_window)
+    first_key_position = first_query_position - (kv_len - q_len)
+    key_positions = torch.arange(kv_len, device=key.device) + first_key_position
+    key_rotated = _rotate_keys(key, key_positions[None], layer)
+
+    def index(position: int) -> int:
+        return min(max(position - first_key_position, 0), kv_len)
+
+    def call(q: torch.Tensor, rows: slice, low: int, high: int, causal: bool, keys: torch.Tensor):
+        rows_n = rows.stop - rows.start
+        k, v = keys[:, :, low:high], value[:, :, low:high]
+        mask = None
+        if attention_mask is not None:
+            mask = attention_mask[:, :, rows, low:high]
+            if groups > 1:
+                mask = mask.repeat(1, 1, groups, 1)
+        if causal and attention_mask is None and groups > 1:
+            # Causal over the diagonal needs one row per key: repeat its few keys per query head instead.
+            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+            output, lse = attention_with_lse(q, k, v, None, scaling, is_causal=True)
+            return output, lse
+        q = q.reshape(batch, kv_heads, groups * rows_n, head_dim)
+        output, lse = attention_with_lse(q, k, v, mask, scaling, is_causal=causal and mask is None)
+        return output.reshape(batch, heads, rows_n, head_dim), lse.reshape(batch, heads, rows_n)
+
+    last = first_query_position + q_len
+    outputs = []
+    position = first_query_position
+    while position < last:
+        chunk = position // s
+        high_position = min(last, (chunk + 1) * s, position + block)
+        rows = slice(position - first_query_position, high_position - first_query_position)
+        positions = torch.arange(position, high_position, device=query.device)[None]
+        block_query = query[:, :, rows]
+        parts = []
+        diagonal_low, diagonal_high = index(position), index(high_position)
+        parts.append(call(block_query, rows, diagonal_low, diagonal_high, True, key))
+        chunk_low = index(chunk * s)
+        if chunk_low < diagonal_low:
+            parts.append(call(block_query, rows, chunk_low, diagonal_low, False, key))
+        previous_low = index((chunk - 1) * s)
+        offsets = _query_offsets(positions, layer.chunk_size, layer.local_window)
+        if previous_low < chunk_low:
+            successive = _rotate(block_query, offsets[1], layer)
+            parts.append(call(successive, rows, previous_low, chunk_low, False, key_rotated))
+        if previous_low > 0:
+            inter = _rotate(block_query, offsets[2], layer)
+            parts.append(call(inter, rows, 0, previous_low, False, key_rotated))
+        if len(parts) == 1:
+            outputs.append(parts[0][0].to(value.dtype))
+        else:
+            lse = torch.stack([p[1] for p in parts]).logsumexp(dim=0)
+            merged = sum(o.float() * torch.nan_to_num(torch.exp(l - lse), nan=0.0)[..., None] for o, l in parts)
+            outputs.append(merged.to(value.dtype))
+        position = high_position
+    return torch.cat(outputs, dim=2).transpose(1, 2).contiguous()
+
+
+def _positions(query: torch.Tensor, key: torch.Tensor, position_ids: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Query and key positions: ``position_ids`` for the queries; keys consecutive up to the last query."""
+    q_len, kv_len = query.shape[2], key.shape[2]
+    if position_ids is None:
+        query_positions = torch.arange(kv_len - q_len, kv_len, device=query.device)[None, :]
+    else:
+        query_positions = position_ids.to(query.device).long()
+        if query_positions.dim() == 1:
+            query_positions = query_positions[None, :]
+        if query_positions.shape[-1] != q_len:
+            raise ValueError(
+                f"{_LABEL} got position_ids of shape {tuple(position_ids.shape)} for {q_len} queries; it needs "
+                "one position per query token."
+            )
+    if kv_len == q_len:
+        return query_positions, query_positions
+    last = query_positions[:, -1:]
+    return query_positions, last - torch.arange(kv_len - 1, -1, -1, device=query.device)[None, :]
+
+
+def _fused_start(layer, attention_mask, query_positions, softcap, dropout, module, tensors) -> int | None:
+    """The first query position when :func:`dual_chunk_fused` applies (SDPA convention, no logit cap,
+    no training dropout, no gradient, one set of consecutive positions for the batch), else None."""
+    if layer.mask_kind != "sdpa" or softcap is not None or (dropout and module.training):
+        return None
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return None  # the fused CPU kernel does not differentiate its log-sum-exp
+    if attention_mask is not None and (attention_mask.dtype != torch.bool or attention_mask.dim() != 4 or attention_mask.shape[1] != 1):
+        return None
+    first = query_positions[:1, :1]
+    expected = first + torch.arange(query_positions.shape[-1], device=query_positions.device)[None]
+    if not bool((query_positions == expected).all()):
+        return None
+    return int(first)
+
+
+def dual_chunk_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """The function registered in transformers' ``AttentionInterface`` (same signature as SDPA's).
+
+    Layers DCA leaves alone (Gemma 3 sliding layers) and prefills that fit in one chunk run plain
+    attention (transformers' own SDPA function on the SDPA path); prefills past it run
+    :func:`dual_chunk_fused` where it applies; decoding and everything else runs
+    :func:`dual_chunk_explicit`. Attention weights are not returned.
+    """
+    layer: _LayerSettings | None = getattr(module, _LAYER_ATTRIBUTE, None)
+    if layer is None:
+        raise RuntimeError(
+            f"{type(module).__name__} is set to Dual Chunk Attention but carries no DCA settings (was the model "
+            "copied or its config edited by hand?). Call hf_posext.patch(model, 'dca', ...) again."
+        )
+    if kwargs.get("s_aux") is not None:
+        raise ValueError("Dual Chunk Attention does not support attention sinks (s_aux); unpatch this model.")
+    if scaling is None:
+        scaling = query.shape[-1] ** -0.5
+    softcap = kwargs.get("softcap")
+    query_positions, key_positions = _positions(query, key, kwargs.get("position_ids"))
+    q_len = query.shape[2]
+    plain = layer.chunk_size is None
+    if not plain and q_len > DECODE_QUERIES:
+        # A prefill: one host sync is cheap next to the work, and short prompts stay bit for bit the model's.
+        plain = int(query_positions.max()) < chunk_length(layer.chunk_size, layer.local_window)
+    if plain and layer.mask_kind == "sdpa" and softcap is None:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    if not plain and q_len > DECODE_QUERIES:
+        start = _fused_start(layer, attention_mask, query_positions, softcap, dropout, module, (query, key, value))
+        if start is not None:
+            return dual_chunk_fused(query, key, value, attention_mask, start, layer, scaling), None
+    active = dataclasses.replace(layer, chunk_size=None) if plain else layer
+    output = dual_chunk_explicit(
+        query, key, value, attention_mask, query_positions, key_positions, active, scaling,
+        softcap=softcap, dropout=dropout, training=module.training,
+    )
+    return output, None
+
+
+_REGISTERED = False
+
+
+def _register() -> None:
+    """Register our attention functions and their mask builders (idempotent)."""
+    global _REGISTERED
+    if _REGISTERED:
+        return
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
+
+    AttentionInterface.register(IMPLEMENTATIONS["sdpa"], dual_chunk_attention)
+    AttentionInterface.register(IMPLEMENTATIONS["eager"], dual_chunk_attention)
+    AttentionMaskInterface.register(IMPLEMENTATIONS["sdpa"], sdpa_mask)
+    AttentionMaskInterface.register(IMPLEMENTATIONS["eager"], eager_mask)
+    _REGISTERED = True
+
+
+# --------------------------------------------------------------------------------------------------
+# patch / unpatch / describe / load
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _State:
+    settings: DualChunkSettings
+    base_implementation: str
+    modules: list[tuple[str, nn.Module]]
+    config_snapshot: dict[str, Any]
+    swapped_sites: list[Any]
+    max_positions: int | None
+
+
+def is_patched(model: nn.Module) -> bool:
+    """True when ``model`` runs Dual Chunk Attention installed by :func:`patch_dual_chunk`."""
+    return isinstance(model, nn.Module) and _STATE_ATTRIBUTE in model.__dict__
+
+
+def current_settings(model: nn.Module) -> DualChunkSettings:
+    """c, w, L and the target length of a model patched with DCA."""
+    return model.__dict__[_STATE_ATTRIBUTE].settings
+
+
+def resolve_settings(
+    factor: float | None, target_length: int | None, original_length: int, chunk_size: int | None, local_window: int | None
+) -> DualChunkSettings:
+    """Fill in the paper's defaults and validate (raises ValueError naming the bad value and the fix)."""
+    from hf_posext.core.request import resolve_factor
+
+    chunk_size = default_chunk_size(original_length) if chunk_size is None else chunk_size
+    local_window = default_local_window(original_length) if local_window is None else local_window
+    check_chunk_sizes(chunk_size, local_window, original_length)
+    scale = resolve_factor(factor, target_length, original_length)
+    target = target_length if target_length is not None else int(math.ceil(original_length * scale - 1e-9))
+    return DualChunkSettings(chunk_size, local_window, original_length, target)
+
+
+def vllm_config(settings: DualChunkSettings) -> dict[str, int]:
+    """The ``dual_chunk_attention_config`` vLLM (and Qwen2.5-1M's config.json) use for these settings."""
+    return {
+        "chunk_size": settings.chunk_size,
+        "local_size": settings.local_window,
+        "original_max_position_embeddings": settings.original_max_position_embeddings,
+    }
+
+
+def _write_config(config, settings: DualChunkSettings, base: str, max_positions: int | None) -> None:
+    """The record, vLLM's field, and ``max_position_embeddings`` raised to the target window (vLLM sizes its
+    context from it: Qwen2.5-1M has 1010000 beside an original 262144); ``max_positions`` is its value
+    before patching (kept in the record so that load can put it back)."""
+    setattr(config, CONFIG_KEY, make_record(
+        "attention", "dca", settings.factor, settings.original_max_position_embeddings,
+        {"chunk_size": settings.chunk_size, "local_window": settings.local_window}, attn_implementation=base,
+        max_position_embeddings_before=max_positions,
+    ))
+    setattr(config, VLLM_CONFIG_KEY, vllm_config(settings))
+    if max_positions is not None:
+        config.max_position_embeddings = max(settings.target_length, max_positions)
+
+
+def patch_dual_chunk(
+    model: nn.Module,
+    method: str,
+    factor: float | None = None,
+    *,
+    target_length: int | None = None,
+    original_max_position_embeddings: int | None = None,
+    **params: Any,
+) -> nn.Module:
+    """Install Dual Chunk Attention (use :func:`hf_posext.patch`, which routes here).
+
+    Args:
+        model: a RoPE causal LM whose attention uses transformers' attention registry (5.x models).
+        method: ``"dca"``.
+        factor: the window the model is declared to handle, ``L * factor`` (DCA has no length limit of its
+            own: this sets ``describe``'s current window and the saved ``max_position_embeddings``).
+        target_length: that window in tokens, instead of ``factor``.
+        original_max_position_embeddings: override the pre-training window L read from the config.
+        **params: ``chunk_size`` (c, default 3L/4, at most L) and ``local_window`` (w, default L/16, below c).
+
+    Returns:
+        The same model. Patching again replaces the previous settings (never compounds).
+
+    Raises:
+        ValueError: unknown parameter, chunk_size > L, local_window >= chunk_size, a bad factor, a model
+            whose attention bypasses the registry or whose rotary embedding is dynamic. The model is
+            unchanged in every case.
+
+    Example:
+        >>> hf_posext.patch(model, "dca", factor=4)                       # c = 3L/4, w = L/16
+        >>> hf_posext.patch(model, "dca", target_length=32768, chunk_size=6144, local_window=512)
+    """
+    from hf_posext.backends.rope.sites import find_rotary_sites
+
+    if not isinstance(method, str) or method.strip().lower().replace("_", "-") not in METHOD_NAMES:
+        raise ValueError(f"patch_dual_chunk handles {sorted(METHOD_NAMES)}, got {method!r}.")
+    if "_hf_posext_state" in model.__dict__:
+        raise ValueError("The model carries a frequency scaling; call hf_posext.unpatch(model) first (hf_posext.patch does).")
+    get_method("dca", "attention").parse_params(dict(params))  # names and types, with "did you mean"
+    previous: _State | None = model.__dict__.get(_STATE_ATTRIBUTE)
+    if original_max_position_embeddings is not None:
+        if isinstance(original_max_position_embeddings, bool) or not isinstance(original_max_position_embeddings, int) \
+                or original_max_position_embeddings < 2:
+            raise ValueError(f"original_max_position_embeddings must be an integer >= 2, got {original_max_position_embeddings!r}.")
+        original_length = original_max_position_embeddings
+    elif previous is not None:
+        original_length = previous.settings.original_max_position_embeddings
+    else:
+        sites = find_rotary_sites(model)
+        main = next(site for site in sites if site.scaled_layer_types)
+        original_length = main.current[main.scaled_layer_types[0]].original_max_position_embeddings
+    settings = resolve_settings(factor, target_length, original_length, params.get("chunk_size"), params.get("local_window"))
+
+    if previous is not None:
+        for _, module in previous.modules:
+            layer = getattr(module, _LAYER_ATTRIBUTE)
+            if layer.scaled:
+                setattr(module, _LAYER_ATTRIBUTE, dataclasses.replace(
+                    layer, chunk_size=settings.chunk_size, local_window=settings.local_window))
+        previous.settings = settings
+        _write_config(model.config, settings, previous.base_implementation, previous.max_positions)
+        return model
+
+    base = model.config._attn_implementation or "eager"
+    mask_kind = "eager" if base == "eager" else "sdpa"
+    _register()
+    layers, swaps = find_attention_layers(model, _LABEL)  # read-only (the probe restores what it sets)
+    config = model.config
+    snapshot = snapshot_config(config, ("_attn_implementation_internal", CONFIG_KEY, VLLM_CONFIG_KEY, "max_position_embeddings"))
+    model.set_attn_implementation(IMPLEMENTATIONS[mask_kind])
+    installed = []
+    for layer in layers:
+        setattr(layer.module, _LAYER_ATTRIBUTE, _LayerSettings(
+            layer.inv_freq, layer.rotary_dim, layer.interleaved,
+            settings.chunk_size if layer.scaled else None, settings.local_window if layer.scaled else None,
+            mask_kind, layer.scaled,
+        ))
+        installed.append((layer.path, layer.module))
+    for site, replacement in swaps:
+        setattr(site.parent, site.attribute, replacement)
+    max_positions = getattr(config, "max_position_embeddings", None)
+    max_positions = max_positions if isinstance(max_positions, int) and not isinstance(max_positions, bool) else None
+    _write_config(config, settings, base, max_positions)
+    model.__dict__[_STATE_ATTRIBUTE] = _State(settings, base, installed, snapshot, [site for site, _ in swaps], max_positions)
+    return model
+
+
+def unpatch_dual_chunk(model: nn.Module) -> nn.Module:
+    """Remove Dual Chunk Attention: the original attention implementation and config fields, exactly.
+
+    Raises:
+        ValueError: the model is not patched with DCA.
+    """
+    state: _State | None = model.__dict__.get(_STATE_ATTRIBUTE)
+    if state is None:
+        raise ValueError("This model is not patched with Dual Chunk Attention (nothing to unpatch).")
+    model.set_attn_implementation(state.base_implementation)
+    for _, module in state.modules:
+        module.__dict__.pop(_LAYER_ATTRIBUTE, None)
+    for site in state.swapped_sites:
+        setattr(site.parent, site.attribute, site.module)
+    restore_config(model.config, state.config_snapshot)
+    del model.__dict__[_STATE_ATTRIBUTE]
+    return model
+
+
+def describe_dual_chunk(model: nn.Module):
+    """A :class:`~hf_posext.core.record.ScalingReport` of kind ``"attention"`` for a DCA model."""
+    from hf_posext.core.record import ScalingReport
+
+    state: _State = model.__dict__[_STATE_ATTRIBUTE]
+    settings = state.settings
+    chunked = [path for path, module in state.modules if getattr(module, _LAYER_ATTRIBUTE).scaled]
+    notes = [
+        f"chunks of {settings.chunk_length} tokens; every relative distance <= chunk_size = {settings.chunk_size} "
+        f"(original window {settings.original_max_position_embeddings}); no length limit of its own",
+        "cost: past one chunk, up to four fused attention calls per query block merged by log-sum-exp; decoding "
+        "re-rotates the key cache each step (see bench/dca_cost.py)",
+        f"saved config carries vLLM's {VLLM_CONFIG_KEY} (chunk_size, local_size, original_max_position_embeddings)",
+    ]
+    if state.swapped_sites:
+        notes.append("fixed sin/cos table replaced by an identical rotary module without a length limit")
+    if len(chunked) != len(state.modules):
+        notes.append(f"chunked in {len(chunked)} of {len(state.modules)} attention layers (others: sliding window)")
+    return ScalingReport(
+        family=getattr(model.config, "model_type", type(model).__name__),
+        kind="attention",
+        method="dca",
+        factor=settings.factor,
+        original_window=settings.original_max_position_embeddings,
+        current_window=settings.target_length,
+        dynamic=False,
+        sites=list(dict.fromkeys(re.sub(r"\.\d+\.", ".*.", path) for path, _ in state.modules)),
+        params={"chunk_size": settings.chunk_size, "local_window": settings.local_window,
+                "attn_implementation": state.base_implementation},
+        stock_loadable=False,
+        notes=notes,
+    )
+
+
+def load_dual_chunk(path: str, record: dict[str, Any], **from_pretrained_kwargs: Any) -> nn.Module:
+    """Load a model saved with DCA and re-apply it.
+
+    The sizes come from the config's ``dual_chunk_attention_config`` (vLLM's fields, so an edit there is
+    what loads) and otherwise from the ``hf_posext`` record; the window from the record's ``factor``.
+    """
+    from transformers import AutoConfig
+
+    from hf_posext.core.errors import RecordError
+
+    params = dict(record.get("params", {}))
+    config = AutoConfig.from_pretrained(path, **config_kwargs(from_pretrained_kwargs))
+    target = config.get_text_config() if hasattr(config, "get_text_config") else config
+    vllm = getattr(target, VLLM_CONFIG_KEY, None) or {}
+    if not isinstance(vllm, dict):
+        raise RecordError(f"{path}/config.json: {VLLM_CONFIG_KEY} must be an object, got {vllm!r}.")
+    try:
+        original = int(vllm.get("original_max_position_embeddings", record["original_max_position_embeddings"]))
+        chunk_size = int(vllm.get("chunk_size", params["chunk_size"]))
+        local_window = int(vllm.get("local_size", params["local_window"]))
+    except (KeyError, TypeError, ValueError) as error:
+        raise RecordError(
+            f"{path}/config.json: a DCA record needs chunk_size and local_window (or {VLLM_CONFIG_KEY} with "
+            f"chunk_size, local_size, original_max_position_embeddings); got {record!r}."
+        ) from error
+    # Back to the model as it was before patching: patch_dual_chunk writes these fields again.
+    target.__dict__.pop(CONFIG_KEY, None)
+    target.__dict__.pop(VLLM_CONFIG_KEY, None)
+    before = record.get("max_position_embeddings_before")
+    if isinstance(before, int) and hasattr(target, "max_position_embeddings"):
+        target.max_position_embeddings = before
+    from_pretrained_kwargs.setdefault("attn_implementation", record.get("attn_implementation") or "sdpa")
+    model = model_class_for(config).from_pretrained(path, config=config, **from_pretrained_kwargs)
+    factor = float(record.get("factor") or 1.0)
+    return patch_dual_chunk(
+        model, "dca", max(1.0, factor), original_max_position_embeddings=original,
+        chunk_size=chunk_size, local_window=local_window,
+    )

@@ -189,6 +189,8 @@ def _rotate(states: torch.Tensor, offsets: torch.Tensor, layer: _LayerSettings) 
     """Rotate ``states`` ``[..., B, heads, T, D]`` by ``offsets`` ``[..., B, T]`` more positions (angles in float64)."""
     angles = offsets.to(dtype=torch.float64).unsqueeze(-1) * layer.frequencies(states.device)
     angles = angles.unsqueeze(-3)  # broadcast over heads
+    if layer.rotary_dim < states.shape[-1]:  # partial rotary: the pass-through channels need the full shape too
+        states = states.expand(*torch.broadcast_shapes(states.shape[:-1], angles.shape[:-1]), states.shape[-1])
     return rotate_with(states, angles.cos(), angles.sin(), layer.rotary_dim, layer.interleaved)
 
 

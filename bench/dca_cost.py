@@ -57,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--no-eager", dest="eager", action="store_false", help="skip eager prefill (its n x n scores)")
+    parser.add_argument("--steps-only", action="store_true", help="time the decode steps only (many repeats are cheap)")
     parser.add_argument("--threads", type=int, help="CPU threads (default: torch's); 1 keeps a busy shared machine's "
                         "thread scheduling out of the many small kernels of a decode step")
     parser.add_argument("--out", help="JSON path (default bench/results/dca_cost_<device>.json)")
@@ -91,7 +92,9 @@ def main(argv: list[str] | None = None) -> int:
             "self_extend_step": lambda: self_extend.self_extend_attention(module, q[:, :, -1:], k, v, None, scaling=scaling,
                                                                           position_ids=last),
         }
-        if args.eager:
+        if args.steps_only:
+            calls = {name: call for name, call in calls.items() if name.endswith("_step")}
+        elif args.eager:
             causal = torch.full((n, n), torch.finfo(dtype).min, device=args.device, dtype=dtype).triu(1)[None, None]
             calls["eager_prefill"] = lambda: eager_attention_forward(module, q, k, v, causal, scaling=scaling)
 
@@ -111,10 +114,10 @@ def main(argv: list[str] | None = None) -> int:
                     times[name].append(seconds)
             print(f"n={n} round {repeat} done", file=sys.stderr)
         row = {"length": n, **{f"{name}_ms": 1000 * statistics.median(values) for name, values in times.items()}}
-        row["dca_prefill_ratio"] = row["dca_prefill_ms"] / row["sdpa_prefill_ms"]
-        row["dca_step_ratio"] = row["dca_step_ms"] / row["sdpa_step_ms"]
-        row["self_extend_prefill_ratio"] = row["self_extend_prefill_ms"] / row["sdpa_prefill_ms"]
-        row["self_extend_step_ratio"] = row["self_extend_step_ms"] / row["sdpa_step_ms"]
+        for method in ("dca", "self_extend"):
+            for phase in ("prefill", "step"):
+                if f"{method}_{phase}_ms" in row:
+                    row[f"{method}_{phase}_ratio"] = row[f"{method}_{phase}_ms"] / row[f"sdpa_{phase}_ms"]
         rows.append(row)
         del q, k, v, calls
     import transformers
@@ -139,13 +142,15 @@ def main(argv: list[str] | None = None) -> int:
         "| SDPA step (ms) | DCA step (ms) | DCA / SDPA | Self-Extend step (ms) | Self-Extend / SDPA |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    def cell(row, key, digits):
+        return f"{row[key]:.{digits}f}" if key in row else "-"
+
     for row in rows:
-        eager = f"{row['eager_prefill_ms']:.1f}" if "eager_prefill_ms" in row else "-"
         lines.append(
-            f"| {row['length']} | {row['sdpa_prefill_ms']:.1f} | {eager} | {row['dca_prefill_ms']:.1f} | "
-            f"{row['dca_prefill_ratio']:.2f} | {row['self_extend_prefill_ratio']:.2f} | {row['sdpa_step_ms']:.3f} | "
-            f"{row['dca_step_ms']:.3f} | {row['dca_step_ratio']:.2f} | {row['self_extend_step_ms']:.3f} | "
-            f"{row['self_extend_step_ratio']:.2f} |"
+            f"| {row['length']} | {cell(row, 'sdpa_prefill_ms', 1)} | {cell(row, 'eager_prefill_ms', 1)} | "
+            f"{cell(row, 'dca_prefill_ms', 1)} | {cell(row, 'dca_prefill_ratio', 2)} | {cell(row, 'self_extend_prefill_ratio', 2)} | "
+            f"{cell(row, 'sdpa_step_ms', 3)} | {cell(row, 'dca_step_ms', 3)} | {cell(row, 'dca_step_ratio', 2)} | "
+            f"{cell(row, 'self_extend_step_ms', 3)} | {cell(row, 'self_extend_step_ratio', 2)} |"
         )
     table = "\n".join(lines)
     out.with_suffix(".md").write_text(table + "\n")

@@ -354,3 +354,26 @@ def test_gradients_flow_through_the_explicit_path():
     loss = model(ids, labels=ids).loss
     loss.backward()
     assert math.isfinite(loss.item()) and model.model.layers[0].self_attn.q_proj.weight.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("family", ["gemma3", "gpt_neox", "gptj", "phi", "qwen2"])
+def test_other_families_sdpa_eager_and_cache_agree(family):
+    """Partial rotary (gpt_neox, phi), interleaved pairs and a fixed sin/cos table (gptj), sliding layers
+    left plain (gemma3): the fused path, the explicit path and the cache agree."""
+    ids = _ids(90)
+    outputs = {}
+    for implementation in ("sdpa", "eager"):
+        model = tiny_model(family, initializer_range=0.1)
+        model.set_attn_implementation(implementation)
+        unpatched = logits_of(model, ids[:, :60])  # GPT-J's own sin/cos table stops at 64
+        hf_posext.patch(model, "dca", factor=4, chunk_size=CHUNK_SIZE, local_window=LOCAL_WINDOW)
+        outputs[implementation] = full = logits_of(model, ids)
+        assert (full[:, :60] - unpatched).abs().max() > 1e-3
+        with torch.no_grad():
+            out = model(ids[:, :60], use_cache=True)
+            cache, parts = out.past_key_values, [out.logits]
+            for start in range(60, 90):
+                out = model(ids[:, start : start + 1], past_key_values=cache, use_cache=True)
+                cache, parts = out.past_key_values, parts + [out.logits]
+        torch.testing.assert_close(torch.cat(parts, 1), full, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(outputs["sdpa"], outputs["eager"], atol=1e-5, rtol=1e-5)

@@ -17,10 +17,11 @@ Cost. Up to the chunk length nothing changes (the SDPA path calls transformers' 
 on the SDPA path, each block of queries inside one chunk runs at most four fused attention calls with
 no explicit mask — intra-chunk keys before the block, the block's causal diagonal, the previous chunk,
 the older chunks — merged exactly by their log-sum-exp (the softmax over the whole row, taken in
-pieces). Decoding (a few new queries), the eager path, a logit cap, training and per-row positions use
-one explicit pass instead: each query rotated three ways, one matmul against the re-rotated keys, one
-gather picking the score of the right kind per key, one softmax — a fixed, small number of kernels
-with no host synchronisation. ``bench/dca_cost.py`` measures both.
+pieces). Decoding (a few new queries) uses one explicit pass that leaves the key cache as it is: each
+query rotated once per chunk distance, one matmul against the cached keys, one gather picking each
+key's score, one softmax — a fixed, small number of kernels with no host synchronisation. The eager
+path, a logit cap, training and per-row positions use the same pass with the keys moved to ``j mod s``
+and each query rotated three ways. ``bench/dca_cost.py`` measures prefill and decode step.
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ __all__ = [
     "METHOD_NAMES",
     "VLLM_CONFIG_KEY",
     "DualChunkSettings",
+    "resolve_settings",
+    "vllm_config",
     "dual_chunk_explicit",
     "dual_chunk_fused",
     "dual_chunk_attention",
@@ -186,6 +189,8 @@ def _rotate(states: torch.Tensor, offsets: torch.Tensor, layer: _LayerSettings) 
     """Rotate ``states`` ``[..., B, heads, T, D]`` by ``offsets`` ``[..., B, T]`` more positions (angles in float64)."""
     angles = offsets.to(dtype=torch.float64).unsqueeze(-1) * layer.frequencies(states.device)
     angles = angles.unsqueeze(-3)  # broadcast over heads
+    if layer.rotary_dim < states.shape[-1]:  # partial rotary: the pass-through channels need the full shape too
+        states = states.expand(*torch.broadcast_shapes(states.shape[:-1], angles.shape[:-1]), states.shape[-1])
     return rotate_with(states, angles.cos(), angles.sin(), layer.rotary_dim, layer.interleaved)
 
 
@@ -653,8 +658,8 @@ def describe_dual_chunk(model: nn.Module):
     notes = [
         f"chunks of {settings.chunk_length} tokens; every relative distance <= chunk_size = {settings.chunk_size} "
         f"(original window {settings.original_max_position_embeddings}); no length limit of its own",
-        "cost: past one chunk, up to four fused attention calls per query block merged by log-sum-exp; decoding "
-        "re-rotates the key cache each step (see bench/dca_cost.py)",
+        "cost: past one chunk, up to four fused attention calls per query block merged by log-sum-exp; a decode "
+        "step rotates the new query once per chunk distance and reads the key cache as it is (see bench/dca_cost.py)",
         f"saved config carries vLLM's {VLLM_CONFIG_KEY} (chunk_size, local_size, original_max_position_embeddings)",
     ]
     if state.swapped_sites:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -91,6 +92,21 @@ def _finetune(out, *extra):
                        f"data.source={TINY_CORPUS}", f"output.dir={out}", *RESUME, "--no-progress", *extra)
 
 
+def _kill_minus_9(process):
+    """SIGKILL the launcher and both ranks (torch's elastic agent starts each rank in a session of its own)."""
+    import psutil
+
+    family = psutil.Process(process.pid).children(recursive=True)
+    os.kill(process.pid, signal.SIGKILL)
+    for child in family:
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            pass
+    process.wait()
+    psutil.wait_procs(family, timeout=30)
+
+
 @pytest.mark.multiprocess
 def test_sp_size_2_kill_minus_9_and_resume_is_bitwise(tmp_path):
     pytest.importorskip("deepspeed")
@@ -99,20 +115,22 @@ def test_sp_size_2_kill_minus_9_and_resume_is_bitwise(tmp_path):
     assert json.loads((whole / "train_result.json").read_text())["step"] == 8
 
     process = subprocess.Popen(_finetune(killed), cwd=REPO, env=_env(), stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL, start_new_session=True)
+                               stderr=subprocess.DEVNULL)
     deadline = time.time() + 600
     try:
         while not (killed / "checkpoint-2" / "checksums.json").exists():
             assert process.poll() is None and time.time() < deadline, "the run ended before its first checkpoint"
             time.sleep(0.05)
     finally:
-        os.killpg(process.pid, signal.SIGKILL)  # the launcher and both ranks, mid-run
-        process.wait()
+        _kill_minus_9(process)
     assert not (killed / "train_result.json").exists(), "the run finished before the kill: nothing was tested"
 
+    assert not (killed / "checkpoint-8").exists(), sorted(p.name for p in killed.iterdir())
     checksums = json.loads((killed / "checkpoint-2" / "checksums.json").read_text())["files"]
     assert any("global_step2" in name and "zero_pp_rank_1" in name for name in checksums), sorted(checksums)
-    _run(_finetune(killed, "--resume"))
+    resumed = _run(_finetune(killed, "--resume")).stdout
+    resumed_from = re.search(r'"resumed_from": "[^"]*checkpoint-(\d+)"', resumed)
+    assert resumed_from and int(resumed_from.group(1)) < 8, resumed[-2000:]
     final = sorted(whole.glob("checkpoint-*"))
     assert [p.name for p in final] == [p.name for p in sorted(killed.glob("checkpoint-*"))]
     assert bitwise_equal(checkpoint_weights(killed / "checkpoint-8"), checkpoint_weights(whole / "checkpoint-8"))

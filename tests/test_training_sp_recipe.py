@@ -135,3 +135,99 @@ def test_sp_size_2_kill_minus_9_and_resume_is_bitwise(tmp_path):
     assert [p.name for p in final] == [p.name for p in sorted(killed.glob("checkpoint-*"))]
     assert bitwise_equal(checkpoint_weights(killed / "checkpoint-8"), checkpoint_weights(whole / "checkpoint-8"))
     assert bitwise_equal(checkpoint_weights(killed / "adapter"), checkpoint_weights(whole / "adapter"))
+
+
+# --------------------------------------------------------------------------------------------------
+# Bad input through the recipe path: one line, before any training starts, no output folder left
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("overrides, environ, message", [
+    (["data.window=256", *SP], {"WORLD_SIZE": "3"}, "does not divide the 3 launched processes"),
+    (["data.window=250", "parallelism.sp_backend=deepspeed", "parallelism.sp_size=4"], {"WORLD_SIZE": "4"},
+     "does not divide the sequence length 250"),
+    (["parallelism.cp_backend=torch", "parallelism.cp_size=2"], {"WORLD_SIZE": "2"}, "only on CUDA"),
+    (["model.attn_implementation=eager", *SP], {"WORLD_SIZE": "2"}, "cannot shard attn_implementation='eager'"),
+    (["model.attn_implementation=flex_attention", "data.pose=false", *SP], {"WORLD_SIZE": "2"}, "cannot shard"),
+    ([*SP], {"WORLD_SIZE": "2", "ACCELERATE_CONFIG_DS_FIELDS": "zero_stage,zero3_init_flag"}, "sets zero_stage"),
+    ([*SP], {"WORLD_SIZE": "2", "ACCELERATE_CONFIG_DS_FIELDS": "mixed_precision"}, "sets mixed_precision"),
+    ([], {"WORLD_SIZE": "2", "ACCELERATE_USE_PARALLELISM_CONFIG": "true", "PARALLELISM_CONFIG_SP_SIZE": "2"},
+     "parallelism_config sp_size=2 but the recipe has parallelism.sp_size=1"),
+])
+def test_bad_parallelism_is_refused_before_anything_starts(tmp_path, monkeypatch, overrides, environ, message):
+    from hf_posext.training.config import ConfigError
+    from hf_posext.training.trainer import train
+
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    out = tmp_path / "run"
+    with pytest.raises(ConfigError, match=message) as error:
+        train(tiny_config(out, *overrides), progress=False)
+    assert "\n" not in str(error.value)
+    assert not out.exists()
+
+
+def test_sp_without_deepspeed_installed_is_refused(tmp_path, monkeypatch):
+    import importlib.util
+
+    from hf_posext.training.config import ConfigError
+    from hf_posext.training.trainer import train
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "deepspeed" else real(name, *a))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    out = tmp_path / "run"
+    with pytest.raises(ConfigError, match=r"needs DeepSpeed: pip install 'hf-posext\[deepspeed\]'") as error:
+        train(tiny_config(out, *SP), progress=False)
+    assert "\n" not in str(error.value) and not out.exists()
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ([*SP, "parallelism.zero_stage=2"], "only ZeRO stage 3 gives the right gradients"),  # the x2 trap
+    (["parallelism.sp_backend=deepspeeed"], "Did you mean 'deepspeed'"),
+    (["parallelism.cp_backend=troch"], "Did you mean 'torch'"),
+    (["parallelism.sp_size=2"], "needs parallelism.sp_backend=deepspeed"),
+    ([*SP, "parallelism.cp_backend=torch", "parallelism.cp_size=2"], "cannot both be > 1"),
+    (["parallelism.sp_size=0"], "parallelism.sp_size must be >= 1"),
+])
+def test_parallelism_section_is_validated_with_the_recipe(tmp_path, overrides, message):
+    from hf_posext.training.config import ConfigError
+
+    with pytest.raises(ConfigError, match=message) as error:
+        tiny_config(tmp_path / "run", *overrides)
+    assert "\n" not in str(error.value)
+
+
+def test_unknown_parallelism_key_suggests_the_closest():
+    from hf_posext.training.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="Did you mean 'parallelism.sp_size'"):
+        load_config(TINY_RECIPE, ["parallelism.sp_sise=2"])
+
+
+def test_model_heads_must_divide_sp_size():
+    from hf_posext.training.parallel import validate_sp_heads
+
+    validate_sp_heads(2, 4, 2)
+    validate_sp_heads(4, 4, 2)  # 2 key-value heads replicated over 4 ranks
+    with pytest.raises(ValueError, match="does not divide the model's 4 attention heads"):
+        validate_sp_heads(8, 4, 2)
+    with pytest.raises(ValueError, match="3 key-value heads"):
+        validate_sp_heads(2, 6, 3)
+
+
+def test_recipe_maps_parallelism_onto_training_arguments(tmp_path, monkeypatch):
+    """sp_size=2 gives the Trainer accelerate's ParallelismConfig (Ulysses, the model's attention) and a ZeRO-3
+    DeepSpeed config without train_batch_size (which fails under SP); sp_size=1 gives neither."""
+    pytest.importorskip("deepspeed")
+    from hf_posext.training.parallel import deepspeed_config
+    from hf_posext.training.trainer import parallelism_arguments
+
+    config = tiny_config(tmp_path / "run", *SP)
+    arguments = parallelism_arguments(config)
+    parallelism = arguments["parallelism_config"]
+    assert (parallelism.sp_size, parallelism.sp_backend, parallelism.sp_handler.sp_attn_implementation) == (2, "deepspeed", "sdpa")
+    assert arguments["deepspeed"]["zero_optimization"]["stage"] == 3 and "train_batch_size" not in arguments["deepspeed"]
+    assert arguments["ignore_data_skip"] is True
+    assert parallelism_arguments(tiny_config(tmp_path / "run")) == {}
+    assert deepspeed_config(config.parallelism)["zero_allow_untested_optimizer"] is True

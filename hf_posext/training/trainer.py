@@ -46,7 +46,7 @@ from hf_posext.training.config import ConfigError, TrainConfig, config_differenc
 
 __all__ = [
     "train", "TrainResult", "find_latest_checkpoint", "training_arguments", "training_loss", "PosextTrainer",
-    "WindowDataset", "collate_windows", "load_run_config", "merge_adapter", "check_parallelism",
+    "WindowDataset", "collate_windows", "load_run_config", "merge_adapter", "check_parallelism", "parallelism_arguments",
     "sequence_parallel_chunked_loss",
 ]
 
@@ -151,7 +151,7 @@ def check_parallelism(config: TrainConfig, environ: dict[str, str] | None = None
         raise ConfigError(str(error)) from None
 
 
-def _parallelism_arguments(config: TrainConfig) -> dict[str, Any]:
+def parallelism_arguments(config: TrainConfig) -> dict[str, Any]:
     """``parallelism_config`` (accelerate) and ``deepspeed`` (ZeRO-3 under Ulysses) for ``TrainingArguments``."""
     from hf_posext.training.parallel import accelerate_parallelism_config, deepspeed_config
 
@@ -182,11 +182,10 @@ def training_arguments(config: TrainConfig, output_dir: str | os.PathLike, *, pr
         progress: show the Trainer's tqdm bar.
 
     Raises:
-        ConfigError: a combination the Trainer cannot express (linear decay to a floor, bf16 on CPU), or a
-            parallelism this launch cannot run (:func:`check_parallelism`).
+        ConfigError: a combination the Trainer cannot express (linear decay to a floor, bf16 on CPU). Whether
+            this launch can run the recipe's parallelism is :func:`check_parallelism`'s question.
     """
     t, o = config.train, config.output
-    check_parallelism(config)
     mixed = _precision(config)
     schedule, schedule_kwargs = _scheduler(config)
     return TrainingArguments(
@@ -221,7 +220,7 @@ def training_arguments(config: TrainConfig, output_dir: str | os.PathLike, *, pr
         label_names=["labels"],
         dataloader_num_workers=0,
         disable_tqdm=not progress,
-        **_parallelism_arguments(config),
+        **parallelism_arguments(config),
     )
 
 
@@ -276,7 +275,8 @@ def training_loss(model: Any, inputs: dict[str, torch.Tensor], num_items_in_batc
         mean = chunked_causal_lm_loss(model, inputs, chunk_size=chunk_size)
         if num_items_in_batch is None:
             return mean
-        predicted = inputs["labels"][..., 1:].ne(-100).sum()
+        shifted = inputs.get("shift_labels")  # given pre-shifted (context parallelism shards them)
+        predicted = (shifted if shifted is not None else inputs["labels"][..., 1:]).ne(-100).sum()
         return mean * predicted / num_items_in_batch
     if num_items_in_batch is None:
         return model(**inputs, use_cache=False).loss
@@ -705,6 +705,7 @@ def train(
     from hf_posext.training.lora import extra_parameter_names, setup_trainable
 
     config.validate()
+    check_parallelism(config)
     output_dir = Path(config.output.dir)
     args = training_arguments(config, output_dir, progress=progress)
     world = args.world_size
@@ -763,7 +764,7 @@ def train(
     if stop_at_step is not None:
         callbacks.append(StopAtStepCallback(stop_at_step))
     start_step = checkpoint_step(resume_from) if resume_from is not None else 0
-    skip_in_dataset = p.sequence_parallel and resume_from is not None  # see _parallelism_arguments
+    skip_in_dataset = p.sequence_parallel and resume_from is not None  # see parallelism_arguments
     if p.sequence_parallel:
         from hf_posext.training.parallel import init_deepspeed_distributed
 

@@ -213,8 +213,8 @@ def training_arguments(config: TrainConfig, output_dir: str | os.PathLike, *, pr
         save_steps=o.checkpoint_every or 1,
         save_total_limit=o.keep_last,
         report_to=list(o.report_to) or "none",
-        # On CPU this also holds under DeepSpeed: with use_cpu off, accelerate sets DeepSpeed up without a
-        # process-group backend and every process then counts itself as process 0 of 1.
+        # Also under DeepSpeed on CPU: with use_cpu off there, accelerate starts DeepSpeed without a process-group
+        # backend and every process counts itself as process 0 of 1 (each would train on the same samples).
         use_cpu=not _has_accelerator(),
         remove_unused_columns=False,  # position_ids / attention_mask must reach the model
         label_names=["labels"],
@@ -752,8 +752,9 @@ def train(
     if resume_from is not None and main:
         _truncate_log(output_dir / LOG_FILE, checkpoint_step(resume_from))
 
-    # The processes of one sequence-parallel group share each sample: world / sp_size data-parallel ranks.
-    samples_per_step = t.batch_size * t.gradient_accumulation_steps * world // p.sp_size
+    # The processes of one sequence- or context-parallel group share each sample: the data-parallel ranks are
+    # world / (sp_size x cp_size), as the Trainer counts them.
+    samples_per_step = t.batch_size * t.gradient_accumulation_steps * world // (p.sp_size * p.cp_size)
     tokens_per_step = samples_per_step * data.window
     run_info = {
         "num_processes": world, "fingerprint": config.fingerprint(), "config": config.to_dict(),

@@ -231,3 +231,14 @@ def test_recipe_maps_parallelism_onto_training_arguments(tmp_path, monkeypatch):
     assert arguments["ignore_data_skip"] is True
     assert parallelism_arguments(tiny_config(tmp_path / "run")) == {}
     assert deepspeed_config(config.parallelism)["zero_allow_untested_optimizer"] is True
+
+
+def test_checkpoints_written_before_the_parallelism_section_still_resume(tmp_path):
+    """A saved config without a `parallelism` section counts as its defaults; another sp_size is a difference."""
+    from hf_posext.training.config import config_differences
+
+    current = tiny_config(tmp_path / "run").to_dict()
+    older = {k: v for k, v in current.items() if k != "parallelism"}
+    assert config_differences(older, current) == []
+    assert config_differences(older, tiny_config(tmp_path / "run", *SP).to_dict()) == [
+        "parallelism.sp_backend: 'none' -> 'deepspeed'", "parallelism.sp_size: 1 -> 2"]

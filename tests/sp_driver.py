@@ -67,7 +67,8 @@ def sequence_parallel(out: str, mode: str, sp_size: int, zero_stage: int = 3) ->
     from deepspeed.utils import safe_get_full_grad
     from transformers import Trainer, TrainingArguments, default_data_collator
 
-    from hf_posext.training.parallel import ParallelismRequest, accelerate_parallelism_config
+    from hf_posext.training.config import ParallelismSection
+    from hf_posext.training.parallel import accelerate_parallelism_config
 
     recorded = {}
     original_step = deepspeed.DeepSpeedEngine.step
@@ -85,7 +86,7 @@ def sequence_parallel(out: str, mode: str, sp_size: int, zero_stage: int = 3) ->
 
     deepspeed.DeepSpeedEngine.backward = backward
     deepspeed.DeepSpeedEngine.step = step
-    request = ParallelismRequest(sp_size=sp_size, sp_backend="deepspeed")
+    request = ParallelismSection(sp_size=sp_size, sp_backend="deepspeed")
     ds_config = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
                  "zero_optimization": {"stage": zero_stage}, "gradient_clipping": "auto",
                  "optimizer": {"type": "AdamW", "params": {"lr": 0.0, "torch_adam": True}}}

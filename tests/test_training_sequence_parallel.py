@@ -1,6 +1,7 @@
 """DeepSpeed Ulysses (sp_size=2, 2 gloo CPU processes, ZeRO-3 as the recipes use) gives the loss and every
 gradient of the 1-process run, for full fine-tuning and LoRA, with PoSE position ids (a skip of 700
-positions in the middle of a 256-token sequence); and bad parallelism requests are refused in one line."""
+positions in the middle of a 256-token sequence); and bad parallelism requests are refused in one line. Drives the plain Trainer (tests/sp_driver.py); the
+recipe path (PosextTrainer, chunked loss) is tests/test_training_sp_recipe.py."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import sys
 import pytest
 import torch
 
-from hf_posext.training.parallel import ParallelismRequest, validate_parallelism
+from hf_posext.training.config import ParallelismSection
+from hf_posext.training.parallel import validate_parallelism
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DRIVER = os.path.join(REPO, "tests", "sp_driver.py")
@@ -37,32 +39,57 @@ def _relative(got, expected):
     return float((got.reshape(expected.shape) - expected).abs().max() / expected.abs().max())
 
 
+@pytest.fixture(scope="module")
+def references(tmp_path_factory):
+    """The 1-process loss and gradients of each mode, computed once for the module."""
+    folder = tmp_path_factory.mktemp("sp_references")
+    out = {}
+    for mode in ("full", "lora"):
+        _run([sys.executable, DRIVER, str(folder / f"{mode}.pt"), mode])
+        out[mode] = torch.load(folder / f"{mode}.pt")
+    return out
+
+
+def _two_processes(tmp_path, mode, zero_stage=3):
+    parallel = tmp_path / "parallel.pt"
+    _run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()),
+          DRIVER, str(parallel), mode, "--sp", "2", "--zero", str(zero_stage)])
+    return torch.load(parallel)
+
+
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("mode", ["full", "lora"])
-def test_ulysses_two_processes_equal_one_process(tmp_path, mode):
+def test_ulysses_two_processes_equal_one_process(tmp_path, mode, references):
     pytest.importorskip("deepspeed")
-    reference, parallel = tmp_path / "reference.pt", tmp_path / "parallel.pt"
-    _run([sys.executable, DRIVER, str(reference), mode])
-    _run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()),
-          DRIVER, str(parallel), mode, "--sp", "2"])
-    expected, got = torch.load(reference), torch.load(parallel)
+    expected, got = references[mode], _two_processes(tmp_path, mode)
     assert abs(got["loss"] - expected["loss"]) <= TOLERANCE * abs(expected["loss"])
     assert set(got["grads"]) == set(expected["grads"]) and len(expected["grads"]) > 10
     worst = {name: _relative(got["grads"][name], grad) for name, grad in expected["grads"].items()}
     assert max(worst.values()) < TOLERANCE, worst
 
 
+@pytest.mark.multiprocess
+def test_ulysses_at_zero_stage_2_doubles_every_gradient(tmp_path, references):
+    """The trap in NOTES-transformers.md that makes the recipes refuse stages 0-2 under SP: the loss is right,
+    every gradient is sp_size (2) times the 1-process gradient."""
+    pytest.importorskip("deepspeed")
+    expected, got = references["lora"], _two_processes(tmp_path, "lora", zero_stage=2)
+    assert abs(got["loss"] - expected["loss"]) <= TOLERANCE * abs(expected["loss"])
+    ratios = {name: _relative(got["grads"][name] / 2, grad) for name, grad in expected["grads"].items()}
+    assert max(ratios.values()) < TOLERANCE, ratios
+
+
 GOOD = dict(num_processes=2, sequence_length=256, attn_implementation="sdpa", zero_stage=3, cuda_available=False)
 
 
 @pytest.mark.parametrize("request_, overrides, message", [
-    (ParallelismRequest(sp_size=3, sp_backend="deepspeed"), dict(num_processes=6, sequence_length=256), "sequence length 256"),
-    (ParallelismRequest(sp_size=2, sp_backend="deepspeed"), dict(num_processes=3), "does not divide the 3 launched"),
-    (ParallelismRequest(cp_size=2, cp_backend="torch"), {}, "only on CUDA"),
-    (ParallelismRequest(sp_size=2, sp_backend="deepspeed"), dict(attn_implementation="eager"), "cannot shard"),
-    (ParallelismRequest(sp_size=2, sp_backend="deepspeed"), dict(zero_stage=2), "ZeRO stage 3"),
-    (ParallelismRequest(sp_size=2, sp_backend="none"), {}, "sp_backend=deepspeed"),
-    (ParallelismRequest(sp_size=2, sp_backend="deepspped"), {}, "unknown"),
+    (ParallelismSection(sp_size=3, sp_backend="deepspeed"), dict(num_processes=6, sequence_length=256), "sequence length 256"),
+    (ParallelismSection(sp_size=2, sp_backend="deepspeed"), dict(num_processes=3), "does not divide the 3 launched"),
+    (ParallelismSection(cp_size=2, cp_backend="torch"), {}, "only on CUDA"),
+    (ParallelismSection(sp_size=2, sp_backend="deepspeed"), dict(attn_implementation="eager"), "cannot shard"),
+    (ParallelismSection(sp_size=2, sp_backend="deepspeed"), dict(zero_stage=2), "ZeRO stage 3"),
+    (ParallelismSection(sp_size=2, sp_backend="none"), {}, "sp_backend=deepspeed"),
+    (ParallelismSection(sp_size=2, sp_backend="deepspped"), {}, "unknown"),
 ])
 def test_bad_requests_are_refused_in_one_line(request_, overrides, message):
     with pytest.raises(ValueError, match=message) as error:
@@ -76,8 +103,8 @@ def test_sp_without_deepspeed_is_refused(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "deepspeed" else real(name, *a))
     with pytest.raises(ValueError, match="pip install"):
-        validate_parallelism(ParallelismRequest(sp_size=2, sp_backend="deepspeed"), **GOOD)
+        validate_parallelism(ParallelismSection(sp_size=2, sp_backend="deepspeed"), **GOOD)
 
 
 def test_good_request_passes():
-    validate_parallelism(ParallelismRequest(sp_size=2, sp_backend="deepspeed"), **GOOD)
+    validate_parallelism(ParallelismSection(sp_size=2, sp_backend="deepspeed"), **GOOD)

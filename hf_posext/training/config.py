@@ -1,6 +1,7 @@
 """The training recipe config: typed dataclasses loaded from YAML plus ``key=value`` overrides.
 
-A recipe YAML has six sections (``model``, ``scaling``, ``finetune``, ``data``, ``train``, ``output``);
+A recipe YAML has seven sections (``model``, ``scaling``, ``finetune``, ``data``, ``train``, ``parallelism``,
+``output``);
 every field below is documented by its ``help``. Overrides use dotted keys, values are read as YAML::
 
     train.max_steps=10  finetune.rank=16  data.source=my_books/  scaling.factor=4
@@ -30,6 +31,7 @@ __all__ = [
     "FinetuneSection",
     "DataSection",
     "TrainSection",
+    "ParallelismSection",
     "OutputSection",
     "TrainConfig",
     "load_config",
@@ -135,6 +137,29 @@ class TrainSection:
 
 
 @dataclass
+class ParallelismSection:
+    sp_backend: str = _help(
+        "'deepspeed': DeepSpeed Ulysses/ALST sequence parallelism (each of sp_size processes holds 1/sp_size of "
+        "every sequence; CPU or GPU); 'none': off", "none")
+    sp_size: int = _help("processes sharing one sequence under sp_backend=deepspeed (1: off)", 1)
+    cp_backend: str = _help("'torch': torch context parallelism with FSDP2 (CUDA GPUs only); 'none': off", "none")
+    cp_size: int = _help("processes sharing one sequence under cp_backend=torch (1: off)", 1)
+    zero_stage: int = _help(
+        "DeepSpeed ZeRO stage under sequence parallelism; only 3 is accepted (stages 0-2 scale every gradient "
+        "by sp_size under the Trainer's sequence-parallel loss)", 3)
+
+    @property
+    def sequence_parallel(self) -> bool:
+        """Whether DeepSpeed Ulysses shards the sequences (``sp_size > 1``)."""
+        return self.sp_size > 1
+
+    @property
+    def context_parallel(self) -> bool:
+        """Whether torch context parallelism shards the sequences (``cp_size > 1``)."""
+        return self.cp_size > 1
+
+
+@dataclass
 class OutputSection:
     dir: str = _help("output folder (checkpoints/, adapter/, merged/, log.jsonl)", "runs/finetune")
     checkpoint_every: int = _help("save a checkpoint every N optimizer steps (0: only the final save)", 50)
@@ -153,6 +178,7 @@ class TrainConfig:
     finetune: FinetuneSection = field(default_factory=FinetuneSection)
     data: DataSection = field(default_factory=DataSection)
     train: TrainSection = field(default_factory=TrainSection)
+    parallelism: ParallelismSection = field(default_factory=ParallelismSection)
     output: OutputSection = field(default_factory=OutputSection)
 
     def to_dict(self) -> dict[str, Any]:
@@ -169,7 +195,7 @@ class TrainConfig:
         """Check values that types alone do not catch. Returns self; raises ConfigError."""
         from hf_posext.methods import available_methods
 
-        m, s, f, d, t, o = self.model, self.scaling, self.finetune, self.data, self.train, self.output
+        m, s, f, d, t, o, p = self.model, self.scaling, self.finetune, self.data, self.train, self.output, self.parallelism
         _choice("model.precision", m.precision, ("auto", "bf16", "fp32"))
         _choice("model.attn_implementation", m.attn_implementation, ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention"))
         if d.pose and m.attn_implementation.startswith("flash_attention"):
@@ -222,6 +248,21 @@ class TrainConfig:
             raise ConfigError(f"train.min_lr_ratio must be in [0, 1], got {t.min_lr_ratio}.")
         if t.max_grad_norm is not None and t.max_grad_norm <= 0:
             raise ConfigError(f"train.max_grad_norm must be > 0 or null, got {t.max_grad_norm}.")
+        _choice("parallelism.sp_backend", p.sp_backend, ("deepspeed", "none"))
+        _choice("parallelism.cp_backend", p.cp_backend, ("torch", "none"))
+        _positive("parallelism.sp_size", p.sp_size)
+        _positive("parallelism.cp_size", p.cp_size)
+        if p.sequence_parallel and p.sp_backend != "deepspeed":
+            raise ConfigError(f"parallelism.sp_size={p.sp_size} needs parallelism.sp_backend=deepspeed (DeepSpeed Ulysses).")
+        if p.context_parallel and p.cp_backend != "torch":
+            raise ConfigError(f"parallelism.cp_size={p.cp_size} needs parallelism.cp_backend=torch.")
+        if p.sequence_parallel and p.context_parallel:
+            raise ConfigError("parallelism.sp_size and parallelism.cp_size cannot both be > 1; shard with one of them.")
+        if p.sequence_parallel and p.zero_stage != 3:
+            raise ConfigError(
+                f"parallelism.zero_stage={p.zero_stage}: under sequence parallelism only ZeRO stage 3 gives the right "
+                f"gradients (stages 0-2 scale every gradient by sp_size={p.sp_size}); set parallelism.zero_stage=3."
+            )
         if o.checkpoint_every < 0:
             raise ConfigError(f"output.checkpoint_every must be >= 0, got {o.checkpoint_every}.")
         if o.keep_last is not None:
@@ -244,8 +285,10 @@ def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[s
     """Dotted keys whose values differ between two config dicts (resume-relevant sections only)."""
     out = []
     saved, current = _resume_relevant(saved), _resume_relevant(current)
+    defaults = _resume_relevant(TrainConfig().to_dict())
     for section in sorted(set(saved) | set(current)):
-        a, b = saved.get(section, {}), current.get(section, {})
+        # a section added after the checkpoint was written (e.g. parallelism) counts as its defaults there
+        a, b = saved.get(section, defaults.get(section, {})), current.get(section, defaults.get(section, {}))
         for key in sorted(set(a) | set(b)):
             if a.get(key) != b.get(key):
                 out.append(f"{section}.{key}: {a.get(key)!r} -> {b.get(key)!r}")

@@ -12,34 +12,18 @@ ZeRO-3 they equal the 1-process gradients. Sequence parallelism is therefore onl
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import dataclass
+import os
+from typing import Any, Mapping
 
 SP_BACKENDS = ("deepspeed", "none")
 CP_BACKENDS = ("torch", "none")
-# DeepSpeed's UlyssesSPAttentionHF refuses these (register_with_transformers).
-UNSHARDABLE_ATTENTION = ("eager", "paged|eager")
+#: The attention implementations accelerate's DeepSpeedSequenceParallelConfig lets Ulysses wrap.
+SHARDABLE_ATTENTION = ("sdpa", "flash_attention_2", "flash_attention_3")
 SP_ZERO_STAGE = 3
 
 
-@dataclass(frozen=True)
-class ParallelismRequest:
-    """What the recipe asks for.
-
-    Attributes:
-        sp_size: DeepSpeed Ulysses sequence-parallel degree (1 = off).
-        sp_backend: "deepspeed" or "none".
-        cp_size: torch context-parallel degree (1 = off).
-        cp_backend: "torch" or "none".
-    """
-
-    sp_size: int = 1
-    sp_backend: str = "none"
-    cp_size: int = 1
-    cp_backend: str = "none"
-
-
 def validate_parallelism(
-    request: ParallelismRequest,
+    request: Any,
     *,
     num_processes: int,
     sequence_length: int,
@@ -50,7 +34,8 @@ def validate_parallelism(
     """Refuse a parallelism request that cannot train correctly here.
 
     Args:
-        request: the recipe's parallelism section.
+        request: the recipe's parallelism section (:class:`~hf_posext.training.config.ParallelismSection`:
+            sp_backend, sp_size, cp_backend, cp_size).
         num_processes: processes of the launch (accelerate's world size).
         sequence_length: tokens per training sequence.
         attn_implementation: the model's attention implementation ("sdpa", "flash_attention_2", ...).
@@ -79,9 +64,9 @@ def validate_parallelism(
             raise ValueError("parallelism.sp_size > 1 needs parallelism.sp_backend=deepspeed")
         if importlib.util.find_spec("deepspeed") is None:
             raise ValueError("parallelism.sp_size > 1 needs DeepSpeed: pip install 'hf-posext[deepspeed]'")
-        if attn_implementation in UNSHARDABLE_ATTENTION:
+        if attn_implementation not in SHARDABLE_ATTENTION:
             raise ValueError(f"sequence parallelism cannot shard attn_implementation={attn_implementation!r}; "
-                             "set model.attn_implementation=sdpa (or flash_attention_2 on GPU)")
+                             f"set model.attn_implementation to one of {', '.join(SHARDABLE_ATTENTION)} (sdpa on CPU)")
         if zero_stage != SP_ZERO_STAGE:
             raise ValueError(f"sequence parallelism needs DeepSpeed ZeRO stage {SP_ZERO_STAGE} (got {zero_stage}): at "
                              "stages 0-2 the Trainer's SP loss scales gradients by sp_size; use "
@@ -98,11 +83,12 @@ def _check_divides(name: str, size: int, num_processes: int, sequence_length: in
                          f"use a sequence length divisible by {size * factor}")
 
 
-def accelerate_parallelism_config(request: ParallelismRequest):
+def accelerate_parallelism_config(request: Any, attn_implementation: str = "sdpa"):
     """accelerate's `ParallelismConfig` for `TrainingArguments(parallelism_config=...)`, or None when off.
 
     Args:
         request: a request already checked by `validate_parallelism`.
+        attn_implementation: the model's attention, which Ulysses wraps (one of `SHARDABLE_ATTENTION`).
 
     Returns:
         `accelerate.ParallelismConfig` or None.
@@ -111,8 +97,107 @@ def accelerate_parallelism_config(request: ParallelismRequest):
     from accelerate.utils import DeepSpeedSequenceParallelConfig
 
     if request.sp_size > 1:
-        handler = DeepSpeedSequenceParallelConfig(sp_seq_length_is_variable=True, sp_attn_implementation="sdpa")
+        handler = DeepSpeedSequenceParallelConfig(sp_seq_length_is_variable=True, sp_attn_implementation=attn_implementation)
         return ParallelismConfig(sp_size=request.sp_size, sp_backend="deepspeed", sp_handler=handler)
     if request.cp_size > 1:
         return ParallelismConfig(cp_size=request.cp_size, cp_backend="torch")
     return None
+
+
+# accelerate config keys that accelerate refuses beside a DeepSpeed config given by the script (it raises
+# "When using `deepspeed_config_file`, the following accelerate config variables will be ignored").
+_DEEPSPEED_FIELDS_OWNED_BY_RECIPE = (
+    "gradient_accumulation_steps", "gradient_clipping", "zero_stage", "offload_optimizer_device", "offload_param_device",
+    "offload_param_nvme_path", "offload_optimizer_nvme_path", "zero3_save_16bit_model", "mixed_precision",
+    "deepspeed_config_file",
+)
+
+
+def check_launch_environment(request: Any, environ: Mapping[str, str] | None = None) -> None:
+    """Refuse an ``accelerate launch`` config that contradicts the recipe's parallelism section.
+
+    The recipe's ``parallelism`` section is what the engine validates and builds the DeepSpeed config and
+    accelerate's ``ParallelismConfig`` from; an accelerate config file only says how many processes run.
+    An accelerate config that asks for another sp/cp size (its ``parallelism_config``) would otherwise
+    shard sequences the recipe did not validate, and one that sets DeepSpeed fields of its own
+    (``zero_stage``, ``mixed_precision``, ...) is refused by accelerate beside the recipe's DeepSpeed config.
+
+    Args:
+        request: the recipe's parallelism section.
+        environ: the launch environment (default: ``os.environ``).
+
+    Raises:
+        ValueError: one line naming the contradiction and the fix.
+    """
+    environ = os.environ if environ is None else environ
+    if environ.get("ACCELERATE_USE_PARALLELISM_CONFIG", "false").lower() == "true":
+        for name in ("sp_size", "cp_size"):
+            launched = int(environ.get(f"PARALLELISM_CONFIG_{name.upper()}", "1") or 1)
+            wanted = getattr(request, name)
+            if launched != wanted:
+                raise ValueError(
+                    f"the accelerate config sets parallelism_config {name}={launched} but the recipe has "
+                    f"parallelism.{name}={wanted}; set parallelism.{name}={launched} in the recipe (the engine shards "
+                    "from the recipe) or launch with another accelerate config"
+                )
+    if request.sp_size > 1:
+        fields = [f for f in environ.get("ACCELERATE_CONFIG_DS_FIELDS", "").split(",") if f]
+        owned = [f for f in fields if f in _DEEPSPEED_FIELDS_OWNED_BY_RECIPE]
+        if owned:
+            raise ValueError(
+                f"parallelism.sp_size={request.sp_size} builds its own DeepSpeed ZeRO-3 config, but the accelerate "
+                f"config sets {', '.join(owned)} in deepspeed_config (or mixed_precision); remove them, e.g. launch "
+                "with recipes/accelerate/deepspeed_ulysses_cpu_2proc.yaml or deepspeed_ulysses_8gpu.yaml"
+            )
+
+
+def deepspeed_config(request: Any) -> dict[str, Any] | None:
+    """The DeepSpeed config for ``TrainingArguments(deepspeed=...)`` under sequence parallelism, else None.
+
+    ZeRO stage 3 (the stage whose gradients equal the 1-process gradients under the Trainer's
+    sequence-parallel loss). Micro-batch, accumulation, clipping and precision are ``"auto"``, filled by
+    the Trainer from the recipe. ``train_batch_size`` is left out: the Trainer would fill it as
+    micro-batch x accumulation x all processes, while DeepSpeed counts only the data-parallel ones
+    (processes / sp_size) and refuses the mismatch. The Trainer's own AdamW is used (hence
+    ``zero_allow_untested_optimizer``), so the optimizer is the one of a run without DeepSpeed.
+    """
+    if request.sp_size <= 1:
+        return None
+    return {
+        "zero_optimization": {"stage": SP_ZERO_STAGE, "stage3_gather_16bit_weights_on_model_save": True},
+        "train_micro_batch_size_per_gpu": "auto",
+        "gradient_accumulation_steps": "auto",
+        "gradient_clipping": "auto",
+        "bf16": {"enabled": "auto"},
+        "fp16": {"enabled": "auto"},
+        "zero_allow_untested_optimizer": True,
+    }
+
+
+def init_deepspeed_distributed() -> None:
+    """Initialise DeepSpeed's process group (gloo without CUDA) before the Trainer prepares the model.
+
+    accelerate registers Ulysses with transformers during ``prepare`` and DeepSpeed asserts there that
+    ``deepspeed.comm`` is initialised; on CPU neither ``torchrun`` nor ``accelerate launch`` has done it
+    by then (only a ZeRO-3 ``zero.Init`` model build would). Idempotent.
+    """
+    import deepspeed
+    import torch
+
+    deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+
+
+def validate_sp_heads(sp_size: int, num_attention_heads: int | None, num_key_value_heads: int | None) -> None:
+    """Ulysses gives each rank ``1/sp_size`` of the attention heads: the query heads must divide by
+    ``sp_size``, and the key-value heads must divide by it or divide it (they are then replicated).
+
+    Raises:
+        ValueError: one line naming the model's head counts and the fix.
+    """
+    if num_attention_heads is not None and num_attention_heads % sp_size:
+        raise ValueError(f"parallelism.sp_size={sp_size} does not divide the model's {num_attention_heads} attention "
+                         "heads (Ulysses splits heads over the ranks); use an sp_size that divides them")
+    kv = num_key_value_heads
+    if kv is not None and kv % sp_size and sp_size % kv:
+        raise ValueError(f"parallelism.sp_size={sp_size} and the model's {kv} key-value heads do not divide one "
+                         "another; use an sp_size that divides them or is a multiple of them")

@@ -46,7 +46,8 @@ from hf_posext.training.config import ConfigError, TrainConfig, config_differenc
 
 __all__ = [
     "train", "TrainResult", "find_latest_checkpoint", "training_arguments", "training_loss", "PosextTrainer",
-    "WindowDataset", "collate_windows", "load_run_config", "merge_adapter",
+    "WindowDataset", "collate_windows", "load_run_config", "merge_adapter", "check_parallelism", "parallelism_arguments",
+    "sequence_parallel_chunked_loss",
 ]
 
 logger = logging.getLogger(__name__)
@@ -125,8 +126,55 @@ def _checkpointing_arguments(enabled: bool) -> dict[str, Any]:
     return {name: enabled, f"{name}_kwargs": {"use_reentrant": False} if enabled else None}
 
 
+def check_parallelism(config: TrainConfig, environ: dict[str, str] | None = None) -> None:
+    """Refuse the recipe's ``parallelism`` section where this launch cannot run it (before anything loads).
+
+    Checks the number of launched processes (``WORLD_SIZE``), the sequence length, the attention
+    implementation, DeepSpeed being installed, CUDA for context parallelism, and that the accelerate
+    config of the launch does not contradict the recipe (:mod:`hf_posext.training.parallel`).
+
+    Raises:
+        ConfigError: one line naming the problem and the fix.
+    """
+    from hf_posext.training.parallel import check_launch_environment, validate_parallelism
+
+    environ = dict(os.environ) if environ is None else environ
+    p = config.parallelism
+    try:
+        validate_parallelism(
+            p, num_processes=int(environ.get("WORLD_SIZE", "1")), sequence_length=config.data.window,
+            attn_implementation=config.model.attn_implementation, zero_stage=p.zero_stage,
+            cuda_available=torch.cuda.is_available(),
+        )
+        check_launch_environment(p, environ)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+
+
+def parallelism_arguments(config: TrainConfig) -> dict[str, Any]:
+    """``parallelism_config`` (accelerate) and ``deepspeed`` (ZeRO-3 under Ulysses) for ``TrainingArguments``."""
+    from hf_posext.training.parallel import accelerate_parallelism_config, deepspeed_config
+
+    p = config.parallelism
+    if not (p.sequence_parallel or p.context_parallel):
+        return {}
+    arguments: dict[str, Any] = {
+        "parallelism_config": accelerate_parallelism_config(p, config.model.attn_implementation)}
+    if p.sequence_parallel:
+        arguments["deepspeed"] = deepspeed_config(p)
+        # The Trainer skips the batches of a resumed run with accelerate's skip_first_batches, which cannot
+        # see through DeepSpeed's Ulysses dataloader adapter; the dataset starts at the first unseen sample
+        # instead (see train()).
+        arguments["ignore_data_skip"] = True
+    return arguments
+
+
 def training_arguments(config: TrainConfig, output_dir: str | os.PathLike, *, progress: bool = True) -> TrainingArguments:
-    """Map a recipe onto ``transformers.TrainingArguments`` (the one place that does; parallelism goes here too).
+    """Map a recipe onto ``transformers.TrainingArguments`` (the one place that does, parallelism included).
+
+    Under ``parallelism.sp_size > 1`` the arguments carry accelerate's ``ParallelismConfig`` (DeepSpeed
+    Ulysses) and a DeepSpeed ZeRO-3 config; under ``cp_size > 1`` the ``ParallelismConfig`` of torch
+    context parallelism (FSDP2 comes from the accelerate config of the launch).
 
     Args:
         config: a validated recipe.
@@ -134,7 +182,8 @@ def training_arguments(config: TrainConfig, output_dir: str | os.PathLike, *, pr
         progress: show the Trainer's tqdm bar.
 
     Raises:
-        ConfigError: a combination the Trainer cannot express (linear decay to a floor, bf16 on CPU).
+        ConfigError: a combination the Trainer cannot express (linear decay to a floor, bf16 on CPU). Whether
+            this launch can run the recipe's parallelism is :func:`check_parallelism`'s question.
     """
     t, o = config.train, config.output
     mixed = _precision(config)
@@ -164,11 +213,14 @@ def training_arguments(config: TrainConfig, output_dir: str | os.PathLike, *, pr
         save_steps=o.checkpoint_every or 1,
         save_total_limit=o.keep_last,
         report_to=list(o.report_to) or "none",
+        # Also under DeepSpeed on CPU: with use_cpu off there, accelerate starts DeepSpeed without a process-group
+        # backend and every process counts itself as process 0 of 1 (each would train on the same samples).
         use_cpu=not _has_accelerator(),
         remove_unused_columns=False,  # position_ids / attention_mask must reach the model
         label_names=["labels"],
         dataloader_num_workers=0,
         disable_tqdm=not progress,
+        **parallelism_arguments(config),
     )
 
 
@@ -178,17 +230,21 @@ class WindowDataset(torch.utils.data.Dataset):
 
     Read with a sequential sampler, the Trainer's per-process batching (process ``r`` takes the ``r``-th
     slice of each global micro-batch) gives exactly ``PackedWindows.batch``'s batches.
+
+    ``first_sample`` shifts the stream (item ``i`` is sample ``first_sample + i``): a resumed sequence-parallel
+    run starts there instead of having the Trainer skip batches.
     """
 
-    def __init__(self, windows: Any, num_samples: int) -> None:
+    def __init__(self, windows: Any, num_samples: int, first_sample: int = 0) -> None:
         self.windows = windows
         self.num_samples = num_samples
+        self.first_sample = first_sample
 
     def __len__(self) -> int:
         return self.num_samples
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        return self.windows.sample(int(index))
+        return self.windows.sample(self.first_sample + int(index))
 
 
 def collate_windows(samples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
@@ -219,11 +275,47 @@ def training_loss(model: Any, inputs: dict[str, torch.Tensor], num_items_in_batc
         mean = chunked_causal_lm_loss(model, inputs, chunk_size=chunk_size)
         if num_items_in_batch is None:
             return mean
-        predicted = inputs["labels"][..., 1:].ne(-100).sum()
+        shifted = inputs.get("shift_labels")  # given pre-shifted (context parallelism shards them)
+        predicted = (shifted if shifted is not None else inputs["labels"][..., 1:]).ne(-100).sum()
         return mean * predicted / num_items_in_batch
     if num_items_in_batch is None:
         return model(**inputs, use_cache=False).loss
     return model(**inputs, use_cache=False, num_items_in_batch=num_items_in_batch).loss
+
+
+def sequence_parallel_chunked_loss(accelerator: Any, model: Any, inputs: dict[str, torch.Tensor], parallelism: Any,
+                                   chunk_size: int | None = None) -> torch.Tensor:
+    """The chunked loss of one micro-batch under DeepSpeed Ulysses, never building a shard's full logits.
+
+    Under Ulysses each of the ``sp_size`` ranks holds one shard of every sequence, with ``shift_labels``
+    already shifted over the whole sequence (DeepSpeed's dataloader adapter). Each rank computes the mean
+    chunked cross-entropy of its shard from its shard-local hidden states
+    (:func:`~hf_posext.lm.chunked_loss.chunked_causal_lm_loss`); transformers' ``deepspeed_sp_compute_loss``
+    then combines the ranks' losses exactly as for the Trainer's own sequence-parallel loss: a
+    differentiable all-gather and the mean weighted by each shard's counted tokens. It is handed a forward
+    that returns the chunked loss in place of the model's output, so the weighting is transformers' own.
+    The gradients are those of the 1-process loss under ZeRO-3 (the only stage the recipes accept).
+
+    Args:
+        accelerator: the Trainer's accelerator.
+        model: the (DeepSpeed-wrapped) model.
+        inputs: one rank's shard: input_ids, position_ids, shift_labels (and labels, attention_mask).
+        parallelism: accelerate's ``ParallelismConfig`` (sp_backend deepspeed, sp_size > 1).
+        chunk_size: tokens per chunk of the loss.
+
+    Returns:
+        The loss of the whole micro-batch (the same value on every rank of the SP group).
+    """
+    from types import SimpleNamespace
+
+    from transformers.integrations.deepspeed import deepspeed_sp_compute_loss
+
+    from hf_posext.lm.chunked_loss import DEFAULT_CHUNK_SIZE, chunked_causal_lm_loss
+
+    def shard_loss(**shard: Any) -> SimpleNamespace:
+        return SimpleNamespace(loss=chunked_causal_lm_loss(model, shard, chunk_size=chunk_size or DEFAULT_CHUNK_SIZE))
+
+    return deepspeed_sp_compute_loss(accelerator, shard_loss, dict(inputs), False, parallelism)
 
 
 class PosextTrainer(Trainer):
@@ -238,12 +330,22 @@ class PosextTrainer(Trainer):
     """
 
     def __init__(self, *args: Any, extra_parameter_names: list[str] | None = None, train_section: Any = None,
-                 **kwargs: Any) -> None:
+                 rng_state_from: str | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.train_section = train_section
+        # A resumed sequence-parallel run does not skip batches (its dataset starts at the first unseen
+        # sample), so the Trainer restores the RNG states before creating the dataloader iterator, which
+        # draws a seed; reloading them at the first step puts them where the uninterrupted run had them.
+        self.rng_state_from = rng_state_from
         self.extra_parameter_names = list(extra_parameter_names or [])
         # training_loss normalises by num_items_in_batch itself: have the Trainer count it and not divide again.
         self.model_accepts_loss_kwargs = True
+
+    def training_step(self, model: Any, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
+        if self.rng_state_from is not None:
+            self._load_rng_state(self.rng_state_from)
+            self.rng_state_from = None
+        return super().training_step(model, inputs, num_items_in_batch)
 
     def _get_train_sampler(self, train_dataset: Any = None) -> torch.utils.data.Sampler:
         return torch.utils.data.SequentialSampler(train_dataset if train_dataset is not None else self.train_dataset)
@@ -253,6 +355,12 @@ class PosextTrainer(Trainer):
         if return_outputs:
             raise NotImplementedError("PosextTrainer.compute_loss returns the loss only (no evaluation loop).")
         t = self.train_section
+        parallelism = getattr(self.accelerator, "parallelism_config", None)
+        if parallelism is not None and parallelism.sp_backend == "deepspeed" and parallelism.sp_enabled and model.training:
+            if getattr(t, "loss", "plain") == "plain":  # transformers' deepspeed_sp_compute_loss, full shard logits
+                return super().compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
+            return sequence_parallel_chunked_loss(self.accelerator, model, inputs, parallelism,
+                                                  chunk_size=getattr(t, "loss_chunk_size", None))
         loss = training_loss(model, inputs, num_items_in_batch, loss=getattr(t, "loss", "plain"),
                              chunk_size=getattr(t, "loss_chunk_size", None))
         if self.args.average_tokens_across_devices and num_items_in_batch is not None:
@@ -271,7 +379,9 @@ class PosextTrainer(Trainer):
         super()._save(output_dir, state_dict=state_dict)
         if self.extra_parameter_names and self.args.should_save:
             parameters = dict(self._extras_base().named_parameters())
-            extras = {n: parameters[n].detach().cpu().clone().contiguous() for n in self.extra_parameter_names}
+            gathered = state_dict or {}  # under ZeRO-3 the parameters are partitioned: read the gathered copy
+            extras = {n: gathered.get(f"base_model.model.{n}", parameters[n]).detach().cpu().clone().contiguous()
+                      for n in self.extra_parameter_names}
             save_file(extras, os.path.join(output_dir or self.args.output_dir, EXTRAS_FILE))
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
@@ -595,6 +705,7 @@ def train(
     from hf_posext.training.lora import extra_parameter_names, setup_trainable
 
     config.validate()
+    check_parallelism(config)
     output_dir = Path(config.output.dir)
     args = training_arguments(config, output_dir, progress=progress)
     world = args.world_size
@@ -605,10 +716,18 @@ def train(
     _prepare_output_dir(output_dir, overwrite, resuming=resume_from is not None)
     _check_trackers(config.output.report_to)
 
-    t = config.train
+    t, p = config.train, config.parallelism
     dtype = torch.bfloat16 if (args.bf16 and config.finetune.mode == "lora") else torch.float32
     tokenizer = load_tokenizer(config.model.name)
     model = _load_and_patch(config, dtype)
+    if p.sequence_parallel:
+        from hf_posext.training.parallel import validate_sp_heads
+
+        try:
+            validate_sp_heads(p.sp_size, model.config.num_attention_heads,
+                              getattr(model.config, "num_key_value_heads", None))
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
     pose_target = _pose_target(config, hf_posext.describe(model).current_window)
     model.config.use_cache = False
     extras = extra_parameter_names(model, config.finetune.train_embeddings, config.finetune.train_norms) if config.finetune.mode == "lora" else []
@@ -633,7 +752,9 @@ def train(
     if resume_from is not None and main:
         _truncate_log(output_dir / LOG_FILE, checkpoint_step(resume_from))
 
-    samples_per_step = t.batch_size * t.gradient_accumulation_steps * world
+    # The processes of one sequence- or context-parallel group share each sample: the data-parallel ranks are
+    # world / (sp_size x cp_size), as the Trainer counts them.
+    samples_per_step = t.batch_size * t.gradient_accumulation_steps * world // (p.sp_size * p.cp_size)
     tokens_per_step = samples_per_step * data.window
     run_info = {
         "num_processes": world, "fingerprint": config.fingerprint(), "config": config.to_dict(),
@@ -643,12 +764,20 @@ def train(
     callbacks: list[TrainerCallback] = [log_callback, CheckpointIntegrityCallback(run_info)]
     if stop_at_step is not None:
         callbacks.append(StopAtStepCallback(stop_at_step))
+    start_step = checkpoint_step(resume_from) if resume_from is not None else 0
+    skip_in_dataset = p.sequence_parallel and resume_from is not None  # see parallelism_arguments
+    if p.sequence_parallel:
+        from hf_posext.training.parallel import init_deepspeed_distributed
+
+        init_deepspeed_distributed()
     trainer = PosextTrainer(
-        model=model, args=args, train_dataset=WindowDataset(data, t.max_steps * samples_per_step),
+        model=model, args=args,
+        train_dataset=WindowDataset(data, t.max_steps * samples_per_step,
+                                    first_sample=start_step * samples_per_step if skip_in_dataset else 0),
         data_collator=collate_windows, callbacks=callbacks, extra_parameter_names=extras, train_section=t,
+        rng_state_from=str(resume_from) if skip_in_dataset else None,
     )
     began = time.perf_counter()
-    start_step = checkpoint_step(resume_from) if resume_from is not None else 0
     trainer.train(resume_from_checkpoint=str(resume_from) if resume_from is not None else None)
     elapsed = time.perf_counter() - began
     step = trainer.state.global_step

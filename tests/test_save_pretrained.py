@@ -46,3 +46,190 @@ def test_dynamic_ntk_is_stock_loadable_on_a_smollm2_shaped_llama():
         ours, _ = rotary.frequencies(length)
         stock, _ = ROPE_INIT_FUNCTIONS["dynamic"](model.config, "cpu", seq_len=torch.tensor(length))
         assert torch.equal(ours, stock), length
+
+
+METHODS = {
+    "linear": {},
+    "ntk": {},
+    "theta": {"base": 50000.0},
+    "dynamic-ntk": {},
+    "yarn": {},
+    "yarn-custom": {"beta_fast": 16.0, "attention_factor": 1.3},
+    "llama3": {},
+    "longrope": {"long_factor": LONGROPE_FACTORS},
+    "dynamic-yarn": {},  # no transformers rope type: describe says stock loads it unscaled
+}
+#: max_position_embeddings each method saves: L where transformers and the runtimes read it as the original
+#: window (linear, dynamic), L * s where it is the served length.
+SAVED_WINDOW = {"linear": L, "dynamic-ntk": L, "dynamic-yarn": L}
+
+
+def _method_name(key: str) -> str:
+    return key.split("-custom")[0]
+
+
+def _ids() -> torch.Tensor:
+    return torch.randint(0, 100, (1, SEQ), generator=torch.Generator().manual_seed(1))
+
+
+def _tiny():
+    return tiny_model("llama", initializer_range=0.1, max_position_embeddings=L).eval()
+
+
+def _patched(key: str):
+    model = _tiny()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        hf_posext.patch(model, _method_name(key), FACTOR, **METHODS[key])
+    return model
+
+
+def _logits(model) -> torch.Tensor:
+    with torch.no_grad():
+        return model(_ids()).logits
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory) -> dict[str, tuple[Path, torch.Tensor, bool]]:
+    """Each method: the folder plain ``save_pretrained`` wrote, the patched logits, and describe's stock_loadable."""
+    result = {}
+    root = tmp_path_factory.mktemp("saved")
+    for key in METHODS:
+        model = _patched(key)
+        model.save_pretrained(root / key)
+        result[key] = (root / key, _logits(model), hf_posext.describe(model).stock_loadable)
+    return result
+
+
+@pytest.fixture(scope="module")
+def unscaled_logits() -> torch.Tensor:
+    return _logits(_tiny())
+
+
+def _assert_same_logits(got: torch.Tensor, expected: torch.Tensor, unscaled: torch.Tensor, key: str) -> None:
+    effect = (unscaled - expected).abs().max().item()
+    assert effect > 1e-2, f"{key} does not change the logits of the tiny model ({effect})"
+    diff = (got - expected).abs().max().item()
+    assert diff < effect / 100 and diff < 1e-4, f"{key}: stock logits differ by {diff} (method effect {effect})"
+
+
+@pytest.mark.parametrize("key", list(METHODS))
+def test_plain_save_loads_with_stock_from_pretrained_or_describe_says_why_not(saved, unscaled_logits, key):
+    from transformers import AutoModelForCausalLM
+
+    folder, expected, stock_loadable = saved[key]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        stock = AutoModelForCausalLM.from_pretrained(folder).eval()
+    got = _logits(stock)
+    if key == "dynamic-yarn":
+        assert stock_loadable is False and "needs hf_posext.load" in str(hf_posext.describe(_patched(key)))
+        assert torch.allclose(got, unscaled_logits, atol=1e-5)  # stock loads it unscaled, as describe says
+        return
+    assert stock_loadable is True
+    _assert_same_logits(got, expected, unscaled_logits, key)
+
+
+@pytest.mark.parametrize("key", list(METHODS))
+def test_saved_config_has_the_served_window_and_the_legacy_fields(saved, key):
+    config = json.loads((saved[key][0] / "config.json").read_text())
+    assert config["max_position_embeddings"] == SAVED_WINDOW.get(key, int(L * FACTOR))
+    assert config["rope_scaling"] == config["rope_parameters"]
+    assert config["rope_theta"] == config["rope_parameters"]["rope_theta"]
+    if key == "longrope":
+        assert config["original_max_position_embeddings"] == L == config["rope_parameters"]["original_max_position_embeddings"]
+    else:
+        assert "original_max_position_embeddings" not in config
+
+
+def test_hf_posext_load_and_describe_give_the_served_length_of_a_linear_save(saved):
+    folder, expected, _ = saved["linear"]
+    model = hf_posext.load(folder)
+    report = hf_posext.describe(model)
+    assert (report.original_window, report.current_window) == (L, int(L * FACTOR))
+    assert (_logits(model) - expected).abs().max().item() < 1e-5
+    from transformers import AutoModelForCausalLM
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        stock = AutoModelForCausalLM.from_pretrained(folder)
+    report = hf_posext.describe(stock)  # read from the config alone
+    assert (report.method, report.original_window, report.current_window) == ("linear", L, int(L * FACTOR))
+
+
+TF457_SCRIPT = """
+import sys, warnings, torch, transformers
+warnings.simplefilter("ignore")
+assert transformers.__version__.startswith("4.57"), transformers.__version__
+from transformers import AutoModelForCausalLM
+ids = torch.randint(0, 100, (1, int(sys.argv[1])), generator=torch.Generator().manual_seed(1))
+for folder, out in zip(sys.argv[2::2], sys.argv[3::2]):
+    model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    with torch.no_grad():
+        torch.save(model(ids).logits, out)
+"""
+
+
+@pytest.mark.skipif(not TF457_PYTHON.exists(), reason="no transformers 4.57 venv (.venv-tf457, made by scripts/test.sh)")
+def test_plain_save_loads_with_stock_from_pretrained_on_transformers_4_57(saved, unscaled_logits, tmp_path):
+    """The folders saved under transformers 5 load in 4.57 to the same logits (one subprocess for all methods)."""
+    keys = [key for key in METHODS if key != "dynamic-yarn"]
+    argv = [str(SEQ)]
+    for key in keys:
+        argv += [str(saved[key][0]), str(tmp_path / f"{key}.pt")]
+    result = subprocess.run([str(TF457_PYTHON), "-c", TF457_SCRIPT, *argv], capture_output=True, text=True,
+                            env={**os.environ, "PYTHONPATH": ""})
+    assert result.returncode == 0, result.stderr[-2000:]
+    for key in keys:
+        _assert_same_logits(torch.load(tmp_path / f"{key}.pt"), saved[key][1], unscaled_logits, f"{key} (4.57)")
+
+
+def _tokenizer():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(REPO / "tests" / "data" / "training" / "tiny-llama")
+
+
+def test_a_tokenizer_given_to_patch_saves_the_served_length_and_unpatch_restores_it(tmp_path):
+    tokenizer = _tokenizer()
+    before = tokenizer.model_max_length
+    model = hf_posext.patch(_tiny(), "yarn", FACTOR, tokenizer=tokenizer)
+    assert tokenizer.model_max_length == int(L * FACTOR)
+    tokenizer.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "tokenizer_config.json").read_text())["model_max_length"] == int(L * FACTOR)
+    hf_posext.patch(model, "linear", 2.0)  # a new patch without tokenizer= keeps the given one in step
+    assert tokenizer.model_max_length == int(L * 2)
+    hf_posext.unpatch(model)
+    assert tokenizer.model_max_length == before
+
+
+def test_a_bad_tokenizer_is_refused_before_anything_changes():
+    model = _tiny()
+    with pytest.raises(TypeError, match="tokenizer="):
+        hf_posext.patch(model, "yarn", FACTOR, tokenizer=object())
+    assert not hf_posext.describe(model).method != "none" and "save_pretrained" not in model.__dict__
+
+
+def test_unpatch_saves_the_original_config_again(tmp_path):
+    model = _patched("yarn")
+    hf_posext.unpatch(model)
+    model.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert "rope_scaling" not in config and "rope_theta" not in config and config["max_position_embeddings"] == L
+
+
+def test_the_config_edit_is_atomic(tmp_path, monkeypatch):
+    """A failure while writing the legacy fields leaves transformers' own config.json whole and no temp file."""
+    import hf_posext.core.saved_config as saved_config
+
+    model = _patched("yarn")
+
+    def fail(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(saved_config.os, "replace", fail)
+    with pytest.raises(OSError, match="disk full"):
+        model.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["rope_parameters"]["rope_type"] == "yarn" and "rope_scaling" not in config
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []

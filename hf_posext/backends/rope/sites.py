@@ -31,6 +31,7 @@ from hf_posext.methods.rope import RotaryBase
 from hf_posext.methods.transformers import ROPE_TYPES, method_for_rope_type
 
 __all__ = [
+    "WINDOW_IS_ORIGINAL",
     "RotarySite",
     "UnsupportedModelError",
     "find_rotary_sites",
@@ -109,18 +110,24 @@ def set_rope_parameters(config, params: dict[str, Any], layer_type: str | None =
             config.original_max_position_embeddings = params["original_max_position_embeddings"]
 
 
+#: transformers rope types whose ``max_position_embeddings`` is the pre-training window L (the served
+#: length is L * factor): ``dynamic`` scales from it, ``linear`` never reads it, and vLLM and SGLang
+#: multiply it by the factor for both (as for lmsys/vicuna-13b-v1.5-16k: 4096 with linear x4).
+WINDOW_IS_ORIGINAL = ("default", "dynamic", "linear")
+
+
 def original_window(config, params: dict[str, Any] | None) -> int:
     """The pre-training window L: ``original_max_position_embeddings`` if scaled, else the max length."""
     params = params or {}
     rope_type = params.get("rope_type", "default")
     if rope_type not in ("default", "dynamic") and params.get("original_max_position_embeddings"):
         return int(params["original_max_position_embeddings"])
-    if rope_type not in ("default", "dynamic") and getattr(config, "original_max_position_embeddings", None):
+    if rope_type not in WINDOW_IS_ORIGINAL and getattr(config, "original_max_position_embeddings", None):
         return int(config.original_max_position_embeddings)
     for name in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
         value = getattr(config, name, None)
         if isinstance(value, int) and value > 0:
-            if rope_type not in ("default", "dynamic") and params.get("factor"):
+            if rope_type not in WINDOW_IS_ORIGINAL and params.get("factor"):
                 return int(round(value / params["factor"]))
             return value
     raise UnsupportedModelError(

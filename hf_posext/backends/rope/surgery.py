@@ -18,7 +18,10 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import os
+import types
 import warnings
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -38,6 +41,7 @@ from hf_posext.backends.rope.sites import (
 )
 from hf_posext.core.loading import config_kwargs, model_class_for
 from hf_posext.core.record import CONFIG_KEY, ScalingReport, jsonable, restore_config, snapshot_config, text_config
+from hf_posext.core.saved_config import add_legacy_rope_fields
 from hf_posext.core.request import ScalingConfig, resolve_factor
 from hf_posext.methods import get_method
 from hf_posext.methods.transformers import stock_rope_parameters
@@ -59,6 +63,7 @@ class _PatchState:
     config_snapshots: list[tuple[Any, dict[str, Any]]]
     stock_loadable: bool
     wrapped_generate: bool = False
+    tokenizers: list[tuple[Any, Any]] = dataclasses.field(default_factory=list)
 
 
 def _check_model(model: Any) -> None:
@@ -131,8 +136,10 @@ def _plan_config(
     if stock is not None:
         stock.update({k: v for k, v in base_params.items() if k in ("partial_rotary_factor",)})
         set_rope_parameters(work, stock, layer_type)
-        # transformers' dynamic types scale from max_position_embeddings = L; longrope reads L from its dict.
-        keeps_window = scaling.spec.dynamic and stock.get("rope_type") == "dynamic"
+        # transformers' dynamic type scales from max_position_embeddings = L, and its linear type never reads
+        # it: both keep L there, which is what vLLM and SGLang multiply by the factor to get the served length
+        # (a linear config with L*s would advertise L*s^2). yarn, llama3 and longrope read L from their dict.
+        keeps_window = stock.get("rope_type") in ("dynamic", "linear")
         setattr(work, window_attribute(work), window if keeps_window else scaling.target_length)
         if all(_stock_reproduces(site, module, work, scaling) for site, module in scaled_sites):
             return _snapshot(work), True
@@ -150,6 +157,7 @@ def patch(
     *,
     target_length: int | None = None,
     original_max_position_embeddings: int | None = None,
+    tokenizer: Any = None,
     **method_params: Any,
 ) -> nn.Module:
     """Extend a model's context window in place with a scaling method.
@@ -161,9 +169,9 @@ def patch(
         factor: scale s >= 1; the new window is L * s. Give this or ``target_length``.
         target_length: the window you need (factor = target_length / L).
         original_max_position_embeddings: override the pre-training window L read from the config.
-        **method_params: the method's parameters (e.g. ``beta_fast=32``, ``low_freq_factor=1``). For
-            learned/sinusoidal/ALiBi models, ``tokenizer=`` also sets the tokenizer's
-            ``model_max_length`` (restored by ``unpatch``); see docs/absolute.md.
+        tokenizer: a tokenizer whose ``model_max_length`` is set to the new window L * s (restored by
+            ``unpatch``), so that saving it tells vLLM the served length (it caps its length there).
+        **method_params: the method's parameters (e.g. ``beta_fast=32``, ``low_freq_factor=1``).
 
     Returns:
         The same model, patched. Patching again replaces the previous scaling (it never compounds).
@@ -205,6 +213,10 @@ def patch(
     scale = resolve_factor(factor, target_length, window)
     scaling = ScalingConfig(spec.name, scale, window, method_params)
     new_modules = [build_rotary_module(site, scaling) for site in sites]
+    if tokenizer is not None and not isinstance(getattr(tokenizer, "model_max_length", None), int):
+        raise TypeError(
+            f"tokenizer= must be a transformers tokenizer (with an int model_max_length), got {type(tokenizer).__name__}."
+        )
 
     # Work out every config change before touching the model.
     configs = []
@@ -247,10 +259,36 @@ def patch(
             restore_config(config, snapshot)
         raise
     state = _PatchState(scaling, sites, new_modules, snapshots, stock_loadable)
+    state.tokenizers = _set_tokenizer_lengths(previous, tokenizer, scaling.target_length)
     model.__dict__[_STATE_ATTRIBUTE] = state
     if any(module.is_dynamic for module in new_modules):
         _install_generate_wrapper(model, state)
+    model.__dict__["save_pretrained"] = types.MethodType(_save_with_legacy_fields, model)
     return model
+
+
+def _set_tokenizer_lengths(previous: _PatchState | None, tokenizer: Any, length: int) -> list[tuple[Any, Any]]:
+    """Give the tokenizers of this patch (the new one, else the previous patch's) ``model_max_length`` = ``length``.
+
+    Returns (tokenizer, its length before any patch) pairs, for ``unpatch``.
+    """
+    kept = list(previous.tokenizers) if previous is not None else []
+    if tokenizer is not None:
+        for tok, value in kept:
+            tok.model_max_length = value
+        kept = [(tokenizer, tokenizer.model_max_length)]
+    for tok, _ in kept:
+        tok.model_max_length = length
+    return kept
+
+
+def _save_with_legacy_fields(self: nn.Module, save_directory: str | os.PathLike, *args: Any, **kwargs: Any) -> Any:
+    """``save_pretrained``, then config.json also gets the fields older readers need (see
+    :func:`hf_posext.core.saved_config.with_legacy_rope_fields`), edited atomically."""
+    result = type(self).save_pretrained(self, save_directory, *args, **kwargs)
+    if kwargs.get("is_main_process", True) and os.path.isfile(os.path.join(os.fspath(save_directory), "config.json")):
+        add_legacy_rope_fields(save_directory)
+    return result
 
 
 def unpatch(model: nn.Module) -> nn.Module:
@@ -272,7 +310,10 @@ def unpatch(model: nn.Module) -> nn.Module:
         setattr(site.parent, site.attribute, original)
     for config, snapshot in state.config_snapshots:
         restore_config(config, snapshot)
+    for tokenizer, value in state.tokenizers:
+        tokenizer.model_max_length = value
     _remove_generate_wrapper(model, state)
+    model.__dict__.pop("save_pretrained", None)
     del model.__dict__[_STATE_ATTRIBUTE]
     return model
 

@@ -233,3 +233,14 @@ def test_the_config_edit_is_atomic(tmp_path, monkeypatch):
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["rope_parameters"]["rope_type"] == "yarn" and "rope_scaling" not in config
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_cli_patch_saves_the_served_length_in_config_and_tokenizer(tmp_path, capsys):
+    from hf_posext.cli.main import main
+
+    out = tmp_path / "patched"
+    source = REPO / "tests" / "data" / "training" / "tiny-llama"
+    assert main(["patch", str(source), "--method", "linear", "--factor", "4", "--out", str(out)]) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["max_position_embeddings"] == L and config["rope_scaling"] == config["rope_parameters"]
+    assert json.loads((out / "tokenizer_config.json").read_text())["model_max_length"] == int(L * FACTOR)

@@ -79,9 +79,13 @@ def _run_patch(args: argparse.Namespace) -> int:
     patch(model, **request.patch_kwargs())
     model.save_pretrained(args.out)
     try:
-        load_tokenizer(args.model).save_pretrained(args.out)
+        tokenizer = load_tokenizer(args.model)
     except Exception as error:  # a model folder without a tokenizer is still a valid output
         print(f"note: no tokenizer saved ({error})", file=sys.stderr)
+    else:
+        # Serving runtimes cap the length at the tokenizer's model_max_length (vLLM: docs/serving.md).
+        tokenizer.model_max_length = describe(model).current_window
+        tokenizer.save_pretrained(args.out)
     print(describe(model))
     print(f"saved to {args.out} (load with hf_posext.load({args.out!r}))")
     return 0

@@ -10,7 +10,8 @@ rule for this model, ``rope_parameters`` (5.x) / ``rope_scaling`` (4.5x) is set 
 ``from_pretrained`` reproduces the patched model without hf_posext; this is checked when patching by
 building the model's own rotary class from the new config and comparing outputs. Otherwise the RoPE
 fields keep their original values (stock transformers then loads the unscaled model) and
-:func:`load` re-applies the scaling.
+:func:`load` re-applies the scaling. A patched model's ``save_pretrained`` then adds to config.json the
+legacy fields transformers 4.x and serving runtimes read (:mod:`hf_posext.core.saved_config`; docs/serving.md).
 """
 
 from __future__ import annotations
@@ -21,8 +22,7 @@ import functools
 import os
 import types
 import warnings
-import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 import torch
@@ -63,7 +63,7 @@ class _PatchState:
     config_snapshots: list[tuple[Any, dict[str, Any]]]
     stock_loadable: bool
     wrapped_generate: bool = False
-    tokenizers: list[tuple[Any, Any]] = dataclasses.field(default_factory=list)
+    tokenizers: list[tuple[Any, Any]] = field(default_factory=list)
 
 
 def _check_model(model: Any) -> None:

@@ -1,7 +1,7 @@
-"""The normal save path: a patched model's ``save_pretrained`` folder is served right without ``export``.
+"""The normal save path: what a patched model's ``save_pretrained`` writes and warns.
 
-Per method, on transformers 5.x and 4.57: stock ``from_pretrained`` of the saved folder gives the patched
-logits (or ``describe`` says why not); config.json carries the legacy fields; linear keeps
+Per method: stock ``from_pretrained`` of the saved folder gives the patched logits on transformers 5.x (or
+``describe`` says why not); on 4.57 the save warns and its export loads to the same logits; linear keeps
 ``max_position_embeddings`` = L; a tokenizer given to ``patch`` saves the served length.
 """
 
@@ -131,15 +131,41 @@ def test_plain_save_loads_with_stock_from_pretrained_or_describe_says_why_not(sa
 
 
 @pytest.mark.parametrize("key", list(METHODS))
-def test_saved_config_has_the_served_window_and_the_legacy_fields(saved, key):
-    config = json.loads((saved[key][0] / "config.json").read_text())
+def test_saved_config_has_the_served_window_and_reads_back_through_the_generic_config_class(saved, key):
+    """No legacy fields in a plain save: with them, transformers 5.24's PreTrainedConfig.from_json_file (which
+    Trainer runs when it resumes from a checkpoint) raises for yarn, llama3 and longrope (docs/serving.md)."""
+    from transformers import PreTrainedConfig
+
+    path = saved[key][0] / "config.json"
+    config = json.loads(path.read_text())
     assert config["max_position_embeddings"] == SAVED_WINDOW.get(key, int(L * FACTOR))
-    assert config["rope_scaling"] == config["rope_parameters"]
-    assert config["rope_theta"] == config["rope_parameters"]["rope_theta"]
-    if key == "longrope":
-        assert config["original_max_position_embeddings"] == L == config["rope_parameters"]["original_max_position_embeddings"]
+    assert "rope_scaling" not in config and "rope_theta" not in config
+    assert PreTrainedConfig.from_json_file(path).transformers_version
+
+
+def test_the_generic_config_class_cannot_read_the_legacy_fields_of_a_yarn_config(saved, tmp_path):
+    """Why a plain save leaves them out (transformers 5.24; export writes them for older readers)."""
+    from transformers import PreTrainedConfig
+
+    from hf_posext.export import export
+
+    out = export(saved["yarn"][0], "transformers", tmp_path / "out")
+    try:
+        PreTrainedConfig.from_json_file(out / "config.json")
+    except AttributeError as error:
+        assert "max_position_embeddings" in str(error)
     else:
-        assert "original_max_position_embeddings" not in config
+        pytest.skip("this transformers reads legacy yarn fields generically: plain saves could now write them")
+
+
+def test_a_save_that_older_readers_would_misread_warns_with_the_fix(tmp_path):
+    model = _patched("linear")
+    with pytest.warns(UserWarning, match="hf-posext export .* --for transformers"):
+        model.save_pretrained(tmp_path / "patched")
+    hf_posext.unpatch(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model.save_pretrained(tmp_path / "plain")  # theta 10000, no scaling: 4.x reads it right
 
 
 def test_hf_posext_load_and_describe_give_the_served_length_of_a_linear_save(saved):
@@ -171,15 +197,19 @@ for folder, out in zip(sys.argv[2::2], sys.argv[3::2]):
 
 
 @pytest.mark.skipif(not TF457_PYTHON.exists(), reason="no transformers 4.57 venv (.venv-tf457, made by scripts/test.sh)")
-def test_plain_save_loads_with_stock_from_pretrained_on_transformers_4_57(saved, unscaled_logits, tmp_path):
-    """The folders saved under transformers 5 load in 4.57 to the same logits (one subprocess for all methods)."""
+def test_on_transformers_4_57_a_plain_save_loads_unscaled_and_the_exported_one_to_the_same_logits(saved, unscaled_logits, tmp_path):
+    """What the save warning says, on 4.57 (one subprocess): the plain folder loads unscaled, its export
+    (``--for transformers``) loads to the patched logits, for every method transformers knows."""
+    from hf_posext.export import export
+
     keys = [key for key in METHODS if key != "dynamic-yarn"]
-    argv = [str(SEQ)]
+    argv = [str(SEQ), str(saved["linear"][0]), str(tmp_path / "plain-linear.pt")]
     for key in keys:
-        argv += [str(saved[key][0]), str(tmp_path / f"{key}.pt")]
+        argv += [str(export(saved[key][0], "transformers", tmp_path / key)), str(tmp_path / f"{key}.pt")]
     result = subprocess.run([str(TF457_PYTHON), "-c", TF457_SCRIPT, *argv], capture_output=True, text=True,
                             env={**os.environ, "PYTHONPATH": ""})
     assert result.returncode == 0, result.stderr[-2000:]
+    assert torch.allclose(torch.load(tmp_path / "plain-linear.pt"), unscaled_logits, atol=1e-5)
     for key in keys:
         _assert_same_logits(torch.load(tmp_path / f"{key}.pt"), saved[key][1], unscaled_logits, f"{key} (4.57)")
 
@@ -218,21 +248,21 @@ def test_unpatch_saves_the_original_config_again(tmp_path):
     assert "rope_scaling" not in config and "rope_theta" not in config and config["max_position_embeddings"] == L
 
 
-def test_the_config_edit_is_atomic(tmp_path, monkeypatch):
-    """A failure while writing the legacy fields leaves transformers' own config.json whole and no temp file."""
+def test_json_edits_are_atomic(tmp_path, monkeypatch):
+    """A failed write leaves the old file whole and no temporary file (export's config and tokenizer edits)."""
     import hf_posext.core.saved_config as saved_config
 
-    model = _patched("yarn")
+    path = tmp_path / "config.json"
+    path.write_text('{"max_position_embeddings": 64}')
 
     def fail(*args, **kwargs):
         raise OSError("disk full")
 
     monkeypatch.setattr(saved_config.os, "replace", fail)
     with pytest.raises(OSError, match="disk full"):
-        model.save_pretrained(tmp_path)
-    config = json.loads((tmp_path / "config.json").read_text())
-    assert config["rope_parameters"]["rope_type"] == "yarn" and "rope_scaling" not in config
-    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+        saved_config.write_json_atomically(path, {"max_position_embeddings": 256})
+    assert json.loads(path.read_text()) == {"max_position_embeddings": 64}
+    assert [p.name for p in tmp_path.iterdir()] == ["config.json"]
 
 
 def test_cli_patch_saves_the_served_length_in_config_and_tokenizer(tmp_path, capsys):
@@ -242,5 +272,5 @@ def test_cli_patch_saves_the_served_length_in_config_and_tokenizer(tmp_path, cap
     source = REPO / "tests" / "data" / "training" / "tiny-llama"
     assert main(["patch", str(source), "--method", "linear", "--factor", "4", "--out", str(out)]) == 0
     config = json.loads((out / "config.json").read_text())
-    assert config["max_position_embeddings"] == L and config["rope_scaling"] == config["rope_parameters"]
+    assert config["max_position_embeddings"] == L and config["rope_parameters"]["factor"] == FACTOR
     assert json.loads((out / "tokenizer_config.json").read_text())["model_max_length"] == int(L * FACTOR)

@@ -4,7 +4,13 @@ transformers 5 saves only ``rope_parameters``. transformers 4.x (and the serving
 read a top-level ``rope_theta`` and ``rope_scaling`` instead: without them they load theta = 10000 and
 no scaling. transformers 5 itself reads ``rope_scaling`` first when both are present, so the copy must
 equal ``rope_parameters``. Setting ``config.rope_scaling`` in memory does not help (in 5.x it only
-aliases ``rope_parameters``), so these fields are written into the saved file after ``save_pretrained``.
+aliases ``rope_parameters``), so these fields can only be written into the saved file.
+
+``hf-posext export`` writes them; a plain ``save_pretrained`` does not, because transformers 5.24 cannot
+read them back through the generic ``PreTrainedConfig.from_json_file``: with ``rope_scaling`` and
+``rope_theta`` present and a ``yarn``, ``llama3`` or ``longrope`` type, it raises ``AttributeError: ...
+no attribute 'max_position_embeddings'``, and ``Trainer`` calls exactly that when it resumes from a
+checkpoint. :func:`older_readers_differ` tells a save when to warn instead.
 """
 
 from __future__ import annotations
@@ -16,8 +22,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["flat_rope_parameters", "with_legacy_rope_fields", "write_json_atomically", "add_legacy_rope_fields",
+__all__ = ["flat_rope_parameters", "with_legacy_rope_fields", "older_readers_differ", "write_json_atomically",
            "set_tokenizer_max_length"]
+
+#: The rotary base transformers 4.x assumes when a config has no ``rope_theta``.
+LEGACY_DEFAULT_THETA = 10000.0
 
 
 def flat_rope_parameters(config: dict[str, Any]) -> dict[str, Any] | None:
@@ -54,6 +63,18 @@ def with_legacy_rope_fields(config: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+def older_readers_differ(config: dict[str, Any]) -> bool:
+    """True when transformers 4.x would load ``config`` as another model than transformers 5 does.
+
+    That is a transformers 5 layout (``rope_parameters`` without the legacy fields) with a scaling
+    ``rope_type`` or a base other than 4.x's default of 10000.
+    """
+    params = flat_rope_parameters(config)
+    if params is None or "rope_parameters" not in config or with_legacy_rope_fields(config) == config:
+        return False
+    return params.get("rope_type", "default") != "default" or float(params.get("rope_theta", 0)) != LEGACY_DEFAULT_THETA
+
+
 def write_json_atomically(path: str | os.PathLike, data: dict[str, Any]) -> None:
     """Write ``data`` to ``path`` through a temporary file in the same folder and a rename (never half-written)."""
     path = Path(path)
@@ -65,17 +86,6 @@ def write_json_atomically(path: str | os.PathLike, data: dict[str, Any]) -> None
     except BaseException:
         Path(staged).unlink(missing_ok=True)
         raise
-
-
-def add_legacy_rope_fields(folder: str | os.PathLike) -> bool:
-    """Rewrite ``folder/config.json`` with :func:`with_legacy_rope_fields` (atomically); True when it changed."""
-    path = Path(folder) / "config.json"
-    config = json.loads(path.read_text())
-    updated = with_legacy_rope_fields(config)
-    if updated == config:
-        return False
-    write_json_atomically(path, updated)
-    return True
 
 
 def set_tokenizer_max_length(folder: str | os.PathLike, length: int) -> bool:

@@ -10,8 +10,8 @@ rule for this model, ``rope_parameters`` (5.x) / ``rope_scaling`` (4.5x) is set 
 ``from_pretrained`` reproduces the patched model without hf_posext; this is checked when patching by
 building the model's own rotary class from the new config and comparing outputs. Otherwise the RoPE
 fields keep their original values (stock transformers then loads the unscaled model) and
-:func:`load` re-applies the scaling. A patched model's ``save_pretrained`` then adds to config.json the
-legacy fields transformers 4.x and serving runtimes read (:mod:`hf_posext.core.saved_config`; docs/serving.md).
+:func:`load` re-applies the scaling. A patched model's ``save_pretrained`` warns, with the fix, when
+transformers 4.x would read the saved config as another model (:mod:`hf_posext.core.saved_config`; docs/serving.md).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import json
 import os
 import types
 import warnings
@@ -41,7 +42,7 @@ from hf_posext.backends.rope.sites import (
 )
 from hf_posext.core.loading import config_kwargs, model_class_for
 from hf_posext.core.record import CONFIG_KEY, ScalingReport, jsonable, restore_config, snapshot_config, text_config
-from hf_posext.core.saved_config import add_legacy_rope_fields
+from hf_posext.core.saved_config import older_readers_differ
 from hf_posext.core.request import ScalingConfig, resolve_factor
 from hf_posext.methods import get_method
 from hf_posext.methods.transformers import stock_rope_parameters
@@ -263,7 +264,7 @@ def patch(
     model.__dict__[_STATE_ATTRIBUTE] = state
     if any(module.is_dynamic for module in new_modules):
         _install_generate_wrapper(model, state)
-    model.__dict__["save_pretrained"] = types.MethodType(_save_with_legacy_fields, model)
+    model.__dict__["save_pretrained"] = types.MethodType(_save_with_serving_check, model)
     return model
 
 
@@ -282,12 +283,23 @@ def _set_tokenizer_lengths(previous: _PatchState | None, tokenizer: Any, length:
     return kept
 
 
-def _save_with_legacy_fields(self: nn.Module, save_directory: str | os.PathLike, *args: Any, **kwargs: Any) -> Any:
-    """``save_pretrained``, then config.json also gets the fields older readers need (see
-    :func:`hf_posext.core.saved_config.with_legacy_rope_fields`), edited atomically."""
+def _save_with_serving_check(self: nn.Module, save_directory: str | os.PathLike, *args: Any, **kwargs: Any) -> Any:
+    """``save_pretrained``, then a warning with the fix when transformers 4.x would read the saved config.json
+    as another model (it lacks the legacy fields: :mod:`hf_posext.core.saved_config` says why they are not
+    written here)."""
     result = type(self).save_pretrained(self, save_directory, *args, **kwargs)
-    if kwargs.get("is_main_process", True) and os.path.isfile(os.path.join(os.fspath(save_directory), "config.json")):
-        add_legacy_rope_fields(save_directory)
+    path = os.path.join(os.fspath(save_directory), "config.json")
+    if kwargs.get("is_main_process", True) and os.path.isfile(path):
+        with open(path) as file:
+            saved = json.load(file)
+        if older_readers_differ(saved):
+            # One text for every folder, so that Python shows it once per call site (not at every checkpoint).
+            warnings.warn(
+                "the saved config.json holds the scaling only in rope_parameters: transformers 4.x and the runtimes "
+                "built on it load this model unscaled (rope_theta 10000); for them run `hf-posext export SAVED_DIR "
+                "--for transformers --out NEW_DIR` (or --for vllm / sglang / llama.cpp), see docs/serving.md",
+                stacklevel=2,
+            )
     return result
 
 

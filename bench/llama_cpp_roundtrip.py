@@ -1,7 +1,8 @@
 """llama.cpp round trip with no C++ build: export each method's tiny model, convert it to GGUF, read the rope metadata back.
 
 Uses llama.cpp's own Python converter (``convert_hf_to_gguf.py``, ``conversion/``, ``gguf-py``) as vendored in the
-llama-cpp-python sdist, plus ``sentencepiece`` (a converter requirement) installed into the cache directory.
+llama-cpp-python sdist, plus ``sentencepiece`` (a converter requirement: the ``serve`` extra, which scripts/setup.sh
+installs; without it the script installs it into the cache directory).
 
     python bench/llama_cpp_roundtrip.py [--sdist llama_cpp_python-0.3.36.tar.gz] [--json bench/results/llama_cpp_roundtrip.json]
 
@@ -12,6 +13,7 @@ It asserts the metadata against tests/data/serving/llama_cpp_expected.json (``--
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import subprocess
 import sys
@@ -54,9 +56,14 @@ def extract_converter(sdist: Path, cache: Path) -> Path:
 
 
 def install_sentencepiece(cache: Path) -> Path:
-    """A --target folder holding sentencepiece (the converter imports it for Llama vocabularies)."""
+    """A folder for PYTHONPATH from which the converter imports sentencepiece (for Llama vocabularies).
+
+    Empty when sentencepiece is installed (``pip install -e ".[serve]"``, as scripts/setup.sh does); otherwise
+    it is installed there with ``pip install --target``.
+    """
     target = cache / "deps"
-    if not (target / "sentencepiece").exists():
+    target.mkdir(parents=True, exist_ok=True)
+    if importlib.util.find_spec("sentencepiece") is None and not (target / "sentencepiece").exists():
         subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--target", str(target),
                         "sentencepiece>=0.1.98,<0.3.0"], check=True)
     return target

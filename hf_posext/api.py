@@ -65,8 +65,9 @@ def patch(
         factor: scale s >= 1; the new window is L * s. Give this or ``target_length``.
         target_length: the window you need (factor = target_length / L).
         original_max_position_embeddings: override the pre-training window L read from the config.
-        tokenizer: for learned/sinusoidal/ALiBi models, a tokenizer whose ``model_max_length`` follows
-            the new window (restored by ``unpatch``); see docs/absolute.md.
+        tokenizer: a tokenizer whose ``model_max_length`` follows the new window (restored by ``unpatch``),
+            for RoPE and learned/sinusoidal/ALiBi models; saved with the model, it tells serving runtimes
+            the extended length (docs/serving.md, docs/absolute.md).
         **method_params: the method's parameters (e.g. ``beta_fast=32``, ``group_size=4``).
 
     Returns:

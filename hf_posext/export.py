@@ -12,7 +12,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
 import shutil
@@ -23,11 +22,16 @@ from typing import Any
 
 from hf_posext.core.errors import DamagedFileError
 from hf_posext.core.loading import check_weight_files
+from hf_posext.core.saved_config import (
+    flat_rope_parameters,
+    set_tokenizer_max_length,
+    with_legacy_rope_fields,
+    write_json_atomically,
+)
 
 
 TARGETS = ("transformers", "vllm", "sglang", "llama.cpp")
 RECORD_KEY = "hf_posext"
-YARN_DEFAULT_ONLY = ("attention_factor", "mscale", "mscale_all_dim")
 
 
 class ExportError(ValueError):
@@ -49,11 +53,25 @@ def scaling_record(config: dict[str, Any]) -> dict[str, Any]:
     return {"method": "none", "kind": "rope", "factor": 1.0, "params": {}}
 
 
-def _yarn_has_custom_scaling(params: dict[str, Any]) -> bool:
-    """True when YaRN params set an attention scale or truncate flag other than transformers' default."""
-    if any(params.get(key) is not None for key in YARN_DEFAULT_ONLY):
-        return True
-    return params.get("truncate", True) is False
+def yarn_keys_ignored_by(target: str, params: dict[str, Any]) -> list[str]:
+    """The YaRN parameters set in ``params`` that ``target`` does not read as transformers does.
+
+    vLLM 0.33 reads all of them (``YaRNScalingRotaryEmbedding.__init__``). SGLang 0.5.23 reads
+    ``mscale``/``mscale_all_dim`` (as a ratio when both are set, where transformers needs both non-zero)
+    and ``truncate``, but not ``attention_factor`` (it reads ``attn_factor``). llama.cpp's converter writes
+    ``attention_factor`` as ``yarn_attn_factor`` but skips ``mscale_all_dim`` and never reads ``truncate``.
+    """
+    given = {key for key in ("attention_factor", "mscale", "mscale_all_dim") if params.get(key) is not None}
+    if params.get("truncate", True) is False:
+        given.add("truncate")
+    if target == "sglang":
+        ignored = given & {"attention_factor"}
+        if {"mscale", "mscale_all_dim"} <= given and not (params["mscale"] and params["mscale_all_dim"]):
+            ignored |= {"mscale", "mscale_all_dim"}
+        return sorted(ignored)
+    if target == "llama.cpp":
+        return sorted(given)
+    return []
 
 
 def serving_problems(record: dict[str, Any], target: str) -> list[str]:
@@ -84,14 +102,16 @@ def serving_problems(record: dict[str, Any], target: str) -> list[str]:
     elif method in ("dynamic-ntk", "dynamic-yarn") and target != "transformers":
         problems.append(f"{method} is not served like transformers by {target} (no length-dependent base); "
                         f"re-patch with yarn or ntk")
-    elif method == "yarn" and target in ("sglang", "llama.cpp") and _yarn_has_custom_scaling(params):
-        problems.append(f"yarn with attention_factor/mscale/mscale_all_dim/truncate=False is not read by {target}; "
-                        f"re-patch yarn with default attention scaling and truncate=True")
+    elif method == "yarn" and yarn_keys_ignored_by(target, params):
+        keys = "/".join(yarn_keys_ignored_by(target, params))
+        problems.append(f"yarn's {keys} setting is not read by {target} as transformers reads it; re-patch yarn "
+                        f"without it (default attention scaling, truncate=True)")
     elif method == "longrope" and target in ("vllm", "llama.cpp", "sglang"):
         reasons = {
             "vllm": "vLLM applies the long factors at every length once max_model_len exceeds the original window",
             "llama.cpp": "llama.cpp's converter writes no factor tensors for Llama, so it runs unscaled",
-            "sglang": "SGLang's longrope rule was not checked against its code",
+            "sglang": "SGLang switches a whole batch to the long factors once any position in it exceeds the "
+                      "original window, keeping short-factor keys in the cache",
         }
         problems.append(f"longrope for {target}: {reasons[target]}; re-patch with yarn or llama3")
     return problems
@@ -103,12 +123,6 @@ def served_length(record: dict[str, Any], config: dict[str, Any]) -> int:
     return int(round(float(original) * float(record.get("factor") or 1.0)))
 
 
-def rope_parameters_of(config: dict[str, Any]) -> dict[str, Any] | None:
-    """The RoPE dict of a saved config: ``rope_parameters`` (transformers 5) or ``rope_scaling`` (4.x)."""
-    params = config.get("rope_parameters") or config.get("rope_scaling")
-    return dict(params) if isinstance(params, dict) else None
-
-
 def export_config(config: dict[str, Any], target: str) -> dict[str, Any]:
     """The ``config.json`` content ``target`` reads right, plus legacy fields for older readers.
 
@@ -117,24 +131,20 @@ def export_config(config: dict[str, Any], target: str) -> dict[str, Any]:
         target: one of :data:`TARGETS`.
 
     Returns:
-        A new dict: ``max_position_embeddings`` as the target's length rule needs it, a top-level
-        ``rope_theta`` and a ``rope_scaling`` copy identical to ``rope_parameters`` (and, for longrope,
-        a top-level ``original_max_position_embeddings``).
+        A new dict: ``max_position_embeddings`` as the target's length rule needs it, plus the legacy
+        fields of :func:`hf_posext.core.saved_config.with_legacy_rope_fields` (a plain ``save_pretrained``
+        of a patched model writes them too; folders saved by older hf_posext releases lack them).
     """
-    result = copy.deepcopy(config)
     record = scaling_record(config)
-    rope = rope_parameters_of(config)
-    if record.get("kind", "rope") == "rope" and rope is not None and "rope_theta" in rope:
-        if rope.get("rope_type") == "linear":
-            original = int(record.get("original_max_position_embeddings") or config["max_position_embeddings"])
-            # vLLM and SGLang multiply max_position_embeddings by the factor for linear; llama.cpp does not.
-            result["max_position_embeddings"] = served_length(record, config) if target == "llama.cpp" else original
-        if rope.get("rope_type") == "longrope" and "original_max_position_embeddings" in rope:
-            # transformers 4.57 reads the original window of longrope only from this top-level field.
-            result["original_max_position_embeddings"] = rope["original_max_position_embeddings"]
-        result["rope_parameters"] = rope
-        result["rope_scaling"] = copy.deepcopy(rope)
-        result["rope_theta"] = rope["rope_theta"]
+    if record.get("kind", "rope") != "rope":
+        return with_legacy_rope_fields(config)
+    result = with_legacy_rope_fields(config)
+    rope = flat_rope_parameters(config)
+    if rope is not None and rope.get("rope_type", rope.get("type")) == "linear":
+        original = int(record.get("original_max_position_embeddings") or config["max_position_embeddings"])
+        # vLLM and SGLang multiply max_position_embeddings by the factor for linear; llama.cpp's converter
+        # copies it to context_length unchanged.
+        result["max_position_embeddings"] = served_length(record, config) if target == "llama.cpp" else original
     return result
 
 
@@ -171,14 +181,6 @@ def _check_destination(source: Path | None, out: Path, overwrite: bool) -> None:
         raise ExportError(f"--out {out} is the source folder: choose a new folder")
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
         raise ExportError(f"--out {out} exists and is not empty: choose a new folder or pass --overwrite")
-
-
-def _set_tokenizer_length(folder: Path, length: int) -> None:
-    path = folder / "tokenizer_config.json"
-    if path.exists():
-        data = json.loads(path.read_text())
-        data["model_max_length"] = length
-        path.write_text(json.dumps(data, indent=2) + "\n")
 
 
 def _replace_atomically(staged: Path, out: Path) -> None:
@@ -224,9 +226,9 @@ def export(source: Any, target: str, out: str | os.PathLike, overwrite: bool = F
         else:
             shutil.copytree(folder, staged, dirs_exist_ok=True)
         record, config = _record_and_config(staged)
-        (staged / "config.json").write_text(json.dumps(export_config(config, target), indent=2, sort_keys=True) + "\n")
+        write_json_atomically(staged / "config.json", export_config(config, target))
         if record.get("kind", "rope") == "rope":
-            _set_tokenizer_length(staged, served_length(record, config))
+            set_tokenizer_max_length(staged, served_length(record, config))
         _replace_atomically(staged, out)
     except BaseException:
         shutil.rmtree(staged, ignore_errors=True)

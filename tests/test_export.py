@@ -132,6 +132,22 @@ def test_yarn_with_custom_attention_factor_is_refused_where_it_is_ignored(tmp_pa
     assert "attention_factor" in check_serving(model, "sglang")[0]
 
 
+@pytest.mark.parametrize("params, refused_by", [
+    ({"mscale": 1.2, "mscale_all_dim": 0.8}, {"llama.cpp"}),  # SGLang and vLLM compute transformers' ratio
+    ({"truncate": False}, {"llama.cpp"}),  # read by vLLM and SGLang (yarn_find_correction_range)
+    ({"beta_fast": 16.0, "beta_slow": 2.0}, set()),  # read by every runtime
+    ({"attention_factor": 1.3}, {"sglang", "llama.cpp"}),  # SGLang reads attn_factor, not attention_factor
+])
+def test_yarn_settings_are_refused_exactly_where_the_runtime_code_ignores_them(params, refused_by):
+    model = tiny_model("llama", initializer_range=0.1, max_position_embeddings=L)
+    hf_posext.patch(model, "yarn", FACTOR, **params)
+    for target in ("transformers", "vllm", "sglang", "llama.cpp"):
+        problems = check_serving(model, target)
+        assert bool(problems) == (target in refused_by), (target, problems)
+        if problems:
+            assert next(iter(set(params) - {"beta_fast", "beta_slow"})) in problems[0] and target in problems[0]
+
+
 def test_tokenizer_max_length_is_raised_to_the_served_length(saved, tmp_path):
     folder, _ = saved["yarn"]
     source = tmp_path / "src"

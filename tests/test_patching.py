@@ -311,9 +311,11 @@ def test_describe_an_unpatched_and_a_natively_scaled_model():
     assert "family:" in str(report) and report.to_dict()["family"] == "llama"
     rope = {"rope_type": "linear", "factor": 2.0}
     overrides = {"rope_parameters": {**rope, "rope_theta": 10000.0}} if transformers_major() >= 5 else {"rope_scaling": rope}
-    native = tiny_model("llama", max_position_embeddings=128, **overrides)
+    # A linear config keeps the pre-training window in max_position_embeddings (lmsys/vicuna-13b-v1.5-16k:
+    # 4096 with linear x4); vLLM and SGLang multiply it by the factor too (docs/serving.md).
+    native = tiny_model("llama", max_position_embeddings=64, **overrides)
     report = hf_posext.describe(native)
-    assert (report.method, report.factor, report.original_window) == ("linear", 2.0, 64)
+    assert (report.method, report.factor, report.original_window, report.current_window) == ("linear", 2.0, 64, 128)
 
 
 def test_find_rotary_sites_reports_partial_rotary_dims():

@@ -47,6 +47,8 @@ def test_tiny_recipe_end_to_end_writes_every_output(finished_run):
     assert log[-1]["loss"] < log[0]["loss"] - 0.3
     scaling = json.loads((out / "scaling.json").read_text())
     assert scaling["method"] == "yarn" and scaling["current_window"] == 256
+    # vLLM caps its length at the tokenizer's model_max_length (docs/serving.md)
+    assert json.loads((out / "merged" / "tokenizer_config.json").read_text())["model_max_length"] == 256
 
 
 def test_merged_model_loads_with_hf_posext_and_stock_and_matches_adapter(finished_run):

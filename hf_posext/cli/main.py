@@ -85,9 +85,13 @@ def _run_patch(args: argparse.Namespace) -> int:
     with staged_folder(args.out) as staging:  # nothing lands in --out unless every file was written
         model.save_pretrained(staging)
         try:
-            load_tokenizer(args.model).save_pretrained(staging)
+            tokenizer = load_tokenizer(args.model)
         except Exception as error:  # a model folder without a tokenizer is still a valid output
             print(f"note: no tokenizer saved ({' '.join(str(error).split())[:200]})", file=sys.stderr)
+        else:
+            # Serving runtimes cap the length at the tokenizer's model_max_length (vLLM: docs/serving.md).
+            tokenizer.model_max_length = describe(model).current_window
+            tokenizer.save_pretrained(staging)
     print(describe(model))
     print(f"saved to {args.out} (load with hf_posext.load({args.out!r}))")
     return 0

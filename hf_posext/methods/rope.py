@@ -229,7 +229,12 @@ def dynamic_ntk(rope: RotaryBase, original_length: int, factor: float, seq_len: 
     """
     if seq_len is None or seq_len <= original_length:
         return rope.inv_freq(), 1.0
-    base = rope.theta * ((factor * seq_len / original_length) - (factor - 1)) ** (rope.dim / (rope.dim - 2))
+    # transformers computes this base from max(position_ids) + 1, a 0-d int64 tensor, so in float32.
+    # A float64 base differs from it by a few float32 ulps, which position p multiplies into the angle
+    # (2e-3 rad at p = 65536 on a SmolLM2-shaped model): compute it the same way so that a saved model
+    # reloaded by stock transformers rotates exactly as the patched one.
+    length = torch.tensor(int(seq_len), dtype=torch.int64)
+    base = rope.theta * ((factor * length / original_length) - (factor - 1)) ** (rope.dim / (rope.dim - 2))
     return rope.inv_freq(base), 1.0
 
 

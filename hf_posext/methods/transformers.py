@@ -28,7 +28,10 @@ ROPE_TYPES: dict[str, tuple[str, tuple[str, ...]]] = {
 
 #: rope types whose config keeps ``max_position_embeddings`` at the pre-training window L: the unscaled
 #: default, and ``dynamic``, which scales from L at run time. Every other type's config holds L * s there.
-_WINDOW_KEEPING_TYPES = ("default", "dynamic")
+#: transformers rope types whose ``max_position_embeddings`` is the pre-training window L (the served
+#: length is L * factor): ``dynamic`` scales from it, ``linear`` never reads it, and vLLM and SGLang
+#: multiply it by the factor for both (as for lmsys/vicuna-13b-v1.5-16k: 4096 with linear x4).
+_WINDOW_KEEPING_TYPES = ("default", "dynamic", "linear")
 
 #: rope types for which transformers 4.x reads L from the config's top-level ``original_max_position_embeddings``
 #: (Phi-3 style), not from the rope dict.

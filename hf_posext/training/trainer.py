@@ -634,7 +634,7 @@ def _save_final(config: TrainConfig, accelerator: Any, model: Any, tokenizer: An
     else:
         def write_full(folder: Path) -> None:
             unwrapped.save_pretrained(str(folder), state_dict=state_dict)
-            tokenizer.save_pretrained(str(folder))
+            save_tokenizer_for(unwrapped, tokenizer, folder)
 
         publish("merged", write_full)
     report = hf_posext.describe(unwrapped.get_base_model() if config.finetune.mode == "lora" else unwrapped)
@@ -664,7 +664,16 @@ def merge_adapter(config: TrainConfig, adapter_dir: Path, out_dir: Path, dtype: 
     merged = peft_model.merge_and_unload()
     merged.save_pretrained(str(out_dir))
     if tokenizer is not None:
-        tokenizer.save_pretrained(str(out_dir))
+        save_tokenizer_for(merged, tokenizer, out_dir)
+
+
+def save_tokenizer_for(model: Any, tokenizer: Any, folder: str | Path) -> None:
+    """Save ``tokenizer`` next to ``model`` with ``model_max_length`` = the model's extended window
+    (serving runtimes cap their length there; docs/serving.md)."""
+    import hf_posext
+
+    tokenizer.model_max_length = hf_posext.describe(model).current_window
+    tokenizer.save_pretrained(str(folder))
 
 
 def train(

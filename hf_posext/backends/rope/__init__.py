@@ -15,7 +15,7 @@ __all__ = ["RopeBackend"]
 
 
 class RopeBackend:
-    """Frequency scaling of rotary embeddings (linear, NTK, YaRN, Llama 3, LongRoPE, ...)."""
+    """Frequency scaling of rotary embeddings (linear, NTK, YaRN, Llama 3, LongRoPE, ...); ``tokenizer=`` follows the new window."""
 
     name = "rope"
     method_kinds = ("rope",)
@@ -32,8 +32,9 @@ class RopeBackend:
         return patching.is_patched(model)
 
     def patch(self, model: nn.Module, request: ScalingRequest, **extras: Any) -> nn.Module:
+        tokenizer = extras.pop("tokenizer", None)
         _no_extras(extras, "RoPE")
-        return patching.patch_rope(model, request)
+        return patching.patch_rope(model, request, tokenizer=tokenizer)
 
     def unpatch(self, model: nn.Module) -> nn.Module:
         return patching.unpatch_rope(model)
@@ -55,6 +56,6 @@ class RopeBackend:
 def _no_extras(extras: dict[str, Any], kind: str) -> None:
     if extras:
         raise ValueError(
-            f"{', '.join(f'{k}=' for k in extras)} does not apply to {kind} models (tokenizer= is for learned or "
-            "sinusoidal position tables, whose window the tokenizer's model_max_length follows)."
+            f"{', '.join(f'{k}=' for k in extras)} does not apply to {kind} models (the only extra is tokenizer=, "
+            "whose model_max_length follows the new window)."
         )

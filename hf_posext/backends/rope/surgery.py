@@ -10,7 +10,8 @@ rule for this model, ``rope_parameters`` (5.x) / ``rope_scaling`` (4.5x) is set 
 ``from_pretrained`` reproduces the patched model without hf_posext; this is checked when patching by
 building the model's own rotary class from the new config and comparing outputs. Otherwise the RoPE
 fields keep their original values (stock transformers then loads the unscaled model) and
-:func:`load_rope` re-applies the scaling.
+:func:`load` re-applies the scaling. A patched model's ``save_pretrained`` warns, with the fix, when
+transformers 4.x would read the saved config as another model (:mod:`hf_posext.core.saved_config`; docs/serving.md).
 """
 
 from __future__ import annotations
@@ -18,8 +19,11 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import json
+import os
+import types
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 import torch
@@ -40,6 +44,7 @@ from hf_posext.core.errors import check_model
 from hf_posext.core.loading import config_kwargs, model_class_for
 from hf_posext.core.record import CONFIG_KEY, ScalingReport, jsonable, restore_config, snapshot_config, text_config
 from hf_posext.core.request import ScalingConfig, ScalingRequest, resolve_factor
+from hf_posext.core.saved_config import older_readers_differ
 from hf_posext.methods import get_method
 from hf_posext.methods.transformers import stock_rope_parameters, window_is_scaled
 
@@ -60,6 +65,7 @@ class _PatchState:
     config_snapshots: list[tuple[Any, dict[str, Any]]]
     stock_loadable: bool
     wrapped_generate: bool = False
+    tokenizers: list[tuple[Any, Any]] = field(default_factory=list)
 
 
 def _state(model: nn.Module) -> _PatchState | None:
@@ -124,8 +130,10 @@ def _plan_config(
     if stock is not None:
         stock.update({k: v for k, v in base_params.items() if k in ("partial_rotary_factor",)})
         set_rope_parameters(work, stock, layer_type)
-        # transformers' dynamic types scale from max_position_embeddings = L; the others read L from their dict.
-        keeps_window = scaling.spec.dynamic and not window_is_scaled(stock["rope_type"])
+        # transformers' dynamic type scales from max_position_embeddings = L, and its linear type never reads
+        # it: both keep L there, which is what vLLM and SGLang multiply by the factor to get the served length
+        # (a linear config with L*s would advertise L*s^2). yarn, llama3 and longrope read L from their dict.
+        keeps_window = not window_is_scaled(stock["rope_type"])
         setattr(work, window_attribute(work), window if keeps_window else scaling.target_length)
         if all(_stock_reproduces(site, module, work, scaling) for site, module in scaled_sites):
             return _snapshot(work), True
@@ -136,8 +144,11 @@ def _plan_config(
     return _snapshot(work), False
 
 
-def patch_rope(model: nn.Module, request: ScalingRequest) -> nn.Module:
+def patch_rope(model: nn.Module, request: ScalingRequest, *, tokenizer: Any = None) -> nn.Module:
     """Scale the model's rotary modules as ``request`` says (:func:`hf_posext.patch` routes RoPE requests here).
+
+    ``tokenizer``: a tokenizer whose ``model_max_length`` is set to the new window L * s (restored by
+    ``unpatch``), so that saving it tells vLLM the served length (it caps its length there).
 
     Raises:
         ValueError: a method that is not a RoPE method, a bad factor or target, no supported rotary
@@ -168,6 +179,10 @@ def patch_rope(model: nn.Module, request: ScalingRequest) -> nn.Module:
     scale = resolve_factor(request.factor, request.target_length, window)
     scaling = ScalingConfig(spec.name, scale, window, request.params_dict)
     new_modules = [build_rotary_module(site, scaling) for site in sites]
+    if tokenizer is not None and not isinstance(getattr(tokenizer, "model_max_length", None), int):
+        raise TypeError(
+            f"tokenizer= must be a transformers tokenizer (with an int model_max_length), got {type(tokenizer).__name__}."
+        )
 
     # Work out every config change before touching the model.
     configs = []
@@ -210,10 +225,47 @@ def patch_rope(model: nn.Module, request: ScalingRequest) -> nn.Module:
             restore_config(config, snapshot)
         raise
     state = _PatchState(scaling, sites, new_modules, snapshots, stock_loadable)
+    state.tokenizers = _set_tokenizer_lengths(previous, tokenizer, scaling.target_length)
     model.__dict__[_STATE_ATTRIBUTE] = state
     if any(module.is_dynamic for module in new_modules):
         _install_generate_wrapper(model, state)
+    model.__dict__["save_pretrained"] = types.MethodType(_save_with_serving_check, model)
     return model
+
+
+def _set_tokenizer_lengths(previous: _PatchState | None, tokenizer: Any, length: int) -> list[tuple[Any, Any]]:
+    """Give the tokenizers of this patch (the new one, else the previous patch's) ``model_max_length`` = ``length``.
+
+    Returns (tokenizer, its length before any patch) pairs, for ``unpatch``.
+    """
+    kept = list(previous.tokenizers) if previous is not None else []
+    if tokenizer is not None:
+        for tok, value in kept:
+            tok.model_max_length = value
+        kept = [(tokenizer, tokenizer.model_max_length)]
+    for tok, _ in kept:
+        tok.model_max_length = length
+    return kept
+
+
+def _save_with_serving_check(self: nn.Module, save_directory: str | os.PathLike, *args: Any, **kwargs: Any) -> Any:
+    """``save_pretrained``, then a warning with the fix when transformers 4.x would read the saved config.json
+    as another model (it lacks the legacy fields: :mod:`hf_posext.core.saved_config` says why they are not
+    written here)."""
+    result = type(self).save_pretrained(self, save_directory, *args, **kwargs)
+    path = os.path.join(os.fspath(save_directory), "config.json")
+    if kwargs.get("is_main_process", True) and os.path.isfile(path):
+        with open(path) as file:
+            saved = json.load(file)
+        if older_readers_differ(saved):
+            # One text for every folder, so that Python shows it once per call site (not at every checkpoint).
+            warnings.warn(
+                "the saved config.json holds the scaling only in rope_parameters: transformers 4.x and the runtimes "
+                "built on it load this model unscaled (rope_theta 10000); for them run `hf-posext export SAVED_DIR "
+                "--for transformers --out NEW_DIR` (or --for vllm / sglang / llama.cpp), see docs/serving.md",
+                stacklevel=2,
+            )
+    return result
 
 
 def unpatch_rope(model: nn.Module) -> nn.Module:
@@ -230,7 +282,10 @@ def unpatch_rope(model: nn.Module) -> nn.Module:
         setattr(site.parent, site.attribute, original)
     for config, snapshot in state.config_snapshots:
         restore_config(config, snapshot)
+    for tokenizer, value in state.tokenizers:
+        tokenizer.model_max_length = value
     _remove_generate_wrapper(model, state)
+    model.__dict__.pop("save_pretrained", None)
     del model.__dict__[_STATE_ATTRIBUTE]
     return model
 

@@ -1,0 +1,276 @@
+"""The normal save path: what a patched model's ``save_pretrained`` writes and warns.
+
+Per method: stock ``from_pretrained`` of the saved folder gives the patched logits on transformers 5.x (or
+``describe`` says why not); on 4.57 the save warns and its export loads to the same logits; linear keeps
+``max_position_embeddings`` = L; a tokenizer given to ``patch`` saves the served length.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+import hf_posext
+from hf_posext.models import tiny_model
+
+L = 64
+FACTOR = 4.0
+SEQ = 200  # well past L, inside L * FACTOR
+LONGROPE_FACTORS = [1.0, 1.5, 3.0, 4.5]  # tiny Llama: rotary dim 8 -> 4 frequencies
+REPO = Path(__file__).resolve().parents[1]
+TF457_PYTHON = Path(os.environ.get("HF_POSEXT_TF457_PYTHON", REPO / ".venv-tf457" / "bin" / "python"))
+
+
+def test_dynamic_ntk_is_stock_loadable_on_a_smollm2_shaped_llama():
+    """Head dim 64, theta 1e5, L 8192 (SmolLM2-135M's rotary shape), x8: the patch-time check must accept it.
+
+    transformers computes the dynamic base from a 0-d int64 tensor, i.e. in float32; a float64 base was
+    a few ulps off, which position 65535 turned into 1.9e-3 in cos/sin, and the check rejected the method.
+    """
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    model = tiny_model("llama", hidden_size=64, num_attention_heads=1, num_key_value_heads=1,
+                       max_position_embeddings=8192, rope_theta=1e5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        hf_posext.patch(model, "dynamic-ntk", 8.0)
+    assert hf_posext.describe(model).stock_loadable is True
+    rotary = model.model.rotary_emb
+    for length in (8193, 20000, 65536):
+        ours, _ = rotary.frequencies(length)
+        stock, _ = ROPE_INIT_FUNCTIONS["dynamic"](model.config, "cpu", seq_len=torch.tensor(length))
+        assert torch.equal(ours, stock), length
+
+
+METHODS = {
+    "linear": {},
+    "ntk": {},
+    "theta": {"base": 50000.0},
+    "dynamic-ntk": {},
+    "yarn": {},
+    "yarn-custom": {"beta_fast": 16.0, "attention_factor": 1.3},
+    "llama3": {},
+    "longrope": {"long_factor": LONGROPE_FACTORS},
+    "dynamic-yarn": {},  # no transformers rope type: describe says stock loads it unscaled
+}
+#: max_position_embeddings each method saves: L where transformers and the runtimes read it as the original
+#: window (linear, dynamic), L * s where it is the served length.
+SAVED_WINDOW = {"linear": L, "dynamic-ntk": L, "dynamic-yarn": L}
+
+
+def _method_name(key: str) -> str:
+    return key.split("-custom")[0]
+
+
+def _ids() -> torch.Tensor:
+    return torch.randint(0, 100, (1, SEQ), generator=torch.Generator().manual_seed(1))
+
+
+def _tiny():
+    return tiny_model("llama", initializer_range=0.1, max_position_embeddings=L).eval()
+
+
+def _patched(key: str):
+    model = _tiny()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        hf_posext.patch(model, _method_name(key), FACTOR, **METHODS[key])
+    return model
+
+
+def _logits(model) -> torch.Tensor:
+    with torch.no_grad():
+        return model(_ids()).logits
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory) -> dict[str, tuple[Path, torch.Tensor, bool]]:
+    """Each method: the folder plain ``save_pretrained`` wrote, the patched logits, and describe's stock_loadable."""
+    result = {}
+    root = tmp_path_factory.mktemp("saved")
+    for key in METHODS:
+        model = _patched(key)
+        model.save_pretrained(root / key)
+        result[key] = (root / key, _logits(model), hf_posext.describe(model).stock_loadable)
+    return result
+
+
+@pytest.fixture(scope="module")
+def unscaled_logits() -> torch.Tensor:
+    return _logits(_tiny())
+
+
+def _assert_same_logits(got: torch.Tensor, expected: torch.Tensor, unscaled: torch.Tensor, key: str) -> None:
+    effect = (unscaled - expected).abs().max().item()
+    assert effect > 1e-2, f"{key} does not change the logits of the tiny model ({effect})"
+    diff = (got - expected).abs().max().item()
+    assert diff < effect / 100 and diff < 1e-4, f"{key}: stock logits differ by {diff} (method effect {effect})"
+
+
+@pytest.mark.parametrize("key", list(METHODS))
+def test_plain_save_loads_with_stock_from_pretrained_or_describe_says_why_not(saved, unscaled_logits, key):
+    from transformers import AutoModelForCausalLM
+
+    folder, expected, stock_loadable = saved[key]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        stock = AutoModelForCausalLM.from_pretrained(folder).eval()
+    got = _logits(stock)
+    if key == "dynamic-yarn":
+        assert stock_loadable is False and "needs hf_posext.load" in str(hf_posext.describe(_patched(key)))
+        assert torch.allclose(got, unscaled_logits, atol=1e-5)  # stock loads it unscaled, as describe says
+        return
+    assert stock_loadable is True
+    _assert_same_logits(got, expected, unscaled_logits, key)
+
+
+@pytest.mark.parametrize("key", list(METHODS))
+def test_saved_config_has_the_served_window_and_reads_back_through_the_generic_config_class(saved, key):
+    """No legacy fields in a plain save: with them, transformers 5.24's PreTrainedConfig.from_json_file (which
+    Trainer runs when it resumes from a checkpoint) raises for yarn, llama3 and longrope (docs/serving.md)."""
+    from transformers import PreTrainedConfig
+
+    path = saved[key][0] / "config.json"
+    config = json.loads(path.read_text())
+    assert config["max_position_embeddings"] == SAVED_WINDOW.get(key, int(L * FACTOR))
+    assert "rope_scaling" not in config and "rope_theta" not in config
+    assert PreTrainedConfig.from_json_file(path).transformers_version
+
+
+def test_the_generic_config_class_cannot_read_the_legacy_fields_of_a_yarn_config(saved, tmp_path):
+    """Why a plain save leaves them out (transformers 5.24; export writes them for older readers)."""
+    from transformers import PreTrainedConfig
+
+    from hf_posext.export import export
+
+    out = export(saved["yarn"][0], "transformers", tmp_path / "out")
+    try:
+        PreTrainedConfig.from_json_file(out / "config.json")
+    except AttributeError as error:
+        assert "max_position_embeddings" in str(error)
+    else:
+        pytest.skip("this transformers reads legacy yarn fields generically: plain saves could now write them")
+
+
+def test_a_save_that_older_readers_would_misread_warns_with_the_fix(tmp_path):
+    model = _patched("linear")
+    with pytest.warns(UserWarning, match="hf-posext export .* --for transformers"):
+        model.save_pretrained(tmp_path / "patched")
+    hf_posext.unpatch(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model.save_pretrained(tmp_path / "plain")  # theta 10000, no scaling: 4.x reads it right
+
+
+def test_hf_posext_load_and_describe_give_the_served_length_of_a_linear_save(saved):
+    folder, expected, _ = saved["linear"]
+    model = hf_posext.load(folder)
+    report = hf_posext.describe(model)
+    assert (report.original_window, report.current_window) == (L, int(L * FACTOR))
+    assert (_logits(model) - expected).abs().max().item() < 1e-5
+    from transformers import AutoModelForCausalLM
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        stock = AutoModelForCausalLM.from_pretrained(folder)
+    report = hf_posext.describe(stock)  # read from the config alone
+    assert (report.method, report.original_window, report.current_window) == ("linear", L, int(L * FACTOR))
+
+
+TF457_SCRIPT = """
+import sys, warnings, torch, transformers
+warnings.simplefilter("ignore")
+assert transformers.__version__.startswith("4.57"), transformers.__version__
+from transformers import AutoModelForCausalLM
+ids = torch.randint(0, 100, (1, int(sys.argv[1])), generator=torch.Generator().manual_seed(1))
+for folder, out in zip(sys.argv[2::2], sys.argv[3::2]):
+    model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    with torch.no_grad():
+        torch.save(model(ids).logits, out)
+"""
+
+
+@pytest.mark.skipif(not TF457_PYTHON.exists(), reason="no transformers 4.57 venv (.venv-tf457, made by scripts/test.sh)")
+def test_on_transformers_4_57_a_plain_save_loads_unscaled_and_the_exported_one_to_the_same_logits(saved, unscaled_logits, tmp_path):
+    """What the save warning says, on 4.57 (one subprocess): the plain folder loads unscaled, its export
+    (``--for transformers``) loads to the patched logits, for every method transformers knows."""
+    from hf_posext.export import export
+
+    keys = [key for key in METHODS if key != "dynamic-yarn"]
+    argv = [str(SEQ), str(saved["linear"][0]), str(tmp_path / "plain-linear.pt")]
+    for key in keys:
+        argv += [str(export(saved[key][0], "transformers", tmp_path / key)), str(tmp_path / f"{key}.pt")]
+    result = subprocess.run([str(TF457_PYTHON), "-c", TF457_SCRIPT, *argv], capture_output=True, text=True,
+                            env={**os.environ, "PYTHONPATH": ""})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert torch.allclose(torch.load(tmp_path / "plain-linear.pt"), unscaled_logits, atol=1e-5)
+    for key in keys:
+        _assert_same_logits(torch.load(tmp_path / f"{key}.pt"), saved[key][1], unscaled_logits, f"{key} (4.57)")
+
+
+def _tokenizer():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(REPO / "tests" / "data" / "training" / "tiny-llama")
+
+
+def test_a_tokenizer_given_to_patch_saves_the_served_length_and_unpatch_restores_it(tmp_path):
+    tokenizer = _tokenizer()
+    before = tokenizer.model_max_length
+    model = hf_posext.patch(_tiny(), "yarn", FACTOR, tokenizer=tokenizer)
+    assert tokenizer.model_max_length == int(L * FACTOR)
+    tokenizer.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "tokenizer_config.json").read_text())["model_max_length"] == int(L * FACTOR)
+    hf_posext.patch(model, "linear", 2.0)  # a new patch without tokenizer= keeps the given one in step
+    assert tokenizer.model_max_length == int(L * 2)
+    hf_posext.unpatch(model)
+    assert tokenizer.model_max_length == before
+
+
+def test_a_bad_tokenizer_is_refused_before_anything_changes():
+    model = _tiny()
+    with pytest.raises(TypeError, match="tokenizer="):
+        hf_posext.patch(model, "yarn", FACTOR, tokenizer=object())
+    assert not hf_posext.describe(model).method != "none" and "save_pretrained" not in model.__dict__
+
+
+def test_unpatch_saves_the_original_config_again(tmp_path):
+    model = _patched("yarn")
+    hf_posext.unpatch(model)
+    model.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert "rope_scaling" not in config and "rope_theta" not in config and config["max_position_embeddings"] == L
+
+
+def test_json_edits_are_atomic(tmp_path, monkeypatch):
+    """A failed write leaves the old file whole and no temporary file (export's config and tokenizer edits)."""
+    import hf_posext.core.saved_config as saved_config
+
+    path = tmp_path / "config.json"
+    path.write_text('{"max_position_embeddings": 64}')
+
+    def fail(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(saved_config.os, "replace", fail)
+    with pytest.raises(OSError, match="disk full"):
+        saved_config.write_json_atomically(path, {"max_position_embeddings": 256})
+    assert json.loads(path.read_text()) == {"max_position_embeddings": 64}
+    assert [p.name for p in tmp_path.iterdir()] == ["config.json"]
+
+
+def test_cli_patch_saves_the_served_length_in_config_and_tokenizer(tmp_path, capsys):
+    from hf_posext.cli.main import main
+
+    out = tmp_path / "patched"
+    source = REPO / "tests" / "data" / "training" / "tiny-llama"
+    assert main(["patch", str(source), "--method", "linear", "--factor", "4", "--out", str(out)]) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["max_position_embeddings"] == L and config["rope_parameters"]["factor"] == FACTOR
+    assert json.loads((out / "tokenizer_config.json").read_text())["model_max_length"] == int(L * FACTOR)

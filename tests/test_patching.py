@@ -117,25 +117,43 @@ def test_target_length_sets_the_factor():
     assert report.factor == 5.0 and report.current_window == 320
 
 
-@pytest.mark.parametrize("method", ["linear", "yarn", "llama3", "longrope", "ntk", "dynamic-ntk"])
-def test_stock_from_pretrained_reproduces_without_hf_posext(method, tmp_path, token_ids):
-    model = tiny_model("llama")
-    hf_posext.patch(model, method, factor=3, **(LONGROPE if method == "longrope" else {}))
-    assert hf_posext.describe(model).stock_loadable
-    model.save_pretrained(tmp_path)
-    torch.save(token_ids, tmp_path / "ids.pt")
-    expected = logits_of(model, token_ids)
-    # A fresh interpreter that never imports hf_posext.
+STOCK_METHODS = ["linear", "yarn", "llama3", "longrope", "ntk", "dynamic-ntk"]
+
+
+@pytest.fixture(scope="module")
+def stock_reloads(tmp_path_factory):
+    """method -> (our patched logits, stock transformers' logits for the saved folder, stock_loadable).
+
+    Every folder is loaded by one fresh interpreter that never imports hf_posext (one start-up of torch
+    and transformers instead of one per method).
+    """
+    root = tmp_path_factory.mktemp("stock")
+    ids = torch.randint(3, 128, (2, 150), generator=torch.Generator().manual_seed(1234))  # as conftest.token_ids
+    torch.save(ids, root / "ids.pt")
+    expected, loadable = {}, {}
+    for method in STOCK_METHODS:
+        model = tiny_model("llama")
+        hf_posext.patch(model, method, factor=3, **(LONGROPE if method == "longrope" else {}))
+        loadable[method] = hf_posext.describe(model).stock_loadable
+        model.save_pretrained(root / method)
+        expected[method] = logits_of(model, ids)
     script = (
         "import sys, torch; from transformers import AutoModelForCausalLM;"
-        f"m = AutoModelForCausalLM.from_pretrained({str(tmp_path)!r}, attn_implementation='eager').eval();"
-        f"ids = torch.load({str(tmp_path / 'ids.pt')!r});"
-        "out = m(ids).logits.detach();"
-        f"torch.save(out, {str(tmp_path / 'out.pt')!r});"
+        f"ids = torch.load({str(root / 'ids.pt')!r})\n"
+        f"for name in {STOCK_METHODS!r}:\n"
+        f"    m = AutoModelForCausalLM.from_pretrained({str(root)!r} + '/' + name, attn_implementation='eager').eval()\n"
+        f"    torch.save(m(ids).logits.detach(), {str(root)!r} + '/' + name + '.pt')\n"
         "assert 'hf_posext' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", script], check=True, capture_output=True, timeout=300)
-    torch.testing.assert_close(torch.load(tmp_path / "out.pt"), expected, rtol=1e-5, atol=1e-5)
+    return {m: (expected[m], torch.load(root / f"{m}.pt"), loadable[m]) for m in STOCK_METHODS}
+
+
+@pytest.mark.parametrize("method", STOCK_METHODS)
+def test_stock_from_pretrained_reproduces_without_hf_posext(method, stock_reloads):
+    ours, stock, stock_loadable = stock_reloads[method]
+    assert stock_loadable
+    torch.testing.assert_close(stock, ours, rtol=1e-5, atol=1e-5)
 
 
 def test_method_unknown_to_transformers_loads_unscaled_in_stock_and_exactly_with_hf_posext(tmp_path):

@@ -297,11 +297,20 @@ def table(results: list[dict], variants: list[str]) -> str:
     lines = ["| tokens | " + " | ".join(f"{v} (GiB)" for v in variants) + " | chunked / old | chunked / plain |",
              "|---:|" + "---:|" * (len(variants) + 2)]
     for length in sorted({r["length"] for r in results}):
-        cells = [f"{by[(length, v)]['peak_rss_gib']:.2f}" if (length, v) in by else "" for v in variants]
+        def cell(v: str) -> str:
+            if (length, v) not in by:
+                return ""
+            r = by[(length, v)]
+            return f"> {r['sampled_sum_peak_gib']:.2f}" if r.get("exceeded_limit") else f"{r['peak_rss_gib']:.2f}"
+
+        cells = [cell(v) for v in variants]
 
         def ratio(a: str, b: str) -> str:
-            if (length, a) in by and (length, b) in by:
-                return f"{by[(length, a)]['peak_rss_gib'] / by[(length, b)]['peak_rss_gib']:.2f}"
+            if (length, a) in by and (length, b) in by and not by[(length, a)].get("exceeded_limit"):
+                top = by[(length, b)]
+                bound = "< " if top.get("exceeded_limit") else ""
+                denominator = top["sampled_sum_peak_gib"] if top.get("exceeded_limit") else top["peak_rss_gib"]
+                return f"{bound}{by[(length, a)]['peak_rss_gib'] / denominator:.2f}"
             return ""
 
         lines.append(f"| {length} | " + " | ".join(cells) + f" | {ratio('chunked', 'old')} | {ratio('chunked', 'plain')} |")
@@ -321,7 +330,8 @@ def measure_table(args: argparse.Namespace, old_tree: Path) -> int:
     for length in lengths:
         for variant in variants:
             print(f"{variant} at {length} tokens ({allocator}) ...", flush=True)
-            record = run_probe(length, variant, args.data, old_tree, mmap_threshold=args.mmap_threshold)
+            limit = args.kill_above_gb * 1e9 if args.kill_above_gb else None
+            record = run_probe(length, variant, args.data, old_tree, limit_bytes=limit, mmap_threshold=args.mmap_threshold)
             record.update(command="nice -n 10 python bench/train_memory.py " + " ".join(sys.argv[1:]), **machine())
             results = [r for r in results if key(r) != key(record)] + [record]
             write_atomic(path, {"about": __doc__.split("\n\n")[0], "results": sorted(results, key=key)})
@@ -380,6 +390,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variant", default="chunked", help="variant for --longest (old, plain, chunked)")
     parser.add_argument("--lo", type=int, default=4096, help="--longest: a length known to fit")
     parser.add_argument("--hi", type=int, default=131072, help="--longest: the longest length to consider")
+    parser.add_argument("--kill-above-gb", type=float, default=None,
+                        help="table mode: stop a run once its RSS passes this many GB (recorded as a lower bound)")
     parser.add_argument("--mmap-threshold", type=int, default=None,
                         help="run the child with MALLOC_MMAP_THRESHOLD_=N (a fixed glibc mmap threshold, bytes)")
     parser.add_argument("--step", type=int, default=4096, help="--longest: lengths are multiples of this")

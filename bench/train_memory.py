@@ -23,12 +23,14 @@ Longest sequence within a limit (bisection over multiples of ``--step``; a probe
 limit is killed at once, so the machine never swaps; writes ``bench/results/train_longest_cpu.json``)::
 
     nice -n 10 python bench/train_memory.py --longest --limit-gb 20 --processes 1 --lo 16384 --hi 65536
-    nice -n 10 python bench/train_memory.py --longest --limit-gb 20 --processes 2 --lo 16384 --hi 131072
+    nice -n 10 python bench/train_memory.py --longest --limit-gb 20 --processes 3 --step 12288 --lo 12288 --hi 131072
 
-With ``--processes 2`` the step runs under DeepSpeed Ulysses (sp_size=2, ZeRO-3, 2 gloo CPU processes,
+With ``--processes N`` (N > 1) the step runs under DeepSpeed Ulysses (sp_size=N, ZeRO-3, N gloo CPU processes,
 transformers' ``Trainer`` with accelerate's ``ParallelismConfig`` as ``tests/sp_driver.py`` drives it, and
-the Trainer's own sequence-parallel loss); the limit applies to the SUM of both processes' RSS, and
-each process's own peak is recorded too.
+the Trainer's own sequence-parallel loss); the limit applies to the SUM of the processes' RSS (the
+launcher included), and each process's own peak is recorded too. SmolLM2-135M has 9 attention heads, so
+DeepSpeed accepts sp_size 3 or 9, not 2 ("Attention head count 9 is not divisible by SP size 2"), and
+the length must be a multiple of sp_size.
 
 Peak RSS does not depend on how busy the CPU is; wall times do (the machine is shared).
 """

@@ -1,14 +1,18 @@
 """Training throughput of the Trainer engine against the former hand-written accelerate loop, interleaved.
 
     git worktree add /tmp/oldloop a62e044          # the last commit with the hand-written loop
-    python3 bench/train_throughput.py --old-tree /tmp/oldloop --repeats 2
+    python3 bench/train_throughput.py --old-tree /tmp/oldloop --pairs 8
 
 Each run is a fresh process (``recipes/finetune.py`` of that tree, its own PYTHONPATH) on the same recipe
-(by default SmolLM2-135M, LoRA + PoSE, short windows so a step takes seconds on a CPU); runs alternate
-old, new, old, new, ... so both see the same machine load. Per run, tokens/s is the tokens of one
-optimizer step divided by the median wall time of the steps after the first (the first includes
-warm-up); the process CPU-seconds per step are recorded too (less sensitive to other jobs on a shared
-machine). Writes ``bench/results/train_throughput_cpu.json`` with every run and the new/old ratios.
+(by default SmolLM2-135M, LoRA + PoSE, short windows so a step takes seconds on a CPU). Runs come in
+old/new pairs whose order alternates (old-new, new-old, old-new, ...), so a drift in machine load
+hits both sides alike. Per run, tokens/s is the tokens of one optimizer step divided by the median
+wall time of the steps after the first (the first includes warm-up); the process CPU-seconds per step
+are recorded too (less sensitive to other jobs on a shared machine), and so is the 1-minute load
+average before and after each run. The result is the MEDIAN of the per-pair new/old ratios, with every
+pair's ratio beside it; ``idle`` says whether every run started and ended with the load average under
+the number of cores plus 0.5 (only then is the wall-clock ratio a clean measurement). Writes
+``bench/results/train_throughput_cpu.json`` after every pair (an interrupted run keeps what it measured).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ REPO = Path(__file__).resolve().parent.parent
 DEFAULT_RECIPE = "recipes/configs/smollm2-135m/8k_to_32k_lora_pose_cpu.yaml"
 DEFAULT_OVERRIDES = [
     "data.source=/work/shared/data/books", "data.window=512", "data.max_tokens=40000", "train.batch_size=1", "train.gradient_accumulation_steps=1",
-    "train.max_steps=6", "train.warmup_steps=0", "output.checkpoint_every=0", "output.save_merged=false",
+    "train.max_steps=5", "train.warmup_steps=0", "output.checkpoint_every=0", "output.save_merged=false",
 ]
 
 
@@ -36,6 +40,7 @@ def run_once(tree: Path, recipe: str, overrides: list[str], out: Path) -> dict:
     env = {**os.environ, "PYTHONPATH": str(tree), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     command = [sys.executable, str(tree / "recipes" / "finetune.py"), "--config", str(REPO / recipe), *overrides,
                f"output.dir={out}", "--no-progress"]
+    load_before = os.getloadavg()[0]
     began = time.perf_counter()
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
     if done.returncode != 0:
@@ -50,13 +55,14 @@ def run_once(tree: Path, recipe: str, overrides: list[str], out: Path) -> dict:
         "tokens_per_second": tokens_per_step / seconds,
         "median_process_cpu_seconds_per_step": statistics.median(r["process_cpu_seconds"] for r in steady),
         "losses": [r["loss"] for r in log],
+        "load_average_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)],
     }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--old-tree", type=Path, required=True, help="a checkout of the hand-written loop (a62e044)")
-    parser.add_argument("--repeats", type=int, default=2, help="old/new pairs")
+    parser.add_argument("--pairs", "--repeats", dest="pairs", type=int, default=8, help="old/new pairs (order alternates)")
     parser.add_argument("--recipe", default=DEFAULT_RECIPE)
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "train_throughput_cpu.json")
     parser.add_argument("overrides", nargs="*", help="recipe overrides (default: a short SmolLM2 LoRA config)")
@@ -64,14 +70,16 @@ def main(argv: list[str] | None = None) -> int:
     overrides = args.overrides or DEFAULT_OVERRIDES
     pairs = []
     with tempfile.TemporaryDirectory() as scratch:
-        for repeat in range(args.repeats):
+        for repeat in range(args.pairs):
             pair = {}
-            for name, tree in (("old", args.old_tree.resolve()), ("new", REPO)):
+            order = (("old", args.old_tree.resolve()), ("new", REPO))
+            for name, tree in order if repeat % 2 == 0 else order[::-1]:
                 pair[name] = run_once(tree, args.recipe, overrides, Path(scratch) / f"{name}-{repeat}")
                 print(name, repeat, f"{pair[name]['tokens_per_second']:.1f} tokens/s", flush=True)
             pair["ratio_tokens_per_second"] = pair["new"]["tokens_per_second"] / pair["old"]["tokens_per_second"]
             pair["ratio_cpu_seconds_per_step"] = (pair["new"]["median_process_cpu_seconds_per_step"]
                                                   / pair["old"]["median_process_cpu_seconds_per_step"])
+            pair["order"] = "old-new" if repeat % 2 == 0 else "new-old"
             pairs.append(pair)
             write_result(args, overrides, pairs)  # after every pair: an interrupted benchmark keeps what it measured
     return 0
@@ -79,18 +87,29 @@ def main(argv: list[str] | None = None) -> int:
 
 def write_result(args: argparse.Namespace, overrides: list[str], pairs: list[dict]) -> None:
     """Write the runs so far and their median new/old ratios to ``args.out`` (atomically)."""
+    cores = os.cpu_count() or 1
+    loads = [x for p in pairs for side in ("old", "new") for x in p[side]["load_average_1min"]]
+    ratios = [p["ratio_tokens_per_second"] for p in pairs]
     result = {
         "command": "python3 bench/train_throughput.py " + " ".join(sys.argv[1:]),
-        "recipe": args.recipe, "overrides": overrides, "machine": "2 CPU cores shared with other jobs (timings disturbed)",
-        "pairs": pairs,
-        "median_ratio_tokens_per_second": statistics.median(p["ratio_tokens_per_second"] for p in pairs),
+        "recipe": args.recipe, "overrides": overrides, "cpu_count": cores,
+        "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "load_average_1min_range": [min(loads), max(loads)],
+        "idle": max(loads) < cores + 0.5,
+        "target": "median new/old tokens/s ratio >= 0.95",
+        "per_pair_ratio_tokens_per_second": [round(r, 3) for r in ratios],
+        "per_pair_ratio_cpu_seconds_per_step": [round(p["ratio_cpu_seconds_per_step"], 3) for p in pairs],
+        "median_ratio_tokens_per_second": statistics.median(ratios),
         "median_ratio_cpu_seconds_per_step": statistics.median(p["ratio_cpu_seconds_per_step"] for p in pairs),
+        "pairs_at_or_above_0.95": sum(r >= 0.95 for r in ratios),
+        "pairs": pairs,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     temporary = args.out.with_name(f".{args.out.name}.tmp")
     temporary.write_text(json.dumps(result, indent=2))
     os.replace(temporary, args.out)
-    print(json.dumps({k: result[k] for k in ("median_ratio_tokens_per_second", "median_ratio_cpu_seconds_per_step")}))
+    print(json.dumps({k: result[k] for k in ("median_ratio_tokens_per_second", "median_ratio_cpu_seconds_per_step",
+                                             "per_pair_ratio_tokens_per_second", "load_average_1min_range", "idle")}))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,56 @@
+"""bench/train_memory.py: the longest-length bisection finds the boundary with few probes and records what it
+measured, and the memory watchdog kills a process tree that passes its limit (the probes themselves take
+minutes to hours on SmolLM2 and run by hand; these checks use a fake probe and a small allocating child)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load_script():
+    spec = importlib.util.spec_from_file_location("train_memory", ROOT / "bench" / "train_memory.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bisection_finds_the_longest_fitting_multiple(tmp_path, monkeypatch):
+    script = _load_script()
+    boundary = 40960
+    probed = []
+
+    def fake_probe(length, variant, data, old_tree, processes=1, limit_bytes=None, mmap_threshold=None):
+        probed.append(length)
+        fits = length <= boundary
+        return {"length": length, "variant": variant, "processes": processes, "exceeded_limit": not fits,
+                "sampled_sum_peak_gib": (limit_bytes / 2**30) * (0.9 if fits else 1.01), "peak_rss_gib": 1.0}
+
+    monkeypatch.setattr(script, "run_probe", fake_probe)
+    out = tmp_path / "longest.json"
+    args = argparse.Namespace(limit_gb=20.0, out=str(out), processes=1, variant="chunked", lo=4096, hi=131072,
+                              step=4096, data="unused", mmap_threshold=None)
+    monkeypatch.setattr(sys, "argv", ["train_memory.py", "--longest"])
+    assert script.measure_longest(args, Path("unused")) == 0
+    search = json.loads(out.read_text())["searches"]["1proc_chunked_20GB"]
+    assert search["longest_fitting"] == boundary
+    assert search["shortest_failing"] == boundary + 4096
+    assert len(probed) <= 6 and len(set(probed)) == len(probed)
+    # A second invocation reuses the recorded probes and measures nothing again.
+    probed.clear()
+    assert script.measure_longest(args, Path("unused")) == 0
+    assert probed == []
+
+
+def test_watchdog_kills_a_process_tree_over_the_limit(tmp_path, monkeypatch):
+    script = _load_script()
+    grow = ("import time\nblocks = []\nfor _ in range(20):\n    blocks.append(bytearray(50 * 2**20))\n    time.sleep(0.05)\n")
+    monkeypatch.setattr(script, "ENGINE_CHILD", grow)
+    record = script.run_probe(1024, "chunked", "unused", Path("unused"), limit_bytes=400e6)
+    assert record["exceeded_limit"] is True
+    assert 0.3 < record["sampled_sum_peak_gib"] < 1.0

@@ -20,6 +20,7 @@ from hf_posext.integrations.lm_eval.compare import compare_methods, format_compa
 from hf_posext.integrations.lm_eval.launcher import resolve_embedded_names  # noqa: E402
 from hf_posext.integrations.lm_eval.model import MODEL_NAME, PosextHFLM, parse_posext_args  # noqa: E402
 from hf_posext.models import tiny_model  # noqa: E402
+from tests.conftest import assert_close_guarding  # noqa: E402
 
 TASKS_DIR = Path(__file__).parent / "lm_eval_tasks"
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -178,7 +179,7 @@ def test_hf_posext_lm_eval_command_runs_a_local_task(tiny_dir, tmp_path):
         "lm-eval", "run", "--model", MODEL_NAME, "--device", "cpu", "--batch_size", "2",
         "--model_args", f"pretrained={tiny_dir},posext_method=linear,posext_target_length=512",
         "--include_path", str(TASKS_DIR), "--tasks", "posext_tiny_ppl", "posext_tiny_choice",
-        "--output_path", str(tmp_path),
+        "--output_path", str(tmp_path), "--log_samples",
     ])
     assert code == 0
     (results_file,) = tmp_path.rglob("results_*.json")
@@ -187,7 +188,34 @@ def test_hf_posext_lm_eval_command_runs_a_local_task(tiny_dir, tmp_path):
     assert (posext["method"], posext["factor"], posext["current_window"]) == ("linear", 8.0, 512)
     ppl = results["results"]["posext_tiny_ppl"]
     assert ppl["sample_len"] == 6 and 1 < ppl["word_perplexity,none"] < math.inf
-    assert 0 <= results["results"]["posext_tiny_choice"]["acc,none"] <= 1
+    # The accuracy is the patched model's own: each choice's log-likelihood, recomputed here with the
+    # model patched as the harness was asked to, equals the harness's; the unpatched model's does not.
+    samples = [json.loads(line) for line in next(tmp_path.rglob("samples_posext_tiny_choice_*.jsonl")).read_text().splitlines()]
+    from transformers import AutoModelForCausalLM
+
+    patched = hf_posext.patch(AutoModelForCausalLM.from_pretrained(tiny_dir), "linear", target_length=512)
+    unpatched = AutoModelForCausalLM.from_pretrained(tiny_dir)
+    tokenizer = _char_tokenizer()
+    harness, ours, plain, correct = [], [], [], []
+    for sample in sorted(samples, key=lambda s: s["doc_id"]):
+        requests = [sample["arguments"][key] for key in sorted(sample["arguments"])]
+        scores = [_continuation_logprob(patched, tokenizer, r["arg_0"], r["arg_1"]) for r in requests]
+        plain += [_continuation_logprob(unpatched, tokenizer, r["arg_0"], r["arg_1"]) for r in requests]
+        harness += [float(response[0]) for response in sample["filtered_resps"]]
+        ours += scores
+        correct.append(max(range(len(scores)), key=scores.__getitem__) == int(sample["target"]))
+    assert len(correct) == 6
+    assert_close_guarding(torch.tensor(harness), torch.tensor(ours), torch.tensor(plain), atol=1e-5, rtol=0)
+    assert results["results"]["posext_tiny_choice"]["acc,none"] == pytest.approx(sum(correct) / len(correct), abs=1e-12)
+
+
+def _continuation_logprob(model, tokenizer, context: str, continuation: str) -> float:
+    """log p(continuation | context) under ``model``, character tokens (as the harness scores a choice)."""
+    ids = torch.tensor(tokenizer(context + continuation, add_special_tokens=False)["input_ids"])[None]
+    with torch.no_grad():
+        logprobs = model(ids).logits[0, :-1].float().log_softmax(-1)
+    picked = logprobs.gather(-1, ids[0, 1:, None])[:, 0]
+    return picked[-len(continuation):].sum().item()
 
 
 def test_compare_methods_builds_tasks_once_and_scores_each_method(tiny_dir, tmp_path):

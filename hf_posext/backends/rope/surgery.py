@@ -133,7 +133,8 @@ def _plan_config(
         # transformers' dynamic type scales from max_position_embeddings = L, and its linear type never reads
         # it: both keep L there, which is what vLLM and SGLang multiply by the factor to get the served length
         # (a linear config with L*s would advertise L*s^2). yarn, llama3 and longrope read L from their dict.
-        keeps_window = not window_is_scaled(stock["rope_type"])
+        # ("default" here is ntk/theta: a new base, served at L * s, so the scaled window is written).
+        keeps_window = stock["rope_type"] != "default" and not window_is_scaled(stock["rope_type"])
         setattr(work, window_attribute(work), window if keeps_window else scaling.target_length)
         if all(_stock_reproduces(site, module, work, scaling) for site, module in scaled_sites):
             return _snapshot(work), True

@@ -14,6 +14,7 @@ backward) deepspeed.utils.safe_get_full_grad, read when the engine first steps.
 
 from __future__ import annotations
 
+import os
 import sys
 
 import torch
@@ -76,5 +77,18 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def exit_without_teardown(code: int) -> None:
+    """Leave once every rank is done, skipping C++ static destructors: at interpreter exit, a gloo/DeepSpeed
+    shared-memory thread can abort one rank ("terminate called without an active exception", seen once in CI
+    after both ranks had finished and the results were written)."""
+    import torch
+
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    exit_without_teardown(main(sys.argv[1:]))

@@ -31,7 +31,7 @@ def test_every_measured_recipe_is_a_valid_config(tmp_path, mode, variant):
     config.validate()
     assert config.train.loss == ("chunked" if variant == "chunked" else "plain")
     assert config.finetune.mode == mode
-    assert config.data.window == 32768 and config.scaling.factor == 4
+    assert config.data.sequence_length == 32768 and config.scaling.factor == 4
 
 
 def test_table_reports_ratios_against_plain_and_failures():

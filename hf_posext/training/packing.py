@@ -24,7 +24,7 @@ import torch
 
 from hf_posext.training.pose import pose_position_ids, sample_generator
 
-__all__ = ["tokenize_and_pack", "PackedSequences", "load_packed_sequences", "NoDataError"]
+__all__ = ["tokenize_and_pack", "PackedSequences", "collate_sequences", "load_packed_sequences", "NoDataError"]
 
 logger = logging.getLogger(__name__)
 
@@ -124,18 +124,25 @@ class PackedSequences:
         """The batch of process ``rank`` for global micro-batch ``micro_batch``.
 
         Micro-batch m holds samples ``[m * P * B, (m + 1) * P * B)`` of the stream; process r takes the
-        r-th slice of B. ``attention_mask`` is always given: with no mask, transformers reads position ids
-        that skip (PoSE) as boundaries between packed sequences and would block attention across chunks.
+        r-th slice of B, collated by :func:`collate_sequences`.
         """
         first = (micro_batch * num_processes + rank) * batch_size
-        samples = [self.sample(first + j) for j in range(batch_size)]
-        input_ids = torch.stack([s["input_ids"] for s in samples])
-        return {
-            "input_ids": input_ids,
-            "position_ids": torch.stack([s["position_ids"] for s in samples]),
-            "attention_mask": torch.ones_like(input_ids),
-            "labels": input_ids.clone(),
-        }
+        return collate_sequences([self.sample(first + j) for j in range(batch_size)])
+
+
+def collate_sequences(samples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Stack samples into a batch: input_ids, position_ids, labels (= input_ids) and an all-ones attention_mask.
+
+    The mask is always given: without one, transformers reads position ids that skip (PoSE) as
+    boundaries between packed sequences and would block attention across PoSE chunks.
+    """
+    input_ids = torch.stack([s["input_ids"] for s in samples])
+    return {
+        "input_ids": input_ids,
+        "position_ids": torch.stack([s["position_ids"] for s in samples]),
+        "attention_mask": torch.ones_like(input_ids),
+        "labels": input_ids.clone(),
+    }
 
 
 def load_packed_sequences(data_config: Any, tokenizer: Any, seed: int, pose_target_length: int | None,

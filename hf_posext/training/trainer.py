@@ -43,6 +43,7 @@ from hf_posext.training.checkpoints import (
     write_checksums, write_json_atomic,
 )
 from hf_posext.training.config import ConfigError, TrainConfig, config_differences, config_from_dict
+from hf_posext.training.packing import collate_sequences, load_packed_sequences
 
 __all__ = [
     "train", "TrainResult", "find_latest_checkpoint", "training_arguments", "training_loss", "PosextTrainer",
@@ -245,21 +246,6 @@ class SequenceDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         return self.sequences.sample(self.first_sample + int(index))
-
-
-def collate_sequences(samples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """Stack samples into a batch: input_ids, position_ids, labels (= input_ids) and an all-ones attention_mask.
-
-    The mask is always given: without one, transformers reads position ids that skip (PoSE) as
-    boundaries between packed sequences and would block attention across PoSE chunks.
-    """
-    input_ids = torch.stack([s["input_ids"] for s in samples])
-    return {
-        "input_ids": input_ids,
-        "position_ids": torch.stack([s["position_ids"] for s in samples]),
-        "attention_mask": torch.ones_like(input_ids),
-        "labels": input_ids.clone(),
-    }
 
 
 def training_loss(model: Any, inputs: dict[str, torch.Tensor], num_items_in_batch: torch.Tensor | int | None,
@@ -710,7 +696,6 @@ def train(
     """
     import hf_posext
     from hf_posext.models import load_tokenizer
-    from hf_posext.training.packing import load_packed_sequences
     from hf_posext.training.lora import extra_parameter_names, setup_trainable
 
     config.validate()

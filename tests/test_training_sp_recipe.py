@@ -30,7 +30,7 @@ from tests.training_helpers import REPO, TINY_CORPUS, TINY_MODEL, TINY_RECIPE, b
 DRIVER = REPO / "tests" / "sp_recipe_driver.py"
 ACCELERATE_CONFIG = REPO / "recipes" / "accelerate" / "deepspeed_ulysses_cpu_2proc.yaml"
 SP = ["parallelism.sp_backend=deepspeed", "parallelism.sp_size=2"]
-# 2 optimizer steps of 2 micro-batches of one 256-token window; PoSE ids span [0, 1024); 48-token loss chunks.
+# 2 optimizer steps of 2 micro-batches of one 256-token sequence; PoSE ids span [0, 1024); 48-token loss chunks.
 COMPARE = ["finetune.dropout=0", "train.batch_size=1", "train.gradient_accumulation_steps=2",
            "train.max_grad_norm=null", "train.warmup_steps=0", "data.sequence_length=256", "scaling.factor=16",
            "output.checkpoint_every=0", "output.save_merged=false", "train.loss_chunk_size=48"]

@@ -56,7 +56,7 @@ METHODS = {
     "theta": {"base": 50000.0},
     "dynamic-ntk": {},
     "yarn": {},
-    "yarn-custom": {"beta_fast": 16.0, "attention_factor": 1.3},
+    "yarn-betas": {"beta_fast": 16.0, "beta_slow": 2.0},
     "yarn-attention_factor": {"attention_factor": 1.3},
     "yarn-mscale": {"mscale": 1.0, "mscale_all_dim": 0.5},
     "yarn-truncate_false": {"truncate": False},

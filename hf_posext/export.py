@@ -177,8 +177,14 @@ def check_serving(folder_or_model: Any, target: str) -> list[str]:
 
 
 def _check_destination(source: Path | None, out: Path, overwrite: bool) -> None:
-    if source is not None and out.resolve() == source.resolve():
-        raise ExportError(f"--out {out} is the source folder: choose a new folder")
+    if source is not None:
+        source_path, out_path = source.resolve(), out.resolve()
+        if out_path == source_path:
+            raise ExportError(f"--out {out} is the source folder: choose a new folder")
+        if source_path in out_path.parents:
+            raise ExportError(f"--out {out} is inside the source folder {source}: choose a folder outside it")
+        if out_path in source_path.parents:
+            raise ExportError(f"--out {out} contains the source folder {source}: choose a folder outside it")
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
         raise ExportError(f"--out {out} exists and is not empty: choose a new folder or pass --overwrite")
 

@@ -175,11 +175,11 @@ def test_cli_bad_input_is_refused_before_writing(saved, tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "is the source folder: choose a new folder" in err
     before = sorted(p.name for p in folder.iterdir())
-    assert _cli(str(folder), "--for", "vllm", "--out", str(folder / "served")) == 2  # would copy into itself
+    assert _cli(str(folder), "--for", "transformers", "--out", str(folder / "served")) == 2  # would copy into itself
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "is inside the source folder" in err
     assert sorted(p.name for p in folder.iterdir()) == before
-    assert _cli(str(folder), "--for", "vllm", "--out", str(folder.parent), "--overwrite") == 2  # would delete it
+    assert _cli(str(folder), "--for", "transformers", "--out", str(folder.parent), "--overwrite") == 2  # would delete it
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "contains the source folder" in err and folder.is_dir()
     (tmp_path / "full").mkdir()

@@ -131,9 +131,11 @@ def export_config(config: dict[str, Any], target: str) -> dict[str, Any]:
         target: one of :data:`TARGETS`.
 
     Returns:
-        A new dict: ``max_position_embeddings`` as the target's length rule needs it, plus the legacy
-        fields of :func:`hf_posext.core.saved_config.with_legacy_rope_fields` (a plain ``save_pretrained``
-        of a patched model writes them too; folders saved by older hf_posext releases lack them).
+        A new dict: ``max_position_embeddings`` as the target's length rule needs it, plus the full legacy
+        fields of :func:`hf_posext.core.saved_config.with_legacy_rope_fields`. A plain ``save_pretrained``
+        writes them only where transformers 5 can still resume training from the folder
+        (:func:`~hf_posext.core.saved_config.plain_save_legacy_fields`); folders saved by older hf_posext
+        releases lack them.
     """
     record = scaling_record(config)
     if record.get("kind", "rope") != "rope":

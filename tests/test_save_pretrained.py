@@ -328,3 +328,47 @@ def test_cli_patch_saves_the_served_length_in_config_and_tokenizer(tmp_path, cap
     config = json.loads((out / "config.json").read_text())
     assert config["max_position_embeddings"] == L and config["rope_parameters"]["factor"] == FACTOR
     assert json.loads((out / "tokenizer_config.json").read_text())["model_max_length"] == int(L * FACTOR)
+
+
+def _yarn_config(model_type: str, theta: float) -> dict:
+    params = {"rope_type": "yarn", "rope_theta": theta, "factor": 4.0, "original_max_position_embeddings": 64}
+    return {"model_type": model_type, "max_position_embeddings": 256, "rope_parameters": params}
+
+
+def test_yarn_gets_rope_scaling_without_rope_theta_only_when_theta_is_the_4_x_default_of_its_model_type():
+    """4.57 reads its class's default theta when config.json has none: 10000 for Llama, 1e6 for Mixtral."""
+    from hf_posext.core.saved_config import older_readers_differ, plain_save_legacy_fields
+
+    for model_type, theta, gets_fields in (("llama", 1e4, True), ("llama", 1e6, False), ("mixtral", 1e6, True),
+                                           ("mixtral", 1e4, False)):
+        config = _yarn_config(model_type, theta)
+        written = plain_save_legacy_fields(config)
+        assert ("rope_scaling" in written) == gets_fields and "rope_theta" not in written, (model_type, theta)
+        assert older_readers_differ(written) == (not gets_fields), (model_type, theta)
+        if gets_fields:
+            assert written["rope_scaling"] == config["rope_parameters"]
+
+
+LEGACY_THETA_SCRIPT = """
+import inspect, json, transformers
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+other = {}
+for model_type, name in CONFIG_MAPPING_NAMES.items():
+    try:
+        default = inspect.signature(getattr(transformers, name).__init__).parameters["rope_theta"].default
+    except (AttributeError, KeyError, ImportError):
+        continue
+    if default != 10000.0:
+        other[model_type] = float(default)
+print(json.dumps(other))
+"""
+
+
+@pytest.mark.skipif(not TF457_PYTHON.exists(), reason="no transformers 4.57 venv (.venv-tf457, made by scripts/test.sh)")
+def test_the_table_of_4_x_default_thetas_is_what_transformers_4_57_has():
+    from hf_posext.core.saved_config import LEGACY_OTHER_DEFAULT_THETAS
+
+    result = subprocess.run([str(TF457_PYTHON), "-c", LEGACY_THETA_SCRIPT], capture_output=True, text=True,
+                            env={**os.environ, "PYTHONPATH": ""})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == LEGACY_OTHER_DEFAULT_THETAS

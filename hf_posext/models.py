@@ -138,15 +138,14 @@ def load_model(name: str, dtype: torch.dtype | str = torch.float32, device: str 
         ValueError: the folder holds another kind of model (e.g. T5), named in one line.
         DamagedFileError: a truncated or corrupt weights file (named).
     """
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    from hf_posext.core.loading import check_weight_files, config_kwargs, require_causal_lm
+    from hf_posext.core.loading import check_causal_lm_folder
 
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype)
     path = resolve_model_path(name)
-    require_causal_lm(AutoConfig.from_pretrained(path, **config_kwargs(kwargs)), name)
-    check_weight_files(path)
+    check_causal_lm_folder(path, name, kwargs)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs)
     if device is not None and "device_map" not in kwargs:
         model.to(device)
@@ -159,20 +158,25 @@ def load_tokenizer(name: str, **kwargs: Any):
 
     Raises:
         FileNotFoundError: a local path that does not exist.
-        ValueError: a local folder without a usable tokenizer (one line naming it).
+        ValueError: a local folder without tokenizer files (one line naming it and the fix).
+        DamagedFileError: a local folder whose tokenizer files exist but cannot be loaded (names them).
     """
     from transformers import AutoTokenizer
 
+    from hf_posext.core.errors import DamagedFileError
+    from hf_posext.core.loading import check_tokenizer_files, tokenizer_files
+
     path = resolve_model_path(name)
+    check_tokenizer_files(path, name)
     try:
         return AutoTokenizer.from_pretrained(path, **kwargs)
-    except (ValueError, OSError) as error:
+    except Exception as error:  # ValueError, OSError, KeyError (a tokenizer.json lacking a field), ...
         if not Path(path).expanduser().is_dir():
             raise
-        first = " ".join(str(error).split())[:160]
-        raise ValueError(
-            f"{name} has no usable tokenizer ({first}); save one beside the model with "
-            f"tokenizer.save_pretrained({name!r})"
+        first = f"{type(error).__name__}: {' '.join(str(error).split())[:160]}"
+        raise DamagedFileError(
+            f"{name} has no usable tokenizer: its {', '.join(tokenizer_files(path))} cannot be loaded ({first}); "
+            f"save the tokenizer again with tokenizer.save_pretrained({name!r})"
         ) from None
 
 

@@ -49,7 +49,7 @@ def folders(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("bad-input")
     paths = {name: root / name for name in (
         "llama", "yarn", "dynamic", "t5", "truncated", "bad_json", "record_list", "record_no_method",
-        "no_weights", "results", "not_results",
+        "no_weights", "results", "not_results", "corrupt_tokenizer", "tokenizer_missing_field",
     )}
     tiny_model("llama").save_pretrained(paths["llama"])
     hf_posext.patch(tiny_model("llama"), "yarn", factor=2).save_pretrained(paths["yarn"])
@@ -64,6 +64,14 @@ def folders(tmp_path_factory) -> dict[str, Path]:
     (paths["bad_json"] / "config.json").write_text('{"model_type": "llama",')
     _save_with_record(paths["llama"], paths["record_list"], ["yarn", 2])
     _save_with_record(paths["llama"], paths["record_no_method"], {"version": 1, "kind": "rope", "factor": 2})
+    # The shipped tiny llama has a real tokenizer: one copy with its tokenizer.json cut short, one with a
+    # tokenizer.json that is valid JSON but lacks the tokenizer's fields.
+    shipped = Path(__file__).parent / "data" / "training" / "tiny-llama"
+    shutil.copytree(shipped, paths["corrupt_tokenizer"])
+    tokenizer_json = paths["corrupt_tokenizer"] / "tokenizer.json"
+    tokenizer_json.write_bytes(tokenizer_json.read_bytes()[:100])
+    shutil.copytree(shipped, paths["tokenizer_missing_field"])
+    (paths["tokenizer_missing_field"] / "tokenizer.json").write_text('{"version": "1.0"}')
     shutil.copytree(paths["llama"], paths["no_weights"])
     (paths["no_weights"] / "model.safetensors").unlink()
     paths["results"].mkdir()
@@ -209,7 +217,15 @@ API_CASES: list[tuple[str, str, Callable[[Any, dict], Any], type, str]] = [
     ("load-record-without-method", None, lambda m, f: hf_posext.load(f["record_no_method"]), hf_posext.RecordError, r"record_no_method/config.json: field 'hf_posext' has no 'method'"),
     ("load-bad-json", None, lambda m, f: hf_posext.load(f["bad_json"]), OSError, r"bad_json/config.json' is not a valid JSON file"),
     ("load-model-t5", None, lambda m, f: _load_model(f["t5"]), ValueError, r"holds a 't5' model \(T5ForConditionalGeneration\), not a causal language model"),
-    ("load-tokenizer-missing", None, lambda m, f: _load_tokenizer(f["llama"]), ValueError, r"has no usable tokenizer .*tokenizer.save_pretrained"),
+    ("load-tokenizer-missing", None, lambda m, f: _load_tokenizer(f["llama"]), ValueError, r"llama has no tokenizer \(none of tokenizer.json, .*tokenizer.save_pretrained"),
+    ("load-tokenizer-corrupt", None, lambda m, f: _load_tokenizer(f["corrupt_tokenizer"]), DamagedFileError, r"corrupt_tokenizer/tokenizer.json is truncated or corrupt .*tokenizer.save_pretrained"),
+    ("load-tokenizer-missing-field", None, lambda m, f: _load_tokenizer(f["tokenizer_missing_field"]), DamagedFileError,
+     r"tokenizer_missing_field has no usable tokenizer: its tokenizer.json, tokenizer_config.json cannot be loaded \(KeyError"),
+    ("eval-load-no-tokenizer", None, lambda m, f: _load_for_eval(f["llama"]), ValueError, r"llama has no tokenizer"),
+    ("eval-load-corrupt-tokenizer", None, lambda m, f: _load_for_eval(f["corrupt_tokenizer"]), DamagedFileError, r"tokenizer.json is truncated or corrupt"),
+    ("eval-load-t5-before-tokenizer", None, lambda m, f: _load_for_eval(f["t5"]), ValueError, r"holds a 't5' model"),
+    ("lm-eval-model-corrupt-tokenizer", None, lambda m, f: _lm_eval_model(f["corrupt_tokenizer"]), DamagedFileError, r"tokenizer.json is truncated or corrupt"),
+    ("lm-eval-model-no-tokenizer", None, lambda m, f: _lm_eval_model(f["llama"]), ValueError, r"llama has no tokenizer"),
     ("export-dynamic-for-vllm", None, lambda m, f: _export(f["dynamic"], "vllm", f["root"] / "out"), ValueError, r"dynamic-ntk.*vllm"),
     ("export-truncated", None, lambda m, f: _export(f["truncated"], "transformers", f["root"] / "out"), ValueError, r"model.safetensors is truncated or corrupt"),
     ("train-config-yaml-syntax", None, lambda m, f: _load_config(f["syntax_yaml"]), ValueError, r"syntax.yaml: line 3, column 2: not valid YAML"),
@@ -227,6 +243,18 @@ def _load_tokenizer(path):
     from hf_posext.models import load_tokenizer
 
     return load_tokenizer(str(path))
+
+
+def _load_for_eval(path):
+    from hf_posext.evaluation.loading import load_model_and_tokenizer
+
+    return load_model_and_tokenizer(str(path))
+
+
+def _lm_eval_model(path):
+    from hf_posext.integrations.lm_eval.model import PosextHFLM
+
+    return PosextHFLM(pretrained=str(path), posext_method="yarn", posext_factor=2, device="cpu")
 
 
 def _export(source, target, out):
@@ -318,6 +346,8 @@ CLI_CASES: list[tuple[str, list[str], int, str, bool]] = [
     ("patch-record-not-a-dict", _with(_PATCH, model="{record_list}"), RUNTIME, r"config.json: field 'hf_posext' must be a mapping", False),
     ("patch-record-without-method", _with(_PATCH, model="{record_no_method}"), RUNTIME, r"field 'hf_posext' has no 'method'", False),
     ("patch-no-weights", _with(_PATCH, model="{no_weights}"), RUNTIME, r"no file named model.safetensors", True),
+    ("patch-corrupt-tokenizer", _with(_PATCH, model="{corrupt_tokenizer}"), RUNTIME, r"corrupt_tokenizer/tokenizer.json is truncated or corrupt", False),
+    ("patch-tokenizer-missing-field", _with(_PATCH, model="{tokenizer_missing_field}"), RUNTIME, r"has no usable tokenizer: .*KeyError", False),
     # describe / inspect
     ("describe-missing-folder", ["describe", "{missing}"], USAGE, r"no such model folder", False),
     ("describe-truncated-weights", ["describe", "{truncated}"], RUNTIME, r"model.safetensors is truncated or corrupt", False),
@@ -358,7 +388,14 @@ CLI_CASES: list[tuple[str, list[str], int, str, bool]] = [
     ("eval-t5-folder", _with(_PPL, model="{t5}"), USAGE, r"holds a 't5' model \(T5ForConditionalGeneration\), not a causal language model", False),
     ("eval-truncated-weights", _with(_PPL, model="{truncated}"), RUNTIME, r"truncated/model.safetensors is truncated or corrupt", False),
     ("eval-bad-config-json", _with(_PPL, model="{bad_json}"), RUNTIME, r"config.json' is not a valid JSON file", False),
-    ("eval-no-tokenizer", _PPL, USAGE, r"llama has no usable tokenizer .*tokenizer.save_pretrained", True),
+    # eval: the tokenizer is loaded (and refused) before the model
+    ("eval-no-tokenizer", _PPL, USAGE, r"llama has no tokenizer \(none of .*tokenizer.save_pretrained", False),
+    ("eval-corrupt-tokenizer", _with(_PPL, model="{corrupt_tokenizer}"), RUNTIME, r"corrupt_tokenizer/tokenizer.json is truncated or corrupt", False),
+    ("eval-tokenizer-missing-field", _with(_PPL, model="{tokenizer_missing_field}"), RUNTIME, r"has no usable tokenizer: its tokenizer.json, .* cannot be loaded", False),
+    ("eval-passkey-no-tokenizer", _PASSKEY, USAGE, r"llama has no tokenizer", False),
+    ("eval-passkey-corrupt-tokenizer", _with(_PASSKEY, model="{corrupt_tokenizer}"), RUNTIME, r"tokenizer.json is truncated or corrupt", False),
+    ("eval-needle-no-tokenizer", _NEEDLE, USAGE, r"llama has no tokenizer", False),
+    ("eval-needle-corrupt-tokenizer", _with(_NEEDLE, model="{corrupt_tokenizer}"), RUNTIME, r"tokenizer.json is truncated or corrupt", False),
     # report
     ("report-missing-folder", ["report", "{missing}"], USAGE, r"Results folder .*missing does not exist", False),
     ("report-cell-without-numbers", ["report", "{results}"], RUNTIME, r"perplexity-x.json.*cell 'a' lacks its 'ppl'", False),
@@ -379,6 +416,12 @@ CLI_CASES: list[tuple[str, list[str], int, str, bool]] = [
     ("train-steps-not-a-number", _TRAIN + ["train.max_steps=abc"], USAGE, r"train.max_steps expects an integer, got 'abc'", False),
     ("train-resume-not-a-run", ["train", "--resume", "{llama}"], USAGE, r"llama holds no checkpoint and no train_config.yaml: not a training run folder", False),
     ("train-no-config", ["train"], USAGE, r"--config is required", False),
+    ("train-no-tokenizer", _TRAIN + ["model.name={llama}"], USAGE, r"llama has no tokenizer", False),
+    ("train-corrupt-tokenizer", _TRAIN + ["model.name={corrupt_tokenizer}"], RUNTIME, r"tokenizer.json is truncated or corrupt", False),
+    # lm-eval: the tokenizer is checked before any task or model is built
+    ("lm-eval-compare-no-tokenizer", ["lm-eval-compare", "{llama}", "--methods", "none", "--tasks", "lambada_openai"], USAGE, r"llama has no tokenizer", False),
+    ("lm-eval-compare-corrupt-tokenizer", ["lm-eval-compare", "{corrupt_tokenizer}", "--methods", "none", "--tasks", "lambada_openai"], RUNTIME,
+     r"tokenizer.json is truncated or corrupt", False),
 ]
 
 

@@ -51,6 +51,22 @@ def test_patch_saves_a_loadable_model(tiny_folder, tmp_path, capsys):
         torch.testing.assert_close(model(ids).logits, expected(ids).logits, rtol=1e-5, atol=1e-5)
 
 
+def test_patch_saves_the_tokenizer_with_the_scaled_length(tmp_path, capsys):
+    source = Path(__file__).parent / "data" / "training" / "tiny-llama"  # window 64, with a tokenizer
+    out = tmp_path / "patched"
+    assert main(["patch", str(source), "--method", "yarn", "--factor", "4", "--out", str(out)]) == 0
+    assert json.loads((out / "tokenizer_config.json").read_text())["model_max_length"] == 256
+    assert (out / "tokenizer.json").read_bytes() != b""
+    assert "note:" not in capsys.readouterr().err
+
+
+def test_patch_of_a_folder_without_a_tokenizer_saves_the_model_and_says_so(tiny_folder, tmp_path, capsys):
+    out = tmp_path / "patched"
+    assert main(["patch", str(tiny_folder), "--method", "yarn", "--factor", "2", "--out", str(out)]) == 0
+    assert "has no tokenizer files, so none was saved" in capsys.readouterr().err
+    assert (out / "model.safetensors").is_file() and not (out / "tokenizer_config.json").exists()
+
+
 def test_bad_input_exits_2_with_a_message(tiny_folder, tmp_path, capsys):
     assert main(["patch", str(tiny_folder), "--method", "wavelet", "--factor", "2", "--out", str(tmp_path / "x")]) == 2
     assert "Unknown method 'wavelet'" in capsys.readouterr().err

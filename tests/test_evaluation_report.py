@@ -85,7 +85,7 @@ _GOOD_CELL = _record("none", 1.0, 64, ppl=10.0, nll=2.3, tokens=63)
     (b"{not json", "not a readable results file"),
     (b"[]", "holds a JSON list"),
     (b'{"task": "perplexity", "config": {}}', "lacks 'cells'"),
-    (json.dumps({"task": "perplexity", "config": {}, "cells": {"a": 3}}).encode(), "cell 'a' is a int, not a record"),
+    (json.dumps({"task": "perplexity", "config": {}, "cells": {"a": 3}}).encode(), "cell 'a' holds 3 (int), not a record"),
     (json.dumps({"task": "perplexity", "config": {}, "cells": {"a": {**_GOOD_CELL, "ppl": "12.5"}}}).encode(),
      "cell 'a' has ppl '12.5', not a number"),
     (json.dumps({"task": "perplexity", "config": {}, "cells": {"a": {k: v for k, v in _GOOD_CELL.items() if k != "ppl"}}}).encode(),

@@ -136,6 +136,36 @@ def test_sizing_rule_matches_the_paper():
     assert size_for_target(8192, 32768) == (6, 2048)
     assert max_extended_length(8192, 5, 2048) < 32768 <= max_extended_length(8192, 6, 2048)
     assert size_for_target(8192, 32768, neighbor_window=1024) == (5, 1024)
+    # A target exactly at the rule's limit needs no larger group: Figure 3's 10 tokens need G = 2.
+    assert size_for_target(7, 10, neighbor_window=4) == (2, 4)
+    assert size_for_target(7, 11, neighbor_window=4) == (3, 4)
+
+
+def _farthest_distance(length: int, group_size: int, window: int) -> int:
+    """The largest relative distance any causal pair of a ``length``-token sequence gets under Self-Extend,
+    found over every pair (not by the closed form): exact distance inside the neighbor window, grouped
+    beyond it (query at ``i // G + W - W // G``, key at ``j // G``)."""
+    i = torch.arange(length)[:, None]
+    j = torch.arange(length)[None, :]
+    exact = i - j
+    grouped = (i // group_size + window - window // group_size) - j // group_size
+    distance = torch.where(exact < window, exact, grouped)
+    return int(distance[exact >= 0].max())
+
+
+@pytest.mark.parametrize("original", [7, 12, 16])
+def test_sizing_rule_is_the_longest_sequence_inside_the_window(original):
+    # Every (G, W) on small windows: the rule's length keeps every distance at most L - 1 and one token
+    # more does not; size_for_target's G is the smallest that reaches the target.
+    for window in range(1, original):
+        for group_size in range(1, 5):
+            longest = max_extended_length(original, group_size, window)
+            assert _farthest_distance(longest, group_size, window) <= original - 1
+            assert _farthest_distance(longest + 1, group_size, window) > original - 1
+        for target in range(original, 4 * original):
+            group_size, _ = size_for_target(original, target, neighbor_window=window)
+            assert _farthest_distance(target, group_size, window) <= original - 1
+            assert group_size == 1 or _farthest_distance(target, group_size - 1, window) > original - 1
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -73,28 +73,41 @@ def _run_describe(args: argparse.Namespace) -> int:
 
 
 def _run_patch(args: argparse.Namespace) -> int:
-    from hf_posext.models import load_tokenizer
-
     request = ScalingRequest.from_cli(
         args.method, args.factor, args.target_length, args.param, args.original_max_position_embeddings
     )
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         raise ValueError(f"--out {args.out} is a file; give a folder to save the model in (new or existing)")
+    tokenizer = _tokenizer_to_save(args.model)  # a damaged tokenizer fails here, before the model loads
     model = load(args.model)  # any architecture; a saved scaling comes back and is then replaced
     patch(model, **request.patch_kwargs())
     with staged_folder(args.out) as staging:  # nothing lands in --out unless every file was written
         model.save_pretrained(staging)
-        try:
-            tokenizer = load_tokenizer(args.model)
-        except Exception as error:  # a model folder without a tokenizer is still a valid output
-            print(f"note: no tokenizer saved ({' '.join(str(error).split())[:200]})", file=sys.stderr)
-        else:
+        if tokenizer is not None:
             # Serving runtimes cap the length at the tokenizer's model_max_length (vLLM: docs/serving.md).
             tokenizer.model_max_length = describe(model).current_window
             tokenizer.save_pretrained(staging)
     print(describe(model))
+    if tokenizer is None:
+        print(f"note: {args.model} has no tokenizer files, so none was saved beside the model", file=sys.stderr)
     print(f"saved to {args.out} (load with hf_posext.load({args.out!r}))")
     return 0
+
+
+def _tokenizer_to_save(name: str) -> Any:
+    """The tokenizer of model ``name``, or None for a local folder that has no tokenizer files (a model
+    saved without one is still a valid model to patch).
+
+    Raises:
+        DamagedFileError: the folder's tokenizer files exist but cannot be loaded (names them).
+    """
+    from hf_posext.core.loading import tokenizer_files
+    from hf_posext.models import load_tokenizer, resolve_model_path
+
+    path = resolve_model_path(name)
+    if os.path.isdir(path) and not tokenizer_files(path):
+        return None
+    return load_tokenizer(name)
 
 
 @contextlib.contextmanager

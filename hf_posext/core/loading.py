@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
 
 from hf_posext.core.errors import DamagedFileError
 
-__all__ = ["config_kwargs", "model_class_for", "check_weight_files", "require_causal_lm", "require_loaded_weights"]
+__all__ = [
+    "config_kwargs",
+    "model_class_for",
+    "check_weight_files",
+    "require_causal_lm",
+    "require_loaded_weights",
+    "TOKENIZER_FILES",
+    "tokenizer_files",
+    "check_tokenizer_files",
+    "check_causal_lm_folder",
+]
 
 _CONFIG_KWARGS = ("trust_remote_code", "revision", "token")
 
@@ -95,3 +106,66 @@ def require_loaded_weights(model: Any) -> None:
                 "torch.device('meta')); hf_posext finds and patches positions by running them, so load real "
                 "weights first (from_pretrained, or to_empty() then load_state_dict)"
             )
+
+
+#: Files any saved tokenizer has at least one of (fast, sentencepiece, BPE and WordPiece tokenizers).
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "tokenizer.model", "spiece.model", "vocab.json", "vocab.txt",
+    "merges.txt", "special_tokens_map.json",
+)
+#: Tokenizer files that are JSON, parsed by :func:`check_tokenizer_files` to name a damaged one.
+_TOKENIZER_JSON_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.json")
+
+
+def tokenizer_files(path: str | os.PathLike) -> list[str]:
+    """The names of the tokenizer files (:data:`TOKENIZER_FILES`) in folder ``path``; [] for no folder."""
+    folder = Path(path)
+    return [name for name in TOKENIZER_FILES if (folder / name).is_file()]
+
+
+def check_tokenizer_files(path: str | os.PathLike, name: str | None = None) -> None:
+    """Refuse a local model folder without a tokenizer, or with a tokenizer JSON file that cannot be parsed.
+
+    Cheap (no tokenizer is built), so commands call it before loading a model; a hub name (not a local
+    folder) is left to ``AutoTokenizer.from_pretrained``.
+
+    Raises:
+        ValueError: the folder has none of :data:`TOKENIZER_FILES` (names the folder and the fix).
+        DamagedFileError: a tokenizer JSON file is truncated or corrupt (names the file and the fix).
+    """
+    folder = Path(path)
+    if not folder.is_dir():
+        return
+    shown = name or str(path)
+    if not tokenizer_files(folder):
+        raise ValueError(
+            f"{shown} has no tokenizer (none of {', '.join(TOKENIZER_FILES[:4])}, ...); save one beside the "
+            f"model with tokenizer.save_pretrained({shown!r})"
+        )
+    for file_name in _TOKENIZER_JSON_FILES:
+        file = folder / file_name
+        if not file.is_file():
+            continue
+        try:
+            json.loads(file.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as error:
+            detail = " ".join(str(error).split())[:120]
+            raise DamagedFileError(
+                f"{file} is truncated or corrupt ({detail}); save the tokenizer again with "
+                f"tokenizer.save_pretrained({shown!r})"
+            ) from None
+
+
+def check_causal_lm_folder(path: str, name: str, from_pretrained_kwargs: dict[str, Any]) -> None:
+    """Everything :func:`hf_posext.models.load_model` checks before it loads weights: the config is a causal
+    LM's and every local safetensors file opens (see :func:`require_causal_lm`, :func:`check_weight_files`).
+
+    Args:
+        path: the resolved folder (or hub name).
+        name: what the user gave, for messages.
+        from_pretrained_kwargs: the loading arguments (``trust_remote_code``, ``revision``, ``token`` are used).
+    """
+    from transformers import AutoConfig
+
+    require_causal_lm(AutoConfig.from_pretrained(path, **config_kwargs(from_pretrained_kwargs)), name)
+    check_weight_files(path)

@@ -59,8 +59,14 @@ def load_model_and_tokenizer(
 
     Returns:
         ``(model, tokenizer)``, the model in eval mode.
+
+    Raises:
+        FileNotFoundError, ValueError, DamagedFileError: a missing folder, a folder that is not a causal LM,
+            a truncated weights file, a missing or damaged tokenizer. All of these are found before the
+            weights are loaded: the folder is checked, then the tokenizer loaded, and only then the model.
     """
-    from hf_posext.models import load_model, load_tokenizer, tiny_model
+    from hf_posext.core.loading import check_causal_lm_folder
+    from hf_posext.models import load_model, load_tokenizer, resolve_model_path, tiny_model
 
     if name == "tiny" or name.startswith("tiny:"):
         _, family, window = (name.split(":") + ["", ""])[:3]
@@ -78,5 +84,7 @@ def load_model_and_tokenizer(
         kwargs["device_map"] = device_map
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
-    model = load_model(name, dtype=_dtype(dtype), device=device, **kwargs)
-    return model, load_tokenizer(name)
+    torch_dtype = _dtype(dtype)
+    check_causal_lm_folder(resolve_model_path(name), name, kwargs)  # a T5 folder is named as such, not as tokenizer-less
+    tokenizer = load_tokenizer(name)  # a bad tokenizer must not cost a model load
+    return load_model(name, dtype=torch_dtype, device=device, **kwargs), tokenizer

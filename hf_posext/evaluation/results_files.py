@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import reprlib
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +47,7 @@ def check_cell(task: str, cell_id: str, record: Any) -> str | None:
         record: the record as read from JSON.
     """
     if not isinstance(record, dict):
-        return f"cell {cell_id!r} is a {type(record).__name__}, not a record"
+        return f"cell {cell_id!r} holds {reprlib.repr(record)} ({type(record).__name__}), not a record"
     if not isinstance(record.get("method"), str):
         return f"cell {cell_id!r} has no method name"
     if not isinstance(record.get("length"), int) or isinstance(record.get("length"), bool) or record["length"] < 1:

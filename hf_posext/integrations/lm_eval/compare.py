@@ -132,6 +132,7 @@ def compare_methods(
     from lm_eval.tasks import TaskManager, get_task_dict
 
     from hf_posext.integrations.lm_eval.model import PosextHFLM
+    from hf_posext.core.loading import check_tokenizer_files
     from hf_posext.models import resolve_model_path
 
     specs = {spec: parse_method_spec(spec) for spec in methods}  # every spec checked before any work
@@ -140,6 +141,7 @@ def compare_methods(
     elif fewshot_as_multiturn and not apply_chat_template:
         raise ValueError("--fewshot_as_multiturn needs --apply_chat_template (few-shot turns are chat messages).")
     path = resolve_model_path(pretrained)
+    check_tokenizer_files(path, pretrained)  # before the tasks (minutes for RULER) and any model are built
     metadata: dict[str, Any] = {"pretrained": path, "tokenizer": path}
     if max_seq_lengths:
         metadata["max_seq_lengths"] = list(max_seq_lengths)

@@ -39,6 +39,7 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
 from hf_posext.api import describe, load, patch, patched_backend, read_record
+from hf_posext.core.loading import check_tokenizer_files
 from hf_posext.core.record import CONFIG_KEY
 from hf_posext.core.request import MODEL_ARGS_PREFIX, ScalingRequest
 from hf_posext.core.version import VERSION
@@ -125,6 +126,10 @@ class PosextHFLM(HFLM):
             pretrained = resolve_model_path(pretrained)
             if isinstance(rest.get("tokenizer"), str):
                 rest["tokenizer"] = resolve_model_path(rest["tokenizer"])
+            if not rest.get("tokenizer") and not rest.get("gguf_file"):
+                check_tokenizer_files(pretrained)  # a folder without a usable tokenizer, named in one line
+            elif isinstance(rest.get("tokenizer"), str):
+                check_tokenizer_files(rest["tokenizer"])
         _prefer_gloo_on_cpu()
         super().__init__(pretrained=pretrained, **rest)
         if not isinstance(pretrained, str):

@@ -26,28 +26,16 @@ import json
 import platform
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from timing import count_operations, sync, timed  # noqa: E402  (bench/timing.py)
+
 import hf_posext
 from hf_posext.backends.attention import self_extend
 from hf_posext.evaluation.retrieval import _cache_argument, _returned_cache
-
-
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
-def _timed(function, device: str) -> float:
-    _sync(device)
-    start = time.perf_counter()
-    with torch.no_grad():
-        function()
-    _sync(device)
-    return time.perf_counter() - start
 
 
 def _set(model, patched: bool, group_size: int, window: int) -> None:
@@ -92,14 +80,14 @@ def main(argv: list[str] | None = None) -> int:
             for repeat in range(args.repeats + 1):  # the first round warms up and is dropped
                 for patched in ((False, True) if repeat % 2 == 0 else (True, False)):
                     _set(model, patched, args.group_size, args.window)
-                    forward_seconds = _timed(lambda: decoder(ids[:, :n], use_cache=False), args.device)
+                    forward_seconds = timed(lambda: decoder(ids[:, :n], use_cache=False), args.device)
                     if repeat:
                         forward[patched].append(forward_seconds)
                     if args.decode:
                         with torch.no_grad():
                             cache = _returned_cache(decoder(ids[:, :n], use_cache=True))
                         step_kwargs = {_cache_argument(decoder): cache, "use_cache": True}  # "cache" in newer transformers
-                        seconds = _timed(lambda: decoder(ids[:, n:], **step_kwargs), args.device)
+                        seconds = timed(lambda: decoder(ids[:, n:], **step_kwargs), args.device)
                         if repeat:
                             step[patched].append(seconds)
                     label = "self-extend" if patched else "plain"
@@ -189,7 +177,7 @@ def _attention_only(args: argparse.Namespace, argv: list[str] | None) -> int:
             for name, call in (calls.items() if repeat % 2 == 0 else reversed(list(calls.items()))):
                 if name == "self_extend_step":
                     previous_step()
-                seconds = _timed(call, args.device)
+                seconds = timed(call, args.device)
                 if repeat:
                     times[name].append(seconds)
         row = {"length": n, **{f"{name}_ms": 1000 * statistics.median(values) for name, values in times.items()}}

@@ -54,7 +54,7 @@ def test_grouped_attention_matches_the_papers_construction(block_elements):
     pos = torch.arange(50)[None]
     out = grouped_attention(
         _rope(q, pos, inv_freq).float(), _rope(k, pos, inv_freq).float(), v, None, pos, pos,
-        inv_freq, 8, False, group_size=3, window=7, scaling=8 ** -0.5, block_elements=block_elements,
+        inv_freq, 8, False, group_size=3, neighbor_window=7, scaling=8 ** -0.5, block_elements=block_elements,
     )
     torch.testing.assert_close(out.double(), _reference(q, k, v, 3, 7, inv_freq), atol=1e-5, rtol=1e-5)
 
@@ -78,7 +78,7 @@ def test_split_attention_matches_the_papers_construction(dtype, block):
     mask[..., 3] = False
     mask[..., 20:25] = False
     args = (pos[:, 38:], pos, inv_freq, 8, False)
-    explicit = grouped_attention(rq[:, :, 38:], rk, v.to(dtype), mask, *args, group_size=3, window=7, scaling=8 ** -0.5)
+    explicit = grouped_attention(rq[:, :, 38:], rk, v.to(dtype), mask, *args, group_size=3, neighbor_window=7, scaling=8 ** -0.5)
     split = split_grouped_attention(rq[:, :, 38:], rk, v.to(dtype), key_grouped, mask, *args, 3, 7, 8 ** -0.5, block=block)
     torch.testing.assert_close(split.double(), explicit.double(), atol=1e-5, rtol=1e-5)
 

@@ -1,0 +1,134 @@
+"""Math shared by the attention-level methods: extra RoPE rotations, attention with its log-sum-exp,
+and the query/key positions an attention call sees.
+
+Each method (:mod:`~hf_posext.backends.attention.self_extend`, :mod:`~hf_posext.backends.attention.dual_chunk`)
+keeps its own index rule; these are the pieces both build on.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["rotate", "rotate_with", "attention_with_lse", "cuda_attention_with_lse", "call_positions"]
+
+
+def rotate(states: torch.Tensor, delta: torch.Tensor, inv_freq: torch.Tensor, rotary_dim: int, interleaved: bool) -> torch.Tensor:
+    """Rotate already-rotated RoPE vectors by ``delta`` more positions.
+
+    Args:
+        states: ``[batch, heads, tokens, head_dim]``; the first ``rotary_dim`` channels are rotary.
+        delta: ``[batch, tokens]`` position offsets (integers; may be negative).
+        inv_freq: the rotary module's inverse frequencies (``rotary_dim / 2`` values).
+        rotary_dim: channels that carry RoPE (partial rotary models rotate only these).
+        interleaved: GPT-J layout (pairs of neighbouring channels) instead of rotate_half halves.
+
+    Returns:
+        The rotated tensor, same shape and dtype. Angles are computed in float64 so the extra rotation
+        adds no error of its own at long positions.
+    """
+    angles = delta.to(device=states.device, dtype=torch.float64)[:, None, :, None] * inv_freq.to(device=states.device, dtype=torch.float64)
+    return rotate_with(states, angles.cos(), angles.sin(), rotary_dim, interleaved)
+
+
+def rotate_with(states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary_dim: int, interleaved: bool) -> torch.Tensor:
+    """Rotate RoPE vectors by the angles whose cosines and sines are given (``rotary_dim / 2`` each,
+    broadcastable to ``states[..., :rotary_dim / 2]``); channels past ``rotary_dim`` pass through."""
+    work = torch.float32 if states.dtype in (torch.float16, torch.bfloat16) else states.dtype
+    cos, sin = cos.to(work), sin.to(work)
+    rot = states[..., :rotary_dim].to(work)
+    if interleaved:
+        x1, x2 = rot[..., 0::2], rot[..., 1::2]
+        rotated = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
+    else:
+        half = rotary_dim // 2
+        x1, x2 = rot[..., :half], rot[..., half:]
+        rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    if rotary_dim == states.shape[-1]:
+        return rotated.to(states.dtype)
+    return torch.cat((rotated.to(states.dtype), states[..., rotary_dim:]), dim=-1)
+
+
+def attention_with_lse(query, key, value, mask, scaling, is_causal=False):
+    """Attention output and log-sum-exp of its scores: ``([B, H, q, D], [B, H, q])``.
+
+    ``mask`` is None or a bool tensor broadcastable to ``[B, H, q, k]`` (True = attend); ``is_causal``
+    (with no mask) lets query r see keys 0..r (top-left aligned). On CPU it calls
+    PyTorch's fused flash-attention kernel, the one ``scaled_dot_product_attention`` itself dispatches to,
+    which also returns the log-sum-exp; elsewhere it computes the same two tensors explicitly. Rows with
+    no key to attend give output 0 and log-sum-exp -inf.
+    """
+    if query.device.type == "cuda" and mask is None:
+        fused = cuda_attention_with_lse(query, key, value, scaling, is_causal)
+        if fused is not None:
+            return fused
+    flash = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    if flash is not None and query.device.type == "cpu" and query.dtype in (torch.float32, torch.bfloat16):
+        bias = None
+        if mask is not None:
+            bias = torch.zeros(mask.shape, dtype=query.dtype, device=query.device).masked_fill_(~mask, float("-inf"))
+        output, lse = flash(query, key, value, 0.0, is_causal and mask is None, attn_mask=bias, scale=scaling)[:2]
+        lse = lse.to(torch.float32)
+        if mask is not None:  # the kernel leaves rows without any key undefined: make them empty
+            empty = ~mask.any(dim=-1)
+            output = output.masked_fill(empty[..., None], 0.0)
+            lse = lse.masked_fill(empty, float("-inf"))
+        return output, lse
+    scores = torch.matmul(query, key.transpose(2, 3)).float() * scaling
+    if is_causal and mask is None:
+        mask = torch.ones(query.shape[2], key.shape[2], dtype=torch.bool, device=query.device).tril_()
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)
+    probs = torch.nan_to_num(torch.exp(scores - lse[..., None]), nan=0.0).to(value.dtype)
+    return torch.matmul(probs, value), lse
+
+
+def cuda_attention_with_lse(query, key, value, scaling, is_causal):
+    """PyTorch's memory-efficient CUDA attention kernel (one of those ``scaled_dot_product_attention``
+    dispatches to), which also returns the log-sum-exp, for every dtype: one kernel, so that the float32
+    device check (bench/gpu_checks.py) covers the half-precision runs too. None when it does not take
+    these inputs (the caller then computes the scores explicitly)."""
+    q_len = query.shape[2]
+    try:
+        result = torch.ops.aten._scaled_dot_product_efficient_attention(query, key, value, None, True, 0.0, is_causal, scale=scaling)
+    except (RuntimeError, NotImplementedError, AttributeError, TypeError):
+        return None
+    output, lse = result[0], result[1]
+    if output.shape != query.shape[:3] + value.shape[-1:] or lse.shape[:2] != query.shape[:2] or lse.shape[-1] < q_len:
+        return None
+    return output, lse[..., :q_len].float()
+
+
+
+def call_positions(query: torch.Tensor, key: torch.Tensor, position_ids: torch.Tensor | None, label: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Query and key positions of one attention call: ``position_ids`` for the queries (default: the last
+    ``q_len`` of ``kv_len``); with a KV cache the keys are the earlier tokens followed by the new ones,
+    consecutive up to the last query.
+
+    Args:
+        query: ``[batch, heads, q_len, head_dim]``. key: ``[batch, kv_heads, kv_len, head_dim]``.
+        position_ids: the model's positions for the queries, or None.
+        label: the method's name for the error message.
+
+    Returns:
+        ``([batch | 1, q_len], [batch | 1, kv_len])`` integer positions.
+
+    Raises:
+        ValueError: ``position_ids`` without one position per query token (e.g. packed multimodal ids).
+    """
+    q_len, kv_len = query.shape[2], key.shape[2]
+    if position_ids is None:
+        query_positions = torch.arange(kv_len - q_len, kv_len, device=query.device)[None, :]
+    else:
+        query_positions = position_ids.to(query.device).long()
+        if query_positions.dim() == 1:
+            query_positions = query_positions[None, :]
+        if query_positions.shape[-1] != q_len:
+            raise ValueError(
+                f"{label} got position_ids of shape {tuple(position_ids.shape)} for {q_len} queries; it needs "
+                "one position per query token."
+            )
+    if kv_len == q_len:
+        return query_positions, query_positions
+    last = query_positions[:, -1:]
+    return query_positions, last - torch.arange(kv_len - 1, -1, -1, device=query.device)[None, :]

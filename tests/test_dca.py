@@ -9,6 +9,7 @@ that their logits depend strongly on position.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -17,10 +18,10 @@ import torch
 
 import hf_posext
 from hf_posext.backends.attention import dual_chunk
-from hf_posext.backends.attention.dual_chunk import _LayerSettings, dual_chunk_explicit, dual_chunk_fused
+from hf_posext.backends.attention.dual_chunk import _LayerSettings, dual_chunk_decode, dual_chunk_explicit, dual_chunk_fused
 from hf_posext.methods.dual_chunk import relative_distance
 from hf_posext.models import tiny_model
-from tests.conftest import logits_of, transformers_major
+from tests.conftest import assert_close_guarding, logits_of, transformers_major
 
 pytestmark = pytest.mark.skipif(transformers_major() < 5, reason="attention registry dispatch as in transformers 5.x")
 
@@ -149,6 +150,66 @@ def test_kernels_take_a_padding_mask():
     torch.testing.assert_close(fused, explicit, atol=1e-5, rtol=1e-5)
     unmasked = dual_chunk_explicit(rq, rk, v, None, pos, pos, layer, 8 ** -0.5)
     assert (unmasked - explicit).abs().max() > 1e-2  # the mask mattered
+
+
+def _decode_case(rows: int, layout: str, mask: str | None, seed: int = 0):
+    """Rotated q/k/v of 97 tokens (five chunks of 20), batch 2, grouped-query, and the last ``rows`` queries."""
+    torch.manual_seed(seed)
+    length, head_dim = 97, 8
+    rotary_dim = 4 if layout == "partial" else 8
+    q, k, v = torch.randn(2, 4, length, head_dim), torch.randn(2, 2, length, head_dim), torch.randn(2, 2, length, head_dim)
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, rotary_dim, 2).double() / rotary_dim))
+    layer = _LayerSettings(inv_freq, rotary_dim, layout == "interleaved", CHUNK_SIZE, LOCAL_WINDOW, "sdpa")
+    attention_mask = None
+    if mask is not None:
+        allowed = torch.ones(2, 1, rows, length, dtype=torch.bool).tril(length - rows)
+        allowed[0, ..., 3] = False
+        allowed[1, ..., 40:44] = False
+        attention_mask = allowed if mask == "bool" else torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(torch.float32).min)
+    return q, k, v, attention_mask, layer, torch.arange(length)[None]
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("layout", ["rotate_half", "interleaved", "partial"])
+@pytest.mark.parametrize("mask", [None, "bool", "float"])
+def test_decode_step_equals_the_explicit_and_prefill_paths(rows, layout, mask):
+    """The few-kernel decode step against the explicit pass on the same step and against the fused prefill's
+    last rows; the unchunked (plain) attention is the effect it guards."""
+    q, k, v, attention_mask, layer, pos = _decode_case(rows, layout, mask)
+    scaling = 8 ** -0.5
+    step_positions = pos[:, -rows:].clone()
+    new = dual_chunk_decode(q[:, :, -rows:], k, v, attention_mask, step_positions, layer, scaling)
+    old = dual_chunk_explicit(q[:, :, -rows:], k, v, attention_mask, step_positions, pos, layer, scaling)
+    plain = dual_chunk_explicit(q[:, :, -rows:], k, v, attention_mask, step_positions, pos, dataclasses.replace(layer, chunk_size=None), scaling)
+    assert_close_guarding(new, old, plain, atol=1e-5, rtol=1e-5)
+    if mask is None:
+        prefill = dual_chunk_fused(q, k, v, None, 0, layer, scaling)[:, -rows:]
+        assert_close_guarding(new, prefill, plain, atol=1e-5, rtol=1e-5)
+    # The tables built by this call serve the next layer of the step (same position_ids tensor) and no other step.
+    again = dual_chunk_decode(q[:, :, -rows:] * 0.5, k, v, attention_mask, step_positions, layer, scaling)
+    torch.testing.assert_close(again, dual_chunk_explicit(q[:, :, -rows:] * 0.5, k, v, attention_mask, step_positions, pos, layer, scaling),
+                               atol=1e-5, rtol=1e-5)
+    shorter = dual_chunk_decode(q[:, :, -rows - 1:-1], k[:, :, :-1], v[:, :, :-1], None, step_positions - 1, layer, scaling)
+    torch.testing.assert_close(shorter, dual_chunk_fused(q[:, :, :-1], k[:, :, :-1], v[:, :, :-1], None, 0, layer, scaling)[:, -rows:],
+                               atol=1e-5, rtol=1e-5)
+
+
+def test_decode_step_check_fails_with_a_wrong_position_set(monkeypatch):
+    """A broken decode step (inter-chunk queries one position off) is caught by the comparison above."""
+    real = dual_chunk._query_offsets_by_distance
+
+    def one_off(*args, **kwargs):
+        offsets, distances = real(*args, **kwargs)
+        return offsets + (torch.arange(distances) >= 2).view(-1, *([1] * (offsets.dim() - 1))), distances
+
+    monkeypatch.setattr(dual_chunk, "_query_offsets_by_distance", one_off)
+    dual_chunk.clear_decode_tables()
+    q, k, v, _, layer, pos = _decode_case(1, "rotate_half", None)
+    new = dual_chunk_decode(q[:, :, -1:], k, v, None, pos[:, -1:].clone(), layer, 8 ** -0.5)
+    prefill = dual_chunk_fused(q, k, v, None, 0, layer, 8 ** -0.5)[:, -1:]
+    with pytest.raises(AssertionError):
+        torch.testing.assert_close(new, prefill, atol=1e-5, rtol=1e-5)
+    dual_chunk.clear_decode_tables()
 
 
 # --------------------------------------------------------------------------------------------------

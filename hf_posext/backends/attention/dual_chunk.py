@@ -17,11 +17,13 @@ Cost. Up to the chunk length nothing changes (the SDPA path calls transformers' 
 on the SDPA path, each block of queries inside one chunk runs at most four fused attention calls with
 no explicit mask — intra-chunk keys before the block, the block's causal diagonal, the previous chunk,
 the older chunks — merged exactly by their log-sum-exp (the softmax over the whole row, taken in
-pieces). Decoding (a few new queries) uses one explicit pass that leaves the key cache as it is: each
-query rotated once per chunk distance, one matmul against the cached keys, one gather picking each
-key's score, one softmax — a fixed, small number of kernels with no host synchronisation. The eager
-path, a logit cap, training and per-row positions use the same pass with the keys moved to ``j mod s``
-and each query rotated three ways. ``bench/dca_cost.py`` measures prefill and decode step.
+pieces). A decode step (a few new queries, :func:`dual_chunk_decode`) leaves the key cache as it is:
+per layer, the query rotated to its index for every chunk distance at once (one gather of channel
+partners, two multiplies), one matmul against the cached keys, one gather picking each key's score, one
+softmax, one matmul with the values — about seven kernels, the same at any length, no host
+synchronisation; the rotation factors and key index are built once per step for all layers. The eager
+path, a logit cap, training and per-row positions use an explicit pass with the keys moved to
+``j mod s`` and each query rotated three ways. ``bench/dca_cost.py`` measures prefill and decode step.
 """
 
 from __future__ import annotations
@@ -54,6 +56,8 @@ __all__ = [
     "vllm_config",
     "dual_chunk_explicit",
     "dual_chunk_fused",
+    "dual_chunk_decode",
+    "clear_decode_tables",
     "dual_chunk_attention",
     "is_patched",
     "current_settings",
@@ -380,6 +384,169 @@ def dual_chunk_fused(
 
 
 
+# --------------------------------------------------------------------------------------------------
+# Decode step: a fixed handful of kernels per layer
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _DecodeTables:
+    """What every layer of one decode step shares (built by the first layer, reused by the others).
+
+    Attributes:
+        cos, sin: ``[B', distances, rows, head_dim]`` float32 factors (the score scaling folded in) that
+            rotate a query to its index for each chunk distance: ``q * cos + q[..., swap] * sin``.
+        swap: ``[head_dim]`` channel index pairing each rotary channel with its partner (identity on
+            pass-through channels, whose ``sin`` is 0).
+        kind: ``[B', rows, kv_len]`` chunk distance of each key from each query, capped at the last one.
+        future: ``[rows, kv_len]`` bool, True for keys after a query (None: none, e.g. one query).
+        distances: how many chunk distances ``cos`` / ``sin`` hold.
+    """
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+    swap: torch.Tensor
+    kind: torch.Tensor
+    future: torch.Tensor | None
+    distances: int
+
+
+#: (layer rotary and chunking, device, kv_len, scaling) -> (position_ids tensor, its version, tables, inv_freq): a
+#: few entries, so that each decode step builds its tables once for all layers (the model passes every
+#: layer the same position_ids tensor). Holding the tensor keeps its identity from being reused.
+_DECODE_TABLES: dict[tuple, tuple[torch.Tensor, int, _DecodeTables, torch.Tensor]] = {}
+
+
+def _decode_tables(query_positions: torch.Tensor, kv_len: int, layer: _LayerSettings, head_dim: int, scaling: float) -> _DecodeTables:
+    """Build :class:`_DecodeTables` for queries at ``query_positions`` ``[B', rows]`` against ``kv_len`` keys
+    (consecutive, the last one at the last query's position)."""
+    device = query_positions.device
+    rows = query_positions.shape[-1]
+    s = chunk_length(layer.chunk_size, layer.local_window)
+    offsets, distances = _query_offsets_by_distance(query_positions, kv_len, layer.chunk_size, layer.local_window)
+    angles = offsets.to(torch.float64).unsqueeze(-1) * layer.frequencies(device)  # [distances, B', rows, rotary / 2]
+    cos, sin = angles.cos().float(), angles.sin().float()
+    half = layer.rotary_dim // 2
+    if layer.interleaved:  # pairs (x0, x1), (x2, x3)...: out0 = x0 cos - x1 sin, out1 = x1 cos + x0 sin
+        cos_full = cos.repeat_interleave(2, dim=-1)
+        sin_full = torch.stack((-sin, sin), dim=-1).flatten(-2)
+        swap = torch.arange(layer.rotary_dim, device=device).view(half, 2).flip(-1).flatten()
+    else:  # halves: out_a = a cos - b sin, out_b = b cos + a sin
+        cos_full = torch.cat((cos, cos), dim=-1)
+        sin_full = torch.cat((-sin, sin), dim=-1)
+        swap = torch.arange(layer.rotary_dim, device=device).view(2, half).flip(0).flatten()
+    if layer.rotary_dim < head_dim:  # pass-through channels: cos 1, sin 0, partner itself
+        rest = head_dim - layer.rotary_dim
+        cos_full = torch.cat((cos_full, cos_full.new_ones(*cos_full.shape[:-1], rest)), dim=-1)
+        sin_full = torch.cat((sin_full, sin_full.new_zeros(*sin_full.shape[:-1], rest)), dim=-1)
+        swap = torch.cat((swap, torch.arange(layer.rotary_dim, head_dim, device=device)))
+    key_positions = query_positions[:, -1:] - torch.arange(kv_len - 1, -1, -1, device=device)
+    query_chunk = torch.div(query_positions, s, rounding_mode="floor")
+    key_chunk = torch.div(key_positions, s, rounding_mode="floor")
+    kind = (query_chunk.unsqueeze(-1) - key_chunk.unsqueeze(-2)).clamp_(0, distances - 1)
+    future = None
+    if rows > 1:
+        future = torch.ones(rows, kv_len, dtype=torch.bool, device=device).triu_(kv_len - rows + 1)
+    return _DecodeTables(
+        (cos_full * scaling).transpose(0, 1).contiguous(), (sin_full * scaling).transpose(0, 1).contiguous(),
+        swap, kind, future, distances,
+    )
+
+
+def _cached_decode_tables(position_ids, query: torch.Tensor, key: torch.Tensor, layer: _LayerSettings, scaling: float) -> _DecodeTables:
+    """:func:`_decode_tables` for this call, reused across the layers of one step (same position_ids tensor)."""
+    q_len, kv_len = query.shape[2], key.shape[2]
+    if position_ids is not None and position_ids.shape[-1] != q_len:
+        call_positions(query, key, position_ids, _LABEL)  # raises the one-line error
+    cache_key = (id(layer.inv_freq), layer.rotary_dim, layer.interleaved, layer.chunk_size, layer.local_window,
+                 str(query.device), kv_len, q_len, query.shape[-1], float(scaling))
+    if position_ids is not None:
+        held = _DECODE_TABLES.get(cache_key)
+        if held is not None and held[0] is position_ids and held[1] == position_ids._version and held[3] is layer.inv_freq:
+            return held[2]
+    query_positions, _ = call_positions(query, key, position_ids, _LABEL)
+    tables = _decode_tables(query_positions, kv_len, layer, query.shape[-1], scaling)
+    if position_ids is not None:
+        if len(_DECODE_TABLES) >= 8:
+            _DECODE_TABLES.clear()
+        _DECODE_TABLES[cache_key] = (position_ids, position_ids._version, tables, layer.inv_freq)
+    return tables
+
+
+def clear_decode_tables() -> None:
+    """Forget the decode-step tables kept for the next layer (benchmarks: time a step's first layer)."""
+    _DECODE_TABLES.clear()
+
+
+def dual_chunk_decode(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    position_ids: torch.Tensor | None,
+    layer: _LayerSettings,
+    scaling: float,
+    softcap: float | None = None,
+) -> torch.Tensor:
+    """Dual Chunk Attention for a few new queries against a long key cache, in a fixed number of kernels.
+
+    The same function as :func:`dual_chunk_explicit` for ``q_len <= DECODE_QUERIES`` (the key cache left as
+    it is, each query rotated once per chunk distance ``d``, see :func:`_query_offsets_by_distance`), built
+    for a GPU decode step that is not launch-bound: per layer one gather of channel partners and two
+    multiplies rotate the query to all its indices at once (the score scaling folded in), one matmul scores
+    them against every cached key, one gather keeps each key's score for its chunk distance, then one
+    softmax and one matmul with the values. No loop over chunks, no read back to the host. The rotation
+    factors and the per-key distance index depend only on the positions, so the first layer of a step
+    builds them and the others reuse them (:func:`_cached_decode_tables`).
+
+    Args:
+        query: ``[batch, heads, q_len, head_dim]``. key, value: ``[batch, kv_heads, kv_len, head_dim]``,
+            keys rotated to their positions, consecutive up to the last query.
+        attention_mask: None (causal), bool (True = attend) or additive float, broadcastable to
+            ``[batch, heads, q_len, kv_len]``. position_ids: the queries' positions (None: the last q_len).
+        layer: rotary frequencies and chunking (``layer.chunk_size`` set). scaling: score multiplier.
+        softcap: Gemma 2 logit cap.
+
+    Returns:
+        ``[batch, q_len, heads, head_dim]``.
+    """
+    batch, heads, q_len, head_dim = query.shape
+    kv_heads, kv_len = key.shape[1], key.shape[2]
+    if heads % kv_heads:
+        raise ValueError(f"{heads} query heads cannot share {kv_heads} key/value heads evenly.")
+    groups = heads // kv_heads
+    tables = _cached_decode_tables(position_ids, query, key, layer, scaling)
+    distances = tables.distances
+    work = torch.float32 if query.dtype in (torch.float16, torch.bfloat16) else query.dtype
+    # [B, H, rows, D] -> [B, kv_heads, groups, 1, rows, D] against [B', 1, 1, distances, rows, D] factors:
+    # the product is laid out as the matmul wants it (query heads of a kv head, then distances, as rows).
+    grouped = query.reshape(batch, kv_heads, groups, 1, q_len, head_dim).to(work)
+    cos = tables.cos.view(-1, 1, 1, distances, q_len, head_dim).to(work)
+    sin = tables.sin.view(-1, 1, 1, distances, q_len, head_dim).to(work)
+    rotated = torch.addcmul(grouped * cos, grouped.index_select(-1, tables.swap), sin).to(query.dtype)
+    scores = torch.matmul(rotated.reshape(batch, kv_heads, groups * distances * q_len, head_dim), key.transpose(2, 3))
+    index = tables.kind.view(-1, 1, 1, 1, q_len, kv_len).expand(batch, kv_heads, groups, 1, q_len, kv_len)
+    scores = scores.view(batch, kv_heads, groups, distances, q_len, kv_len).gather(3, index).squeeze(3)
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    if attention_mask is None:
+        if tables.future is not None:
+            scores = scores.masked_fill(tables.future, torch.finfo(scores.dtype).min)
+    else:
+        mask = attention_mask[..., :q_len, :kv_len] if attention_mask.shape[-2] > 1 else attention_mask[..., :kv_len]
+        if mask.shape[1] == heads and heads != kv_heads:
+            mask = mask.reshape(mask.shape[0], kv_heads, groups, mask.shape[-2], kv_len)
+        else:
+            mask = mask.unsqueeze(2)
+        if mask.dtype == torch.bool:
+            scores = torch.where(mask, scores, torch.finfo(scores.dtype).min)
+        else:
+            scores = scores + mask
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
+    out = torch.matmul(probs.view(batch, kv_heads, groups * q_len, kv_len), value)
+    return out.view(batch, kv_heads, groups, q_len, head_dim).reshape(batch, heads, q_len, head_dim).transpose(1, 2).contiguous()
+
+
 def _fused_start(layer, attention_mask, query_positions, softcap, dropout, module, tensors) -> int | None:
     """The first query position when :func:`dual_chunk_fused` applies (SDPA convention, no logit cap,
     no training dropout, no gradient, one set of consecutive positions for the batch), else None."""
@@ -409,9 +576,10 @@ def dual_chunk_attention(
     """The function registered in transformers' ``AttentionInterface`` (same signature as SDPA's).
 
     Layers DCA leaves alone (Gemma 3 sliding layers) and prefills that fit in one chunk run plain
-    attention (transformers' own SDPA function on the SDPA path); prefills past it run
-    :func:`dual_chunk_fused` where it applies; decoding and everything else runs
-    :func:`dual_chunk_explicit`. Attention weights are not returned.
+    attention (transformers' own SDPA function on the SDPA path); decode steps (at most
+    ``DECODE_QUERIES`` queries) run :func:`dual_chunk_decode`; prefills past one chunk run
+    :func:`dual_chunk_fused` where it applies; everything else (eager prefill, logit cap, training
+    dropout, per-row positions) runs :func:`dual_chunk_explicit`. Attention weights are not returned.
     """
     layer: _LayerSettings | None = getattr(module, _LAYER_ATTRIBUTE, None)
     if layer is None:
@@ -424,8 +592,10 @@ def dual_chunk_attention(
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
     softcap = kwargs.get("softcap")
-    query_positions, key_positions = call_positions(query, key, kwargs.get("position_ids"), _LABEL)
     q_len = query.shape[2]
+    if layer.chunk_size is not None and q_len <= DECODE_QUERIES and not (dropout and module.training):
+        return dual_chunk_decode(query, key, value, attention_mask, kwargs.get("position_ids"), layer, scaling, softcap), None
+    query_positions, key_positions = call_positions(query, key, kwargs.get("position_ids"), _LABEL)
     plain = layer.chunk_size is None
     if not plain and q_len > DECODE_QUERIES:
         # A prefill: one host sync is cheap next to the work, and short prompts stay bit for bit the model's.

@@ -6,7 +6,8 @@ chunks of 5632 tokens). For each length n it times, interleaved, median of ``--r
 
 - prefill: transformers' SDPA function, eager attention, the registered DCA function (fused calls
   merged by log-sum-exp past one chunk) and Self-Extend (G=3, W=2048, for comparison);
-- one decode step (one query against n cached keys): SDPA, DCA and Self-Extend, with the operations
+- one decode step (one query against n cached keys): SDPA, DCA (the registered function, which runs
+  ``dual_chunk_decode``), DCA's explicit pass (the decode step before it) and Self-Extend, with the operations
   one step runs, counted by torch.profiler (bench/timing.py): aten operations called, the kernels among
   them (operations that compute or copy, not views), and host synchronisations.
 
@@ -78,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
                                                                              position_ids=positions),
             "sdpa_step": lambda: sdpa_attention_forward(module, q[:, :, -1:], k, v, None, scaling=scaling),
             "dca_step": lambda: dual_chunk.dual_chunk_attention(module, q[:, :, -1:], k, v, None, scaling=scaling, position_ids=last),
+            # The decode step before dual_chunk_decode: the explicit pass (the same function, ~40 kernels).
+            "dca_explicit_step": lambda: dual_chunk.dual_chunk_explicit(q[:, :, -1:], k, v, None, last, positions,
+                                                                        module._hf_posext_dca, scaling),
             "self_extend_step": lambda: self_extend.self_extend_attention(module, q[:, :, -1:], k, v, None, scaling=scaling,
                                                                           position_ids=last),
         }
@@ -114,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
                 counted = count_operations(call)
                 row[f"{name}_aten_ops"], row[f"{name}_kernels"], row[f"{name}_syncs"] = counted["aten"], counted["kernels"], counted["syncs"]
                 row[f"{name}_kernel_names"] = counted["kernel_names"]
-        for method in ("dca", "self_extend"):
+        for method in ("dca", "dca_explicit", "self_extend"):
             for phase in ("prefill", "step"):
                 if f"{method}_{phase}_ms" in row:
                     row[f"{method}_{phase}_ratio"] = row[f"{method}_{phase}_ms"] / row[f"sdpa_{phase}_ms"]
@@ -139,9 +143,9 @@ def main(argv: list[str] | None = None) -> int:
         f"and Self-Extend (G=3, W=2048), median of {args.repeats} interleaved. Command: `{command}`",
         "",
         "| length | SDPA prefill (ms) | eager prefill (ms) | DCA prefill (ms) | DCA / SDPA | Self-Extend / SDPA "
-        "| SDPA step (ms) | DCA step (ms) | DCA / SDPA | Self-Extend step (ms) | Self-Extend / SDPA "
-        "| step kernels SDPA / DCA (first layer) / SE | step host syncs DCA / SE |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| SDPA step (ms) | DCA step (ms) | DCA / SDPA | DCA explicit-pass step / SDPA | Self-Extend step (ms) "
+        "| Self-Extend / SDPA | step kernels SDPA / DCA (first layer) / DCA explicit / SE | step host syncs DCA / SE |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     def cell(row, key, digits):
         return f"{row[key]:.{digits}f}" if key in row else "-"
@@ -151,8 +155,10 @@ def main(argv: list[str] | None = None) -> int:
             f"| {row['length']} | {cell(row, 'sdpa_prefill_ms', 1)} | {cell(row, 'eager_prefill_ms', 1)} | "
             f"{cell(row, 'dca_prefill_ms', 1)} | {cell(row, 'dca_prefill_ratio', 2)} | {cell(row, 'self_extend_prefill_ratio', 2)} | "
             f"{cell(row, 'sdpa_step_ms', 3)} | {cell(row, 'dca_step_ms', 3)} | {cell(row, 'dca_step_ratio', 2)} | "
+            f"{cell(row, 'dca_explicit_step_ratio', 2)} | "
             f"{cell(row, 'self_extend_step_ms', 3)} | {cell(row, 'self_extend_step_ratio', 2)} | "
             f"{cell(row, 'sdpa_step_kernels', 0)} / {cell(row, 'dca_step_kernels', 0)} ({cell(row, 'dca_step_first_layer_kernels', 0)}) / "
+            f"{cell(row, 'dca_explicit_step_kernels', 0)} / "
             f"{cell(row, 'self_extend_step_kernels', 0)} | "
             f"{cell(row, 'dca_step_syncs', 0)} / {cell(row, 'self_extend_step_syncs', 0)} |"
         )

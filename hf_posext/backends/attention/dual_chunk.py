@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from hf_posext.backends.attention import registration
-from hf_posext.backends.attention.kernels import attention_with_lse, call_positions, rotate_with
+from hf_posext.backends.attention.kernels import attention_with_lse, call_positions, rotate_by_factors, rotate_with, rotation_factors
 from hf_posext.backends.attention.registration import AttentionLayer
 from hf_posext.core.record import CONFIG_KEY, ScalingReport, make_record
 from hf_posext.core.request import ScalingRequest
@@ -425,21 +425,7 @@ def _decode_tables(query_positions: torch.Tensor, kv_len: int, layer: _LayerSett
     s = chunk_length(layer.chunk_size, layer.local_window)
     offsets, distances = _query_offsets_by_distance(query_positions, kv_len, layer.chunk_size, layer.local_window)
     angles = offsets.to(torch.float64).unsqueeze(-1) * layer.frequencies(device)  # [distances, B', rows, rotary / 2]
-    cos, sin = angles.cos().float(), angles.sin().float()
-    half = layer.rotary_dim // 2
-    if layer.interleaved:  # pairs (x0, x1), (x2, x3)...: out0 = x0 cos - x1 sin, out1 = x1 cos + x0 sin
-        cos_full = cos.repeat_interleave(2, dim=-1)
-        sin_full = torch.stack((-sin, sin), dim=-1).flatten(-2)
-        swap = torch.arange(layer.rotary_dim, device=device).view(half, 2).flip(-1).flatten()
-    else:  # halves: out_a = a cos - b sin, out_b = b cos + a sin
-        cos_full = torch.cat((cos, cos), dim=-1)
-        sin_full = torch.cat((-sin, sin), dim=-1)
-        swap = torch.arange(layer.rotary_dim, device=device).view(2, half).flip(0).flatten()
-    if layer.rotary_dim < head_dim:  # pass-through channels: cos 1, sin 0, partner itself
-        rest = head_dim - layer.rotary_dim
-        cos_full = torch.cat((cos_full, cos_full.new_ones(*cos_full.shape[:-1], rest)), dim=-1)
-        sin_full = torch.cat((sin_full, sin_full.new_zeros(*sin_full.shape[:-1], rest)), dim=-1)
-        swap = torch.cat((swap, torch.arange(layer.rotary_dim, head_dim, device=device)))
+    cos, sin, swap = rotation_factors(angles.cos().float(), angles.sin().float(), layer.rotary_dim, head_dim, layer.interleaved, scaling)
     key_positions = query_positions[:, -1:] - torch.arange(kv_len - 1, -1, -1, device=device)
     query_chunk = torch.div(query_positions, s, rounding_mode="floor")
     key_chunk = torch.div(key_positions, s, rounding_mode="floor")
@@ -447,10 +433,7 @@ def _decode_tables(query_positions: torch.Tensor, kv_len: int, layer: _LayerSett
     future = None
     if rows > 1:
         future = torch.ones(rows, kv_len, dtype=torch.bool, device=device).triu_(kv_len - rows + 1)
-    return _DecodeTables(
-        (cos_full * scaling).transpose(0, 1).contiguous(), (sin_full * scaling).transpose(0, 1).contiguous(),
-        swap, kind, future, distances,
-    )
+    return _DecodeTables(cos.transpose(0, 1).contiguous(), sin.transpose(0, 1).contiguous(), swap, kind, future, distances)
 
 
 def _cached_decode_tables(position_ids, query: torch.Tensor, key: torch.Tensor, layer: _LayerSettings, scaling: float) -> _DecodeTables:
@@ -517,13 +500,12 @@ def dual_chunk_decode(
     groups = heads // kv_heads
     tables = _cached_decode_tables(position_ids, query, key, layer, scaling)
     distances = tables.distances
-    work = torch.float32 if query.dtype in (torch.float16, torch.bfloat16) else query.dtype
     # [B, H, rows, D] -> [B, kv_heads, groups, 1, rows, D] against [B', 1, 1, distances, rows, D] factors:
     # the product is laid out as the matmul wants it (query heads of a kv head, then distances, as rows).
-    grouped = query.reshape(batch, kv_heads, groups, 1, q_len, head_dim).to(work)
-    cos = tables.cos.view(-1, 1, 1, distances, q_len, head_dim).to(work)
-    sin = tables.sin.view(-1, 1, 1, distances, q_len, head_dim).to(work)
-    rotated = torch.addcmul(grouped * cos, grouped.index_select(-1, tables.swap), sin).to(query.dtype)
+    rotated = rotate_by_factors(
+        query.reshape(batch, kv_heads, groups, 1, q_len, head_dim),
+        tables.cos.view(-1, 1, 1, distances, q_len, head_dim), tables.sin.view(-1, 1, 1, distances, q_len, head_dim), tables.swap,
+    )
     scores = torch.matmul(rotated.reshape(batch, kv_heads, groups * distances * q_len, head_dim), key.transpose(2, 3))
     index = tables.kind.view(-1, 1, 1, 1, q_len, kv_len).expand(batch, kv_heads, groups, 1, q_len, kv_len)
     scores = scores.view(batch, kv_heads, groups, distances, q_len, kv_len).gather(3, index).squeeze(3)

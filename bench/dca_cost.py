@@ -111,10 +111,10 @@ def main(argv: list[str] | None = None) -> int:
             if name.endswith("_step"):  # operations per decode step (torch.profiler): launch-bound or not
                 if name == "self_extend_step":
                     previous_self_extend_step()
-                if name == "dca_step":  # the first layer of a step builds the tables the other layers reuse
-                    dual_chunk.clear_decode_tables()
+                if name in ("dca_step", "self_extend_step"):  # a step's first layer builds the tables the others reuse
+                    (dual_chunk if name == "dca_step" else self_extend).clear_decode_tables()
                     first = count_operations(call)
-                    row["dca_step_first_layer_kernels"], row["dca_step_first_layer_aten_ops"] = first["kernels"], first["aten"]
+                    row[f"{name}_first_layer_kernels"], row[f"{name}_first_layer_aten_ops"] = first["kernels"], first["aten"]
                 counted = count_operations(call)
                 row[f"{name}_aten_ops"], row[f"{name}_kernels"], row[f"{name}_syncs"] = counted["aten"], counted["kernels"], counted["syncs"]
                 row[f"{name}_kernel_names"] = counted["kernel_names"]
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         "",
         "| length | SDPA prefill (ms) | eager prefill (ms) | DCA prefill (ms) | DCA / SDPA | Self-Extend / SDPA "
         "| SDPA step (ms) | DCA step (ms) | DCA / SDPA | DCA explicit-pass step / SDPA | Self-Extend step (ms) "
-        "| Self-Extend / SDPA | step kernels SDPA / DCA (first layer) / DCA explicit / SE | step host syncs DCA / SE |",
+        "| Self-Extend / SDPA | step kernels SDPA / DCA (first layer) / DCA explicit / SE (first layer) | step host syncs DCA / SE |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     def cell(row, key, digits):
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{cell(row, 'self_extend_step_ms', 3)} | {cell(row, 'self_extend_step_ratio', 2)} | "
             f"{cell(row, 'sdpa_step_kernels', 0)} / {cell(row, 'dca_step_kernels', 0)} ({cell(row, 'dca_step_first_layer_kernels', 0)}) / "
             f"{cell(row, 'dca_explicit_step_kernels', 0)} / "
-            f"{cell(row, 'self_extend_step_kernels', 0)} | "
+            f"{cell(row, 'self_extend_step_kernels', 0)} ({cell(row, 'self_extend_step_first_layer_kernels', 0)}) | "
             f"{cell(row, 'dca_step_syncs', 0)} / {cell(row, 'self_extend_step_syncs', 0)} |"
         )
     table = "\n".join(lines)

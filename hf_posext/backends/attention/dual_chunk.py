@@ -18,7 +18,7 @@ on the SDPA path, each block of queries inside one chunk runs at most four fused
 no explicit mask — intra-chunk keys before the block, the block's causal diagonal, the previous chunk,
 the older chunks — merged exactly by their log-sum-exp (the softmax over the whole row, taken in
 pieces). A decode step (a few new queries, :func:`dual_chunk_decode`) leaves the key cache as it is:
-per layer, the query rotated to its index for every chunk distance at once (one gather of channel
+per layer, the query rotated to its index for every chunk distance at once (one copy of channel
 partners, two multiplies), one matmul against the cached keys, one gather picking each key's score, one
 softmax, one matmul with the values — about seven kernels, the same at any length, no host
 synchronisation; the rotation factors and key index are built once per step for all layers. The eager
@@ -395,9 +395,7 @@ class _DecodeTables:
 
     Attributes:
         cos, sin: ``[B', distances, rows, head_dim]`` float32 factors (the score scaling folded in) that
-            rotate a query to its index for each chunk distance: ``q * cos + q[..., swap] * sin``.
-        swap: ``[head_dim]`` channel index pairing each rotary channel with its partner (identity on
-            pass-through channels, whose ``sin`` is 0).
+            rotate a query to its index for each chunk distance (:func:`rotate_by_factors`).
         kind: ``[B', rows, kv_len]`` chunk distance of each key from each query, capped at the last one.
         future: ``[rows, kv_len]`` bool, True for keys after a query (None: none, e.g. one query).
         distances: how many chunk distances ``cos`` / ``sin`` hold.
@@ -405,7 +403,6 @@ class _DecodeTables:
 
     cos: torch.Tensor
     sin: torch.Tensor
-    swap: torch.Tensor
     kind: torch.Tensor
     future: torch.Tensor | None
     distances: int
@@ -425,7 +422,7 @@ def _decode_tables(query_positions: torch.Tensor, kv_len: int, layer: _LayerSett
     s = chunk_length(layer.chunk_size, layer.local_window)
     offsets, distances = _query_offsets_by_distance(query_positions, kv_len, layer.chunk_size, layer.local_window)
     angles = offsets.to(torch.float64).unsqueeze(-1) * layer.frequencies(device)  # [distances, B', rows, rotary / 2]
-    cos, sin, swap = rotation_factors(angles.cos().float(), angles.sin().float(), layer.rotary_dim, head_dim, layer.interleaved, scaling)
+    cos, sin = rotation_factors(angles.cos().float(), angles.sin().float(), layer.rotary_dim, head_dim, layer.interleaved, scaling)
     key_positions = query_positions[:, -1:] - torch.arange(kv_len - 1, -1, -1, device=device)
     query_chunk = torch.div(query_positions, s, rounding_mode="floor")
     key_chunk = torch.div(key_positions, s, rounding_mode="floor")
@@ -433,7 +430,7 @@ def _decode_tables(query_positions: torch.Tensor, kv_len: int, layer: _LayerSett
     future = None
     if rows > 1:
         future = torch.ones(rows, kv_len, dtype=torch.bool, device=device).triu_(kv_len - rows + 1)
-    return _DecodeTables(cos.transpose(0, 1).contiguous(), sin.transpose(0, 1).contiguous(), swap, kind, future, distances)
+    return _DecodeTables(cos.transpose(0, 1).contiguous(), sin.transpose(0, 1).contiguous(), kind, future, distances)
 
 
 def _cached_decode_tables(position_ids, query: torch.Tensor, key: torch.Tensor, layer: _LayerSettings, scaling: float) -> _DecodeTables:
@@ -475,7 +472,7 @@ def dual_chunk_decode(
 
     The same function as :func:`dual_chunk_explicit` for ``q_len <= DECODE_QUERIES`` (the key cache left as
     it is, each query rotated once per chunk distance ``d``, see :func:`_query_offsets_by_distance`), built
-    for a GPU decode step that is not launch-bound: per layer one gather of channel partners and two
+    for a GPU decode step that is not launch-bound: per layer one copy of channel partners and two
     multiplies rotate the query to all its indices at once (the score scaling folded in), one matmul scores
     them against every cached key, one gather keeps each key's score for its chunk distance, then one
     softmax and one matmul with the values. No loop over chunks, no read back to the host. The rotation
@@ -504,7 +501,8 @@ def dual_chunk_decode(
     # the product is laid out as the matmul wants it (query heads of a kv head, then distances, as rows).
     rotated = rotate_by_factors(
         query.reshape(batch, kv_heads, groups, 1, q_len, head_dim),
-        tables.cos.view(-1, 1, 1, distances, q_len, head_dim), tables.sin.view(-1, 1, 1, distances, q_len, head_dim), tables.swap,
+        tables.cos.view(-1, 1, 1, distances, q_len, head_dim), tables.sin.view(-1, 1, 1, distances, q_len, head_dim),
+        layer.rotary_dim, layer.interleaved,
     )
     scores = torch.matmul(rotated.reshape(batch, kv_heads, groups * distances * q_len, head_dim), key.transpose(2, 3))
     index = tables.kind.view(-1, 1, 1, 1, q_len, kv_len).expand(batch, kv_heads, groups, 1, q_len, kv_len)

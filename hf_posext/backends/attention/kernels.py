@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 __all__ = [
-    "rotate", "rotate_with", "rotation_factors", "rotate_by_factors", "attention_with_lse", "cuda_attention_with_lse",
+    "rotate", "rotate_with", "rotation_factors", "partners", "rotate_by_factors", "attention_with_lse", "cuda_attention_with_lse",
     "call_positions",
 ]
 
@@ -53,8 +53,8 @@ def rotate_with(states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rota
 
 def rotation_factors(
     cos: torch.Tensor, sin: torch.Tensor, rotary_dim: int, head_dim: int, interleaved: bool, scale: float = 1.0
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Factors that rotate by given angles in three kernels: ``x * c + x[..., swap] * s`` (see :func:`rotate_by_factors`).
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Factors that rotate by given angles in three kernels: ``x * c + partners(x) * s`` (see :func:`rotate_by_factors`).
 
     Args:
         cos, sin: ``[..., rotary_dim / 2]`` cosines and sines of the angles.
@@ -63,33 +63,38 @@ def rotation_factors(
         scale: multiplies the result (a score scaling folded into the rotation).
 
     Returns:
-        ``(c, s, swap)``: ``[..., head_dim]`` float factors and the ``[head_dim]`` index pairing each rotary
-        channel with its partner (itself on pass-through channels, where ``s`` is 0 and ``c`` is ``scale``).
+        ``(c, s)``, ``[..., head_dim]`` each; on pass-through channels ``c`` is 1 and ``s`` is 0 (times ``scale``).
     """
-    half = rotary_dim // 2
-    channels = torch.arange(rotary_dim, device=cos.device)
     if interleaved:  # pairs (x0, x1): out0 = x0 cos - x1 sin, out1 = x1 cos + x0 sin
         c, s = cos.repeat_interleave(2, dim=-1), torch.stack((-sin, sin), dim=-1).flatten(-2)
-        swap = channels.view(half, 2).flip(-1).flatten()
     else:  # halves (a, b): out_a = a cos - b sin, out_b = b cos + a sin
         c, s = torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1)
-        swap = channels.view(2, half).flip(0).flatten()
     if rotary_dim < head_dim:
         rest = head_dim - rotary_dim
         c = torch.cat((c, c.new_ones(*c.shape[:-1], rest)), dim=-1)
         s = torch.cat((s, s.new_zeros(*s.shape[:-1], rest)), dim=-1)
-        swap = torch.cat((swap, torch.arange(rotary_dim, head_dim, device=cos.device)))
     if scale != 1.0:
         c, s = c * scale, s * scale
-    return c, s, swap
+    return c, s
 
 
-def rotate_by_factors(states: torch.Tensor, c: torch.Tensor, s: torch.Tensor, swap: torch.Tensor) -> torch.Tensor:
-    """``states * c + states[..., swap] * s`` (factors from :func:`rotation_factors`, broadcast against
+def partners(states: torch.Tensor, rotary_dim: int, interleaved: bool) -> torch.Tensor:
+    """Each rotary channel's partner in the rotation (``(b, a)`` for halves ``(a, b)``, ``(x1, x0)`` for
+    pairs), pass-through channels as they are: one copy kernel (two for a partial interleaved rotary)."""
+    half = rotary_dim // 2
+    rest = (states[..., rotary_dim:],) if rotary_dim < states.shape[-1] else ()
+    if not interleaved:
+        return torch.cat((states[..., half:rotary_dim], states[..., :half]) + rest, dim=-1)
+    swapped = states[..., :rotary_dim].unflatten(-1, (half, 2)).flip(-1).flatten(-2)
+    return torch.cat((swapped,) + rest, dim=-1) if rest else swapped
+
+
+def rotate_by_factors(states: torch.Tensor, c: torch.Tensor, s: torch.Tensor, rotary_dim: int, interleaved: bool) -> torch.Tensor:
+    """``states * c + partners(states) * s`` (factors from :func:`rotation_factors`, broadcast against
     ``states``), computed in float32 for half-precision states and returned in their dtype."""
     work = torch.float32 if states.dtype in (torch.float16, torch.bfloat16) else states.dtype
     x = states.to(work)
-    return torch.addcmul(x * c.to(work), x.index_select(-1, swap), s.to(work)).to(states.dtype)
+    return torch.addcmul(x * c.to(work), partners(x, rotary_dim, interleaved), s.to(work)).to(states.dtype)
 
 
 def attention_with_lse(query, key, value, mask, scaling, is_causal=False):

@@ -27,9 +27,12 @@ attention calls (neighbour band, grouped band, grouped bulk) and merges them by 
 (:func:`split_grouped_attention`): the extra work is the re-rotation of q and k, a second pass over a
 band of about W + 512 keys, and the masks of the two bands. On the eager path, or with a logit cap,
 training dropout or per-row positions (a left-padded batch), the scores are materialised block by block
-instead (:func:`grouped_attention`), about what eager attention costs. During generation each layer
-keeps its keys rotated to grouped positions (one more copy of the key cache) so a decode step rotates
-only the new key. ``bench/self_extend_cost.py`` measures it (docs/beyond_rescaling.md).
+instead (:func:`grouped_attention`), about what eager attention costs. On an accelerator a decode step
+past the window (:func:`self_extend_decode`) runs about a dozen kernels per layer, the same at any
+length, with no host synchronisation: the query and every cached key rotated to grouped positions from factors built once
+per step, two matmuls, one ``where``, one softmax, one matmul. A chunked prefill with a KV cache keeps
+each layer's keys rotated to grouped positions (one more copy of the key cache) and rotates only the
+new ones; on CPU, where host reads cost nothing and bandwidth is what counts, decode steps do the same. ``bench/self_extend_cost.py`` measures it (docs/beyond_rescaling.md).
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ import torch
 from torch import nn
 
 from hf_posext.backends.attention import registration
-from hf_posext.backends.attention.kernels import attention_with_lse, call_positions, rotate, rotate_with
+from hf_posext.backends.attention.kernels import attention_with_lse, call_positions, rotate, rotate_by_factors, rotate_with, rotation_factors
 from hf_posext.backends.attention.registration import AttentionLayer, find_attention_layers
 from hf_posext.core.deprecation import renamed_keyword
 from hf_posext.core.record import CONFIG_KEY, ScalingReport, make_record
@@ -57,6 +60,8 @@ __all__ = [
     "size_for_target",
     "grouped_attention",
     "split_grouped_attention",
+    "self_extend_decode",
+    "clear_decode_tables",
     "self_extend_attention",
     "is_patched",
     "patch_self_extend",
@@ -396,7 +401,152 @@ def split_grouped_attention(
     return torch.cat(outputs, dim=2).transpose(1, 2).contiguous()
 
 
+# --------------------------------------------------------------------------------------------------
+# Decode step: a fixed handful of kernels per layer
+# --------------------------------------------------------------------------------------------------
 
+#: Calls with at most this many queries (decoding) take :func:`self_extend_decode`.
+DECODE_QUERIES = 16
+#: Device types whose decode steps take :func:`self_extend_decode`. Not the CPU: there a step is not
+#: launch-bound, host reads are free, and rotating every cached key again costs about twice what
+#: reusing the kept rotated keys costs (``bench/results/self_extend_decode_cpu.json``).
+DECODE_DEVICES = ("cuda", "xpu", "mps")
+
+
+@dataclass
+class _DecodeTables:
+    """What every layer of one decode step shares (built by the first layer, reused by the others).
+
+    Attributes:
+        query_cos, query_sin: ``[B', rows, head_dim]`` factors moving a query to its grouped position,
+            the score scaling folded in. key_cos, key_sin: ``[B', kv_len, head_dim]`` moving each key to
+            its grouped position (see :func:`rotate_by_factors`).
+        neighbour: ``[B', rows, kv_len]`` bool, True where the key is inside the neighbor window.
+        future: ``[rows, kv_len]`` bool, True for keys after a query (None: one query).
+    """
+
+    query_cos: torch.Tensor
+    query_sin: torch.Tensor
+    key_cos: torch.Tensor
+    key_sin: torch.Tensor
+    neighbour: torch.Tensor
+    future: torch.Tensor | None
+
+
+#: Same role as in :mod:`hf_posext.backends.attention.dual_chunk`: one step's tables, held with the
+#: position_ids tensor that every layer of the step receives.
+_DECODE_TABLES: dict[tuple, tuple[torch.Tensor, int, _DecodeTables, torch.Tensor]] = {}
+
+
+def _decode_tables(query_positions: torch.Tensor, kv_len: int, settings: _LayerSettings, head_dim: int, scaling: float) -> _DecodeTables:
+    """Build :class:`_DecodeTables` for queries at ``query_positions`` ``[B', rows]`` against ``kv_len``
+    consecutive keys ending at the last query (angles in float64, as :func:`_grouped_table`)."""
+    device = query_positions.device
+    rows = query_positions.shape[-1]
+    group_size, neighbor_window = settings.group_size, settings.neighbor_window
+    inv_freq = settings.inv_freq.to(device=device, dtype=torch.float64)
+    key_positions = query_positions[:, -1:] - torch.arange(kv_len - 1, -1, -1, device=device)
+    grouped_query = torch.div(query_positions, group_size, rounding_mode="floor") + (neighbor_window - neighbor_window // group_size)
+    # Negative key positions only occur for left padding (masked keys): any rotation will do for them.
+    safe_keys = key_positions.clamp(min=0)
+    grouped_key = torch.div(safe_keys, group_size, rounding_mode="floor")
+    query_angles = (grouped_query - query_positions).to(torch.float64).unsqueeze(-1) * inv_freq
+    key_angles = (grouped_key - safe_keys).to(torch.float64).unsqueeze(-1) * inv_freq
+    rotary, interleaved = settings.rotary_dim, settings.interleaved
+    query_cos, query_sin = rotation_factors(query_angles.cos().float(), query_angles.sin().float(), rotary, head_dim, interleaved, scaling)
+    key_cos, key_sin = rotation_factors(key_angles.cos().float(), key_angles.sin().float(), rotary, head_dim, interleaved)
+    neighbour = (query_positions.unsqueeze(-1) - key_positions.unsqueeze(-2)) < neighbor_window
+    future = torch.ones(rows, kv_len, dtype=torch.bool, device=device).triu_(kv_len - rows + 1) if rows > 1 else None
+    return _DecodeTables(query_cos, query_sin, key_cos, key_sin, neighbour, future)
+
+
+def _cached_decode_tables(position_ids, query: torch.Tensor, key: torch.Tensor, settings: _LayerSettings, scaling: float) -> _DecodeTables:
+    """:func:`_decode_tables` for this call, reused across the layers of one step (same position_ids tensor)."""
+    q_len, kv_len = query.shape[2], key.shape[2]
+    cache_key = (id(settings.inv_freq), settings.rotary_dim, settings.interleaved, settings.group_size, settings.neighbor_window,
+                 str(query.device), kv_len, q_len, query.shape[-1], float(scaling))
+    if position_ids is not None:
+        held = _DECODE_TABLES.get(cache_key)
+        if held is not None and held[0] is position_ids and held[1] == position_ids._version and held[3] is settings.inv_freq:
+            return held[2]
+    query_positions, _ = call_positions(query, key, position_ids, "Self-Extend")
+    tables = _decode_tables(query_positions, kv_len, settings, query.shape[-1], scaling)
+    if position_ids is not None:
+        if len(_DECODE_TABLES) >= 8:
+            _DECODE_TABLES.clear()
+        _DECODE_TABLES[cache_key] = (position_ids, position_ids._version, tables, settings.inv_freq)
+    return tables
+
+
+def clear_decode_tables() -> None:
+    """Forget the decode-step tables kept for the next layer (benchmarks: time a step's first layer)."""
+    _DECODE_TABLES.clear()
+
+
+def self_extend_decode(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    position_ids: torch.Tensor | None,
+    settings: _LayerSettings,
+    scaling: float,
+    softcap: float | None = None,
+) -> torch.Tensor:
+    """Self-Extend for a few new queries against a long key cache, in a fixed number of kernels.
+
+    The same function as :func:`grouped_attention` (neighbour scores inside the window, grouped beyond,
+    merged before one softmax), built for a GPU decode step that is not launch-bound: per layer the query
+    is scaled and rotated to its grouped position, every cached key rotated to its grouped position
+    (three kernels each, from factors built once per step for all layers), two matmuls, one ``where``
+    picking each key's score, one softmax, one matmul with the values. No host synchronisation and no
+    check of a kept key copy: the keys are rotated afresh, which costs a few passes over the key cache
+    (bandwidth) instead of the reads back to the host that reusing them needs.
+
+    Args:
+        query: ``[batch, heads, q_len, head_dim]``. key, value: ``[batch, kv_heads, kv_len, head_dim]``,
+            keys rotated to their positions, consecutive up to the last query.
+        attention_mask: None (causal), bool (True = attend) or additive float, broadcastable to
+            ``[batch, heads, q_len, kv_len]``. position_ids: the queries' positions (None: the last q_len).
+        settings: the layer's rotary embedding and grouping (``group_size`` set). scaling: score multiplier.
+        softcap: Gemma 2 logit cap.
+
+    Returns:
+        ``[batch, q_len, heads, head_dim]``.
+    """
+    batch, heads, q_len, head_dim = query.shape
+    kv_heads, kv_len = key.shape[1], key.shape[2]
+    if heads % kv_heads:
+        raise ValueError(f"{heads} query heads cannot share {kv_heads} key/value heads evenly.")
+    groups = heads // kv_heads
+    tables = _cached_decode_tables(position_ids, query, key, settings, scaling)
+    # Query heads sharing a kv head become rows of one matmul against it: [B, kv_heads, groups * rows, D].
+    query_rows = query.reshape(batch, kv_heads, groups, q_len, head_dim)
+    near_query = (query_rows * scaling).reshape(batch, kv_heads, groups * q_len, head_dim)
+    geometry = (settings.rotary_dim, settings.interleaved)
+    far_query = rotate_by_factors(query_rows, tables.query_cos[:, None, None], tables.query_sin[:, None, None], *geometry)
+    far_key = rotate_by_factors(key, tables.key_cos[:, None], tables.key_sin[:, None], *geometry)
+    near = torch.matmul(near_query, key.transpose(2, 3)).view(batch, kv_heads, groups, q_len, kv_len)
+    far = torch.matmul(far_query.reshape(batch, kv_heads, groups * q_len, head_dim), far_key.transpose(2, 3))
+    scores = torch.where(tables.neighbour[:, None, None], near, far.view(batch, kv_heads, groups, q_len, kv_len))
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    if attention_mask is None:
+        if tables.future is not None:
+            scores = scores.masked_fill(tables.future, torch.finfo(scores.dtype).min)
+    else:
+        mask = attention_mask[..., :q_len, :kv_len] if attention_mask.shape[-2] > 1 else attention_mask[..., :kv_len]
+        if mask.shape[1] == heads and heads != kv_heads:
+            mask = mask.reshape(mask.shape[0], kv_heads, groups, mask.shape[-2], kv_len)
+        else:
+            mask = mask.unsqueeze(2)
+        if mask.dtype == torch.bool:
+            scores = torch.where(mask, scores, torch.finfo(scores.dtype).min)
+        else:
+            scores = scores + mask
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
+    out = torch.matmul(probs.view(batch, kv_heads, groups * q_len, kv_len), value)
+    return out.view(batch, kv_heads, groups, q_len, head_dim).reshape(batch, heads, q_len, head_dim).transpose(1, 2).contiguous()
 
 
 def self_extend_attention(
@@ -413,7 +563,10 @@ def self_extend_attention(
 
     Reads the module's settings (attached by :func:`patch_self_extend`); layers without grouping
     (Gemma 3 sliding layers) and calls where every pair is inside the window run plain attention
-    (transformers' own SDPA function on the SDPA path). Attention weights are not returned.
+    (transformers' own SDPA function on the SDPA path); decode steps past the window (at most
+    ``DECODE_QUERIES`` queries) on an accelerator (``DECODE_DEVICES``) run :func:`self_extend_decode`; longer calls run
+    :func:`split_grouped_attention` where it applies, else :func:`grouped_attention`. Attention weights
+    are not returned.
     """
     settings: _LayerSettings | None = getattr(module, _LAYER_ATTRIBUTE, None)
     if settings is None:
@@ -426,6 +579,10 @@ def self_extend_attention(
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
     softcap = kwargs.get("softcap")
+    q_len, kv_len = query.shape[2], key.shape[2]
+    if (query.device.type in DECODE_DEVICES and settings.group_size is not None and settings.group_size > 1
+            and q_len <= DECODE_QUERIES and kv_len > settings.neighbor_window and not (dropout and module.training)):
+        return self_extend_decode(query, key, value, attention_mask, kwargs.get("position_ids"), settings, scaling, softcap), None
     query_positions, key_positions = call_positions(query, key, kwargs.get("position_ids"), "Self-Extend")
     plain = settings.group_size is None or settings.group_size == 1 or int(
         (query_positions.max() - key_positions.min())

@@ -363,6 +363,42 @@ def test_save_and_load_round_trip_writes_vllms_fields(tmp_path):
     assert hf_posext.describe(hf_posext.load(tmp_path)).params["chunk_size"] == 32
 
 
+@pytest.mark.parametrize("qwen2", [False, True])
+def test_checkpoint_with_only_vllms_field_loads_with_dca(tmp_path, qwen2):
+    """A Qwen2.5-1M-style config.json: dual_chunk_attention_config and a raised max_position_embeddings,
+    no hf_posext record. hf_posext.load applies DCA from the field; a malformed field is one clear error."""
+    from hf_posext.core.errors import RecordError
+
+    model = tiny_model("qwen2" if qwen2 else "llama", initializer_range=0.1)
+    model.set_attn_implementation("sdpa")
+    ids = _ids(130)
+    unpatched = logits_of(model, ids)
+    model.save_pretrained(tmp_path)
+    hf_posext.patch(model, "dca", factor=4, chunk_size=CHUNK_SIZE, local_window=LOCAL_WINDOW)
+    expected = logits_of(model, ids)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert "hf_posext" not in config and config["max_position_embeddings"] == 64
+    field = {"chunk_size": CHUNK_SIZE, "local_size": LOCAL_WINDOW, "original_max_position_embeddings": 64}
+    config.update(max_position_embeddings=256, dual_chunk_attention_config=field)  # as Qwen2.5-1M's config.json
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    loaded = hf_posext.load(tmp_path)
+    report = hf_posext.describe(loaded)
+    assert (report.method, report.factor, report.original_window, report.current_window) == ("dca", 4.0, 64, 256)
+    assert report.params["chunk_size"] == CHUNK_SIZE and report.params["local_window"] == LOCAL_WINDOW
+    assert_close_guarding(logits_of(loaded, ids), expected, unpatched, atol=1e-5, rtol=1e-5)
+    for bad, message in (
+        ({"chunk_size": 24}, "needs integer chunk_size and local_size"),
+        ({"chunk_size": 24, "local_size": 24}, "local_window"),
+        ({"chunk_size": 24, "local_size": 4, "original_max_position_embeddings": 16}, "chunk_size"),
+        ([24, 4], "must be an object"),
+    ):
+        config["dual_chunk_attention_config"] = bad
+        (tmp_path / "config.json").write_text(json.dumps(config))
+        with pytest.raises(RecordError, match=message) as error:
+            hf_posext.load(tmp_path)
+        assert "dual_chunk_attention_config" in str(error.value) and "\n" not in str(error.value)
+
+
 @pytest.mark.parametrize(
     "method, kwargs, message",
     [

@@ -79,6 +79,11 @@ class AttentionBackend:
     def describe(self, model: nn.Module) -> ScalingReport:
         return _METHODS[_patched_method(model)].describe(model)
 
+    def record_from_config(self, config: Any, source: str) -> dict[str, Any] | None:
+        """A record for a config written by another tool (vLLM's DCA field), or None (see
+        :func:`~hf_posext.backends.attention.dual_chunk.record_from_vllm_config`)."""
+        return dual_chunk.record_from_vllm_config(config, source)
+
     def load(self, path: str, record: dict[str, Any], **from_pretrained_kwargs: Any) -> nn.Module:
         method = _METHODS.get(record.get("method"))
         if method is None:

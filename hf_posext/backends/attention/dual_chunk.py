@@ -66,6 +66,7 @@ __all__ = [
     "describe_dual_chunk",
     "load_dual_chunk",
     "current_request",
+    "record_from_vllm_config",
     "METHOD",
 ]
 
@@ -741,6 +742,49 @@ def _saved_sizes(path: str, record: dict[str, Any], config: Any) -> tuple[int, i
             f"chunk_size, local_size, original_max_position_embeddings); got {record!r}."
         ) from error
     return original, chunk_size, local_window
+
+
+def _integer(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def record_from_vllm_config(config: Any, source: str) -> dict[str, Any] | None:
+    """A DCA record for a config that carries only vLLM's ``dual_chunk_attention_config`` (Qwen2.5-1M
+    checkpoints), so that :func:`hf_posext.load` applies DCA; None when the config has no such field.
+
+    The sizes are the field's ``chunk_size`` and ``local_size``; the original window L its
+    ``original_max_position_embeddings``, else the config's (top level or in its rope parameters), else
+    ``max_position_embeddings``; the factor is ``max_position_embeddings / L`` (at least 1).
+
+    Raises:
+        RecordError: the field is not an object, or its sizes are missing, not integers, or break DCA's
+            rules (chunk_size <= L, local_size < chunk_size), naming ``source`` and the fix; raised before
+            any weight is loaded.
+    """
+    from hf_posext.core.errors import RecordError
+
+    field = getattr(config, VLLM_CONFIG_KEY, None)
+    if field is None:
+        return None
+    where = f"{source}: {VLLM_CONFIG_KEY}"
+    if not isinstance(field, dict):
+        raise RecordError(f"{where} must be an object with chunk_size and local_size, got {field!r}.")
+    chunk_size, local_size = _integer(field.get("chunk_size")), _integer(field.get("local_size"))
+    if chunk_size is None or local_size is None:
+        raise RecordError(f"{where} needs integer chunk_size and local_size (as Qwen2.5-1M writes them), got {field!r}.")
+    max_positions = _integer(getattr(config, "max_position_embeddings", None))
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    candidates = (field.get("original_max_position_embeddings"), getattr(config, "original_max_position_embeddings", None),
+                  rope.get("original_max_position_embeddings") if isinstance(rope, dict) else None, max_positions)
+    original = next((value for value in candidates if value is not None), None)
+    if _integer(original) is None or original < 2:
+        raise RecordError(f"{where}: original_max_position_embeddings must be an integer >= 2, got {original!r}.")
+    try:
+        check_chunk_sizes(chunk_size, local_size, original)
+    except ValueError as error:
+        raise RecordError(f"{where}: {error} Fix the field in config.json.") from error
+    factor = max(1.0, (max_positions or original) / original)
+    return make_record("attention", "dca", factor, original, {"chunk_size": chunk_size, "local_window": local_size})
 
 
 def load_dual_chunk(path: str, record: dict[str, Any], **from_pretrained_kwargs: Any) -> nn.Module:

@@ -37,7 +37,9 @@ import torch
 from torch import nn
 
 from hf_posext.backends.attention import registration
-from hf_posext.backends.attention.kernels import attention_with_lse, call_positions, rotate_by_factors, rotate_with, rotation_factors
+from hf_posext.backends.attention.kernels import (
+    StepTables, attention_with_lse, call_positions, finish_decode, rotate_by_factors, rotate_with, rotation_factors,
+)
 from hf_posext.backends.attention.registration import AttentionLayer
 from hf_posext.core.record import CONFIG_KEY, ScalingReport, make_record
 from hf_posext.core.request import ScalingRequest
@@ -409,10 +411,8 @@ class _DecodeTables:
     distances: int
 
 
-#: (layer rotary and chunking, device, kv_len, scaling) -> (position_ids tensor, its version, tables, inv_freq): a
-#: few entries, so that each decode step builds its tables once for all layers (the model passes every
-#: layer the same position_ids tensor). Holding the tensor keeps its identity from being reused.
-_DECODE_TABLES: dict[tuple, tuple[torch.Tensor, int, _DecodeTables, torch.Tensor]] = {}
+#: One decode step's tables, shared by its layers (see :class:`StepTables`).
+_DECODE_TABLES = StepTables()
 
 
 def _decode_tables(query_positions: torch.Tensor, kv_len: int, layer: _LayerSettings, head_dim: int, scaling: float) -> _DecodeTables:
@@ -439,19 +439,14 @@ def _cached_decode_tables(position_ids, query: torch.Tensor, key: torch.Tensor, 
     q_len, kv_len = query.shape[2], key.shape[2]
     if position_ids is not None and position_ids.shape[-1] != q_len:
         call_positions(query, key, position_ids, _LABEL)  # raises the one-line error
-    cache_key = (id(layer.inv_freq), layer.rotary_dim, layer.interleaved, layer.chunk_size, layer.local_window,
+    table_key = (id(layer.inv_freq), layer.rotary_dim, layer.interleaved, layer.chunk_size, layer.local_window,
                  str(query.device), kv_len, q_len, query.shape[-1], float(scaling))
-    if position_ids is not None:
-        held = _DECODE_TABLES.get(cache_key)
-        if held is not None and held[0] is position_ids and held[1] == position_ids._version and held[3] is layer.inv_freq:
-            return held[2]
-    query_positions, _ = call_positions(query, key, position_ids, _LABEL)
-    tables = _decode_tables(query_positions, kv_len, layer, query.shape[-1], scaling)
-    if position_ids is not None:
-        if len(_DECODE_TABLES) >= 8:
-            _DECODE_TABLES.clear()
-        _DECODE_TABLES[cache_key] = (position_ids, position_ids._version, tables, layer.inv_freq)
-    return tables
+
+    def build() -> _DecodeTables:
+        query_positions, _ = call_positions(query, key, position_ids, _LABEL)
+        return _decode_tables(query_positions, kv_len, layer, query.shape[-1], scaling)
+
+    return _DECODE_TABLES.get(table_key, position_ids, layer.inv_freq, build)
 
 
 def clear_decode_tables() -> None:
@@ -508,24 +503,7 @@ def dual_chunk_decode(
     scores = torch.matmul(rotated.reshape(batch, kv_heads, groups * distances * q_len, head_dim), key.transpose(2, 3))
     index = tables.kind.view(-1, 1, 1, 1, q_len, kv_len).expand(batch, kv_heads, groups, 1, q_len, kv_len)
     scores = scores.view(batch, kv_heads, groups, distances, q_len, kv_len).gather(3, index).squeeze(3)
-    if softcap is not None:
-        scores = torch.tanh(scores / softcap) * softcap
-    if attention_mask is None:
-        if tables.future is not None:
-            scores = scores.masked_fill(tables.future, torch.finfo(scores.dtype).min)
-    else:
-        mask = attention_mask[..., :q_len, :kv_len] if attention_mask.shape[-2] > 1 else attention_mask[..., :kv_len]
-        if mask.shape[1] == heads and heads != kv_heads:
-            mask = mask.reshape(mask.shape[0], kv_heads, groups, mask.shape[-2], kv_len)
-        else:
-            mask = mask.unsqueeze(2)
-        if mask.dtype == torch.bool:
-            scores = torch.where(mask, scores, torch.finfo(scores.dtype).min)
-        else:
-            scores = scores + mask
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
-    out = torch.matmul(probs.view(batch, kv_heads, groups * q_len, kv_len), value)
-    return out.view(batch, kv_heads, groups, q_len, head_dim).reshape(batch, heads, q_len, head_dim).transpose(1, 2).contiguous()
+    return finish_decode(scores, attention_mask, tables.future, value, softcap)
 
 
 def _fused_start(layer, attention_mask, query_positions, softcap, dropout, module, tensors) -> int | None:

@@ -7,11 +7,13 @@ keeps its own index rule; these are the pieces both build on.
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 import torch
 
 __all__ = [
     "rotate", "rotate_with", "rotation_factors", "partners", "rotate_by_factors", "attention_with_lse", "cuda_attention_with_lse",
-    "call_positions",
+    "call_positions", "StepTables", "finish_decode",
 ]
 
 
@@ -181,3 +183,68 @@ def call_positions(query: torch.Tensor, key: torch.Tensor, position_ids: torch.T
         return query_positions, query_positions
     last = query_positions[:, -1:]
     return query_positions, last - torch.arange(kv_len - 1, -1, -1, device=query.device)[None, :]
+
+
+class StepTables:
+    """Tables that every layer of one decode step shares (rotation factors, per-key indices), built by the
+    first layer and reused by the others: the model passes each layer of a step the same ``position_ids``
+    tensor, which is held with the tables (so its identity cannot be reused) and checked with its version.
+    """
+
+    def __init__(self, size: int = 8) -> None:
+        self._held: dict[tuple, tuple[torch.Tensor, int, Any, torch.Tensor]] = {}
+        self._size = size
+
+    def get(self, key: tuple, position_ids: torch.Tensor | None, frequencies: torch.Tensor, build: Callable[[], Any]) -> Any:
+        """The tables under ``key`` for this ``position_ids`` tensor and ``frequencies`` object, else ``build()``."""
+        if position_ids is None:
+            return build()
+        held = self._held.get(key)
+        if held is not None and held[0] is position_ids and held[1] == position_ids._version and held[3] is frequencies:
+            return held[2]
+        tables = build()
+        if len(self._held) >= self._size:
+            self._held.clear()
+        self._held[key] = (position_ids, position_ids._version, tables, frequencies)
+        return tables
+
+    def clear(self) -> None:
+        """Forget every held table (benchmarks: time a step's first layer)."""
+        self._held.clear()
+
+
+def finish_decode(
+    scores: torch.Tensor, attention_mask: torch.Tensor | None, future: torch.Tensor | None, value: torch.Tensor,
+    softcap: float | None = None,
+) -> torch.Tensor:
+    """Logit cap, mask, softmax and values for decode-step scores ``[B, kv_heads, groups, q_len, kv_len]``.
+
+    Args:
+        scores: scaled scores, the query heads sharing a kv head grouped under it.
+        attention_mask: None, bool (True = attend) or additive float, broadcastable to ``[B, heads, q_len, kv_len]``.
+        future: with no ``attention_mask``, ``[q_len, kv_len]`` True for keys after a query (None: none).
+        value: ``[B, kv_heads, kv_len, head_dim]``. softcap: Gemma 2 logit cap.
+
+    Returns:
+        ``[B, q_len, heads, head_dim]``.
+    """
+    batch, kv_heads, groups, q_len, kv_len = scores.shape
+    heads, head_dim = kv_heads * groups, value.shape[-1]
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    if attention_mask is None:
+        if future is not None:
+            scores = scores.masked_fill(future, torch.finfo(scores.dtype).min)
+    else:
+        mask = attention_mask[..., :q_len, :kv_len] if attention_mask.shape[-2] > 1 else attention_mask[..., :kv_len]
+        if mask.shape[1] == heads and heads != kv_heads:
+            mask = mask.reshape(mask.shape[0], kv_heads, groups, mask.shape[-2], kv_len)
+        else:
+            mask = mask.unsqueeze(2)
+        if mask.dtype == torch.bool:
+            scores = torch.where(mask, scores, torch.finfo(scores.dtype).min)
+        else:
+            scores = scores + mask
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
+    out = torch.matmul(probs.view(batch, kv_heads, groups * q_len, kv_len), value)
+    return out.view(batch, kv_heads, groups, q_len, head_dim).reshape(batch, heads, q_len, head_dim).transpose(1, 2).contiguous()

@@ -46,7 +46,9 @@ import torch
 from torch import nn
 
 from hf_posext.backends.attention import registration
-from hf_posext.backends.attention.kernels import attention_with_lse, call_positions, rotate, rotate_by_factors, rotate_with, rotation_factors
+from hf_posext.backends.attention.kernels import (
+    StepTables, attention_with_lse, call_positions, finish_decode, rotate, rotate_by_factors, rotate_with, rotation_factors,
+)
 from hf_posext.backends.attention.registration import AttentionLayer, find_attention_layers
 from hf_posext.core.deprecation import renamed_keyword
 from hf_posext.core.record import CONFIG_KEY, ScalingReport, make_record
@@ -433,9 +435,8 @@ class _DecodeTables:
     future: torch.Tensor | None
 
 
-#: Same role as in :mod:`hf_posext.backends.attention.dual_chunk`: one step's tables, held with the
-#: position_ids tensor that every layer of the step receives.
-_DECODE_TABLES: dict[tuple, tuple[torch.Tensor, int, _DecodeTables, torch.Tensor]] = {}
+#: One decode step's tables, shared by its layers (see :class:`StepTables`).
+_DECODE_TABLES = StepTables()
 
 
 def _decode_tables(query_positions: torch.Tensor, kv_len: int, settings: _LayerSettings, head_dim: int, scaling: float) -> _DecodeTables:
@@ -463,19 +464,14 @@ def _decode_tables(query_positions: torch.Tensor, kv_len: int, settings: _LayerS
 def _cached_decode_tables(position_ids, query: torch.Tensor, key: torch.Tensor, settings: _LayerSettings, scaling: float) -> _DecodeTables:
     """:func:`_decode_tables` for this call, reused across the layers of one step (same position_ids tensor)."""
     q_len, kv_len = query.shape[2], key.shape[2]
-    cache_key = (id(settings.inv_freq), settings.rotary_dim, settings.interleaved, settings.group_size, settings.neighbor_window,
+    table_key = (id(settings.inv_freq), settings.rotary_dim, settings.interleaved, settings.group_size, settings.neighbor_window,
                  str(query.device), kv_len, q_len, query.shape[-1], float(scaling))
-    if position_ids is not None:
-        held = _DECODE_TABLES.get(cache_key)
-        if held is not None and held[0] is position_ids and held[1] == position_ids._version and held[3] is settings.inv_freq:
-            return held[2]
-    query_positions, _ = call_positions(query, key, position_ids, "Self-Extend")
-    tables = _decode_tables(query_positions, kv_len, settings, query.shape[-1], scaling)
-    if position_ids is not None:
-        if len(_DECODE_TABLES) >= 8:
-            _DECODE_TABLES.clear()
-        _DECODE_TABLES[cache_key] = (position_ids, position_ids._version, tables, settings.inv_freq)
-    return tables
+
+    def build() -> _DecodeTables:
+        query_positions, _ = call_positions(query, key, position_ids, "Self-Extend")
+        return _decode_tables(query_positions, kv_len, settings, query.shape[-1], scaling)
+
+    return _DECODE_TABLES.get(table_key, position_ids, settings.inv_freq, build)
 
 
 def clear_decode_tables() -> None:
@@ -529,24 +525,7 @@ def self_extend_decode(
     near = torch.matmul(near_query, key.transpose(2, 3)).view(batch, kv_heads, groups, q_len, kv_len)
     far = torch.matmul(far_query.reshape(batch, kv_heads, groups * q_len, head_dim), far_key.transpose(2, 3))
     scores = torch.where(tables.neighbour[:, None, None], near, far.view(batch, kv_heads, groups, q_len, kv_len))
-    if softcap is not None:
-        scores = torch.tanh(scores / softcap) * softcap
-    if attention_mask is None:
-        if tables.future is not None:
-            scores = scores.masked_fill(tables.future, torch.finfo(scores.dtype).min)
-    else:
-        mask = attention_mask[..., :q_len, :kv_len] if attention_mask.shape[-2] > 1 else attention_mask[..., :kv_len]
-        if mask.shape[1] == heads and heads != kv_heads:
-            mask = mask.reshape(mask.shape[0], kv_heads, groups, mask.shape[-2], kv_len)
-        else:
-            mask = mask.unsqueeze(2)
-        if mask.dtype == torch.bool:
-            scores = torch.where(mask, scores, torch.finfo(scores.dtype).min)
-        else:
-            scores = scores + mask
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
-    out = torch.matmul(probs.view(batch, kv_heads, groups * q_len, kv_len), value)
-    return out.view(batch, kv_heads, groups, q_len, head_dim).reshape(batch, heads, q_len, head_dim).transpose(1, 2).contiguous()
+    return finish_decode(scores, attention_mask, tables.future, value, softcap)
 
 
 def self_extend_attention(

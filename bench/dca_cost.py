@@ -6,8 +6,12 @@ chunks of 5632 tokens). For each length n it times, interleaved, median of ``--r
 
 - prefill: transformers' SDPA function, eager attention, the registered DCA function (fused calls
   merged by log-sum-exp past one chunk) and Self-Extend (G=3, W=2048, for comparison);
-- one decode step (one query against n cached keys): SDPA, DCA (the explicit pass: keys re-rotated,
-  one matmul, one gather, one softmax) and Self-Extend.
+- one decode step (one query against n cached keys): SDPA, DCA (the registered function, which runs
+  ``dual_chunk_decode``), DCA's explicit pass (the decode step before it), Self-Extend (registered function:
+  on CPU it reuses kept rotated keys) and Self-Extend's accelerator decode path ``self_extend_decode``,
+  with the operations
+  one step runs, counted by torch.profiler (bench/timing.py): aten operations called, the kernels among
+  them (operations that compute or copy, not views), and host synchronisations.
 
 Usage:
     python bench/dca_cost.py                                    # CPU, 8192,16384,32768
@@ -22,25 +26,13 @@ import json
 import platform
 import statistics
 import sys
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import torch
 
-
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
-def _timed(function, device: str) -> float:
-    _sync(device)
-    start = time.perf_counter()
-    with torch.no_grad():
-        function()
-    _sync(device)
-    return time.perf_counter() - start
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from timing import count_operations, sync, timed  # noqa: E402  (bench/timing.py)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -89,8 +81,14 @@ def main(argv: list[str] | None = None) -> int:
                                                                              position_ids=positions),
             "sdpa_step": lambda: sdpa_attention_forward(module, q[:, :, -1:], k, v, None, scaling=scaling),
             "dca_step": lambda: dual_chunk.dual_chunk_attention(module, q[:, :, -1:], k, v, None, scaling=scaling, position_ids=last),
+            # The decode step before dual_chunk_decode: the explicit pass (the same function, ~40 kernels).
+            "dca_explicit_step": lambda: dual_chunk.dual_chunk_explicit(q[:, :, -1:], k, v, None, last, positions,
+                                                                        module._hf_posext_dca, scaling),
             "self_extend_step": lambda: self_extend.self_extend_attention(module, q[:, :, -1:], k, v, None, scaling=scaling,
                                                                           position_ids=last),
+            # Self-Extend's accelerator decode step (on CPU the registered function reuses kept rotated keys).
+            "self_extend_decode_step": lambda: self_extend.self_extend_decode(q[:, :, -1:], k, v, None, last,
+                                                                              module._hf_posext_self_extend, scaling),
         }
         if args.steps_only:
             calls = {name: call for name, call in calls.items() if name.endswith("_step")}
@@ -109,12 +107,23 @@ def main(argv: list[str] | None = None) -> int:
             for name, call in (calls.items() if repeat % 2 == 0 else reversed(list(calls.items()))):
                 if name == "self_extend_step":
                     previous_self_extend_step()
-                seconds = _timed(call, args.device)
+                seconds = timed(call, args.device)
                 if repeat:
                     times[name].append(seconds)
             print(f"n={n} round {repeat} done", file=sys.stderr)
         row = {"length": n, **{f"{name}_ms": 1000 * statistics.median(values) for name, values in times.items()}}
-        for method in ("dca", "self_extend"):
+        for name, call in calls.items():
+            if name.endswith("_step"):  # operations per decode step (torch.profiler): launch-bound or not
+                if name == "self_extend_step":
+                    previous_self_extend_step()
+                if name in ("dca_step", "self_extend_decode_step"):  # a step's first layer builds the tables the others reuse
+                    (dual_chunk if name == "dca_step" else self_extend).clear_decode_tables()
+                    first = count_operations(call)
+                    row[f"{name}_first_layer_kernels"], row[f"{name}_first_layer_aten_ops"] = first["kernels"], first["aten"]
+                counted = count_operations(call)
+                row[f"{name}_aten_ops"], row[f"{name}_kernels"], row[f"{name}_syncs"] = counted["aten"], counted["kernels"], counted["syncs"]
+                row[f"{name}_kernel_names"] = counted["kernel_names"]
+        for method in ("dca", "dca_explicit", "self_extend", "self_extend_decode"):
             for phase in ("prefill", "step"):
                 if f"{method}_{phase}_ms" in row:
                     row[f"{method}_{phase}_ratio"] = row[f"{method}_{phase}_ms"] / row[f"sdpa_{phase}_ms"]
@@ -139,8 +148,10 @@ def main(argv: list[str] | None = None) -> int:
         f"and Self-Extend (G=3, W=2048), median of {args.repeats} interleaved. Command: `{command}`",
         "",
         "| length | SDPA prefill (ms) | eager prefill (ms) | DCA prefill (ms) | DCA / SDPA | Self-Extend / SDPA "
-        "| SDPA step (ms) | DCA step (ms) | DCA / SDPA | Self-Extend step (ms) | Self-Extend / SDPA |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| SDPA step (ms) | DCA step (ms) | DCA / SDPA | DCA explicit-pass step / SDPA | Self-Extend step (ms) "
+        "| Self-Extend / SDPA | SE decode path / SDPA | step kernels SDPA / DCA (first layer) / DCA explicit / SE / SE decode path "
+        "(first layer) | step host syncs DCA / SE / SE decode path |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     def cell(row, key, digits):
         return f"{row[key]:.{digits}f}" if key in row else "-"
@@ -150,7 +161,14 @@ def main(argv: list[str] | None = None) -> int:
             f"| {row['length']} | {cell(row, 'sdpa_prefill_ms', 1)} | {cell(row, 'eager_prefill_ms', 1)} | "
             f"{cell(row, 'dca_prefill_ms', 1)} | {cell(row, 'dca_prefill_ratio', 2)} | {cell(row, 'self_extend_prefill_ratio', 2)} | "
             f"{cell(row, 'sdpa_step_ms', 3)} | {cell(row, 'dca_step_ms', 3)} | {cell(row, 'dca_step_ratio', 2)} | "
-            f"{cell(row, 'self_extend_step_ms', 3)} | {cell(row, 'self_extend_step_ratio', 2)} |"
+            f"{cell(row, 'dca_explicit_step_ratio', 2)} | "
+            f"{cell(row, 'self_extend_step_ms', 3)} | {cell(row, 'self_extend_step_ratio', 2)} | "
+            f"{cell(row, 'self_extend_decode_step_ratio', 2)} | "
+            f"{cell(row, 'sdpa_step_kernels', 0)} / {cell(row, 'dca_step_kernels', 0)} ({cell(row, 'dca_step_first_layer_kernels', 0)}) / "
+            f"{cell(row, 'dca_explicit_step_kernels', 0)} / "
+            f"{cell(row, 'self_extend_step_kernels', 0)} / {cell(row, 'self_extend_decode_step_kernels', 0)} "
+            f"({cell(row, 'self_extend_decode_step_first_layer_kernels', 0)}) | "
+            f"{cell(row, 'dca_step_syncs', 0)} / {cell(row, 'self_extend_step_syncs', 0)} / {cell(row, 'self_extend_decode_step_syncs', 0)} |"
         )
     table = "\n".join(lines)
     out.with_suffix(".md").write_text(table + "\n")

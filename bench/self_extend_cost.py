@@ -26,28 +26,16 @@ import json
 import platform
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from timing import count_operations, sync, timed  # noqa: E402  (bench/timing.py)
+
 import hf_posext
 from hf_posext.backends.attention import self_extend
 from hf_posext.evaluation.retrieval import _cache_argument, _returned_cache
-
-
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
-def _timed(function, device: str) -> float:
-    _sync(device)
-    start = time.perf_counter()
-    with torch.no_grad():
-        function()
-    _sync(device)
-    return time.perf_counter() - start
 
 
 def _set(model, patched: bool, group_size: int, window: int) -> None:
@@ -62,7 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="smollm2-135m", help="model name/folder, smollm2-135m or tiny[:FAMILY[:WINDOW]]")
     parser.add_argument("--lengths", default="2048,8192,16384")
     parser.add_argument("--group-size", type=int, default=3, help="G (default %(default)s: SmolLM2 at 2x by the sizing rule)")
-    parser.add_argument("--window", type=int, default=2048, help="W (default %(default)s)")
+    parser.add_argument("--neighbor-window", "--window", dest="window", type=int, default=2048,
+                        help="W, the neighbor window (default %(default)s; --window is its old spelling)")
     parser.add_argument("--implementations", default="sdpa,eager")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--no-decode", dest="decode", action="store_false", help="skip the decode-step timing")
@@ -92,14 +81,14 @@ def main(argv: list[str] | None = None) -> int:
             for repeat in range(args.repeats + 1):  # the first round warms up and is dropped
                 for patched in ((False, True) if repeat % 2 == 0 else (True, False)):
                     _set(model, patched, args.group_size, args.window)
-                    forward_seconds = _timed(lambda: decoder(ids[:, :n], use_cache=False), args.device)
+                    forward_seconds = timed(lambda: decoder(ids[:, :n], use_cache=False), args.device)
                     if repeat:
                         forward[patched].append(forward_seconds)
                     if args.decode:
                         with torch.no_grad():
                             cache = _returned_cache(decoder(ids[:, :n], use_cache=True))
                         step_kwargs = {_cache_argument(decoder): cache, "use_cache": True}  # "cache" in newer transformers
-                        seconds = _timed(lambda: decoder(ids[:, n:], **step_kwargs), args.device)
+                        seconds = timed(lambda: decoder(ids[:, n:], **step_kwargs), args.device)
                         if repeat:
                             step[patched].append(seconds)
                     label = "self-extend" if patched else "plain"
@@ -154,7 +143,7 @@ def _attention_only(args: argparse.Namespace, argv: list[str] | None) -> int:
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     from transformers.models.llama.modeling_llama import eager_attention_forward
 
-    from hf_posext.backends.attention.self_extend import _LayerSettings, self_extend_attention
+    from hf_posext.backends.attention.self_extend import _LayerSettings, clear_decode_tables, self_extend_attention
 
     heads, kv_heads, dim = 9, 3, 64
     dtype = getattr(torch, args.dtype)
@@ -169,13 +158,14 @@ def _attention_only(args: argparse.Namespace, argv: list[str] | None) -> int:
         v = torch.randn(1, kv_heads, n, dim, generator=generator).to(args.device, dtype)
         positions = torch.arange(n, device=args.device)[None]
         causal = torch.full((n, n), torch.finfo(dtype).min, device=args.device, dtype=dtype).triu(1)[None, None]
+        last = positions[:, -1:]  # one tensor for every call, as a model passes each layer of a step
         calls = {
             "plain_forward": lambda: sdpa_attention_forward(module, q, k, v, None, scaling=dim ** -0.5),
             "eager_forward": lambda: eager_attention_forward(module, q, k, v, causal, scaling=dim ** -0.5),
             "self_extend_forward": lambda: self_extend_attention(module, q, k, v, None, scaling=dim ** -0.5, position_ids=positions),
             "plain_step": lambda: sdpa_attention_forward(module, q[:, :, -1:], k, v, None, scaling=dim ** -0.5),
             "self_extend_step": lambda: self_extend_attention(module, q[:, :, -1:], k, v, None, scaling=dim ** -0.5,
-                                                              position_ids=positions[:, -1:]),
+                                                              position_ids=last),
         }
 
         def previous_step() -> None:
@@ -189,13 +179,24 @@ def _attention_only(args: argparse.Namespace, argv: list[str] | None) -> int:
             for name, call in (calls.items() if repeat % 2 == 0 else reversed(list(calls.items()))):
                 if name == "self_extend_step":
                     previous_step()
-                seconds = _timed(call, args.device)
+                seconds = timed(call, args.device)
                 if repeat:
                     times[name].append(seconds)
         row = {"length": n, **{f"{name}_ms": 1000 * statistics.median(values) for name, values in times.items()}}
         row["forward_ratio"] = row["self_extend_forward_ms"] / row["plain_forward_ms"]
         row["eager_ratio"] = row["self_extend_forward_ms"] / row["eager_forward_ms"]
         row["step_ratio"] = row["self_extend_step_ms"] / row["plain_step_ms"]
+        # Operations per decode step (torch.profiler, bench/timing.py): the first layer of a step builds the
+        # rotation factors and window mask that the other layers reuse.
+        row["plain_step_kernels"] = count_operations(calls["plain_step"])["kernels"]
+        previous_step()
+        clear_decode_tables()
+        first = count_operations(calls["self_extend_step"])
+        counted = count_operations(calls["self_extend_step"])
+        row["self_extend_step_first_layer_kernels"], row["self_extend_step_kernels"] = first["kernels"], counted["kernels"]
+        row["self_extend_step_aten_ops"], row["self_extend_step_syncs"] = counted["aten"], counted["syncs"]
+        row["self_extend_step_first_layer_syncs"] = first["syncs"]
+        row["self_extend_step_kernel_names"] = counted["kernel_names"]
         rows.append(row)
     import transformers
 
@@ -213,13 +214,15 @@ def _attention_only(args: argparse.Namespace, argv: list[str] | None) -> int:
         f"One attention call, SmolLM2-135M shapes (9 heads, 3 kv heads, dim 64, {args.dtype}, {result['threads']} threads), "
         f"SDPA vs Self-Extend G={args.group_size} W={args.window}, median of {args.repeats}. Command: `{command}`",
         "",
-        "| length | SDPA prefill (ms) | eager prefill (ms) | Self-Extend (ms) | vs SDPA | vs eager | SDPA decode step (ms) | Self-Extend step (ms) | ratio |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| length | SDPA prefill (ms) | eager prefill (ms) | Self-Extend (ms) | vs SDPA | vs eager | SDPA decode step (ms) | Self-Extend step (ms) | ratio "
+        "| step kernels SDPA / Self-Extend (first layer) | step host syncs |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         lines.append(f"| {row['length']} | {row['plain_forward_ms']:.1f} | {row['eager_forward_ms']:.1f} | "
                      f"{row['self_extend_forward_ms']:.1f} | {row['forward_ratio']:.2f} | {row['eager_ratio']:.2f} | {row['plain_step_ms']:.2f} | {row['self_extend_step_ms']:.2f} | "
-                     f"{row['step_ratio']:.2f} |")
+                     f"{row['step_ratio']:.2f} | {row['plain_step_kernels']} / {row['self_extend_step_kernels']} "
+                     f"({row['self_extend_step_first_layer_kernels']}) | {row['self_extend_step_syncs']} |")
     table = "\n".join(lines)
     out.with_suffix(".md").write_text(table + "\n")
     print(table)

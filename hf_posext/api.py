@@ -139,6 +139,9 @@ def read_record(path: str, config: Any) -> dict[str, Any] | None:
     """
     source = os.path.join(path, "config.json") if os.path.isdir(path) else f"{path} (config.json)"
     record = validate_record(getattr(text_config(config), CONFIG_KEY, None), source)
+    if record is None:  # no record of ours: a backend may read another tool's field (Qwen2.5-1M's DCA)
+        readers = (getattr(backend, "record_from_config", None) for backend in BACKENDS)
+        record = next((r for read in readers if read is not None and (r := read(text_config(config), source))), None)
     if record is not None and backend_for_record(record["kind"]) is None:
         raise RecordError(
             f"{source}: field {CONFIG_KEY!r}.kind is {record['kind']!r}, which this hf_posext cannot load; upgrade hf_posext."

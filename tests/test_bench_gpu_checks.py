@@ -77,18 +77,26 @@ def test_a_cache_that_drops_the_attention_method_fails_the_cache_checks(monkeypa
 
 
 def test_dca_index_sets_off_by_one_fail_the_dca_path_check(monkeypatch):
-    """The explicit pass (eager, and decode steps) with chunk size and local window one short: the fused path disagrees."""
+    """The explicit pass (eager) and the decode step with chunk size and local window one short: the fused
+    prefill disagrees with both."""
     from hf_posext.backends.attention import dual_chunk
 
     script = load_bench_script("gpu_checks")
-    real_explicit = dual_chunk.dual_chunk_explicit
+    real_explicit, real_decode = dual_chunk.dual_chunk_explicit, dual_chunk.dual_chunk_decode
+
+    def one_short(layer):
+        if layer.chunk_size is None:
+            return layer
+        return dual_chunk.dataclasses.replace(layer, chunk_size=layer.chunk_size - 1, local_window=layer.local_window - 1)
 
     def shifted(query, key, value, attention_mask, query_positions, key_positions, layer, *args, **kwargs):
-        if layer.chunk_size is not None:
-            layer = dual_chunk.dataclasses.replace(layer, chunk_size=layer.chunk_size - 1, local_window=layer.local_window - 1)
-        return real_explicit(query, key, value, attention_mask, query_positions, key_positions, layer, *args, **kwargs)
+        return real_explicit(query, key, value, attention_mask, query_positions, key_positions, one_short(layer), *args, **kwargs)
+
+    def shifted_decode(query, key, value, attention_mask, position_ids, layer, *args, **kwargs):
+        return real_decode(query, key, value, attention_mask, position_ids, one_short(layer), *args, **kwargs)
 
     monkeypatch.setattr(dual_chunk, "dual_chunk_explicit", shifted)
+    monkeypatch.setattr(dual_chunk, "dual_chunk_decode", shifted_decode)
     results = [r for r in script.run_checks("cpu") if r["check"].startswith("dca")]
     # The eager path is explicit throughout (consistent with itself); on the SDPA path the prefill is fused.
     assert _failed(results) == {"dca sdpa: cached generation vs full recompute",

@@ -9,6 +9,7 @@ that their logits depend strongly on position.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -17,10 +18,10 @@ import torch
 
 import hf_posext
 from hf_posext.backends.attention import dual_chunk
-from hf_posext.backends.attention.dual_chunk import _LayerSettings, dual_chunk_explicit, dual_chunk_fused
+from hf_posext.backends.attention.dual_chunk import _LayerSettings, dual_chunk_decode, dual_chunk_explicit, dual_chunk_fused
 from hf_posext.methods.dual_chunk import relative_distance
 from hf_posext.models import tiny_model
-from tests.conftest import logits_of, transformers_major
+from tests.conftest import assert_close_guarding, logits_of, transformers_major
 
 pytestmark = pytest.mark.skipif(transformers_major() < 5, reason="attention registry dispatch as in transformers 5.x")
 
@@ -149,6 +150,66 @@ def test_kernels_take_a_padding_mask():
     torch.testing.assert_close(fused, explicit, atol=1e-5, rtol=1e-5)
     unmasked = dual_chunk_explicit(rq, rk, v, None, pos, pos, layer, 8 ** -0.5)
     assert (unmasked - explicit).abs().max() > 1e-2  # the mask mattered
+
+
+def _decode_case(rows: int, layout: str, mask: str | None, seed: int = 0):
+    """Rotated q/k/v of 97 tokens (five chunks of 20), batch 2, grouped-query, and the last ``rows`` queries."""
+    torch.manual_seed(seed)
+    length, head_dim = 97, 8
+    rotary_dim = 4 if layout == "partial" else 8
+    q, k, v = torch.randn(2, 4, length, head_dim), torch.randn(2, 2, length, head_dim), torch.randn(2, 2, length, head_dim)
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, rotary_dim, 2).double() / rotary_dim))
+    layer = _LayerSettings(inv_freq, rotary_dim, layout == "interleaved", CHUNK_SIZE, LOCAL_WINDOW, "sdpa")
+    attention_mask = None
+    if mask is not None:
+        allowed = torch.ones(2, 1, rows, length, dtype=torch.bool).tril(length - rows)
+        allowed[0, ..., 3] = False
+        allowed[1, ..., 40:44] = False
+        attention_mask = allowed if mask == "bool" else torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(torch.float32).min)
+    return q, k, v, attention_mask, layer, torch.arange(length)[None]
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("layout", ["rotate_half", "interleaved", "partial"])
+@pytest.mark.parametrize("mask", [None, "bool", "float"])
+def test_decode_step_equals_the_explicit_and_prefill_paths(rows, layout, mask):
+    """The few-kernel decode step against the explicit pass on the same step and against the fused prefill's
+    last rows; the unchunked (plain) attention is the effect it guards."""
+    q, k, v, attention_mask, layer, pos = _decode_case(rows, layout, mask)
+    scaling = 8 ** -0.5
+    step_positions = pos[:, -rows:].clone()
+    new = dual_chunk_decode(q[:, :, -rows:], k, v, attention_mask, step_positions, layer, scaling)
+    old = dual_chunk_explicit(q[:, :, -rows:], k, v, attention_mask, step_positions, pos, layer, scaling)
+    plain = dual_chunk_explicit(q[:, :, -rows:], k, v, attention_mask, step_positions, pos, dataclasses.replace(layer, chunk_size=None), scaling)
+    assert_close_guarding(new, old, plain, atol=1e-5, rtol=1e-5)
+    if mask is None:
+        prefill = dual_chunk_fused(q, k, v, None, 0, layer, scaling)[:, -rows:]
+        assert_close_guarding(new, prefill, plain, atol=1e-5, rtol=1e-5)
+    # The tables built by this call serve the next layer of the step (same position_ids tensor) and no other step.
+    again = dual_chunk_decode(q[:, :, -rows:] * 0.5, k, v, attention_mask, step_positions, layer, scaling)
+    torch.testing.assert_close(again, dual_chunk_explicit(q[:, :, -rows:] * 0.5, k, v, attention_mask, step_positions, pos, layer, scaling),
+                               atol=1e-5, rtol=1e-5)
+    shorter = dual_chunk_decode(q[:, :, -rows - 1:-1], k[:, :, :-1], v[:, :, :-1], None, step_positions - 1, layer, scaling)
+    torch.testing.assert_close(shorter, dual_chunk_fused(q[:, :, :-1], k[:, :, :-1], v[:, :, :-1], None, 0, layer, scaling)[:, -rows:],
+                               atol=1e-5, rtol=1e-5)
+
+
+def test_decode_step_check_fails_with_a_wrong_position_set(monkeypatch):
+    """A broken decode step (inter-chunk queries one position off) is caught by the comparison above."""
+    real = dual_chunk._query_offsets_by_distance
+
+    def one_off(*args, **kwargs):
+        offsets, distances = real(*args, **kwargs)
+        return offsets + (torch.arange(distances) >= 2).view(-1, *([1] * (offsets.dim() - 1))), distances
+
+    monkeypatch.setattr(dual_chunk, "_query_offsets_by_distance", one_off)
+    dual_chunk.clear_decode_tables()
+    q, k, v, _, layer, pos = _decode_case(1, "rotate_half", None)
+    new = dual_chunk_decode(q[:, :, -1:], k, v, None, pos[:, -1:].clone(), layer, 8 ** -0.5)
+    prefill = dual_chunk_fused(q, k, v, None, 0, layer, 8 ** -0.5)[:, -1:]
+    with pytest.raises(AssertionError):
+        torch.testing.assert_close(new, prefill, atol=1e-5, rtol=1e-5)
+    dual_chunk.clear_decode_tables()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -300,6 +361,42 @@ def test_save_and_load_round_trip_writes_vllms_fields(tmp_path):
     saved["dual_chunk_attention_config"]["chunk_size"] = 32
     (tmp_path / "config.json").write_text(json.dumps(saved))
     assert hf_posext.describe(hf_posext.load(tmp_path)).params["chunk_size"] == 32
+
+
+@pytest.mark.parametrize("qwen2", [False, True])
+def test_checkpoint_with_only_vllms_field_loads_with_dca(tmp_path, qwen2):
+    """A Qwen2.5-1M-style config.json: dual_chunk_attention_config and a raised max_position_embeddings,
+    no hf_posext record. hf_posext.load applies DCA from the field; a malformed field is one clear error."""
+    from hf_posext.core.errors import RecordError
+
+    model = tiny_model("qwen2" if qwen2 else "llama", initializer_range=0.1)
+    model.set_attn_implementation("sdpa")
+    ids = _ids(130)
+    unpatched = logits_of(model, ids)
+    model.save_pretrained(tmp_path)
+    hf_posext.patch(model, "dca", factor=4, chunk_size=CHUNK_SIZE, local_window=LOCAL_WINDOW)
+    expected = logits_of(model, ids)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert "hf_posext" not in config and config["max_position_embeddings"] == 64
+    field = {"chunk_size": CHUNK_SIZE, "local_size": LOCAL_WINDOW, "original_max_position_embeddings": 64}
+    config.update(max_position_embeddings=256, dual_chunk_attention_config=field)  # as Qwen2.5-1M's config.json
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    loaded = hf_posext.load(tmp_path)
+    report = hf_posext.describe(loaded)
+    assert (report.method, report.factor, report.original_window, report.current_window) == ("dca", 4.0, 64, 256)
+    assert report.params["chunk_size"] == CHUNK_SIZE and report.params["local_window"] == LOCAL_WINDOW
+    assert_close_guarding(logits_of(loaded, ids), expected, unpatched, atol=1e-5, rtol=1e-5)
+    for bad, message in (
+        ({"chunk_size": 24}, "needs integer chunk_size and local_size"),
+        ({"chunk_size": 24, "local_size": 24}, "local_window"),
+        ({"chunk_size": 24, "local_size": 4, "original_max_position_embeddings": 16}, "chunk_size"),
+        ([24, 4], "must be an object"),
+    ):
+        config["dual_chunk_attention_config"] = bad
+        (tmp_path / "config.json").write_text(json.dumps(config))
+        with pytest.raises(RecordError, match=message) as error:
+            hf_posext.load(tmp_path)
+        assert "dual_chunk_attention_config" in str(error.value) and "\n" not in str(error.value)
 
 
 @pytest.mark.parametrize(

@@ -54,7 +54,7 @@ def test_grouped_attention_matches_the_papers_construction(block_elements):
     pos = torch.arange(50)[None]
     out = grouped_attention(
         _rope(q, pos, inv_freq).float(), _rope(k, pos, inv_freq).float(), v, None, pos, pos,
-        inv_freq, 8, False, group_size=3, window=7, scaling=8 ** -0.5, block_elements=block_elements,
+        inv_freq, 8, False, group_size=3, neighbor_window=7, scaling=8 ** -0.5, block_elements=block_elements,
     )
     torch.testing.assert_close(out.double(), _reference(q, k, v, 3, 7, inv_freq), atol=1e-5, rtol=1e-5)
 
@@ -78,7 +78,7 @@ def test_split_attention_matches_the_papers_construction(dtype, block):
     mask[..., 3] = False
     mask[..., 20:25] = False
     args = (pos[:, 38:], pos, inv_freq, 8, False)
-    explicit = grouped_attention(rq[:, :, 38:], rk, v.to(dtype), mask, *args, group_size=3, window=7, scaling=8 ** -0.5)
+    explicit = grouped_attention(rq[:, :, 38:], rk, v.to(dtype), mask, *args, group_size=3, neighbor_window=7, scaling=8 ** -0.5)
     split = split_grouped_attention(rq[:, :, 38:], rk, v.to(dtype), key_grouped, mask, *args, 3, 7, 8 ** -0.5, block=block)
     torch.testing.assert_close(split.double(), explicit.double(), atol=1e-5, rtol=1e-5)
 
@@ -110,6 +110,77 @@ def test_sdpa_path_uses_the_split_attention_and_eager_does_not(monkeypatch):
         assert not calls
         grads[implementation] = model.model.layers[0].self_attn.q_proj.weight.grad
     torch.testing.assert_close(grads["sdpa"], grads["eager"], atol=1e-4, rtol=1e-3)
+
+
+def _decode_case(rows: int, layout: str, mask: str | None):
+    """Rotated q/k/v of 60 tokens, batch 2, grouped-query; G=3, W=7 (most keys grouped)."""
+    from hf_posext.backends.attention.self_extend import _LayerSettings
+
+    torch.manual_seed(3)
+    length, head_dim = 60, 8
+    rotary_dim = 4 if layout == "partial" else 8
+    q, k, v = torch.randn(2, 4, length, head_dim), torch.randn(2, 2, length, head_dim), torch.randn(2, 2, length, head_dim)
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, rotary_dim, 2).double() / rotary_dim))
+    settings = _LayerSettings(inv_freq, rotary_dim, layout == "interleaved", 3, 7, "sdpa")
+    attention_mask = None
+    if mask is not None:
+        allowed = torch.ones(2, 1, rows, length, dtype=torch.bool).tril(length - rows)
+        allowed[0, ..., 2] = False
+        allowed[1, ..., 50:53] = False  # inside the window of the last query
+        attention_mask = allowed if mask == "bool" else torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(torch.float32).min)
+    return q, k, v, attention_mask, settings, torch.arange(length)[None]
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("layout", ["rotate_half", "interleaved", "partial"])
+@pytest.mark.parametrize("mask", [None, "bool", "float"])
+def test_decode_step_equals_the_explicit_and_prefill_paths(rows, layout, mask):
+    """The few-kernel decode step against the explicit blocks on the same step and the fused prefill's last
+    rows; plain attention (no grouping) is the effect it guards."""
+    from hf_posext.backends.attention.self_extend import self_extend_decode
+
+    q, k, v, attention_mask, settings, pos = _decode_case(rows, layout, mask)
+    scaling = 8 ** -0.5
+    geometry = (settings.inv_freq, settings.rotary_dim, settings.interleaved)
+    step = pos[:, -rows:].clone()
+    new = self_extend_decode(q[:, :, -rows:], k, v, attention_mask, step, settings, scaling)
+    old = grouped_attention(q[:, :, -rows:], k, v, attention_mask, step, pos, *geometry, 3, 7, scaling)
+    plain = grouped_attention(q[:, :, -rows:], k, v, attention_mask, step, pos, *geometry, None, None, scaling)
+    assert_close_guarding(new, old, plain, atol=1e-5, rtol=1e-5)
+    if mask is None:
+        key_grouped = self_extend._to_grouped(k, pos, "key", 3, 7, *geometry)
+        prefill = split_grouped_attention(q, k, v, key_grouped, None, pos, pos, *geometry, 3, 7, scaling)[:, -rows:]
+        assert_close_guarding(new, prefill, plain, atol=1e-5, rtol=1e-5)
+    # The tables serve the next layer of the same step (same position_ids tensor), and no other step.
+    again = self_extend_decode(q[:, :, -rows:] * 0.5, k * 2, v, attention_mask, step, settings, scaling)
+    torch.testing.assert_close(again, grouped_attention(q[:, :, -rows:] * 0.5, k * 2, v, attention_mask, step, pos, *geometry, 3, 7, scaling),
+                               atol=1e-5, rtol=1e-5)
+    shorter = self_extend_decode(q[:, :, -rows - 1:-1], k[:, :, :-1], v[:, :, :-1], None, step - 1, settings, scaling)
+    torch.testing.assert_close(shorter, grouped_attention(q[:, :, -rows - 1:-1], k[:, :, :-1], v[:, :, :-1], None, step - 1, pos[:, :-1],
+                                                          *geometry, 3, 7, scaling), atol=1e-5, rtol=1e-5)
+
+
+def test_decode_step_check_fails_with_a_wrong_neighbour_window(monkeypatch):
+    """A broken decode step (grouped positions for one more key than the paper says) is caught."""
+    from hf_posext.backends.attention.self_extend import self_extend_decode
+
+    real = self_extend._decode_tables
+
+    def one_short(query_positions, kv_len, settings, head_dim, scaling):
+        tables = real(query_positions, kv_len, settings, head_dim, scaling)
+        key_positions = query_positions[:, -1:] - torch.arange(kv_len - 1, -1, -1)
+        tables.neighbour = (query_positions.unsqueeze(-1) - key_positions.unsqueeze(-2)) < settings.neighbor_window - 1
+        return tables
+
+    monkeypatch.setattr(self_extend, "_decode_tables", one_short)
+    self_extend.clear_decode_tables()
+    q, k, v, _, settings, pos = _decode_case(1, "rotate_half", None)
+    geometry = (settings.inv_freq, settings.rotary_dim, settings.interleaved)
+    new = self_extend_decode(q[:, :, -1:], k, v, None, pos[:, -1:].clone(), settings, 8 ** -0.5)
+    old = grouped_attention(q[:, :, -1:], k, v, None, pos[:, -1:], pos, *geometry, 3, 7, 8 ** -0.5)
+    with pytest.raises(AssertionError):
+        torch.testing.assert_close(new, old, atol=1e-5, rtol=1e-5)
+    self_extend.clear_decode_tables()
 
 
 def test_rotate_composes_with_rope_both_layouts():
@@ -226,6 +297,30 @@ def test_cached_generation_matches_full_recompute(family, implementation):
             torch.testing.assert_close(out.logits[:, -1], full[:, t], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+def test_decode_path_in_a_model_matches_full_recompute(monkeypatch, implementation):
+    """The accelerator decode path (self_extend_decode), forced on CPU, in a model: cached = full recompute."""
+    monkeypatch.setattr(self_extend, "DECODE_DEVICES", ("cpu",))
+    calls = []
+    real = self_extend.self_extend_decode
+    monkeypatch.setattr(self_extend, "self_extend_decode", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    model = tiny_model("llama", initializer_range=0.1)
+    model.set_attn_implementation(implementation)
+    ids = _ids(120)
+    unpatched = logits_of(model, ids)
+    hf_posext.patch(model, "self-extend", group_size=3, neighbor_window=10)
+    full = logits_of(model, ids)
+    with torch.no_grad():
+        out = model(ids[:, :100], use_cache=True)
+        cache, steps = out.past_key_values, [out.logits]
+        for start in range(100, 120, 4):  # four tokens per step
+            out = model(ids[:, start : start + 4], past_key_values=cache, use_cache=True)
+            cache, steps = out.past_key_values, steps + [out.logits]
+    assert calls  # the decode path ran
+    cached = torch.cat(steps, 1)
+    assert_close_guarding(cached[:, 100:], full[:, 100:], unpatched[:, 100:], atol=1e-5, rtol=1e-5)
+
+
 def test_sdpa_and_eager_paths_agree():
     eager, sdpa = tiny_model("llama", initializer_range=0.1), tiny_model("llama", initializer_range=0.1)
     sdpa.set_attn_implementation("sdpa")
@@ -279,11 +374,12 @@ def test_grouped_keys_kept_between_steps_are_reused_only_for_the_same_cache(reor
         return SimpleNamespace(num_key_value_groups=2, is_causal=True, training=False, _hf_posext_self_extend=settings)
 
     stepping = module()
-    self_extend_attention(stepping, q[:, :, :40], k[:, :, :40], v[:, :, :40], None, position_ids=torch.arange(40)[None])
+    # A chunked prefill: 23 tokens, then 18 more with the cache (past the decode step's 16 queries).
+    self_extend_attention(stepping, q[:, :, :23], k[:, :, :23], v[:, :, :23], None, position_ids=torch.arange(23)[None])
     rows = [1, 0] if reorder else [0, 1]  # beam search reorders the cache between steps
-    step = (q[rows, :, 40:], k[rows], v[rows])
-    out, _ = self_extend_attention(stepping, *step, None, position_ids=torch.tensor([[40]]))
-    expected, _ = self_extend_attention(module(), *step, None, position_ids=torch.tensor([[40]]))
+    step = (q[rows, :, 23:], k[rows], v[rows])
+    out, _ = self_extend_attention(stepping, *step, None, position_ids=torch.arange(23, 41)[None])
+    expected, _ = self_extend_attention(module(), *step, None, position_ids=torch.arange(23, 41)[None])
     torch.testing.assert_close(out, expected, atol=1e-6, rtol=1e-6)
     assert stepping._hf_posext_self_extend.grouped_keys[0].shape[2] == 41
 

@@ -1,6 +1,8 @@
 """The attention-level backend: methods that change attention itself, installed through transformers'
-attention-function registry. Each method is one module with the same five entry points (patch, unpatch,
-describe, load, is_patched): Self-Extend in :mod:`hf_posext.backends.attention.self_extend`, Dual Chunk
+attention-function registry. The shared scaffolding (registration, probe, patch/unpatch/describe/load
+flow) is :mod:`hf_posext.backends.attention.registration`, shared math :mod:`hf_posext.backends.attention.kernels`;
+each method is one module with its math and the same entry points (patch, unpatch, describe, load,
+is_patched, current_request): Self-Extend in :mod:`hf_posext.backends.attention.self_extend`, Dual Chunk
 Attention in :mod:`hf_posext.backends.attention.dual_chunk`."""
 
 from __future__ import annotations
@@ -19,18 +21,16 @@ __all__ = ["AttentionBackend"]
 
 #: method name -> its surgery (one entry per attention-level method).
 _METHODS = {
-    "self-extend": SimpleNamespace(
-        is_patched=self_extend.is_patched, patch=self_extend.patch_self_extend, unpatch=self_extend.unpatch_self_extend,
-        describe=self_extend.describe_self_extend, load=self_extend.load_self_extend,
-        params=lambda s: {"group_size": s.group_size, "neighbor_window": s.neighbor_window}, settings=self_extend.current_settings,
-        factor=lambda s: None,
-    ),
-    "dca": SimpleNamespace(
-        is_patched=dual_chunk.is_patched, patch=dual_chunk.patch_dual_chunk, unpatch=dual_chunk.unpatch_dual_chunk,
-        describe=dual_chunk.describe_dual_chunk, load=dual_chunk.load_dual_chunk,
-        params=lambda s: {"chunk_size": s.chunk_size, "local_window": s.local_window}, settings=dual_chunk.current_settings,
-        factor=lambda s: s.factor,
-    ),
+    module.METHOD.name: SimpleNamespace(
+        is_patched=module.is_patched, patch=patch, unpatch=unpatch, describe=describe, load=load,
+        current_request=module.current_request,
+    )
+    for module, patch, unpatch, describe, load in (
+        (self_extend, self_extend.patch_self_extend, self_extend.unpatch_self_extend, self_extend.describe_self_extend,
+         self_extend.load_self_extend),
+        (dual_chunk, dual_chunk.patch_dual_chunk, dual_chunk.unpatch_dual_chunk, dual_chunk.describe_dual_chunk,
+         dual_chunk.load_dual_chunk),
+    )
 }
 
 
@@ -68,25 +68,21 @@ class AttentionBackend:
             except Exception:
                 self.patch(model, restore)
                 raise
-        return _METHODS[request.method].patch(
-            model, request.method, request.factor, target_length=request.target_length,
-            original_max_position_embeddings=request.original_max_position_embeddings, **request.params_dict,
-        )
+        return _METHODS[request.method].patch(model, request)
 
     def unpatch(self, model: nn.Module) -> nn.Module:
         return _METHODS[_patched_method(model)].unpatch(model)
 
     def current_request(self, model: nn.Module) -> ScalingRequest:
-        name = _patched_method(model)
-        method = _METHODS[name]
-        settings = method.settings(model)
-        return ScalingRequest.from_kwargs(
-            name, method.factor(settings), original_max_position_embeddings=settings.original_max_position_embeddings,
-            **method.params(settings),
-        )
+        return _METHODS[_patched_method(model)].current_request(model)
 
     def describe(self, model: nn.Module) -> ScalingReport:
         return _METHODS[_patched_method(model)].describe(model)
+
+    def record_from_config(self, config: Any, source: str) -> dict[str, Any] | None:
+        """A record for a config written by another tool (vLLM's DCA field), or None (see
+        :func:`~hf_posext.backends.attention.dual_chunk.record_from_vllm_config`)."""
+        return dual_chunk.record_from_vllm_config(config, source)
 
     def load(self, path: str, record: dict[str, Any], **from_pretrained_kwargs: Any) -> nn.Module:
         method = _METHODS.get(record.get("method"))

@@ -7,8 +7,8 @@ Models" (arXiv:2402.17463, ICML 2024; ChunkLlama). The position indices (pure nu
 (successive chunk) or ``min(2s - 1, chunk_size)`` (inter-chunk) depending on how many chunks lie
 between it and the key, so no relative distance exceeds ``chunk_size``.
 
-How it hooks into transformers: exactly like Self-Extend (:mod:`hf_posext.backends.attention.self_extend`),
-through the public attention-function registry (``AttentionInterface``), under
+How it hooks into transformers: like Self-Extend, through the public attention-function registry
+(``AttentionInterface``, set up by :mod:`hf_posext.backends.attention.registration`), under
 ``hf_posext_dca_sdpa`` / ``hf_posext_dca_eager``. q and k arrive rotated to their true positions;
 rotating them again by ``R(p' - p)`` moves them to the DCA index ``p'`` (RoPE rotations compose). Keys
 move by ``-s * (j // s)`` (a multiple of the chunk length); queries by one of three offsets.
@@ -17,34 +17,38 @@ Cost. Up to the chunk length nothing changes (the SDPA path calls transformers' 
 on the SDPA path, each block of queries inside one chunk runs at most four fused attention calls with
 no explicit mask — intra-chunk keys before the block, the block's causal diagonal, the previous chunk,
 the older chunks — merged exactly by their log-sum-exp (the softmax over the whole row, taken in
-pieces). Decoding (a few new queries) uses one explicit pass that leaves the key cache as it is: each
-query rotated once per chunk distance, one matmul against the cached keys, one gather picking each
-key's score, one softmax — a fixed, small number of kernels with no host synchronisation. The eager
-path, a logit cap, training and per-row positions use the same pass with the keys moved to ``j mod s``
-and each query rotated three ways. ``bench/dca_cost.py`` measures prefill and decode step.
+pieces). A decode step (a few new queries, :func:`dual_chunk_decode`) leaves the key cache as it is:
+per layer, the query rotated to its index for every chunk distance at once (one copy of channel
+partners, two multiplies), one matmul against the cached keys, one gather picking each key's score, one
+softmax, one matmul with the values — about seven kernels, the same at any length, no host
+synchronisation; the rotation factors and key index are built once per step for all layers. The eager
+path, a logit cap, training and per-row positions use an explicit pass with the keys moved to
+``j mod s`` and each query rotated three ways. ``bench/dca_cost.py`` measures prefill and decode step.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from hf_posext.backends.attention.self_extend import attention_with_lse, find_attention_layers, rotate_with
-from hf_posext.core.loading import config_kwargs, model_class_for
-from hf_posext.core.record import CONFIG_KEY, make_record, restore_config, snapshot_config
+from hf_posext.backends.attention import registration
+from hf_posext.backends.attention.kernels import (
+    StepTables, attention_with_lse, call_positions, finish_decode, rotate_by_factors, rotate_with, rotation_factors,
+)
+from hf_posext.backends.attention.registration import AttentionLayer
+from hf_posext.core.record import CONFIG_KEY, ScalingReport, make_record
+from hf_posext.core.request import ScalingRequest
 from hf_posext.methods.dual_chunk import (
     check_chunk_sizes,
     chunk_length,
     default_chunk_size,
     default_local_window,
 )
-from hf_posext.methods.registry import get_method
 
 __all__ = [
     "METHOD_NAMES",
@@ -54,6 +58,8 @@ __all__ = [
     "vllm_config",
     "dual_chunk_explicit",
     "dual_chunk_fused",
+    "dual_chunk_decode",
+    "clear_decode_tables",
     "dual_chunk_attention",
     "is_patched",
     "current_settings",
@@ -61,6 +67,9 @@ __all__ = [
     "unpatch_dual_chunk",
     "describe_dual_chunk",
     "load_dual_chunk",
+    "current_request",
+    "record_from_vllm_config",
+    "METHOD",
 ]
 
 #: Method names :func:`hf_posext.patch` routes here.
@@ -376,24 +385,125 @@ def dual_chunk_fused(
     return torch.cat(outputs, dim=2).transpose(1, 2).contiguous()
 
 
-def _positions(query: torch.Tensor, key: torch.Tensor, position_ids: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Query and key positions: ``position_ids`` for the queries; keys consecutive up to the last query."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Decode step: a fixed handful of kernels per layer
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _DecodeTables:
+    """What every layer of one decode step shares (built by the first layer, reused by the others).
+
+    Attributes:
+        cos, sin: ``[B', distances, rows, head_dim]`` float32 factors (the score scaling folded in) that
+            rotate a query to its index for each chunk distance (:func:`rotate_by_factors`).
+        kind: ``[B', rows, kv_len]`` chunk distance of each key from each query, capped at the last one.
+        future: ``[rows, kv_len]`` bool, True for keys after a query (None: none, e.g. one query).
+        distances: how many chunk distances ``cos`` / ``sin`` hold.
+    """
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+    kind: torch.Tensor
+    future: torch.Tensor | None
+    distances: int
+
+
+#: One decode step's tables, shared by its layers (see :class:`StepTables`).
+_DECODE_TABLES = StepTables()
+
+
+def _decode_tables(query_positions: torch.Tensor, kv_len: int, layer: _LayerSettings, head_dim: int, scaling: float) -> _DecodeTables:
+    """Build :class:`_DecodeTables` for queries at ``query_positions`` ``[B', rows]`` against ``kv_len`` keys
+    (consecutive, the last one at the last query's position)."""
+    device = query_positions.device
+    rows = query_positions.shape[-1]
+    s = chunk_length(layer.chunk_size, layer.local_window)
+    offsets, distances = _query_offsets_by_distance(query_positions, kv_len, layer.chunk_size, layer.local_window)
+    angles = offsets.to(torch.float64).unsqueeze(-1) * layer.frequencies(device)  # [distances, B', rows, rotary / 2]
+    cos, sin = rotation_factors(angles.cos().float(), angles.sin().float(), layer.rotary_dim, head_dim, layer.interleaved, scaling)
+    key_positions = query_positions[:, -1:] - torch.arange(kv_len - 1, -1, -1, device=device)
+    query_chunk = torch.div(query_positions, s, rounding_mode="floor")
+    key_chunk = torch.div(key_positions, s, rounding_mode="floor")
+    kind = (query_chunk.unsqueeze(-1) - key_chunk.unsqueeze(-2)).clamp_(0, distances - 1)
+    future = None
+    if rows > 1:
+        future = torch.ones(rows, kv_len, dtype=torch.bool, device=device).triu_(kv_len - rows + 1)
+    return _DecodeTables(cos.transpose(0, 1).contiguous(), sin.transpose(0, 1).contiguous(), kind, future, distances)
+
+
+def _cached_decode_tables(position_ids, query: torch.Tensor, key: torch.Tensor, layer: _LayerSettings, scaling: float) -> _DecodeTables:
+    """:func:`_decode_tables` for this call, reused across the layers of one step (same position_ids tensor)."""
     q_len, kv_len = query.shape[2], key.shape[2]
-    if position_ids is None:
-        query_positions = torch.arange(kv_len - q_len, kv_len, device=query.device)[None, :]
-    else:
-        query_positions = position_ids.to(query.device).long()
-        if query_positions.dim() == 1:
-            query_positions = query_positions[None, :]
-        if query_positions.shape[-1] != q_len:
-            raise ValueError(
-                f"{_LABEL} got position_ids of shape {tuple(position_ids.shape)} for {q_len} queries; it needs "
-                "one position per query token."
-            )
-    if kv_len == q_len:
-        return query_positions, query_positions
-    last = query_positions[:, -1:]
-    return query_positions, last - torch.arange(kv_len - 1, -1, -1, device=query.device)[None, :]
+    if position_ids is not None and position_ids.shape[-1] != q_len:
+        call_positions(query, key, position_ids, _LABEL)  # raises the one-line error
+    table_key = (id(layer.inv_freq), layer.rotary_dim, layer.interleaved, layer.chunk_size, layer.local_window,
+                 str(query.device), kv_len, q_len, query.shape[-1], float(scaling))
+
+    def build() -> _DecodeTables:
+        query_positions, _ = call_positions(query, key, position_ids, _LABEL)
+        return _decode_tables(query_positions, kv_len, layer, query.shape[-1], scaling)
+
+    return _DECODE_TABLES.get(table_key, position_ids, layer.inv_freq, build)
+
+
+def clear_decode_tables() -> None:
+    """Forget the decode-step tables kept for the next layer (benchmarks: time a step's first layer)."""
+    _DECODE_TABLES.clear()
+
+
+def dual_chunk_decode(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    position_ids: torch.Tensor | None,
+    layer: _LayerSettings,
+    scaling: float,
+    softcap: float | None = None,
+) -> torch.Tensor:
+    """Dual Chunk Attention for a few new queries against a long key cache, in a fixed number of kernels.
+
+    The same function as :func:`dual_chunk_explicit` for ``q_len <= DECODE_QUERIES`` (the key cache left as
+    it is, each query rotated once per chunk distance ``d``, see :func:`_query_offsets_by_distance`), built
+    for a GPU decode step that is not launch-bound: per layer one copy of channel partners and two
+    multiplies rotate the query to all its indices at once (the score scaling folded in), one matmul scores
+    them against every cached key, one gather keeps each key's score for its chunk distance, then one
+    softmax and one matmul with the values. No loop over chunks, no read back to the host. The rotation
+    factors and the per-key distance index depend only on the positions, so the first layer of a step
+    builds them and the others reuse them (:func:`_cached_decode_tables`).
+
+    Args:
+        query: ``[batch, heads, q_len, head_dim]``. key, value: ``[batch, kv_heads, kv_len, head_dim]``,
+            keys rotated to their positions, consecutive up to the last query.
+        attention_mask: None (causal), bool (True = attend) or additive float, broadcastable to
+            ``[batch, heads, q_len, kv_len]``. position_ids: the queries' positions (None: the last q_len).
+        layer: rotary frequencies and chunking (``layer.chunk_size`` set). scaling: score multiplier.
+        softcap: Gemma 2 logit cap.
+
+    Returns:
+        ``[batch, q_len, heads, head_dim]``.
+    """
+    batch, heads, q_len, head_dim = query.shape
+    kv_heads, kv_len = key.shape[1], key.shape[2]
+    if heads % kv_heads:
+        raise ValueError(f"{heads} query heads cannot share {kv_heads} key/value heads evenly.")
+    groups = heads // kv_heads
+    tables = _cached_decode_tables(position_ids, query, key, layer, scaling)
+    distances = tables.distances
+    # [B, H, rows, D] -> [B, kv_heads, groups, 1, rows, D] against [B', 1, 1, distances, rows, D] factors:
+    # the product is laid out as the matmul wants it (query heads of a kv head, then distances, as rows).
+    rotated = rotate_by_factors(
+        query.reshape(batch, kv_heads, groups, 1, q_len, head_dim),
+        tables.cos.view(-1, 1, 1, distances, q_len, head_dim), tables.sin.view(-1, 1, 1, distances, q_len, head_dim),
+        layer.rotary_dim, layer.interleaved,
+    )
+    scores = torch.matmul(rotated.reshape(batch, kv_heads, groups * distances * q_len, head_dim), key.transpose(2, 3))
+    index = tables.kind.view(-1, 1, 1, 1, q_len, kv_len).expand(batch, kv_heads, groups, 1, q_len, kv_len)
+    scores = scores.view(batch, kv_heads, groups, distances, q_len, kv_len).gather(3, index).squeeze(3)
+    return finish_decode(scores, attention_mask, tables.future, value, softcap)
 
 
 def _fused_start(layer, attention_mask, query_positions, softcap, dropout, module, tensors) -> int | None:
@@ -425,9 +535,10 @@ def dual_chunk_attention(
     """The function registered in transformers' ``AttentionInterface`` (same signature as SDPA's).
 
     Layers DCA leaves alone (Gemma 3 sliding layers) and prefills that fit in one chunk run plain
-    attention (transformers' own SDPA function on the SDPA path); prefills past it run
-    :func:`dual_chunk_fused` where it applies; decoding and everything else runs
-    :func:`dual_chunk_explicit`. Attention weights are not returned.
+    attention (transformers' own SDPA function on the SDPA path); decode steps (at most
+    ``DECODE_QUERIES`` queries) run :func:`dual_chunk_decode`; prefills past one chunk run
+    :func:`dual_chunk_fused` where it applies; everything else (eager prefill, logit cap, training
+    dropout, per-row positions) runs :func:`dual_chunk_explicit`. Attention weights are not returned.
     """
     layer: _LayerSettings | None = getattr(module, _LAYER_ATTRIBUTE, None)
     if layer is None:
@@ -440,8 +551,10 @@ def dual_chunk_attention(
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
     softcap = kwargs.get("softcap")
-    query_positions, key_positions = _positions(query, key, kwargs.get("position_ids"))
     q_len = query.shape[2]
+    if layer.chunk_size is not None and q_len <= DECODE_QUERIES and not (dropout and module.training):
+        return dual_chunk_decode(query, key, value, attention_mask, kwargs.get("position_ids"), layer, scaling, softcap), None
+    query_positions, key_positions = call_positions(query, key, kwargs.get("position_ids"), _LABEL)
     plain = layer.chunk_size is None
     if not plain and q_len > DECODE_QUERIES:
         # A prefill: one host sync is cheap next to the work, and short prompts stay bit for bit the model's.
@@ -462,47 +575,20 @@ def dual_chunk_attention(
     return output, None
 
 
-_REGISTERED = False
-
-
-def _register() -> None:
-    """Register our attention functions and their mask builders (idempotent)."""
-    global _REGISTERED
-    if _REGISTERED:
-        return
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
-
-    AttentionInterface.register(IMPLEMENTATIONS["sdpa"], dual_chunk_attention)
-    AttentionInterface.register(IMPLEMENTATIONS["eager"], dual_chunk_attention)
-    AttentionMaskInterface.register(IMPLEMENTATIONS["sdpa"], sdpa_mask)
-    AttentionMaskInterface.register(IMPLEMENTATIONS["eager"], eager_mask)
-    _REGISTERED = True
 
 
 # --------------------------------------------------------------------------------------------------
 # patch / unpatch / describe / load
 # --------------------------------------------------------------------------------------------------
 
-
-@dataclass
-class _State:
-    settings: DualChunkSettings
-    base_implementation: str
-    modules: list[tuple[str, nn.Module]]
-    config_snapshot: dict[str, Any]
-    swapped_sites: list[Any]
-    max_positions: int | None
-
-
 def is_patched(model: nn.Module) -> bool:
     """True when ``model`` runs Dual Chunk Attention installed by :func:`patch_dual_chunk`."""
-    return isinstance(model, nn.Module) and _STATE_ATTRIBUTE in model.__dict__
+    return registration.is_patched(model, METHOD)
 
 
 def current_settings(model: nn.Module) -> DualChunkSettings:
     """c, w, L and the target length of a model patched with DCA."""
-    return model.__dict__[_STATE_ATTRIBUTE].settings
+    return registration.current_settings(model, METHOD)
 
 
 def resolve_settings(
@@ -542,91 +628,52 @@ def _write_config(config, settings: DualChunkSettings, base: str, max_positions:
         config.max_position_embeddings = max(settings.target_length, max_positions)
 
 
-def patch_dual_chunk(
-    model: nn.Module,
-    method: str,
-    factor: float | None = None,
-    *,
-    target_length: int | None = None,
-    original_max_position_embeddings: int | None = None,
-    **params: Any,
-) -> nn.Module:
+
+def _layer(layer: AttentionLayer, mask_kind: str, settings: DualChunkSettings) -> _LayerSettings:
+    return _LayerSettings(
+        layer.inv_freq, layer.rotary_dim, layer.interleaved,
+        settings.chunk_size if layer.scaled else None, settings.local_window if layer.scaled else None,
+        mask_kind, layer.scaled,
+    )
+
+
+def current_request(model: nn.Module) -> ScalingRequest:
+    """The request that re-creates the current DCA patch."""
+    settings = current_settings(model)
+    return ScalingRequest.from_kwargs(
+        "dca", settings.factor, original_max_position_embeddings=settings.original_max_position_embeddings,
+        chunk_size=settings.chunk_size, local_window=settings.local_window,
+    )
+
+
+def patch_dual_chunk(model: nn.Module, request: ScalingRequest) -> nn.Module:
     """Install Dual Chunk Attention (use :func:`hf_posext.patch`, which routes here).
 
     Args:
         model: a RoPE causal LM whose attention uses transformers' attention registry (5.x models).
-        method: ``"dca"``.
-        factor: the window the model is declared to handle, ``L * factor`` (DCA has no length limit of its
-            own: this sets ``describe``'s current window and the saved ``max_position_embeddings``).
-        target_length: that window in tokens, instead of ``factor``.
-        original_max_position_embeddings: override the pre-training window L read from the config.
-        **params: ``chunk_size`` (c, default 3L/4, at most L) and ``local_window`` (w, default L/16, below c).
+        request: method ``"dca"``; ``factor`` or ``target_length``: the window the model is declared to
+            handle (DCA has no length limit of its own: this sets ``describe``'s current window and the
+            saved ``max_position_embeddings``); ``original_max_position_embeddings`` to override L; params
+            ``chunk_size`` (c, default 3L/4, at most L) and ``local_window`` (w, default L/16, below c).
 
     Returns:
         The same model. Patching again replaces the previous settings (never compounds).
 
     Raises:
-        ValueError: unknown parameter, chunk_size > L, local_window >= chunk_size, a bad factor, a model
-            whose attention bypasses the registry or whose rotary embedding is dynamic. The model is
-            unchanged in every case.
+        ValueError: chunk_size > L, local_window >= chunk_size, a bad factor, a model whose attention
+            bypasses the registry or whose rotary embedding is dynamic. The model is unchanged in every case.
 
     Example:
         >>> hf_posext.patch(model, "dca", factor=4)                       # c = 3L/4, w = L/16
         >>> hf_posext.patch(model, "dca", target_length=32768, chunk_size=6144, local_window=512)
     """
-    from hf_posext.backends.rope.sites import find_rotary_sites
-
-    if not isinstance(method, str) or method.strip().lower().replace("_", "-") not in METHOD_NAMES:
-        raise ValueError(f"patch_dual_chunk handles {sorted(METHOD_NAMES)}, got {method!r}.")
-    if "_hf_posext_state" in model.__dict__:
-        raise ValueError("The model carries a frequency scaling; call hf_posext.unpatch(model) first (hf_posext.patch does).")
-    get_method("dca", "attention").parse_params(dict(params))  # names and types, with "did you mean"
-    previous: _State | None = model.__dict__.get(_STATE_ATTRIBUTE)
-    if original_max_position_embeddings is not None:
-        if isinstance(original_max_position_embeddings, bool) or not isinstance(original_max_position_embeddings, int) \
-                or original_max_position_embeddings < 2:
-            raise ValueError(f"original_max_position_embeddings must be an integer >= 2, got {original_max_position_embeddings!r}.")
-        original_length = original_max_position_embeddings
-    elif previous is not None:
-        original_length = previous.settings.original_max_position_embeddings
-    else:
-        sites = find_rotary_sites(model)
-        main = next(site for site in sites if site.scaled_layer_types)
-        original_length = main.current[main.scaled_layer_types[0]].original_max_position_embeddings
-    settings = resolve_settings(factor, target_length, original_length, params.get("chunk_size"), params.get("local_window"))
-
-    if previous is not None:
-        for _, module in previous.modules:
-            layer = getattr(module, _LAYER_ATTRIBUTE)
-            if layer.scaled:
-                setattr(module, _LAYER_ATTRIBUTE, dataclasses.replace(
-                    layer, chunk_size=settings.chunk_size, local_window=settings.local_window))
-        previous.settings = settings
-        _write_config(model.config, settings, previous.base_implementation, previous.max_positions)
-        return model
-
-    base = model.config._attn_implementation or "eager"
-    mask_kind = "eager" if base == "eager" else "sdpa"
-    _register()
-    layers, swaps = find_attention_layers(model, _LABEL)  # read-only (the probe restores what it sets)
-    config = model.config
-    snapshot = snapshot_config(config, ("_attn_implementation_internal", CONFIG_KEY, VLLM_CONFIG_KEY, "max_position_embeddings"))
-    model.set_attn_implementation(IMPLEMENTATIONS[mask_kind])
-    installed = []
-    for layer in layers:
-        setattr(layer.module, _LAYER_ATTRIBUTE, _LayerSettings(
-            layer.inv_freq, layer.rotary_dim, layer.interleaved,
-            settings.chunk_size if layer.scaled else None, settings.local_window if layer.scaled else None,
-            mask_kind, layer.scaled,
-        ))
-        installed.append((layer.path, layer.module))
-    for site, replacement in swaps:
-        setattr(site.parent, site.attribute, replacement)
-    max_positions = getattr(config, "max_position_embeddings", None)
-    max_positions = max_positions if isinstance(max_positions, int) and not isinstance(max_positions, bool) else None
-    _write_config(config, settings, base, max_positions)
-    model.__dict__[_STATE_ATTRIBUTE] = _State(settings, base, installed, snapshot, [site for site, _ in swaps], max_positions)
-    return model
+    original = registration.original_length(model, METHOD, request)
+    params = request.params_dict
+    settings = resolve_settings(request.factor, request.target_length, original, params.get("chunk_size"), params.get("local_window"))
+    if is_patched(model):
+        return registration.update(model, METHOD, settings, lambda layer: dataclasses.replace(
+            layer, chunk_size=settings.chunk_size, local_window=settings.local_window), _write_config)
+    return registration.install(model, METHOD, settings, lambda layer, mask_kind: _layer(layer, mask_kind, settings), _write_config)
 
 
 def unpatch_dual_chunk(model: nn.Module) -> nn.Module:
@@ -635,26 +682,12 @@ def unpatch_dual_chunk(model: nn.Module) -> nn.Module:
     Raises:
         ValueError: the model is not patched with DCA.
     """
-    state: _State | None = model.__dict__.get(_STATE_ATTRIBUTE)
-    if state is None:
-        raise ValueError("This model is not patched with Dual Chunk Attention (nothing to unpatch).")
-    model.set_attn_implementation(state.base_implementation)
-    for _, module in state.modules:
-        module.__dict__.pop(_LAYER_ATTRIBUTE, None)
-    for site in state.swapped_sites:
-        setattr(site.parent, site.attribute, site.module)
-    restore_config(model.config, state.config_snapshot)
-    del model.__dict__[_STATE_ATTRIBUTE]
-    return model
+    return registration.uninstall(model, METHOD)
 
 
-def describe_dual_chunk(model: nn.Module):
+def describe_dual_chunk(model: nn.Module) -> ScalingReport:
     """A :class:`~hf_posext.core.record.ScalingReport` of kind ``"attention"`` for a DCA model."""
-    from hf_posext.core.record import ScalingReport
-
-    state: _State = model.__dict__[_STATE_ATTRIBUTE]
-    settings = state.settings
-    chunked = [path for path, module in state.modules if getattr(module, _LAYER_ATTRIBUTE).scaled]
+    settings = current_settings(model)
     notes = [
         f"chunks of {settings.chunk_length} tokens; every relative distance <= chunk_size = {settings.chunk_size} "
         f"(original window {settings.original_max_position_embeddings}); no length limit of its own",
@@ -662,40 +695,19 @@ def describe_dual_chunk(model: nn.Module):
         "step rotates the new query once per chunk distance and reads the key cache as it is (see bench/dca_cost.py)",
         f"saved config carries vLLM's {VLLM_CONFIG_KEY} (chunk_size, local_size, original_max_position_embeddings)",
     ]
-    if state.swapped_sites:
-        notes.append("fixed sin/cos table replaced by an identical rotary module without a length limit")
-    if len(chunked) != len(state.modules):
-        notes.append(f"chunked in {len(chunked)} of {len(state.modules)} attention layers (others: sliding window)")
-    return ScalingReport(
-        family=getattr(model.config, "model_type", type(model).__name__),
-        kind="attention",
-        method="dca",
-        factor=settings.factor,
-        original_window=settings.original_max_position_embeddings,
-        current_window=settings.target_length,
-        dynamic=False,
-        sites=list(dict.fromkeys(re.sub(r"\.\d+\.", ".*.", path) for path, _ in state.modules)),
-        params={"chunk_size": settings.chunk_size, "local_window": settings.local_window,
-                "attn_implementation": state.base_implementation},
-        stock_loadable=False,
-        notes=notes,
+    return registration.report(
+        model, METHOD, settings.factor, settings.target_length,
+        {"chunk_size": settings.chunk_size, "local_window": settings.local_window}, notes,
     )
 
 
-def load_dual_chunk(path: str, record: dict[str, Any], **from_pretrained_kwargs: Any) -> nn.Module:
-    """Load a model saved with DCA and re-apply it.
-
-    The sizes come from the config's ``dual_chunk_attention_config`` (vLLM's fields, so an edit there is
-    what loads) and otherwise from the ``hf_posext`` record; the window from the record's ``factor``.
-    """
-    from transformers import AutoConfig
-
+def _saved_sizes(path: str, record: dict[str, Any], config: Any) -> tuple[int, int, int]:
+    """L, c and w of a saved DCA model: vLLM's ``dual_chunk_attention_config`` (so an edit there is what
+    loads), else the ``hf_posext`` record."""
     from hf_posext.core.errors import RecordError
 
     params = dict(record.get("params", {}))
-    config = AutoConfig.from_pretrained(path, **config_kwargs(from_pretrained_kwargs))
-    target = config.get_text_config() if hasattr(config, "get_text_config") else config
-    vllm = getattr(target, VLLM_CONFIG_KEY, None) or {}
+    vllm = getattr(config, VLLM_CONFIG_KEY, None) or {}
     if not isinstance(vllm, dict):
         raise RecordError(f"{path}/config.json: {VLLM_CONFIG_KEY} must be an object, got {vllm!r}.")
     try:
@@ -707,16 +719,75 @@ def load_dual_chunk(path: str, record: dict[str, Any], **from_pretrained_kwargs:
             f"{path}/config.json: a DCA record needs chunk_size and local_window (or {VLLM_CONFIG_KEY} with "
             f"chunk_size, local_size, original_max_position_embeddings); got {record!r}."
         ) from error
-    # Back to the model as it was before patching: patch_dual_chunk writes these fields again.
-    target.__dict__.pop(CONFIG_KEY, None)
-    target.__dict__.pop(VLLM_CONFIG_KEY, None)
-    before = record.get("max_position_embeddings_before")
-    if isinstance(before, int) and hasattr(target, "max_position_embeddings"):
-        target.max_position_embeddings = before
-    from_pretrained_kwargs.setdefault("attn_implementation", record.get("attn_implementation") or "sdpa")
-    model = model_class_for(config).from_pretrained(path, config=config, **from_pretrained_kwargs)
-    factor = float(record.get("factor") or 1.0)
-    return patch_dual_chunk(
-        model, "dca", max(1.0, factor), original_max_position_embeddings=original,
-        chunk_size=chunk_size, local_window=local_window,
+    return original, chunk_size, local_window
+
+
+def _integer(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def record_from_vllm_config(config: Any, source: str) -> dict[str, Any] | None:
+    """A DCA record for a config that carries only vLLM's ``dual_chunk_attention_config`` (Qwen2.5-1M
+    checkpoints), so that :func:`hf_posext.load` applies DCA; None when the config has no such field.
+
+    The sizes are the field's ``chunk_size`` and ``local_size``; the original window L its
+    ``original_max_position_embeddings``, else the config's (top level or in its rope parameters), else
+    ``max_position_embeddings``; the factor is ``max_position_embeddings / L`` (at least 1).
+
+    Raises:
+        RecordError: the field is not an object, or its sizes are missing, not integers, or break DCA's
+            rules (chunk_size <= L, local_size < chunk_size), naming ``source`` and the fix; raised before
+            any weight is loaded.
+    """
+    from hf_posext.core.errors import RecordError
+
+    field = getattr(config, VLLM_CONFIG_KEY, None)
+    if field is None:
+        return None
+    where = f"{source}: {VLLM_CONFIG_KEY}"
+    if not isinstance(field, dict):
+        raise RecordError(f"{where} must be an object with chunk_size and local_size, got {field!r}.")
+    chunk_size, local_size = _integer(field.get("chunk_size")), _integer(field.get("local_size"))
+    if chunk_size is None or local_size is None:
+        raise RecordError(f"{where} needs integer chunk_size and local_size (as Qwen2.5-1M writes them), got {field!r}.")
+    max_positions = _integer(getattr(config, "max_position_embeddings", None))
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    candidates = (field.get("original_max_position_embeddings"), getattr(config, "original_max_position_embeddings", None),
+                  rope.get("original_max_position_embeddings") if isinstance(rope, dict) else None, max_positions)
+    original = next((value for value in candidates if value is not None), None)
+    if _integer(original) is None or original < 2:
+        raise RecordError(f"{where}: original_max_position_embeddings must be an integer >= 2, got {original!r}.")
+    try:
+        check_chunk_sizes(chunk_size, local_size, original)
+    except ValueError as error:
+        raise RecordError(f"{where}: {error} Fix the field in config.json.") from error
+    factor = max(1.0, (max_positions or original) / original)
+    return make_record("attention", "dca", factor, original, {"chunk_size": chunk_size, "local_window": local_size})
+
+
+def load_dual_chunk(path: str, record: dict[str, Any], **from_pretrained_kwargs: Any) -> nn.Module:
+    """Load a model saved with DCA and re-apply it.
+
+    The sizes come from the config's ``dual_chunk_attention_config`` (vLLM's fields, so an edit there is
+    what loads) and otherwise from the ``hf_posext`` record; the window from the record's ``factor``.
+    """
+    model, (original, chunk_size, local_window) = registration.load_unpatched(
+        path, record, METHOD, lambda config: _saved_sizes(path, record, config), **from_pretrained_kwargs,
     )
+    factor = float(record.get("factor") or 1.0)
+    return patch_dual_chunk(model, ScalingRequest.from_kwargs(
+        "dca", max(1.0, factor), original_max_position_embeddings=original, chunk_size=chunk_size, local_window=local_window,
+    ))
+
+
+#: How DCA plugs into transformers (see :mod:`hf_posext.backends.attention.registration`).
+METHOD = registration.AttentionMethod(
+    name="dca",
+    label=_LABEL,
+    attention=dual_chunk_attention,
+    implementations=IMPLEMENTATIONS,
+    layer_attribute=_LAYER_ATTRIBUTE,
+    state_attribute=_STATE_ATTRIBUTE,
+    config_keys=(VLLM_CONFIG_KEY, "max_position_embeddings"),
+    scaled_word="chunked",
+)

@@ -15,16 +15,11 @@ The two score matrices are merged entry by entry (neighbour inside the window, g
 window L every relative distance stays below L for sequences up to ``(L - W + W // G) * G`` tokens
 (the paper's rule ``(L - W) * G + W``, made exact for integer positions).
 
-How it hooks into transformers: through the public attention-function registry
-(``transformers.AttentionInterface`` and, for the mask, ``transformers.masking_utils.AttentionMaskInterface``),
-never by replacing attention classes. Attention modules of transformers 5.x rotate q and k and then
-call the function registered under ``config._attn_implementation``; we register ours under
-``hf_posext_self_extend_sdpa`` / ``hf_posext_self_extend_eager`` (matching the mask convention of the
-implementation the model used before) and select it with ``model.set_attn_implementation``. q and k
+How it hooks into transformers: through the public attention-function registry, registered, probed,
+installed and removed by :mod:`hf_posext.backends.attention.registration` under
+``hf_posext_self_extend_sdpa`` / ``hf_posext_self_extend_eager``; this module keeps the math. q and k
 arrive rotated to their true positions; RoPE rotations compose, so rotating them again by
-``R(p' - p)`` moves them to the grouped position p'. Each attention module gets the frequencies of the
-rotary module that feeds it (found and verified by :func:`hf_posext.backends.rope.sites.find_rotary_sites`), and a
-probe at patch time checks that the q and k reaching the registry really are rotated that way.
+``R(p' - p)`` moves them to the grouped position p'.
 
 Cost (say it plainly): inside the window nothing changes (the SDPA path even calls transformers' SDPA
 function). Past the window, on the SDPA path (the default), each query block runs up to three fused
@@ -32,27 +27,33 @@ attention calls (neighbour band, grouped band, grouped bulk) and merges them by 
 (:func:`split_grouped_attention`): the extra work is the re-rotation of q and k, a second pass over a
 band of about W + 512 keys, and the masks of the two bands. On the eager path, or with a logit cap,
 training dropout or per-row positions (a left-padded batch), the scores are materialised block by block
-instead (:func:`grouped_attention`), about what eager attention costs. During generation each layer
-keeps its keys rotated to grouped positions (one more copy of the key cache) so a decode step rotates
-only the new key. ``bench/self_extend_cost.py`` measures it (docs/beyond_rescaling.md).
+instead (:func:`grouped_attention`), about what eager attention costs. On an accelerator a decode step
+past the window (:func:`self_extend_decode`) runs about a dozen kernels per layer, the same at any
+length, with no host synchronisation: the query and every cached key rotated to grouped positions from factors built once
+per step, two matmuls, one ``where``, one softmax, one matmul. A chunked prefill with a KV cache keeps
+each layer's keys rotated to grouped positions (one more copy of the key cache) and rotates only the
+new ones; on CPU, where host reads cost nothing and bandwidth is what counts, decode steps do the same. ``bench/self_extend_cost.py`` measures it (docs/beyond_rescaling.md).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
-from hf_posext.core.loading import config_kwargs, model_class_for
-from hf_posext.core.record import CONFIG_KEY, make_record, restore_config, snapshot_config
-
+from hf_posext.backends.attention import registration
+from hf_posext.backends.attention.kernels import (
+    StepTables, attention_with_lse, call_positions, finish_decode, rotate, rotate_by_factors, rotate_with, rotation_factors,
+)
+from hf_posext.backends.attention.registration import AttentionLayer, find_attention_layers
+from hf_posext.core.deprecation import renamed_keyword
+from hf_posext.core.record import CONFIG_KEY, ScalingReport, make_record
+from hf_posext.core.request import ScalingRequest
 from hf_posext.methods.attention import check_neighbor_window, default_neighbor_window, max_extended_length, size_for_target
-from hf_posext.methods.registry import get_method
 
 __all__ = [
     "METHOD_NAMES",
@@ -61,12 +62,19 @@ __all__ = [
     "size_for_target",
     "grouped_attention",
     "split_grouped_attention",
+    "self_extend_decode",
+    "clear_decode_tables",
     "self_extend_attention",
     "is_patched",
     "patch_self_extend",
     "unpatch_self_extend",
     "describe_self_extend",
     "load_self_extend",
+    "current_settings",
+    "current_request",
+    "METHOD",
+    # Shared with Dual Chunk Attention; kept importable from here (their home is kernels / registration).
+    "rotate",
     "rotate_with",
     "attention_with_lse",
     "AttentionLayer",
@@ -78,7 +86,6 @@ METHOD_NAMES = {"self-extend"}
 
 #: Registry names of our attention functions, keyed by the mask convention they expect.
 IMPLEMENTATIONS = {"sdpa": "hf_posext_self_extend_sdpa", "eager": "hf_posext_self_extend_eager"}
-_PROBE_IMPLEMENTATION = "hf_posext_self_extend_probe"
 _LAYER_ATTRIBUTE = "_hf_posext_self_extend"
 _STATE_ATTRIBUTE = "_hf_posext_self_extend_state"
 #: Elements of one block of attention scores (batch x heads x queries x keys), ~256 MB in float32.
@@ -142,22 +149,8 @@ class _LayerSettings:
     grouped_keys: Any = field(default=None, repr=False, compare=False)
 
 
-def rotate(states: torch.Tensor, delta: torch.Tensor, inv_freq: torch.Tensor, rotary_dim: int, interleaved: bool) -> torch.Tensor:
-    """Rotate already-rotated RoPE vectors by ``delta`` more positions.
 
-    Args:
-        states: ``[batch, heads, tokens, head_dim]``; the first ``rotary_dim`` channels are rotary.
-        delta: ``[batch, tokens]`` position offsets (integers; may be negative).
-        inv_freq: the rotary module's inverse frequencies (``rotary_dim / 2`` values).
-        rotary_dim: channels that carry RoPE (partial rotary models rotate only these).
-        interleaved: GPT-J layout (pairs of neighbouring channels) instead of rotate_half halves.
 
-    Returns:
-        The rotated tensor, same shape and dtype. Angles are computed in float64 so the extra rotation
-        adds no error of its own at long positions.
-    """
-    angles = delta.to(device=states.device, dtype=torch.float64)[:, None, :, None] * inv_freq.to(device=states.device, dtype=torch.float64)
-    return _rotate_with(states, angles.cos(), angles.sin(), rotary_dim, interleaved)
 
 
 # (role, G, W, frequencies, device) -> (cos, sin) float32 tables [N, rotary_dim / 2] of the rotation that
@@ -166,16 +159,16 @@ def rotate(states: torch.Tensor, delta: torch.Tensor, inv_freq: torch.Tensor, ro
 _GROUPED_TABLES: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
-def _grouped_table(role: str, length: int, group_size: int, window: int, inv_freq: torch.Tensor, device) -> tuple[torch.Tensor, torch.Tensor]:
+def _grouped_table(role: str, length: int, group_size: int, neighbor_window: int, inv_freq: torch.Tensor, device) -> tuple[torch.Tensor, torch.Tensor]:
     # Keyed by values, not identity: a freed tensor's memory may come back holding other frequencies.
-    key = (role, group_size, window, inv_freq.numel(), float(inv_freq[-1]), float(inv_freq[min(1, inv_freq.numel() - 1)]), str(device))
+    key = (role, group_size, neighbor_window, inv_freq.numel(), float(inv_freq[-1]), float(inv_freq[min(1, inv_freq.numel() - 1)]), str(device))
     table = _GROUPED_TABLES.get(key)
     if table is None or table[0].shape[0] < length:
         size = 1 << max(10, int(length - 1).bit_length())
         positions = torch.arange(size, dtype=torch.float64)
         grouped = torch.div(positions, group_size, rounding_mode="floor")
         if role == "query":
-            grouped = grouped + (window - window // group_size)
+            grouped = grouped + (neighbor_window - neighbor_window // group_size)
         angles = (grouped - positions)[:, None] * inv_freq.double().cpu()
         table = (angles.cos().float().to(device), angles.sin().float().to(device))
         if len(_GROUPED_TABLES) > 16:
@@ -184,37 +177,17 @@ def _grouped_table(role: str, length: int, group_size: int, window: int, inv_fre
     return table
 
 
-def _to_grouped(states, positions, role, group_size, window, inv_freq, rotary_dim, interleaved) -> torch.Tensor:
+def _to_grouped(states, positions, role, group_size, neighbor_window, inv_freq, rotary_dim, interleaved) -> torch.Tensor:
     """Rotate q (``role="query"``) or k to their grouped positions, via a cached table when possible."""
     low, high = int(positions.min()), int(positions.max())
     if low < 0 and role == "query":
-        delta = torch.div(positions, group_size, rounding_mode="floor") + (window - window // group_size) - positions
+        delta = torch.div(positions, group_size, rounding_mode="floor") + (neighbor_window - neighbor_window // group_size) - positions
         return rotate(states, delta, inv_freq, rotary_dim, interleaved)
     # Negative key positions only occur for left padding (masked keys): any rotation will do for them.
-    cos, sin = _grouped_table(role, high + 1, group_size, window, inv_freq, states.device)
+    cos, sin = _grouped_table(role, high + 1, group_size, neighbor_window, inv_freq, states.device)
     index = positions.clamp(min=0)
-    return _rotate_with(states, cos[index][:, None], sin[index][:, None], rotary_dim, interleaved)
+    return rotate_with(states, cos[index][:, None], sin[index][:, None], rotary_dim, interleaved)
 
-
-def rotate_with(states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary_dim: int, interleaved: bool) -> torch.Tensor:
-    """Rotate RoPE vectors by the angles whose cosines and sines are given (``rotary_dim / 2`` each,
-    broadcastable to ``states[..., :rotary_dim / 2]``); channels past ``rotary_dim`` pass through."""
-    work = torch.float32 if states.dtype in (torch.float16, torch.bfloat16) else states.dtype
-    cos, sin = cos.to(work), sin.to(work)
-    rot = states[..., :rotary_dim].to(work)
-    if interleaved:
-        x1, x2 = rot[..., 0::2], rot[..., 1::2]
-        rotated = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
-    else:
-        half = rotary_dim // 2
-        x1, x2 = rot[..., :half], rot[..., half:]
-        rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-    if rotary_dim == states.shape[-1]:
-        return rotated.to(states.dtype)
-    return torch.cat((rotated.to(states.dtype), states[..., rotary_dim:]), dim=-1)
-
-
-_rotate_with = rotate_with
 
 
 def _count_at_most(positions: torch.Tensor, limits: torch.Tensor) -> int:
@@ -237,15 +210,16 @@ def grouped_attention(
     rotary_dim: int,
     interleaved: bool,
     group_size: int | None,
-    window: int | None,
-    scaling: float,
+    neighbor_window: int | None = None,
+    scaling: float | None = None,
     softcap: float | None = None,
     dropout: float = 0.0,
     training: bool = False,
     block_elements: int = SCORE_BLOCK_ELEMENTS,
     key_grouped: torch.Tensor | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
-    """Self-Extend attention over rotated q/k: neighbour scores inside ``window``, grouped beyond it.
+    """Self-Extend attention over rotated q/k: neighbour scores inside ``neighbor_window``, grouped beyond it.
 
     Args:
         query: ``[batch, heads, q_len, head_dim]``, rotated to ``query_positions``.
@@ -254,8 +228,8 @@ def grouped_attention(
             additive float mask, broadcastable to ``[batch, heads, q_len, kv_len]``.
         query_positions, key_positions: ``[batch, q_len]`` and ``[batch, kv_len]`` integer positions.
         inv_freq, rotary_dim, interleaved: the rotary embedding (see :func:`rotate`).
-        group_size, window: G and W; ``None`` computes plain attention.
-        scaling: score multiplier (usually head_dim ** -0.5). softcap: Gemma 2 style logit cap.
+        group_size, neighbor_window: G and W; ``None`` computes plain attention (``window``: W's old name).
+        scaling: score multiplier (default head_dim ** -0.5). softcap: Gemma 2 style logit cap.
         dropout, training: attention dropout, applied when training.
         block_elements: score elements materialised at once (sets the query block size).
         key_grouped: the keys already rotated to their grouped positions, if the caller has them.
@@ -263,25 +237,27 @@ def grouped_attention(
     Returns:
         ``[batch, q_len, heads, head_dim]`` (the layout transformers' attention functions return).
     """
+    neighbor_window = renamed_keyword("window", window, "neighbor_window", neighbor_window, None)
     batch, heads, q_len, head_dim = query.shape
+    scaling = head_dim ** -0.5 if scaling is None else scaling
     kv_heads, kv_len = key.shape[1], key.shape[2]
     if heads % kv_heads:
         raise ValueError(f"{heads} query heads cannot share {kv_heads} key/value heads evenly.")
     groups = heads // kv_heads  # grouped-query attention: query heads kv*groups .. kv*groups+groups-1 share kv head kv
     query_positions = query_positions.to(key.device).expand(batch, q_len).contiguous()
     key_positions = key_positions.to(key.device).expand(batch, kv_len).contiguous()
-    grouped = group_size is not None and window is not None and group_size > 1
-    if grouped and int((query_positions.max(dim=1).values - key_positions.min(dim=1).values).max()) < window:
-        grouped = False  # every pair is inside the window: plain attention
+    grouped = group_size is not None and neighbor_window is not None and group_size > 1
+    if grouped and int((query_positions.max(dim=1).values - key_positions.min(dim=1).values).max()) < neighbor_window:
+        grouped = False  # every pair is inside the neighbor_window: plain attention
     if grouped:
         query = query * scaling  # scale once here instead of every score block
-        query_grouped = _to_grouped(query, query_positions, "query", group_size, window, inv_freq, rotary_dim, interleaved)
+        query_grouped = _to_grouped(query, query_positions, "query", group_size, neighbor_window, inv_freq, rotary_dim, interleaved)
         if key_grouped is None:
-            key_grouped = _to_grouped(key, key_positions, "key", group_size, window, inv_freq, rotary_dim, interleaved)
+            key_grouped = _to_grouped(key, key_positions, "key", group_size, neighbor_window, inv_freq, rotary_dim, interleaved)
     monotone = bool((key_positions[:, 1:] >= key_positions[:, :-1]).all()) if kv_len > 1 else True
     block = max(1, min(q_len, block_elements // max(1, batch * heads * kv_len)))
     if grouped:
-        block = min(block, max(64, window))  # the band of both kinds per block is (block + W) keys wide
+        block = min(block, max(64, neighbor_window))  # the band of both kinds per block is (block + W) keys wide
     offset = kv_len - q_len
 
     def per_kv_head(states: torch.Tensor) -> torch.Tensor:
@@ -296,7 +272,7 @@ def grouped_attention(
         high = _count_at_most(key_positions, q_pos.max(dim=1).values) if monotone else kv_len
         high = max(high, min(kv_len, end + offset))
         if grouped and monotone:
-            low = _min_count_at_most(key_positions, q_pos.min(dim=1).values - window)
+            low = _min_count_at_most(key_positions, q_pos.min(dim=1).values - neighbor_window)
         else:
             low = 0
         # Keys [0, low) are grouped for every query of the block, [low, high) hold the band where the two
@@ -315,7 +291,7 @@ def grouped_attention(
             scores = torch.matmul(per_kv_head(query_grouped[:, :, start:end]), key_grouped[:, :, :high].transpose(2, 3))
             scores = scores.view(batch, kv_heads, groups, rows, high)
             distance = q_pos[:, None, None, :, None] - key_positions[:, None, None, None, low:high]
-            scores[..., low:high] = torch.where(distance < window, near, scores[..., low:high])
+            scores[..., low:high] = torch.where(distance < neighbor_window, near, scores[..., low:high])
         else:
             scores = near
         if softcap is not None:
@@ -342,58 +318,7 @@ def grouped_attention(
 SPLIT_QUERY_BLOCK = 512
 
 
-def attention_with_lse(query, key, value, mask, scaling, is_causal=False):
-    """Attention output and log-sum-exp of its scores: ``([B, H, q, D], [B, H, q])``.
 
-    ``mask`` is None or a bool tensor broadcastable to ``[B, H, q, k]`` (True = attend); ``is_causal``
-    (with no mask) lets query r see keys 0..r (top-left aligned). On CPU it calls
-    PyTorch's fused flash-attention kernel, the one ``scaled_dot_product_attention`` itself dispatches to,
-    which also returns the log-sum-exp; elsewhere it computes the same two tensors explicitly. Rows with
-    no key to attend give output 0 and log-sum-exp -inf.
-    """
-    if query.device.type == "cuda" and mask is None:
-        fused = _cuda_attention_with_lse(query, key, value, scaling, is_causal)
-        if fused is not None:
-            return fused
-    flash = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
-    if flash is not None and query.device.type == "cpu" and query.dtype in (torch.float32, torch.bfloat16):
-        bias = None
-        if mask is not None:
-            bias = torch.zeros(mask.shape, dtype=query.dtype, device=query.device).masked_fill_(~mask, float("-inf"))
-        output, lse = flash(query, key, value, 0.0, is_causal and mask is None, attn_mask=bias, scale=scaling)[:2]
-        lse = lse.to(torch.float32)
-        if mask is not None:  # the kernel leaves rows without any key undefined: make them empty
-            empty = ~mask.any(dim=-1)
-            output = output.masked_fill(empty[..., None], 0.0)
-            lse = lse.masked_fill(empty, float("-inf"))
-        return output, lse
-    scores = torch.matmul(query, key.transpose(2, 3)).float() * scaling
-    if is_causal and mask is None:
-        mask = torch.ones(query.shape[2], key.shape[2], dtype=torch.bool, device=query.device).tril_()
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    lse = torch.logsumexp(scores, dim=-1)
-    probs = torch.nan_to_num(torch.exp(scores - lse[..., None]), nan=0.0).to(value.dtype)
-    return torch.matmul(probs, value), lse
-
-
-def _cuda_attention_with_lse(query, key, value, scaling, is_causal):
-    """PyTorch's memory-efficient CUDA attention kernel (one of those ``scaled_dot_product_attention``
-    dispatches to), which also returns the log-sum-exp, for every dtype: one kernel, so that the float32
-    device check (bench/gpu_checks.py) covers the half-precision runs too. None when it does not take
-    these inputs (the caller then computes the scores explicitly)."""
-    q_len = query.shape[2]
-    try:
-        result = torch.ops.aten._scaled_dot_product_efficient_attention(query, key, value, None, True, 0.0, is_causal, scale=scaling)
-    except (RuntimeError, NotImplementedError, AttributeError, TypeError):
-        return None
-    output, lse = result[0], result[1]
-    if output.shape != query.shape[:3] + value.shape[-1:] or lse.shape[:2] != query.shape[:2] or lse.shape[-1] < q_len:
-        return None
-    return output, lse[..., :q_len].float()
-
-
-_attention_with_lse = attention_with_lse
 
 
 def split_grouped_attention(
@@ -408,9 +333,10 @@ def split_grouped_attention(
     rotary_dim: int,
     interleaved: bool,
     group_size: int,
-    window: int,
-    scaling: float,
+    neighbor_window: int | None = None,
+    scaling: float | None = None,
     block: int = SPLIT_QUERY_BLOCK,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Self-Extend attention as fused attention calls merged by their log-sum-exp (same result as
     :func:`grouped_attention`, without materialising the long rows of scores).
@@ -427,18 +353,20 @@ def split_grouped_attention(
     so gradients through the merge would be wrong. :func:`self_extend_attention` checks all of this and
     otherwise calls :func:`grouped_attention`.
 
-    Args: as :func:`grouped_attention`; ``key_grouped`` are the keys rotated to their grouped positions,
+    Args: as :func:`grouped_attention` (``window``: ``neighbor_window``'s old name); ``key_grouped`` are the keys rotated to their grouped positions,
     ``attention_mask`` None or bool broadcastable to ``[batch, heads, q_len, kv_len]``.
 
     Returns:
         ``[batch, q_len, heads, head_dim]``.
     """
+    neighbor_window = renamed_keyword("window", window, "neighbor_window", neighbor_window, None)
     batch, heads, q_len, head_dim = query.shape
+    scaling = head_dim ** -0.5 if scaling is None else scaling
     kv_heads = key.shape[1]
     groups = heads // kv_heads
     q_pos = query_positions.to(key.device).reshape(-1, q_len)[0]
     k_pos = key_positions.to(key.device).reshape(-1, key.shape[2])[0].contiguous()
-    query_grouped = _to_grouped(query, q_pos[None], "query", group_size, window, inv_freq, rotary_dim, interleaved)
+    query_grouped = _to_grouped(query, q_pos[None], "query", group_size, neighbor_window, inv_freq, rotary_dim, interleaved)
 
     outputs = []
     for start in range(0, q_len, block):
@@ -447,7 +375,7 @@ def split_grouped_attention(
         low_limit, high_limit = rows.min(), rows.max()
         # keys [0, bulk): grouped for every query; [bulk, grouped_end): grouped for some; [bulk, high): neighbours
         bulk, grouped_end, high = (int(i) for i in torch.searchsorted(
-            k_pos, torch.stack((low_limit - window, high_limit - window, high_limit)), right=True))
+            k_pos, torch.stack((low_limit - neighbor_window, high_limit - neighbor_window, high_limit)), right=True))
 
         def part(q, k, first, last, band):
             distance = rows[:, None] - k_pos[None, first:last]
@@ -461,12 +389,12 @@ def split_grouped_attention(
             if mask is not None and groups > 1:
                 mask = mask.expand(*mask.shape[:-2], end - start, last - first)
                 mask = torch.cat([mask] * groups, dim=-2)
-            output, lse = _attention_with_lse(q, k[:, :, first:last], value[:, :, first:last], mask, scaling)
+            output, lse = attention_with_lse(q, k[:, :, first:last], value[:, :, first:last], mask, scaling)
             return output.reshape(batch, heads, end - start, head_dim), lse.reshape(batch, heads, end - start)
 
-        parts = [part(query, key, bulk, high, lambda d: (d >= 0) & (d < window))]
+        parts = [part(query, key, bulk, high, lambda d: (d >= 0) & (d < neighbor_window))]
         if grouped_end > bulk:
-            parts.append(part(query_grouped, key_grouped, bulk, grouped_end, lambda d: d >= window))
+            parts.append(part(query_grouped, key_grouped, bulk, grouped_end, lambda d: d >= neighbor_window))
         if bulk > 0:
             parts.append(part(query_grouped, key_grouped, 0, bulk, None))
         lse = torch.stack([p[1] for p in parts]).logsumexp(dim=0)
@@ -475,26 +403,129 @@ def split_grouped_attention(
     return torch.cat(outputs, dim=2).transpose(1, 2).contiguous()
 
 
-def _positions(query: torch.Tensor, key: torch.Tensor, position_ids: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Query and key positions: ``position_ids`` for the queries; keys contiguous up to the last query."""
+# --------------------------------------------------------------------------------------------------
+# Decode step: a fixed handful of kernels per layer
+# --------------------------------------------------------------------------------------------------
+
+#: Calls with at most this many queries (decoding) take :func:`self_extend_decode`.
+DECODE_QUERIES = 16
+#: Device types whose decode steps take :func:`self_extend_decode`. Not the CPU: there a step is not
+#: launch-bound, host reads are free, and rotating every cached key again costs about twice what
+#: reusing the kept rotated keys costs (``bench/results/self_extend_decode_cpu.json``).
+DECODE_DEVICES = ("cuda", "xpu", "mps")
+
+
+@dataclass
+class _DecodeTables:
+    """What every layer of one decode step shares (built by the first layer, reused by the others).
+
+    Attributes:
+        query_cos, query_sin: ``[B', rows, head_dim]`` factors moving a query to its grouped position,
+            the score scaling folded in. key_cos, key_sin: ``[B', kv_len, head_dim]`` moving each key to
+            its grouped position (see :func:`rotate_by_factors`).
+        neighbour: ``[B', rows, kv_len]`` bool, True where the key is inside the neighbor window.
+        future: ``[rows, kv_len]`` bool, True for keys after a query (None: one query).
+    """
+
+    query_cos: torch.Tensor
+    query_sin: torch.Tensor
+    key_cos: torch.Tensor
+    key_sin: torch.Tensor
+    neighbour: torch.Tensor
+    future: torch.Tensor | None
+
+
+#: One decode step's tables, shared by its layers (see :class:`StepTables`).
+_DECODE_TABLES = StepTables()
+
+
+def _decode_tables(query_positions: torch.Tensor, kv_len: int, settings: _LayerSettings, head_dim: int, scaling: float) -> _DecodeTables:
+    """Build :class:`_DecodeTables` for queries at ``query_positions`` ``[B', rows]`` against ``kv_len``
+    consecutive keys ending at the last query (angles in float64, as :func:`_grouped_table`)."""
+    device = query_positions.device
+    rows = query_positions.shape[-1]
+    group_size, neighbor_window = settings.group_size, settings.neighbor_window
+    inv_freq = settings.inv_freq.to(device=device, dtype=torch.float64)
+    key_positions = query_positions[:, -1:] - torch.arange(kv_len - 1, -1, -1, device=device)
+    grouped_query = torch.div(query_positions, group_size, rounding_mode="floor") + (neighbor_window - neighbor_window // group_size)
+    # Negative key positions only occur for left padding (masked keys): any rotation will do for them.
+    safe_keys = key_positions.clamp(min=0)
+    grouped_key = torch.div(safe_keys, group_size, rounding_mode="floor")
+    query_angles = (grouped_query - query_positions).to(torch.float64).unsqueeze(-1) * inv_freq
+    key_angles = (grouped_key - safe_keys).to(torch.float64).unsqueeze(-1) * inv_freq
+    rotary, interleaved = settings.rotary_dim, settings.interleaved
+    query_cos, query_sin = rotation_factors(query_angles.cos().float(), query_angles.sin().float(), rotary, head_dim, interleaved, scaling)
+    key_cos, key_sin = rotation_factors(key_angles.cos().float(), key_angles.sin().float(), rotary, head_dim, interleaved)
+    neighbour = (query_positions.unsqueeze(-1) - key_positions.unsqueeze(-2)) < neighbor_window
+    future = torch.ones(rows, kv_len, dtype=torch.bool, device=device).triu_(kv_len - rows + 1) if rows > 1 else None
+    return _DecodeTables(query_cos, query_sin, key_cos, key_sin, neighbour, future)
+
+
+def _cached_decode_tables(position_ids, query: torch.Tensor, key: torch.Tensor, settings: _LayerSettings, scaling: float) -> _DecodeTables:
+    """:func:`_decode_tables` for this call, reused across the layers of one step (same position_ids tensor)."""
     q_len, kv_len = query.shape[2], key.shape[2]
-    if position_ids is None:
-        query_positions = torch.arange(kv_len - q_len, kv_len, device=query.device)[None, :]
-    else:
-        query_positions = position_ids.to(query.device).long()
-        if query_positions.dim() == 1:
-            query_positions = query_positions[None, :]
-        if query_positions.shape[-1] != q_len:  # e.g. packed multimodal position ids: not ours to guess
-            raise ValueError(
-                f"Self-Extend got position_ids of shape {tuple(position_ids.shape)} for {q_len} queries; it needs "
-                "one position per query token."
-            )
-    if kv_len == q_len:
-        return query_positions, query_positions
-    # With a KV cache the keys are the earlier tokens followed by the new ones, consecutive positions.
-    last = query_positions[:, -1:]
-    key_positions = last - torch.arange(kv_len - 1, -1, -1, device=query.device)[None, :]
-    return query_positions, key_positions
+    table_key = (id(settings.inv_freq), settings.rotary_dim, settings.interleaved, settings.group_size, settings.neighbor_window,
+                 str(query.device), kv_len, q_len, query.shape[-1], float(scaling))
+
+    def build() -> _DecodeTables:
+        query_positions, _ = call_positions(query, key, position_ids, "Self-Extend")
+        return _decode_tables(query_positions, kv_len, settings, query.shape[-1], scaling)
+
+    return _DECODE_TABLES.get(table_key, position_ids, settings.inv_freq, build)
+
+
+def clear_decode_tables() -> None:
+    """Forget the decode-step tables kept for the next layer (benchmarks: time a step's first layer)."""
+    _DECODE_TABLES.clear()
+
+
+def self_extend_decode(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    position_ids: torch.Tensor | None,
+    settings: _LayerSettings,
+    scaling: float,
+    softcap: float | None = None,
+) -> torch.Tensor:
+    """Self-Extend for a few new queries against a long key cache, in a fixed number of kernels.
+
+    The same function as :func:`grouped_attention` (neighbour scores inside the window, grouped beyond,
+    merged before one softmax), built for a GPU decode step that is not launch-bound: per layer the query
+    is scaled and rotated to its grouped position, every cached key rotated to its grouped position
+    (three kernels each, from factors built once per step for all layers), two matmuls, one ``where``
+    picking each key's score, one softmax, one matmul with the values. No host synchronisation and no
+    check of a kept key copy: the keys are rotated afresh, which costs a few passes over the key cache
+    (bandwidth) instead of the reads back to the host that reusing them needs.
+
+    Args:
+        query: ``[batch, heads, q_len, head_dim]``. key, value: ``[batch, kv_heads, kv_len, head_dim]``,
+            keys rotated to their positions, consecutive up to the last query.
+        attention_mask: None (causal), bool (True = attend) or additive float, broadcastable to
+            ``[batch, heads, q_len, kv_len]``. position_ids: the queries' positions (None: the last q_len).
+        settings: the layer's rotary embedding and grouping (``group_size`` set). scaling: score multiplier.
+        softcap: Gemma 2 logit cap.
+
+    Returns:
+        ``[batch, q_len, heads, head_dim]``.
+    """
+    batch, heads, q_len, head_dim = query.shape
+    kv_heads, kv_len = key.shape[1], key.shape[2]
+    if heads % kv_heads:
+        raise ValueError(f"{heads} query heads cannot share {kv_heads} key/value heads evenly.")
+    groups = heads // kv_heads
+    tables = _cached_decode_tables(position_ids, query, key, settings, scaling)
+    # Query heads sharing a kv head become rows of one matmul against it: [B, kv_heads, groups * rows, D].
+    query_rows = query.reshape(batch, kv_heads, groups, q_len, head_dim)
+    near_query = (query_rows * scaling).reshape(batch, kv_heads, groups * q_len, head_dim)
+    geometry = (settings.rotary_dim, settings.interleaved)
+    far_query = rotate_by_factors(query_rows, tables.query_cos[:, None, None], tables.query_sin[:, None, None], *geometry)
+    far_key = rotate_by_factors(key, tables.key_cos[:, None], tables.key_sin[:, None], *geometry)
+    near = torch.matmul(near_query, key.transpose(2, 3)).view(batch, kv_heads, groups, q_len, kv_len)
+    far = torch.matmul(far_query.reshape(batch, kv_heads, groups * q_len, head_dim), far_key.transpose(2, 3))
+    scores = torch.where(tables.neighbour[:, None, None], near, far.view(batch, kv_heads, groups, q_len, kv_len))
+    return finish_decode(scores, attention_mask, tables.future, value, softcap)
 
 
 def self_extend_attention(
@@ -511,7 +542,10 @@ def self_extend_attention(
 
     Reads the module's settings (attached by :func:`patch_self_extend`); layers without grouping
     (Gemma 3 sliding layers) and calls where every pair is inside the window run plain attention
-    (transformers' own SDPA function on the SDPA path). Attention weights are not returned.
+    (transformers' own SDPA function on the SDPA path); decode steps past the window (at most
+    ``DECODE_QUERIES`` queries) on an accelerator (``DECODE_DEVICES``) run :func:`self_extend_decode`; longer calls run
+    :func:`split_grouped_attention` where it applies, else :func:`grouped_attention`. Attention weights
+    are not returned.
     """
     settings: _LayerSettings | None = getattr(module, _LAYER_ATTRIBUTE, None)
     if settings is None:
@@ -524,7 +558,11 @@ def self_extend_attention(
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
     softcap = kwargs.get("softcap")
-    query_positions, key_positions = _positions(query, key, kwargs.get("position_ids"))
+    q_len, kv_len = query.shape[2], key.shape[2]
+    if (query.device.type in DECODE_DEVICES and settings.group_size is not None and settings.group_size > 1
+            and q_len <= DECODE_QUERIES and kv_len > settings.neighbor_window and not (dropout and module.training)):
+        return self_extend_decode(query, key, value, attention_mask, kwargs.get("position_ids"), settings, scaling, softcap), None
+    query_positions, key_positions = call_positions(query, key, kwargs.get("position_ids"), "Self-Extend")
     plain = settings.group_size is None or settings.group_size == 1 or int(
         (query_positions.max() - key_positions.min())
     ) < settings.neighbor_window
@@ -601,157 +639,6 @@ def _grouped_keys(settings: _LayerSettings, key: torch.Tensor, key_positions: to
     return result
 
 
-_REGISTERED = False
-
-
-def _register() -> None:
-    """Register our attention functions and their mask builders (idempotent)."""
-    global _REGISTERED
-    if _REGISTERED:
-        return
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
-
-    AttentionInterface.register(IMPLEMENTATIONS["sdpa"], self_extend_attention)
-    AttentionInterface.register(IMPLEMENTATIONS["eager"], self_extend_attention)
-    AttentionMaskInterface.register(IMPLEMENTATIONS["sdpa"], sdpa_mask)
-    AttentionMaskInterface.register(IMPLEMENTATIONS["eager"], eager_mask)
-    AttentionInterface.register(_PROBE_IMPLEMENTATION, _probe_attention)
-    AttentionMaskInterface.register(_PROBE_IMPLEMENTATION, sdpa_mask)
-    _REGISTERED = True
-
-
-# --------------------------------------------------------------------------------------------------
-# Probe: does attention go through the registry, with q/k rotated as the rotary module says?
-# --------------------------------------------------------------------------------------------------
-
-_PROBE_RECORD: list[tuple[nn.Module, torch.Tensor, torch.Tensor]] | None = None
-
-
-def _probe_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-    if _PROBE_RECORD is not None:
-        _PROBE_RECORD.append((module, query.detach().float().clone(), key.detach().float().clone()))
-    kwargs.pop("softcap", None)
-    return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
-
-
-def _record_attention(model: nn.Module, positions: torch.Tensor) -> list[tuple[nn.Module, torch.Tensor, torch.Tensor]]:
-    global _PROBE_RECORD
-    device = next(model.parameters()).device
-    ids = (torch.arange(positions.shape[1]) % max(2, int(getattr(model.config, "vocab_size", 2) or 2))).to(device)[None]
-    _PROBE_RECORD = []
-    try:
-        with torch.no_grad():
-            model(input_ids=ids, position_ids=positions.to(device), use_cache=False)
-        return _PROBE_RECORD
-    finally:
-        _PROBE_RECORD = None
-
-
-def _close(a: torch.Tensor, b: torch.Tensor, tol: float) -> bool:
-    scale = max(float(b.abs().max()), 1e-6)
-    return float((a - b).abs().max()) <= tol * scale
-
-
-def _probe(model: nn.Module, layer_settings: dict[str, _LayerSettings], names: dict[int, str], label: str = "Self-Extend") -> list[nn.Module]:
-    """Check, with two tiny forwards, that every attention call goes through the registry with q/k
-    rotated by the frequencies we found; returns the attention modules. Restores the model."""
-    original = model.config._attn_implementation
-    was_training = model.training
-    model.eval()
-    length, shift = 6, 5
-    try:
-        model.set_attn_implementation(_PROBE_IMPLEMENTATION)
-        if model.config._attn_implementation != _PROBE_IMPLEMENTATION:
-            raise ValueError("set_attn_implementation had no effect")
-        first = _record_attention(model, torch.arange(length)[None])
-        second = _record_attention(model, torch.arange(length)[None] + shift)
-    except Exception as error:
-        raise _unsupported(model, label=label, reason=f"its attention could not be routed through transformers' AttentionInterface ({error})") from error
-    finally:
-        model.set_attn_implementation(original)
-        model.train(was_training)
-    if not first or len(first) != len(second):
-        raise _unsupported(model, label=label, reason="its attention modules do not call the AttentionInterface registry")
-    modules = []
-    dtype = next(model.parameters()).dtype
-    tol = 1e-3 if dtype == torch.float32 else 3e-2
-    checked_types = set()
-    for (module, q1, k1), (module2, q2, k2) in zip(first, second):
-        if module is not module2:
-            raise _unsupported(model, label=label, reason="its attention modules are called in a different order on each forward")
-        if id(module) not in names:
-            raise _unsupported(model, label=label, reason=f"an attention call came from {type(module).__name__}, which is not a submodule")
-        if module not in modules:
-            modules.append(module)
-        settings = layer_settings.get(names[id(module)])
-        if settings is None or settings.group_size is None:
-            continue
-        kind = (float(settings.inv_freq[0]), settings.rotary_dim)
-        if kind in checked_types:
-            continue  # one layer per rotary embedding: later layers see only float drift
-        checked_types.add(kind)
-        delta = torch.full((1, length), shift)
-        for name, before, after in (("queries", q1, q2), ("keys", k1, k2)):
-            moved = rotate(before, delta, settings.inv_freq, settings.rotary_dim, settings.interleaved)
-            if not _close(moved, after, tol):
-                raise _unsupported(
-                    model, label=label, reason=                    f"the {name} reaching attention in {names[id(module)]} are not rotated the way its rotary "
-                    f"module describes (rotary dim {settings.rotary_dim}, "
-                    f"{'interleaved' if settings.interleaved else 'rotate_half'} layout)",
-                )
-    return modules
-
-
-def _unsupported(model: nn.Module, reason: str, label: str = "Self-Extend") -> ValueError:
-    from hf_posext.core.errors import UnsupportedModelError
-
-    return UnsupportedModelError(
-        f"{label} cannot be applied to {type(model).__name__}: {reason}. It needs a RoPE model whose "
-        "attention modules call transformers' attention-function registry with rotated q and k (Llama, "
-        "Mistral, Qwen, Gemma, Phi, GPT-NeoX, GPT-J... in transformers 5.x); use a frequency method such "
-        "as 'yarn' for this model."
-    )
-
-
-# --------------------------------------------------------------------------------------------------
-# patch / unpatch / describe / load
-# --------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class _State:
-    settings: SelfExtendSettings
-    base_implementation: str
-    modules: list[tuple[str, nn.Module]]
-    config_snapshot: dict[str, Any]
-    swapped_sites: list[Any]
-
-
-def is_patched(model: nn.Module) -> bool:
-    """True when ``model`` runs Self-Extend attention installed by :func:`patch_self_extend`."""
-    return isinstance(model, nn.Module) and _STATE_ATTRIBUTE in model.__dict__
-
-
-def current_settings(model: nn.Module) -> SelfExtendSettings:
-    """G, W and L of a model patched with Self-Extend."""
-    return model.__dict__[_STATE_ATTRIBUTE].settings
-
-
-def _layer_type(model: nn.Module, module: nn.Module) -> str | None:
-    layer_types = getattr(model.config, "layer_types", None)
-    index = getattr(module, "layer_idx", None)
-    if layer_types and isinstance(index, int) and 0 <= index < len(layer_types):
-        return layer_types[index]
-    return None
-
-
-def _parse_params(params: dict[str, Any]) -> dict[str, Any]:
-    method = get_method("self-extend", "attention")
-    method.parse_params(params)  # names and types, with "did you mean"
-    return method.canonical_params(params)
 
 
 def _resolve_settings(
@@ -789,202 +676,69 @@ def _resolve_settings(
     return SelfExtendSettings(group_size, neighbor_window, original_length)
 
 
-def _layer_settings(model: nn.Module, settings: SelfExtendSettings, mask_kind: str, label: str = "Self-Extend") -> tuple[dict[str, _LayerSettings], dict[int, str], list]:
-    """Settings per attention-module path, from the verified rotary sites."""
-    from hf_posext.backends.rope.sites import find_rotary_sites
-    from hf_posext.methods.rope import RotaryBase
 
-    sites = find_rotary_sites(model)
-    main = next(site for site in sites if site.scaled_layer_types)
-    frequencies = {}
-    for layer_type, dim in main.dims.items():
-        current = main.current[layer_type]
-        if current.spec.dynamic:
-            raise ValueError(
-                f"The model's own rotary embedding is dynamic ({current.method}): its frequencies change with the "
-                f"sequence length, so {label} cannot re-rotate cached keys consistently. Load the model with a "
-                "static rope_type (or unscaled) before applying Self-Extend."
-            )
-        inv_freq, _ = current.spec.compute(
-            RotaryBase(main.bases[layer_type], dim), current.original_max_position_embeddings, current.factor, None,
-            current.parsed_params,
-        )
-        frequencies[layer_type] = (inv_freq.double().cpu(), dim, layer_type in main.scaled_layer_types)
-    interleaved = main.layout == "sin_cos_half"
-    per_module = {}
-    names = {}
-    for path, module in model.named_modules():
-        names[id(module)] = path
-        if not hasattr(module, "layer_idx"):
-            continue
-        layer_type = _layer_type(model, module) if len(frequencies) > 1 else next(iter(frequencies))
-        if layer_type not in frequencies:
-            continue
-        inv_freq, dim, scaled = frequencies[layer_type]
-        per_module[path] = _LayerSettings(
-            inv_freq, dim, interleaved, settings.group_size if scaled else None, settings.neighbor_window if scaled else None,
-            mask_kind, scaled,
-        )
-    # A fixed sin/cos table (GPT-J's embed_positions) stops at the original window; Self-Extend keeps
-    # true positions, so those modules are swapped for our identical, length-free rotary module.
-    tables = [site for site in sites if site.layout == "sin_cos_half"]
-    return per_module, names, tables
+def _layer(layer: AttentionLayer, mask_kind: str, settings: SelfExtendSettings) -> _LayerSettings:
+    return _LayerSettings(
+        layer.inv_freq, layer.rotary_dim, layer.interleaved, settings.group_size if layer.scaled else None,
+        settings.neighbor_window if layer.scaled else None, mask_kind, layer.scaled,
+    )
 
 
-@dataclass(frozen=True)
-class AttentionLayer:
-    """One attention module an attention-level method drives, with the rotary embedding that feeds it.
-
-    Attributes:
-        path: the module's name in the model. module: the attention module.
-        inv_freq: its rotary inverse frequencies (float64, CPU). rotary_dim: channels carrying RoPE.
-        interleaved: GPT-J pair layout instead of rotate_half halves.
-        scaled: False for a layer type the method leaves alone (Gemma 3 sliding-window layers).
-    """
-
-    path: str
-    module: nn.Module
-    inv_freq: torch.Tensor
-    rotary_dim: int
-    interleaved: bool
-    scaled: bool
+def _write_config(config, settings: SelfExtendSettings, base: str, max_positions: int | None) -> None:
+    """What ``config.hf_posext`` holds for a Self-Extend model (``save_pretrained`` writes it)."""
+    setattr(config, CONFIG_KEY, make_record(
+        "attention", "self-extend", settings.factor, settings.original_max_position_embeddings,
+        {"group_size": settings.group_size, "neighbor_window": settings.neighbor_window}, attn_implementation=base,
+    ))
 
 
-def find_attention_layers(model: nn.Module, label: str) -> tuple[list[AttentionLayer], list[tuple[Any, nn.Module]]]:
-    """The attention modules of a RoPE model, verified by a probe, for an attention-level method (read-only).
-
-    Args:
-        model: the model. label: the method's name for error messages (e.g. ``"Dual Chunk Attention"``).
-
-    Returns:
-        The layers, and ``(rotary site, replacement module)`` pairs for fixed sin/cos tables (GPT-J) that
-        stop at the original window and must be swapped for a length-free rotary module.
-
-    Raises:
-        UnsupportedModelError: attention bypasses transformers' registry, or q/k are not rotated the
-            way the model's rotary module says. ValueError: a dynamic rotary embedding.
-    """
-    from hf_posext.backends.rope.sites import build_rotary_module, find_rotary_sites
-    from hf_posext.core.request import ScalingConfig
-
-    sites = find_rotary_sites(model)
-    main = next(site for site in sites if site.scaled_layer_types)
-    original = main.current[main.scaled_layer_types[0]].original_max_position_embeddings
-    _register()  # the probe's attention function
-    layer_settings, names, tables = _layer_settings(model, SelfExtendSettings(2, 1, max(2, original)), "sdpa", label)
-    modules = _probe(model, layer_settings, names, label)
-    missing = [names[id(m)] for m in modules if names[id(m)] not in layer_settings]
-    if missing:
-        raise _unsupported(model, f"no rotary settings for attention module(s) {', '.join(missing[:3])}", label)
-    layers = []
-    for module in modules:
-        path = names[id(module)]
-        settings = layer_settings[path]
-        layers.append(AttentionLayer(path, module, settings.inv_freq, settings.rotary_dim, settings.interleaved, settings.scaled))
-    swaps = []
-    for site in tables:
-        window = site.current[site.scaled_layer_types[0]].original_max_position_embeddings
-        swaps.append((site, build_rotary_module(site, ScalingConfig("none", 1.0, window))))
-    return layers, swaps
+def is_patched(model: nn.Module) -> bool:
+    """True when ``model`` runs Self-Extend attention installed by :func:`patch_self_extend`."""
+    return registration.is_patched(model, METHOD)
 
 
-def patch_self_extend(
-    model: nn.Module,
-    method: str,
-    factor: float | None = None,
-    *,
-    target_length: int | None = None,
-    original_max_position_embeddings: int | None = None,
-    **params: Any,
-) -> nn.Module:
+def current_settings(model: nn.Module) -> SelfExtendSettings:
+    """G, W and L of a model patched with Self-Extend."""
+    return registration.current_settings(model, METHOD)
+
+
+def current_request(model: nn.Module) -> ScalingRequest:
+    """The request that re-creates the current Self-Extend patch."""
+    settings = current_settings(model)
+    return ScalingRequest.from_kwargs(
+        "self-extend", None, original_max_position_embeddings=settings.original_max_position_embeddings,
+        group_size=settings.group_size, neighbor_window=settings.neighbor_window,
+    )
+
+
+def patch_self_extend(model: nn.Module, request: ScalingRequest) -> nn.Module:
     """Install Self-Extend attention (use :func:`hf_posext.patch`, which routes here).
 
     Args:
         model: a RoPE causal LM whose attention uses transformers' attention registry (5.x models).
-        method: ``"self-extend"``.
-        factor: extension factor s; G is then chosen so that ``L * s`` tokens fit (neighbor window default L/4).
-        target_length: the length to reach instead of ``factor``.
-        original_max_position_embeddings: override the pre-training window L read from the config.
-        **params: ``group_size`` (G) and ``neighbor_window`` (W; ``window`` is its old name). With neither ``factor`` nor ``target_length``,
+        request: method ``"self-extend"``; ``factor`` or ``target_length`` (G is then chosen so that the
+            length fits; neighbor window default L/4), ``original_max_position_embeddings`` to override L,
+            params ``group_size`` (G) and ``neighbor_window`` (W). With neither factor nor target_length,
             ``group_size`` is required.
 
     Returns:
         The same model. Patching again replaces the previous settings (never compounds).
 
     Raises:
-        ValueError: unknown parameter, bad G / W / factor, a G too small for the requested length, a
-            model whose attention bypasses the registry or whose rotary embedding is dynamic. The model
-            is unchanged in every case.
+        ValueError: bad G / W / factor, a G too small for the requested length, a model whose attention
+            bypasses the registry or whose rotary embedding is dynamic. The model is unchanged in every case.
 
     Example:
         >>> hf_posext.patch(model, "self-extend", group_size=4, neighbor_window=2048)
         >>> hf_posext.patch(model, "self-extend", target_length=32768)  # G, W by the paper's rule
     """
-    from hf_posext.backends.rope.sites import find_rotary_sites
-
-    if not isinstance(method, str) or method.strip().lower().replace("_", "-") not in METHOD_NAMES:
-        raise ValueError(f"patch_self_extend handles {sorted(METHOD_NAMES)}, got {method!r}.")
-    if "_hf_posext_state" in model.__dict__:
-        raise ValueError("The model carries a frequency scaling; call hf_posext.unpatch(model) first (hf_posext.patch does).")
-    params = _parse_params(dict(params))
-    previous: _State | None = model.__dict__.get(_STATE_ATTRIBUTE)
-    if original_max_position_embeddings is not None:
-        original_length = _check_int("original_max_position_embeddings", original_max_position_embeddings, 2)
-    elif previous is not None:
-        original_length = previous.settings.original_max_position_embeddings
-    else:
-        sites = find_rotary_sites(model)
-        main = next(site for site in sites if site.scaled_layer_types)
-        original_length = main.current[main.scaled_layer_types[0]].original_max_position_embeddings
-    settings = _resolve_settings(factor, target_length, original_length, params.get("group_size"), params.get("neighbor_window"))
-
-    if previous is not None:
-        # Same model, new G / W: update the settings in place (never compound, nothing to re-verify).
-        for _, module in previous.modules:
-            layer = getattr(module, _LAYER_ATTRIBUTE)
-            if layer.scaled:
-                setattr(module, _LAYER_ATTRIBUTE, dataclasses.replace(
-                    layer, group_size=settings.group_size, neighbor_window=settings.neighbor_window, grouped_keys=None))
-        previous.settings = settings
-        setattr(model.config, CONFIG_KEY, _record(settings, previous.base_implementation))
-        return model
-
-    base = model.config._attn_implementation or "eager"
-    mask_kind = "eager" if base == "eager" else "sdpa"
-    _register()
-    # Everything below only reads the model (the probe restores the attention implementation it sets).
-    layer_settings, names, tables = _layer_settings(model, settings, mask_kind)
-    modules = _probe(model, layer_settings, names)
-    missing = [names[id(m)] for m in modules if names[id(m)] not in layer_settings]
-    if missing:
-        raise _unsupported(model, f"no rotary settings for attention module(s) {', '.join(missing[:3])}")
-    swaps = []
-    for site in tables:
-        from hf_posext.core.request import ScalingConfig
-        from hf_posext.backends.rope.sites import build_rotary_module
-
-        window = site.current[site.scaled_layer_types[0]].original_max_position_embeddings
-        swaps.append((site, build_rotary_module(site, ScalingConfig("none", 1.0, window))))
-
-    config = model.config
-    snapshot = snapshot_config(config, ("_attn_implementation_internal", CONFIG_KEY))
-    model.set_attn_implementation(IMPLEMENTATIONS[mask_kind])
-    installed = [(names[id(m)], m) for m in modules]
-    for path, module in installed:
-        setattr(module, _LAYER_ATTRIBUTE, layer_settings[path])
-    for site, replacement in swaps:
-        setattr(site.parent, site.attribute, replacement)
-    setattr(config, CONFIG_KEY, _record(settings, base))
-    model.__dict__[_STATE_ATTRIBUTE] = _State(settings, base, installed, snapshot, [site for site, _ in swaps])
-    return model
-
-
-def _record(settings: SelfExtendSettings, base: str) -> dict[str, Any]:
-    """What ``config.hf_posext`` holds for a Self-Extend model (``save_pretrained`` writes it)."""
-    return make_record(
-        "attention", "self-extend", settings.factor, settings.original_max_position_embeddings,
-        {"group_size": settings.group_size, "neighbor_window": settings.neighbor_window}, attn_implementation=base,
-    )
+    original = registration.original_length(model, METHOD, request)
+    params = request.params_dict
+    settings = _resolve_settings(request.factor, request.target_length, original, params.get("group_size"), params.get("neighbor_window"))
+    if is_patched(model):
+        return registration.update(model, METHOD, settings, lambda layer: dataclasses.replace(
+            layer, group_size=settings.group_size, neighbor_window=settings.neighbor_window, grouped_keys=None), _write_config)
+    return registration.install(model, METHOD, settings, lambda layer, mask_kind: _layer(layer, mask_kind, settings), _write_config)
 
 
 def unpatch_self_extend(model: nn.Module) -> nn.Module:
@@ -993,70 +747,45 @@ def unpatch_self_extend(model: nn.Module) -> nn.Module:
     Raises:
         ValueError: the model is not patched with Self-Extend.
     """
-    state: _State | None = model.__dict__.get(_STATE_ATTRIBUTE)
-    if state is None:
-        raise ValueError("This model is not patched with Self-Extend (nothing to unpatch).")
-    model.set_attn_implementation(state.base_implementation)
-    for _, module in state.modules:
-        module.__dict__.pop(_LAYER_ATTRIBUTE, None)
-    for site in state.swapped_sites:
-        setattr(site.parent, site.attribute, site.module)
-    restore_config(model.config, state.config_snapshot)
-    del model.__dict__[_STATE_ATTRIBUTE]
-    return model
+    return registration.uninstall(model, METHOD)
 
 
-def _site_pattern(paths: list[str]) -> list[str]:
-    return list(dict.fromkeys(re.sub(r"\.\d+\.", ".*.", path) for path in paths))
-
-
-def describe_self_extend(model: nn.Module):
-    """A :class:`~hf_posext.backends.rope.surgery.ScalingReport` of kind ``"attention"`` for a Self-Extend model."""
-    from hf_posext.core.record import ScalingReport
-
-    state: _State = model.__dict__[_STATE_ATTRIBUTE]
-    settings = state.settings
-    grouped = [path for path, module in state.modules if getattr(module, _LAYER_ATTRIBUTE).group_size]
+def describe_self_extend(model: nn.Module) -> ScalingReport:
+    """A :class:`~hf_posext.core.record.ScalingReport` of kind ``"attention"`` for a Self-Extend model."""
+    settings = current_settings(model)
     notes = [
         f"relative distances < {settings.neighbor_window} exact; beyond, positions // {settings.group_size} shifted by "
         f"{settings.neighbor_window - settings.neighbor_window // settings.group_size}",
         "cost: past the window, scores are computed explicitly in blocks (no fused SDPA kernel) plus a band of "
         "neighbour scores and a re-rotation of q and k (see bench/self_extend_cost.py)",
     ]
-    if state.swapped_sites:
-        notes.append("fixed sin/cos table replaced by an identical rotary module without a length limit")
-    if len(grouped) != len(state.modules):
-        notes.append(f"grouped in {len(grouped)} of {len(state.modules)} attention layers (others: sliding window)")
-    return ScalingReport(
-        family=getattr(model.config, "model_type", type(model).__name__),
-        kind="attention",
-        method="self-extend",
-        factor=settings.factor,
-        original_window=settings.original_max_position_embeddings,
-        current_window=settings.max_length,
-        dynamic=False,
-        sites=_site_pattern([path for path, _ in state.modules]),
-        params={"group_size": settings.group_size, "neighbor_window": settings.neighbor_window, "attn_implementation": state.base_implementation},
-        stock_loadable=False,
-        notes=notes,
+    return registration.report(
+        model, METHOD, settings.factor, settings.max_length,
+        {"group_size": settings.group_size, "neighbor_window": settings.neighbor_window}, notes,
     )
 
 
 def load_self_extend(path: str, record: dict[str, Any], **from_pretrained_kwargs: Any) -> nn.Module:
     """Load a model saved with Self-Extend (``config.hf_posext`` of kind ``"attention"``) and re-apply it."""
-    from transformers import AutoConfig
-
     params = dict(record.get("params", {}))
     if record.get("method") != "self-extend" or "group_size" not in params:
         raise ValueError(f"{path}: unrecognised attention-level record {record!r}; expected method 'self-extend' with group_size.")
-    config = AutoConfig.from_pretrained(path, **config_kwargs(from_pretrained_kwargs))
-    target = config.get_text_config() if hasattr(config, "get_text_config") else config
-    target.__dict__.pop(CONFIG_KEY, None)
-    from_pretrained_kwargs.setdefault("attn_implementation", record.get("attn_implementation") or "sdpa")
-    model = model_class_for(config).from_pretrained(path, config=config, **from_pretrained_kwargs)
-    return patch_self_extend(
-        model, "self-extend", None,
+    model, _ = registration.load_unpatched(path, record, METHOD, lambda config: None, **from_pretrained_kwargs)
+    return patch_self_extend(model, ScalingRequest.from_kwargs(
+        "self-extend", None,
         original_max_position_embeddings=int(record["original_max_position_embeddings"]),
         group_size=int(params["group_size"]),
         neighbor_window=int(params.get("neighbor_window", params.get("window"))),  # "window": saved before the rename
-    )
+    ))
+
+
+#: How Self-Extend plugs into transformers (see :mod:`hf_posext.backends.attention.registration`).
+METHOD = registration.AttentionMethod(
+    name="self-extend",
+    label="Self-Extend",
+    attention=self_extend_attention,
+    implementations=IMPLEMENTATIONS,
+    layer_attribute=_LAYER_ATTRIBUTE,
+    state_attribute=_STATE_ATTRIBUTE,
+    scaled_word="grouped",
+)

@@ -57,6 +57,25 @@ def test_a_changed_kernel_recomputes_the_cell_and_the_same_kernel_does_not(model
     assert calls == [1] and cell["attention_function"]["kernel_sha256"] == "0" * 64
 
 
+@pytest.mark.parametrize("sibling", ["kernels.py", "registration.py", "dual_chunk.py"])
+def test_the_kernel_hash_covers_the_modules_the_kernel_imports_its_math_from(model, monkeypatch, sibling):
+    """An edit to the shared kernels or registration (not the method's own file) changes the hash too."""
+    import copy
+    import pathlib
+
+    from hf_posext import patch
+
+    patched = patch(copy.deepcopy(model), "self-extend", **SELF_EXTEND)
+    before = fingerprints.attention_function(patched)["kernel_sha256"]
+    real_read_bytes = pathlib.Path.read_bytes
+
+    def edited(path):
+        return real_read_bytes(path) + (b"# edited\n" if path.name == sibling else b"")
+
+    monkeypatch.setattr(pathlib.Path, "read_bytes", edited)
+    assert fingerprints.attention_function(patched)["kernel_sha256"] != before
+
+
 def test_a_changed_rope_under_self_extend_recomputes_the_cell(model, tmp_path, monkeypatch):
     (before,) = _run(model, tmp_path).cells.values()
     calls = _count_forwards(monkeypatch)

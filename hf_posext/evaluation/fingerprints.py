@@ -14,6 +14,7 @@ import hashlib
 import inspect
 import json
 import math
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -116,26 +117,32 @@ def same_frequencies(a: list[dict[str, Any]], b: list[dict[str, Any]], rtol: flo
 
 
 def _kernel_source_hash(model: torch.nn.Module) -> str | None:
-    """sha256 of the source file of the attention function the model's config names (None: not found)."""
+    """sha256 over the package that defines the attention function the model's config names (None: not found).
+
+    The registered function's module imports its math from sibling modules (the shared kernels, the
+    registration flow, another method's helpers), so the hash covers every ``.py`` file of that package,
+    in name order: an edit to any of them recomputes the cells.
+    """
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     name = getattr(model.config, "_attn_implementation", None)
     function = ALL_ATTENTION_FUNCTIONS.get(name) if name else None
-    if function is None:
+    module = inspect.getmodule(function) if function is not None else None
+    source_file = getattr(module, "__file__", None)
+    if source_file is None:
         return None
-    try:
-        source = inspect.getsource(inspect.getmodule(function))
-    except (OSError, TypeError):
-        return None
-    return hashlib.sha256(source.encode()).hexdigest()
+    digest = hashlib.sha256()
+    for path in sorted(Path(source_file).parent.glob("*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
 
 
 def attention_function(model: torch.nn.Module) -> dict[str, Any] | None:
     """The method, settings and kernel-code hash of an attention-level patch (None: no such patch).
 
-    Two cells with different results here computed different functions. The kernel hash is of the whole
-    module that defines the registered attention function: any edit to it, even a comment, recomputes
-    the cells (the safe direction: a cell is never trusted across a change of its code).
+    Two cells with different results here computed different functions. The kernel hash is of every
+    module in the package that defines the registered attention function: any edit there, even a
+    comment, recomputes the cells (the safe direction: a cell is never trusted across a change of its code).
     """
     try:
         report = describe(model)

@@ -59,6 +59,11 @@ import json, os, sys, threading, time
 import torch
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
+try:  # if the machine runs out of memory, the kernel ends this measurement first, not someone else's job
+    with open("/proc/self/oom_score_adj", "w") as handle:
+        handle.write("1000")
+except OSError:
+    pass
 state = {"phase": "load", "peaks": {}, "at_start": {}}
 
 def rss():
@@ -88,6 +93,15 @@ def wrap(owner, name, before, after=None):
         return result
     setattr(owner, name, wrapped)
 
+def report(extra):
+    import resource
+    import hf_posext
+    record = {"package": os.path.dirname(os.path.abspath(hf_posext.__file__)),
+              "phase_peak_gib": {k: round(v / 2**30, 3) for k, v in state["peaks"].items()},
+              "phase_start_gib": {k: round(v / 2**30, 3) for k, v in state["at_start"].items()},
+              "self_peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3), **extra}
+    print("PROBE " + json.dumps(record), flush=True)
+
 import transformers.models.llama.modeling_llama as llama
 wrap(llama.LlamaForCausalLM, "forward", "forward")
 wrap(torch.Tensor, "backward", "backward", "optimizer")
@@ -100,12 +114,6 @@ try:
 except ImportError:
     pass
 
-def report(extra):
-    import resource
-    record = {"phase_peak_gib": {k: round(v / 2**30, 3) for k, v in state["peaks"].items()},
-              "phase_start_gib": {k: round(v / 2**30, 3) for k, v in state["at_start"].items()},
-              "self_peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3), **extra}
-    print("PROBE " + json.dumps(record), flush=True)
 """
 
 ENGINE_CHILD = PROBE + r"""
@@ -207,7 +215,8 @@ def run_probe(length: int, variant: str, data: str, old_tree: Path, processes: i
     import psutil
 
     with tempfile.TemporaryDirectory() as out:
-        env = dict(os.environ, PYTHONPATH=str(old_tree if variant == "old" else ROOT), HF_HUB_OFFLINE="1",
+        tree = old_tree if variant == "old" else ROOT
+        env = dict(os.environ, PYTHONPATH=str(tree), HF_HUB_OFFLINE="1",
                    TOKENIZERS_PARALLELISM="false")
         if mmap_threshold is not None:
             # A fixed glibc mmap threshold: every block from this size up is mmap'ed and given back to the
@@ -216,7 +225,9 @@ def run_probe(length: int, variant: str, data: str, old_tree: Path, processes: i
             env["MALLOC_MMAP_THRESHOLD_"] = str(mmap_threshold)
         recipe = json.dumps(overrides(length, variant, data, out + "/run"))
         if processes == 1:
-            command = [sys.executable, "-c", ENGINE_CHILD, recipe]
+            # -P and a neutral working directory: `python -c` would otherwise put the current directory first
+            # on sys.path, and run from a checkout the "old" child would import today's package, not the old tree.
+            command = [sys.executable, "-P", "-c", ENGINE_CHILD, recipe]
         else:
             script = Path(out) / "sp_child.py"
             script.write_text(SP_CHILD)
@@ -225,7 +236,7 @@ def run_probe(length: int, variant: str, data: str, old_tree: Path, processes: i
                        "--master_port", str(_free_port()), str(script), recipe]
         began = time.perf_counter()
         child = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                 start_new_session=True)
+                                 start_new_session=True, cwd=out)
         watched = psutil.Process(child.pid)
         sampled_peak, exceeded = 0, False
         while child.poll() is None:
@@ -248,8 +259,9 @@ def run_probe(length: int, variant: str, data: str, old_tree: Path, processes: i
     probes = [json.loads(line[len("PROBE "):]) for line in stdout.splitlines() if line.startswith("PROBE ")]
     if len(probes) != processes:
         raise RuntimeError(f"expected {processes} probe reports, got {len(probes)}:\n{stdout[-2000:]}\n{stderr[-2000:]}")
+    check_package(probes, tree)
     peaks = [p["self_peak_rss_gib"] for p in probes]
-    record.update(peak_rss_gib=max(peaks), train_seconds=probes[0]["train_seconds"],
+    record.update(peak_rss_gib=max(peaks), train_seconds=probes[0]["train_seconds"], package=probes[0]["package"],
                   phase_peak_gib=probes[0]["phase_peak_gib"], phase_start_gib=probes[0]["phase_start_gib"])
     if processes > 1:
         record.update(per_process_peak_rss_gib=peaks, sum_peak_rss_gib=round(sum(peaks), 3),
@@ -257,6 +269,18 @@ def run_probe(length: int, variant: str, data: str, old_tree: Path, processes: i
     if limit_bytes is not None:
         record.update(exceeded_limit=False, limit_gib=round(limit_bytes / GIB, 3))
     return record
+
+
+def check_package(probes: list[dict], tree: Path) -> None:
+    """Raise unless every child imported ``hf_posext`` from ``tree`` (the variant's checkout).
+
+    Guards the comparison itself: a child that picked up another checkout's package measures the wrong loop.
+    """
+    expected = (Path(tree) / "hf_posext").resolve()
+    for probe in probes:
+        if Path(probe["package"]).resolve() != expected:
+            raise RuntimeError(f"the child imported hf_posext from {probe['package']}, not from {expected}: "
+                               "it measured the wrong tree (check PYTHONPATH and the child's sys.path).")
 
 
 def default_data() -> Path:
@@ -406,6 +430,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--processes 2 runs today's engine under DeepSpeed Ulysses; the a62e044 loop cannot shard sequences")
     if not Path(args.data).exists():
         parser.error(f"no such data folder: {args.data} (give --data a text file or folder)")
+    args.data = str(Path(args.data).resolve())  # the children run in a temporary working directory
     old_tree = ensure_old_tree(Path(args.old_tree)) if "old" in variants else Path(args.old_tree)
     return measure_longest(args, old_tree) if args.longest else measure_table(args, old_tree)
 

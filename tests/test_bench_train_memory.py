@@ -54,3 +54,31 @@ def test_watchdog_kills_a_process_tree_over_the_limit(tmp_path, monkeypatch):
     record = script.run_probe(1024, "chunked", "unused", Path("unused"), limit_bytes=400e6)
     assert record["exceeded_limit"] is True
     assert 0.3 < record["sampled_sum_peak_gib"] < 1.0
+
+
+def test_each_child_imports_the_package_of_its_own_tree(tmp_path, monkeypatch):
+    """Run from this checkout, the "old" child must import the old tree's package (a ``python -c`` child put the
+    working directory first on sys.path and silently measured today's loop as the old one)."""
+    script = _load_script()
+    old_tree = tmp_path / "old_tree"
+    (old_tree / "hf_posext").mkdir(parents=True)
+    (old_tree / "hf_posext" / "__init__.py").write_text("")
+    report_only = ("import sys, json\n" + script.PROBE.split("import transformers")[0]
+                   + "state['peaks']['forward'] = rss()\nreport({'train_seconds': 0.0})\n")
+    monkeypatch.setattr(script, "ENGINE_CHILD", report_only)
+    monkeypatch.chdir(ROOT)  # where the benchmark is run from: this checkout holds a different hf_posext
+    old = script.run_probe(1024, "old", "unused", old_tree)
+    new = script.run_probe(1024, "chunked", "unused", old_tree)
+    assert Path(old["package"]).resolve() == (old_tree / "hf_posext").resolve()
+    assert Path(new["package"]).resolve() == (ROOT / "hf_posext").resolve()
+
+
+def test_a_child_that_imported_another_tree_is_refused(tmp_path):
+    script = _load_script()
+    probes = [{"package": str(ROOT / "hf_posext")}]
+    try:
+        script.check_package(probes, tmp_path)
+    except RuntimeError as error:
+        assert "measured the wrong tree" in str(error) and "\n" not in str(error)
+    else:
+        raise AssertionError("a child that imported the wrong package was accepted")

@@ -401,6 +401,80 @@ def measure_longest(args: argparse.Namespace, old_tree: Path) -> int:
     return 0
 
 
+def linear_fit(points: list[tuple[int, float]]) -> tuple[float, float]:
+    """Least-squares line through (length, peak GiB) points: returns (GiB at zero tokens, GiB per token).
+
+    Raises:
+        ValueError: fewer than two distinct lengths.
+    """
+    lengths = [float(x) for x, _ in points]
+    if len(set(lengths)) < 2:
+        raise ValueError(f"a line needs peaks at two or more lengths, got {sorted(set(lengths))}")
+    mean_x = sum(lengths) / len(lengths)
+    mean_y = sum(y for _, y in points) / len(points)
+    slope = sum((x - mean_x) * (y - mean_y) for x, (_, y) in zip(lengths, points)) / sum((x - mean_x) ** 2 for x in lengths)
+    return mean_y - slope * mean_x, slope
+
+
+def longest_within(limit_gib: float, base_gib: float, gib_per_token: float, processes: int = 1,
+                   summed: bool = False, multiple: int = 1024) -> int:
+    """Estimated longest length (a multiple of ``multiple``) whose peak stays within ``limit_gib``.
+
+    One process needs ``base + gib_per_token * L``. Under sequence parallelism each of ``processes`` ranks
+    holds 1/N of the tokens: ``base + gib_per_token * L / N`` per rank. ``summed`` applies the limit to the
+    sum over the ranks (one host's memory) instead of to each rank (one device's memory each).
+    """
+    room = limit_gib - (processes * base_gib if summed else base_gib)
+    if room <= 0:
+        return 0
+    tokens = room / gib_per_token * (1 if summed else processes)
+    return int(tokens // multiple) * multiple
+
+
+def estimate(results: list[dict], limit_gb: float, allocator: str = "glibc default") -> dict:
+    """Linear fits of the measured one-process peaks per variant, and the longest lengths they predict.
+
+    A sequence-parallel record (``processes`` > 1, today's engine) fixes its per-rank base: its largest
+    rank's peak less the fitted per-token cost of its 1/N share of the tokens. Everything returned here is
+    an extrapolation and says so.
+    """
+    limit_gib = limit_gb * 1e9 / GIB
+    out: dict = {"limit_gb": limit_gb, "limit_gib": round(limit_gib, 3), "allocator": allocator,
+                 "kind": "estimate: extrapolated from a least-squares line through the measured peaks", "variants": {}}
+    single = [r for r in results if r.get("processes", 1) == 1 and not r.get("exceeded_limit")
+              and r.get("allocator", "glibc default") == allocator]
+    for variant in sorted({r["variant"] for r in single}):
+        points = sorted((r["length"], r["peak_rss_gib"]) for r in single if r["variant"] == variant)
+        if len({x for x, _ in points}) < 2:
+            continue
+        base, per_token = linear_fit(points)
+        entry = {"measured": [list(p) for p in points], "gib_at_zero_tokens": round(base, 3),
+                 "gib_per_1k_tokens": round(per_token * 1024, 4),
+                 "longest_1_process": longest_within(limit_gib, base, per_token)}
+        for sp in (r for r in results if r.get("processes", 1) > 1 and r["variant"] == variant and not r.get("exceeded_limit")):
+            n, rank_peak = sp["processes"], max(sp["per_process_peak_rss_gib"])
+            rank_base = rank_peak - per_token * sp["length"] / n
+            entry[f"sp{n}"] = {"measured_length": sp["length"], "largest_rank_peak_gib": rank_peak,
+                               "rank_base_gib": round(rank_base, 3),
+                               "longest_limit_per_process": longest_within(limit_gib, rank_base, per_token, n),
+                               "longest_limit_on_the_sum": longest_within(limit_gib, rank_base, per_token, n, summed=True)}
+        out["variants"][variant] = entry
+    return out
+
+
+def write_estimate(args: argparse.Namespace) -> int:
+    """Add the linear-fit estimates to the table's JSON (under ``estimates``) and print them."""
+    path = Path(args.out or ROOT / "bench" / "results" / "train_memory_cpu.json")
+    payload = json.loads(path.read_text())
+    allocator = allocator_name(args.mmap_threshold)
+    result = estimate(payload["results"], args.limit_gb, allocator)
+    result["command"] = "python bench/train_memory.py " + " ".join(sys.argv[1:])
+    payload.setdefault("estimates", {})[f"{args.limit_gb:g}GB {allocator}"] = result
+    write_atomic(path, payload)
+    print(json.dumps(result, indent=1))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", default="4096,8192")
@@ -410,6 +484,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="result JSON (default bench/results/train_memory_cpu.json, "
                         "or train_longest_cpu.json with --longest)")
     parser.add_argument("--longest", action="store_true", help="bisect the longest length within --limit-gb")
+    parser.add_argument("--estimate", action="store_true",
+                        help="fit the table's measured peaks (no new runs) and extrapolate the longest length within --limit-gb")
     parser.add_argument("--limit-gb", type=float, default=20.0, help="memory limit in GB (1e9 bytes) for --longest")
     parser.add_argument("--processes", type=int, default=1,
                         help="N > 1: DeepSpeed Ulysses sp_size=N on N processes (SmolLM2-135M has 9 attention heads: N=3)")
@@ -428,6 +504,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown variants {sorted(unknown)}: choose from old, plain, chunked")
     if args.longest and args.processes > 1 and args.variant == "old":
         parser.error("--processes 2 runs today's engine under DeepSpeed Ulysses; the a62e044 loop cannot shard sequences")
+    if args.estimate:
+        return write_estimate(args)
     if not Path(args.data).exists():
         parser.error(f"no such data folder: {args.data} (give --data a text file or folder)")
     args.data = str(Path(args.data).resolve())  # the children run in a temporary working directory

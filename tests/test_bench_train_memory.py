@@ -82,3 +82,25 @@ def test_a_child_that_imported_another_tree_is_refused(tmp_path):
         assert "measured the wrong tree" in str(error) and "\n" not in str(error)
     else:
         raise AssertionError("a child that imported the wrong package was accepted")
+
+
+def test_linear_fit_and_longest_length_extrapolation():
+    script = _load_script()
+    # Peaks on an exact line: 1 GiB + 0.25 GiB per 1024 tokens.
+    points = [(n, 1.0 + 0.25 * n / 1024) for n in (4096, 8192, 16384)]
+    base, per_token = script.linear_fit(points)
+    assert abs(base - 1.0) < 1e-9 and abs(per_token * 1024 - 0.25) < 1e-12
+    # 1 process within 9 GiB: (9 - 1) / 0.25 * 1024 = 32768 tokens.
+    assert script.longest_within(9.0, base, per_token) == 32768
+    # 3 ranks, each with its own 9 GiB, each holding a third of the tokens: 3x as long.
+    assert script.longest_within(9.0, base, per_token, processes=3) == 3 * 32768
+    # 3 ranks sharing 9 GiB: three bases come off first: (9 - 3) / 0.25 * 1024.
+    assert script.longest_within(9.0, base, per_token, processes=3, summed=True) == 24576
+    results = [{"length": n, "variant": "chunked", "processes": 1, "peak_rss_gib": y} for n, y in points]
+    results.append({"length": 3072, "variant": "chunked", "processes": 3, "per_process_peak_rss_gib": [1.5, 1.75, 1.6]})
+    out = script.estimate(results, limit_gb=9.0 * 2**30 / 1e9)
+    entry = out["variants"]["chunked"]
+    assert entry["longest_1_process"] == 32768
+    # Largest rank 1.75 GiB at 1024 tokens per rank: base 1.5 GiB, so (9 - 1.5) / 0.25 * 1024 * 3 per-process.
+    assert entry["sp3"]["longest_limit_per_process"] == 3 * 30720
+    assert "estimate" in out["kind"]

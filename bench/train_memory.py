@@ -351,19 +351,20 @@ def measure_table(args: argparse.Namespace, old_tree: Path) -> int:
     allocator = allocator_name(args.mmap_threshold)
 
     def key(r: dict) -> tuple:
-        return r["length"], r["variant"], r.get("allocator", "glibc default")
+        return r["length"], r["variant"], r.get("allocator", "glibc default"), r.get("processes", 1)
 
     for length in lengths:
         for variant in variants:
             print(f"{variant} at {length} tokens ({allocator}) ...", flush=True)
             limit = args.kill_above_gb * 1e9 if args.kill_above_gb else None
-            record = run_probe(length, variant, args.data, old_tree, limit_bytes=limit, mmap_threshold=args.mmap_threshold)
+            record = run_probe(length, variant, args.data, old_tree, processes=args.processes, limit_bytes=limit,
+                               mmap_threshold=args.mmap_threshold)
             record.update(command="nice -n 10 python bench/train_memory.py " + " ".join(sys.argv[1:]), **machine())
             results = [r for r in results if key(r) != key(record)] + [record]
             write_atomic(path, {"about": __doc__.split("\n\n")[0], "results": sorted(results, key=key)})
             print(json.dumps(record), flush=True)
     for name in sorted({key(r)[2] for r in results}):
-        print(f"\n{name}:\n" + table([r for r in results if key(r)[2] == name], ["old", "plain", "chunked"]))
+        print(f"\n{name}:\n" + table([r for r in results if key(r)[2] == name and key(r)[3] == 1], ["old", "plain", "chunked"]))
     return 0
 
 
@@ -502,8 +503,13 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(variants) - {"old", "plain", "chunked"}
     if unknown:
         parser.error(f"unknown variants {sorted(unknown)}: choose from old, plain, chunked")
-    if args.longest and args.processes > 1 and args.variant == "old":
-        parser.error("--processes 2 runs today's engine under DeepSpeed Ulysses; the a62e044 loop cannot shard sequences")
+    if args.processes > 1 and "old" in variants:
+        parser.error("--processes N > 1 runs today's engine under DeepSpeed Ulysses; the a62e044 loop cannot shard "
+                     "sequences (drop 'old' from --variants)")
+    if args.processes not in (1, 3, 9):
+        parser.error(f"--processes {args.processes}: SmolLM2-135M has 9 attention heads, so Ulysses needs sp_size 3 or 9 (or 1)")
+    if not args.longest and any(int(x) % args.processes for x in args.lengths.split(",")):
+        parser.error(f"--lengths must be multiples of --processes {args.processes} (each rank takes an equal share)")
     if args.estimate:
         return write_estimate(args)
     if not Path(args.data).exists():

@@ -7,7 +7,9 @@ Each (length, variant) runs in a fresh process: LoRA (rank 16 on q/k/v/o), gradi
 The parent records the child's peak resident memory (``ru_maxrss`` of the child, exact) and its wall
 time; the child also samples its own RSS every 2 ms and reports the peak of each phase of the step
 (``load`` up to the first forward, ``forward`` up to ``backward()``, ``backward``, ``optimizer``), so a
-table row says where the memory went. Variants:
+table row says where the memory went. Each child runs as ``python -P`` in a temporary directory (``python -c``
+would put the working directory first on sys.path and import the checkout's package whatever PYTHONPATH
+says) and reports the ``hf_posext`` folder it imported; the parent refuses a run from the wrong tree. Variants:
 
 - ``old``: the training package of commit a62e044 (the hand-written accelerate loop before the chunked
   loss), imported from a ``git worktree`` of that commit (``--old-tree``; created when missing);
@@ -18,6 +20,11 @@ Table (writes ``bench/results/train_memory_cpu.json``, merging with what is ther
 added one run at a time)::
 
     nice -n 10 python bench/train_memory.py --lengths 4096,8192,16384,32768 [--variants old,plain,chunked]
+
+Estimated longest length within a limit, from a least-squares line through the table's one-process peaks (no
+new runs; written under ``estimates``)::
+
+    python bench/train_memory.py --estimate --limit-gb 20 --mmap-threshold 131072
 
 Longest sequence within a limit (bisection over multiples of ``--step``; a probe whose RSS passes the
 limit is killed at once, so the machine never swaps; writes ``bench/results/train_longest_cpu.json``)::

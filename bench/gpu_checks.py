@@ -112,41 +112,32 @@ def run_checks(device: str) -> list[dict]:
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(0, 100, (1, 120), generator=generator).to(device)
 
-    sdpa_full = None
-    for implementation in ("sdpa", "eager"):
-        model = position_sensitive_model(device)
-        model.set_attn_implementation(implementation)
-        unpatched = logits(model, ids)
-        hf_posext.patch(model, "self-extend", group_size=3, neighbor_window=10)
-        full = logits(model, ids)
-        cached = cached_logits(model, ids, prefix=90, step=10)
-        # A cache that ignored Self-Extend would give the unpatched logits on the cached steps.
-        record(f"self-extend {implementation}: cached generation vs full recompute",
-               max_difference(cached, full), max_difference(unpatched[:, 90:], full[:, 90:]), 1e-4)
-        if implementation == "sdpa":
-            sdpa_full, sdpa_unpatched = full, unpatched
-        else:
-            record("self-extend: SDPA path vs eager path", max_difference(sdpa_full, full),
-                   max_difference(sdpa_unpatched, full), 1e-4)
-
-    for implementation in ("sdpa", "eager"):
-        model = position_sensitive_model(device)
-        model.set_attn_implementation(implementation)
-        unpatched = logits(model, ids)
-        hf_posext.patch(model, "dca", **DCA)
-        full = logits(model, ids)
-        # The 90-token prefix runs the fused calls; the 10-token steps run the explicit decode pass.
-        cached = cached_logits(model, ids, prefix=90, step=10)
-        record(f"dca {implementation}: cached generation vs full recompute",
-               max_difference(cached, full), max_difference(unpatched[:, 90:], full[:, 90:]), 1e-4)
-        if implementation == "sdpa":
-            dca_sdpa_full, dca_sdpa_unpatched = full, unpatched
-        else:
-            record("dca: SDPA path (fused calls, log-sum-exp merge) vs eager path (explicit scores)",
-                   max_difference(dca_sdpa_full, full), max_difference(dca_sdpa_unpatched, full), 1e-4)
-        hf_posext.unpatch(model)
-        record(f"dca {implementation}: unpatch restores the exact logits", max_difference(logits(model, ids), unpatched),
-               max_difference(unpatched, full), 0.0)
+    # Each attention-level method: cached generation against a full recompute, and its SDPA path against its
+    # eager path. For DCA the 90-token prefix runs the fused calls and the 10-token steps the explicit decode pass.
+    # DCA also checks that unpatch restores the exact logits (Self-Extend's unpatch is checked in the tests).
+    attention_methods = {
+        "self-extend": ({"group_size": 3, "neighbor_window": 10}, "self-extend: SDPA path vs eager path", False),
+        "dca": (DCA, "dca: SDPA path (fused calls, log-sum-exp merge) vs eager path (explicit scores)", True),
+    }
+    for method, (settings, paths_check, check_unpatch) in attention_methods.items():
+        by_implementation = {}
+        for implementation in ("sdpa", "eager"):
+            model = position_sensitive_model(device)
+            model.set_attn_implementation(implementation)
+            unpatched = logits(model, ids)
+            hf_posext.patch(model, method, **settings)
+            full = logits(model, ids)
+            cached = cached_logits(model, ids, prefix=90, step=10)
+            # A cache that ignored the method would give the unpatched logits on the cached steps.
+            record(f"{method} {implementation}: cached generation vs full recompute",
+                   max_difference(cached, full), max_difference(unpatched[:, 90:], full[:, 90:]), 1e-4)
+            by_implementation[implementation] = full, unpatched
+            if check_unpatch:
+                hf_posext.unpatch(model)
+                record(f"{method} {implementation}: unpatch restores the exact logits",
+                       max_difference(logits(model, ids), unpatched), max_difference(unpatched, full), 0.0)
+        (sdpa_full, sdpa_unpatched), (eager_full, _) = by_implementation["sdpa"], by_implementation["eager"]
+        record(paths_check, max_difference(sdpa_full, eager_full), max_difference(sdpa_unpatched, eager_full), 1e-4)
 
     for method, rope in STOCK_ROPE.items():
         model = position_sensitive_model(device)

@@ -22,7 +22,7 @@ cli() { timeout "$T" "$PYTHON" -m hf_posext.cli "$@"; }
 MODEL=${MODEL:-smollm2-135m}; L2=${L2:-16384}; L4=${L4:-32768}; L8=${L8:-65536}
 R=${RESULTS:-bench/results}
 G="--device ${DEVICE:-cuda}"
-P="--model $MODEL --data $BOOKS --max-tokens 16384 --max-windows 4 --out $R/quality"
+P="--model $MODEL --data $BOOKS --max-tokens 16384 --max-segments 4 --out $R/quality"
 K="--model $MODEL --depths 0.1,0.5,0.9 --trials 1 --out $R/quality"
 N="--model $MODEL --depths 0.1,0.5,0.9 --trials 1 --haystack $BOOKS --out $R/quality"
 M4="yarn,dynamic-ntk,self-extend,dca"

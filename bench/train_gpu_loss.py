@@ -65,7 +65,7 @@ def overrides(length: int, variant: str, mode: str, data: str, out: str, precisi
         "model.name=smollm2-135m", f"model.precision={precision}", "model.attn_implementation=sdpa",
         "model.gradient_checkpointing=true", "scaling.method=yarn", "scaling.factor=4",
         f"finetune.mode={mode}", "finetune.train_embeddings=false", "finetune.train_norms=false",
-        f"data.source={data}", f"data.window={length}", "data.pose=false", f"data.max_tokens={(steps + 1) * length}",
+        f"data.source={data}", f"data.sequence_length={length}", "data.pose=false", f"data.max_tokens={(steps + 1) * length}",
         f"train.max_steps={steps}", "train.batch_size=1", "train.gradient_accumulation_steps=1", "train.warmup_steps=0",
         f"train.loss={'chunked' if variant == 'chunked' else 'plain'}",
         f"output.dir={out}", "output.checkpoint_every=0", "output.log_every=1",

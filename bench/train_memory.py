@@ -137,10 +137,10 @@ SP_CHILD = PROBE + r"""
 import deepspeed
 from transformers import Trainer, TrainingArguments
 from hf_posext.training.config import load_config
-from hf_posext.training.data import load_packed_windows
+from hf_posext.training.packing import load_packed_sequences
 from hf_posext.training.lora import setup_trainable
 from hf_posext.training.parallel import ParallelismRequest, accelerate_parallelism_config
-from hf_posext.training.trainer import WindowDataset, collate_windows
+from hf_posext.training.trainer import SequenceDataset, collate_sequences
 from hf_posext.models import load_model, load_tokenizer
 import hf_posext
 config = load_config(None, json.loads(sys.argv[1]))
@@ -161,8 +161,8 @@ model = load_model(config.model.name, dtype=torch.float32, attn_implementation=c
 hf_posext.patch(model, **config.scaling.to_request().patch_kwargs())
 model.config.use_cache = False
 model = setup_trainable(model, config.finetune, seed=0)
-data = load_packed_windows(config.data, tokenizer, 0, None, progress=False)
-trainer = Trainer(model=model, args=args, train_dataset=WindowDataset(data, 1), data_collator=collate_windows)
+data = load_packed_sequences(config.data, tokenizer, 0, None, progress=False)
+trainer = Trainer(model=model, args=args, train_dataset=SequenceDataset(data, 1), data_collator=collate_sequences)
 began = time.perf_counter()
 trainer.train()
 report({"train_seconds": round(time.perf_counter() - began, 1), "rank": int(os.environ["RANK"])})
@@ -176,7 +176,9 @@ def overrides(length: int, variant: str, data: str, out: str) -> list[str]:
         "model.gradient_checkpointing=true", "scaling.method=yarn", f"scaling.factor={max(4, -(-length // 8192))}",
         "finetune.mode=lora", "finetune.rank=16", "finetune.alpha=32", "finetune.dropout=0.0",
         "finetune.train_embeddings=false", "finetune.train_norms=false",
-        f"data.source={data}", f"data.window={length}", "data.pose=false", f"data.max_tokens={2 * length}",
+        # a62e044 names the sample length data.window; today's engine data.sequence_length (the old key warns).
+        f"data.source={data}", f"data.{'window' if variant == 'old' else 'sequence_length'}={length}", "data.pose=false",
+        f"data.max_tokens={2 * length}",
         # max_steps=2 with stop_at_step=1: one optimizer step, then stop as an interruption would, so the
         # final save/merge (a second model copy) is not part of the measurement.
         "train.max_steps=2", "train.batch_size=1", "train.gradient_accumulation_steps=1", "train.warmup_steps=0",

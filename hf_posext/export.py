@@ -131,9 +131,11 @@ def export_config(config: dict[str, Any], target: str) -> dict[str, Any]:
         target: one of :data:`TARGETS`.
 
     Returns:
-        A new dict: ``max_position_embeddings`` as the target's length rule needs it, plus the legacy
-        fields of :func:`hf_posext.core.saved_config.with_legacy_rope_fields` (a plain ``save_pretrained``
-        of a patched model writes them too; folders saved by older hf_posext releases lack them).
+        A new dict: ``max_position_embeddings`` as the target's length rule needs it, plus the full legacy
+        fields of :func:`hf_posext.core.saved_config.with_legacy_rope_fields`. A plain ``save_pretrained``
+        writes them only where transformers 5 can still resume training from the folder
+        (:func:`~hf_posext.core.saved_config.plain_save_legacy_fields`); folders saved by older hf_posext
+        releases lack them.
     """
     record = scaling_record(config)
     if record.get("kind", "rope") != "rope":
@@ -177,8 +179,14 @@ def check_serving(folder_or_model: Any, target: str) -> list[str]:
 
 
 def _check_destination(source: Path | None, out: Path, overwrite: bool) -> None:
-    if source is not None and out.resolve() == source.resolve():
-        raise ExportError(f"--out {out} is the source folder: choose a new folder")
+    if source is not None:
+        source_path, out_path = source.resolve(), out.resolve()
+        if out_path == source_path:
+            raise ExportError(f"--out {out} is the source folder: choose a new folder")
+        if source_path in out_path.parents:
+            raise ExportError(f"--out {out} is inside the source folder {source}: choose a folder outside it")
+        if out_path in source_path.parents:
+            raise ExportError(f"--out {out} contains the source folder {source}: choose a folder outside it")
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
         raise ExportError(f"--out {out} exists and is not empty: choose a new folder or pass --overwrite")
 

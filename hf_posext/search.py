@@ -207,7 +207,7 @@ def calibration_segments(
 
     Args:
         data: token ids (a tensor or list of lists, each at least ``target_length`` long), or text: a
-            source understood by :func:`hf_posext.data.load_documents` (file, folder, dataset name,
+            source understood by :func:`hf_posext.text_sources.load_documents` (file, folder, dataset name,
             ``builtin:python-docs``) or a list of document strings (needs ``tokenizer``).
         target_length: tokens per segment.
         segments: how many segments (the first ones, documents joined).
@@ -226,7 +226,7 @@ def calibration_segments(
         return torch.tensor(rows, dtype=torch.long)
     if tokenizer is None:
         raise ValueError("Calibration text needs the model's tokenizer: search_factors(..., tokenizer=tokenizer).")
-    from hf_posext.data import load_documents
+    from hf_posext.text_sources import load_documents
     from hf_posext.evaluation.perplexity import make_segments, tokenize_documents, uses_bos
 
     documents = [str(d) for d in data] if isinstance(data, (list, tuple)) else load_documents(data, text_field=text_field)

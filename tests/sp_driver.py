@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
 import torch
+
+from tests.training_helpers import exit_without_teardown
 
 SEQUENCE = 256
 VOCAB = 96
@@ -116,19 +117,6 @@ def main(argv=None) -> int:
     else:
         sequence_parallel(options.out, options.mode, options.sp, options.zero)
     return 0
-
-
-def exit_without_teardown(code: int) -> None:
-    """Leave once every rank is done, skipping C++ static destructors: at interpreter exit, a gloo/DeepSpeed
-    shared-memory thread can abort one rank ("terminate called without an active exception", seen once in CI
-    after both ranks had finished and the results were written)."""
-    import torch
-
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.barrier()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -14,13 +14,12 @@ backward) deepspeed.utils.safe_get_full_grad, read when the engine first steps.
 
 from __future__ import annotations
 
-import os
 import sys
 
 import torch
 from transformers import TrainerCallback
 
-from tests.training_helpers import tiny_config
+from tests.training_helpers import exit_without_teardown, tiny_config
 
 
 def _clean(name: str) -> str:
@@ -75,19 +74,6 @@ def main(argv: list[str]) -> int:
         return 0
     torch.save(recorded, out)
     return 0
-
-
-def exit_without_teardown(code: int) -> None:
-    """Leave once every rank is done, skipping C++ static destructors: at interpreter exit, a gloo/DeepSpeed
-    shared-memory thread can abort one rank ("terminate called without an active exception", seen once in CI
-    after both ranks had finished and the results were written)."""
-    import torch
-
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.barrier()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 if __name__ == "__main__":

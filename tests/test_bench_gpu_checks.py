@@ -3,22 +3,13 @@ and show that each check fails on a broken variant (a check that cannot fail pro
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
+from tests.bench_helpers import load_bench_script
+
 import hf_posext
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _load_script():
-    spec = importlib.util.spec_from_file_location("gpu_checks", ROOT / "bench" / "gpu_checks.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _failed(results: list[dict]) -> set[str]:
@@ -26,7 +17,7 @@ def _failed(results: list[dict]) -> set[str]:
 
 
 def test_every_check_passes_on_cpu_with_a_margin_and_is_written(tmp_path):
-    script = _load_script()
+    script = load_bench_script("gpu_checks")
     out = tmp_path / "checks.json"
     with pytest.warns(UserWarning, match="stored in torch.bfloat16"):  # the bf16 check casts a model
         failures = script.main(["--device", "cpu", "--out", str(out)])
@@ -38,7 +29,7 @@ def test_every_check_passes_on_cpu_with_a_margin_and_is_written(tmp_path):
 
 
 def test_a_patch_that_does_nothing_fails_every_check(monkeypatch):
-    script = _load_script()
+    script = load_bench_script("gpu_checks")
     monkeypatch.setattr(script.hf_posext, "patch", lambda model, *args, **kwargs: model)
     monkeypatch.setattr(script.hf_posext, "unpatch", lambda model: model)
     results = script.run_checks("cpu")
@@ -47,7 +38,7 @@ def test_a_patch_that_does_nothing_fails_every_check(monkeypatch):
 
 def test_frequencies_that_follow_a_bfloat16_cast_fail_the_half_precision_check(monkeypatch):
     """The fix the bf16 check guards: patched frequency tables stay float32 when the model is half precision."""
-    script = _load_script()
+    script = load_bench_script("gpu_checks")
     real_patch = hf_posext.patch
 
     def patch_then_round_tables(model, *args, **kwargs):
@@ -66,7 +57,7 @@ def test_frequencies_that_follow_a_bfloat16_cast_fail_the_half_precision_check(m
 
 
 def test_a_cache_that_drops_the_attention_method_fails_the_cache_checks(monkeypatch):
-    script = _load_script()
+    script = load_bench_script("gpu_checks")
     real_cached = script.cached_logits
 
     def cached_without_the_method(model, ids, prefix, step):
@@ -89,7 +80,7 @@ def test_dca_index_sets_off_by_one_fail_the_dca_path_check(monkeypatch):
     """The explicit pass (eager, and decode steps) with chunk size and local window one short: the fused path disagrees."""
     from hf_posext.backends.attention import dual_chunk
 
-    script = _load_script()
+    script = load_bench_script("gpu_checks")
     real_explicit = dual_chunk.dual_chunk_explicit
 
     def shifted(query, key, value, attention_mask, query_positions, key_positions, layer, *args, **kwargs):

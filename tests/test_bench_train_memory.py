@@ -104,3 +104,14 @@ def test_linear_fit_and_longest_length_extrapolation():
     # Largest rank 1.75 GiB at 1024 tokens per rank: base 1.5 GiB, so (9 - 1.5) / 0.25 * 1024 * 3 per-process.
     assert entry["sp3"]["longest_limit_per_process"] == 3 * 30720
     assert "estimate" in out["kind"]
+
+
+def test_each_tree_gets_the_length_key_it_knows():
+    script = _load_script()
+    from hf_posext.training.config import load_config
+
+    new = script.overrides(4096, "chunked", "books", "/tmp/out")
+    assert "data.sequence_length=4096" in new and not any(item.startswith("data.window=") for item in new)
+    assert load_config(None, new).data.sequence_length == 4096  # today's config accepts every key, no warning needed
+    old = script.overrides(4096, "old", "books", "/tmp/out")
+    assert "data.window=4096" in old and not any(item.startswith("data.sequence_length=") for item in old)

@@ -129,7 +129,7 @@ def test_eval_no_progress_draws_no_progress_bar(task, tmp_path, capsys):
     model = str(Path(__file__).parent / "data" / "training" / "tiny-llama")
     length = "48" if task == "perplexity" else "320"  # a passkey prompt needs room for its filler
     argv = ["eval", task, "--model", model, "--methods", "none", "--lengths", length, "--out", str(tmp_path / "r")]
-    argv += ["--data", str(text), "--max-windows", "2"] if task == "perplexity" else ["--depths", "0.5", "--trials", "1", "--no-generate"]
+    argv += ["--data", str(text), "--max-segments", "2"] if task == "perplexity" else ["--depths", "0.5", "--trials", "1", "--no-generate"]
     assert main(argv + ["--overwrite"]) == 0
     drawn = capsys.readouterr().err
     assert f"{task} none @ {length}" in drawn and "Loading weights" in drawn  # the bars this test must see go

@@ -39,15 +39,16 @@ def test_chunked_nll_rejects_bad_shapes(model):
         perplexity.chunked_nll(model, torch.tensor([1, 2, 3]))
 
 
-def test_windows_skip_short_documents_and_start_with_bos():
+def test_segments_skip_short_documents_and_start_with_bos():
     docs = [list(range(10)), list(range(3)), list(range(25))]
-    windows, skipped = perplexity.make_windows(docs, 8, bos_id=None)
+    segments, skipped = perplexity.make_segments(docs, 8, bos_id=None)
     assert skipped == 1
-    assert [(d, s) for d, s, _ in windows] == [(0, 0), (2, 0), (2, 8), (2, 16)]
-    windows, _ = perplexity.make_windows(docs, 8, max_windows=2, bos_id=99)
-    assert windows[0][2] == [99] + list(range(7)) and len(windows) == 2
+    assert [(d, s) for d, s, _ in segments] == [(0, 0), (2, 0), (2, 8), (2, 16)]
+    segments, _ = perplexity.make_segments(docs, 8, max_segments=2, bos_id=99)
+    assert segments[0][2] == [99] + list(range(7)) and len(segments) == 2
+    assert perplexity.make_windows(docs, 8, max_windows=2, bos_id=99) == (segments, skipped)  # the former name
     with pytest.raises(ValueError, match="longest has 25"):
-        perplexity.make_windows(docs, 64)
+        perplexity.make_segments(docs, 64)
 
 
 def test_bos_auto_follows_the_tokenizer():
@@ -67,7 +68,7 @@ def test_concatenate_joins_documents():
 def _run(model, tmp_path, methods="none,yarn,dynamic-yarn", lengths=(32, 64, 128), **kwargs):
     return perplexity.evaluate_perplexity(
         model, AsciiTokenizer(), data=[TEXT, "short"], methods=parse_methods(methods), lengths=lengths,
-        out_dir=tmp_path, model_name="tiny", max_windows=2, **kwargs,
+        out_dir=tmp_path, model_name="tiny", max_segments=2, **kwargs,
     )
 
 
@@ -123,7 +124,7 @@ def test_a_rewritten_factors_file_recomputes_its_cells(model, tmp_path, monkeypa
     factors.write_text(json.dumps({"long_factor": [1.0, 1.5, 2.0, 2.0]}))
     methods = parse_methods("longrope", {"factors": str(factors)})
     first = perplexity.evaluate_perplexity(model, AsciiTokenizer(), data=[TEXT], methods=methods, lengths=(128,),
-                                           factor=2.0, out_dir=tmp_path, model_name="tiny", max_windows=1)
+                                           factor=2.0, out_dir=tmp_path, model_name="tiny", max_segments=1)
     (before,) = first.cells.values()
     calls = []
     original = perplexity.chunked_nll
@@ -131,13 +132,13 @@ def test_a_rewritten_factors_file_recomputes_its_cells(model, tmp_path, monkeypa
     # Same factors, more keys (a search checkpoint adds its candidates): still the same cell.
     factors.write_text(json.dumps({"long_factor": [1.0, 1.5, 2.0, 2.0], "candidates": []}))
     perplexity.evaluate_perplexity(model, AsciiTokenizer(), data=[TEXT], methods=methods, lengths=(128,),
-                                   factor=2.0, out_dir=tmp_path, model_name="tiny", max_windows=1)
+                                   factor=2.0, out_dir=tmp_path, model_name="tiny", max_segments=1)
     assert calls == []
     # Other factors under the same path: the stored cell is stale and is recomputed, with a warning.
     factors.write_text(json.dumps({"long_factor": [1.0, 1.0, 1.0, 4.0]}))
     with pytest.warns(UserWarning, match="another rotary embedding"):
         again = perplexity.evaluate_perplexity(model, AsciiTokenizer(), data=[TEXT], methods=methods, lengths=(128,),
-                                               factor=2.0, out_dir=tmp_path, model_name="tiny", max_windows=1)
+                                               factor=2.0, out_dir=tmp_path, model_name="tiny", max_segments=1)
     (after,) = again.cells.values()
     assert len(calls) == 1 and len(again.cells) == 1
     assert after["nll"] != before["nll"] and after["rope_fingerprint"] != before["rope_fingerprint"]

@@ -163,7 +163,7 @@ def test_cli_eval_and_report_end_to_end(tmp_path, capsys):
     data.write_text("Some words to read. " * 30)
     out = tmp_path / "results"
     code = main(["eval", "perplexity", "--model", "tiny", "--methods", "none,linear", "--factor", "2", "--lengths", "32,64",
-                 "--data", str(data), "--out", str(out), "--max-windows", "2", "--no-progress"])
+                 "--data", str(data), "--out", str(out), "--max-segments", "2", "--no-progress"])
     assert code == 0
     printed = capsys.readouterr().out
     assert "| linear x2 |" in printed and "perplexity.png" in printed
@@ -192,7 +192,7 @@ def test_eval_names_a_damaged_file_beside_its_results(tmp_path, capsys):
     out.mkdir()
     (out / "passkey-old.json").write_text("[]")
     code = main(["eval", "perplexity", "--model", "tiny", "--methods", "none", "--lengths", "32", "--data", str(data),
-                 "--out", str(out), "--max-windows", "1", "--no-progress"])
+                 "--out", str(out), "--max-segments", "1", "--no-progress"])
     assert code == 0
     err = capsys.readouterr().err
     assert "warning: plots cover only this run:" in err and "passkey-old.json holds a JSON list" in err

@@ -172,7 +172,16 @@ def test_cli_bad_input_is_refused_before_writing(saved, tmp_path, capsys):
     assert len(err.splitlines()) == 1 and "dynamic-ntk" in err and "vllm" in err and "yarn or ntk" in err
     assert not (tmp_path / "a").exists()
     assert _cli(str(folder), "--for", "transformers", "--out", str(folder)) == 2
-    assert "source folder" in capsys.readouterr().err
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "is the source folder: choose a new folder" in err
+    before = sorted(p.name for p in folder.iterdir())
+    assert _cli(str(folder), "--for", "transformers", "--out", str(folder / "served")) == 2  # would copy into itself
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "is inside the source folder" in err
+    assert sorted(p.name for p in folder.iterdir()) == before
+    assert _cli(str(folder), "--for", "transformers", "--out", str(folder.parent), "--overwrite") == 2  # would delete it
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "contains the source folder" in err and folder.is_dir()
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "keep.txt").write_text("x")
     assert _cli(str(folder), "--for", "transformers", "--out", str(tmp_path / "full")) == 2

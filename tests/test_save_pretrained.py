@@ -1,8 +1,10 @@
 """The normal save path: what a patched model's ``save_pretrained`` writes and warns.
 
-Per method: stock ``from_pretrained`` of the saved folder gives the patched logits on transformers 5.x (or
-``describe`` says why not); on 4.57 the save warns and its export loads to the same logits; linear keeps
-``max_position_embeddings`` = L; a tokenizer given to ``patch`` saves the served length.
+Per method: stock ``from_pretrained`` of the saved folder gives the patched logits on transformers 5.x and
+4.57 (or ``describe`` says why not); the save writes the legacy RoPE fields where transformers 5's generic
+config reader (Trainer resume) still reads the folder, and otherwise warns, and then the export loads to the
+same logits on 4.57; linear keeps ``max_position_embeddings`` = L; a tokenizer given to ``patch`` saves the
+served length.
 """
 
 from __future__ import annotations
@@ -54,7 +56,10 @@ METHODS = {
     "theta": {"base": 50000.0},
     "dynamic-ntk": {},
     "yarn": {},
-    "yarn-custom": {"beta_fast": 16.0, "attention_factor": 1.3},
+    "yarn-betas": {"beta_fast": 16.0, "beta_slow": 2.0},
+    "yarn-attention_factor": {"attention_factor": 1.3},
+    "yarn-mscale": {"mscale": 1.0, "mscale_all_dim": 0.5},
+    "yarn-truncate_false": {"truncate": False},
     "llama3": {},
     "longrope": {"long_factor": LONGROPE_FACTORS},
     "dynamic-yarn": {},  # no transformers rope type: describe says stock loads it unscaled
@@ -64,20 +69,25 @@ METHODS = {
 SAVED_WINDOW = {"linear": L, "dynamic-ntk": L, "dynamic-yarn": L}
 
 
+#: A base other than transformers 4.x's default: yarn, llama3 and longrope then get no legacy fields.
+OTHER_THETA = 50000.0
+OTHER_THETA_KEYS = ("linear", "yarn")
+
+
 def _method_name(key: str) -> str:
-    return key.split("-custom")[0]
+    return "yarn" if key.startswith("yarn-") else key
 
 
 def _ids() -> torch.Tensor:
     return torch.randint(0, 100, (1, SEQ), generator=torch.Generator().manual_seed(1))
 
 
-def _tiny():
-    return tiny_model("llama", initializer_range=0.1, max_position_embeddings=L).eval()
+def _tiny(theta: float = 10000.0):
+    return tiny_model("llama", initializer_range=0.1, max_position_embeddings=L, rope_theta=theta).eval()
 
 
-def _patched(key: str):
-    model = _tiny()
+def _patched(key: str, theta: float = 10000.0):
+    model = _tiny(theta)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         hf_posext.patch(model, _method_name(key), FACTOR, **METHODS[key])
@@ -96,8 +106,16 @@ def saved(tmp_path_factory) -> dict[str, tuple[Path, torch.Tensor, bool]]:
     root = tmp_path_factory.mktemp("saved")
     for key in METHODS:
         model = _patched(key)
-        model.save_pretrained(root / key)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model.save_pretrained(root / key)
         result[key] = (root / key, _logits(model), hf_posext.describe(model).stock_loadable)
+    for key in OTHER_THETA_KEYS:
+        model = _patched(key, OTHER_THETA)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model.save_pretrained(root / f"{key}-theta")
+        result[f"{key}-theta"] = (root / f"{key}-theta", _logits(model), hf_posext.describe(model).stock_loadable)
     return result
 
 
@@ -113,7 +131,10 @@ def _assert_same_logits(got: torch.Tensor, expected: torch.Tensor, unscaled: tor
     assert diff < effect / 100 and diff < 1e-4, f"{key}: stock logits differ by {diff} (method effect {effect})"
 
 
-@pytest.mark.parametrize("key", list(METHODS))
+ALL_SAVES = [*METHODS, *(f"{key}-theta" for key in OTHER_THETA_KEYS)]
+
+
+@pytest.mark.parametrize("key", ALL_SAVES)
 def test_plain_save_loads_with_stock_from_pretrained_or_describe_says_why_not(saved, unscaled_logits, key):
     from transformers import AutoModelForCausalLM
 
@@ -130,17 +151,39 @@ def test_plain_save_loads_with_stock_from_pretrained_or_describe_says_why_not(sa
     _assert_same_logits(got, expected, unscaled_logits, key)
 
 
-@pytest.mark.parametrize("key", list(METHODS))
-def test_saved_config_has_the_served_window_and_reads_back_through_the_generic_config_class(saved, key):
-    """No legacy fields in a plain save: with them, transformers 5.24's PreTrainedConfig.from_json_file (which
-    Trainer runs when it resumes from a checkpoint) raises for yarn, llama3 and longrope (docs/serving.md)."""
+@pytest.mark.parametrize("key", [key for key in METHODS if key.startswith("yarn-")])
+def test_each_non_default_yarn_parameter_changes_the_logits(saved, key):
+    """The stock-load tests above guard these parameters only if they change what the model computes."""
+    effect = (saved[key][1] - saved["yarn"][1]).abs().max().item()
+    assert effect > 1e-2, f"{key} changes the logits of default yarn by only {effect}"
+
+
+#: Where the generic config reader raises with a top-level rope_theta next to rope_scaling (docs/serving.md).
+NO_TOP_LEVEL_THETA = ("yarn", "llama3", "longrope")
+
+
+@pytest.mark.parametrize("key", ALL_SAVES)
+def test_saved_config_has_the_served_window_legacy_fields_and_reads_back_through_the_generic_config_class(saved, key):
+    """Legacy fields wherever transformers 5.24's PreTrainedConfig.from_json_file (which Trainer runs when it
+    resumes from a checkpoint) still reads the folder: linear, ntk, theta, dynamic-ntk with a top-level
+    rope_theta; yarn, llama3, longrope without it, and only when theta is 4.x's default (docs/serving.md)."""
     from transformers import PreTrainedConfig
 
     path = saved[key][0] / "config.json"
     config = json.loads(path.read_text())
-    assert config["max_position_embeddings"] == SAVED_WINDOW.get(key, int(L * FACTOR))
-    assert "rope_scaling" not in config and "rope_theta" not in config
-    assert PreTrainedConfig.from_json_file(path).transformers_version
+    assert config["max_position_embeddings"] == SAVED_WINDOW.get(key.removesuffix("-theta"), int(L * FACTOR))
+    method = _method_name(key.removesuffix("-theta"))
+    if key.endswith("-theta") and method in NO_TOP_LEVEL_THETA:
+        assert "rope_scaling" not in config and "rope_theta" not in config
+    else:
+        assert config["rope_scaling"] == config["rope_parameters"]
+        assert ("rope_theta" in config) == (method not in NO_TOP_LEVEL_THETA)  # dynamic-yarn saves "default"
+        assert config.get("rope_theta", 10000.0) == config["rope_parameters"]["rope_theta"]
+    if method == "longrope":
+        assert config["original_max_position_embeddings"] == L
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert PreTrainedConfig.from_json_file(path).transformers_version
 
 
 def test_the_generic_config_class_cannot_read_the_legacy_fields_of_a_yarn_config(saved, tmp_path):
@@ -159,13 +202,18 @@ def test_the_generic_config_class_cannot_read_the_legacy_fields_of_a_yarn_config
 
 
 def test_a_save_that_older_readers_would_misread_warns_with_the_fix(tmp_path):
-    model = _patched("linear")
+    model = _patched("yarn", OTHER_THETA)
     with pytest.warns(UserWarning, match="hf-posext export .* --for transformers"):
         model.save_pretrained(tmp_path / "patched")
     hf_posext.unpatch(model)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        model.save_pretrained(tmp_path / "plain")  # theta 10000, no scaling: 4.x reads it right
+        model.save_pretrained(tmp_path / "plain")  # no scaling: 4.x reads it right
+    for key, theta in (("linear", OTHER_THETA), ("yarn", 10000.0)):  # legacy fields written: nothing to warn
+        model = _patched(key, theta)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", UserWarning)
+            model.save_pretrained(tmp_path / f"{key}-{theta}")
 
 
 def test_hf_posext_load_and_describe_give_the_served_length_of_a_linear_save(saved):
@@ -197,21 +245,27 @@ for folder, out in zip(sys.argv[2::2], sys.argv[3::2]):
 
 
 @pytest.mark.skipif(not TF457_PYTHON.exists(), reason="no transformers 4.57 venv (.venv-tf457, made by scripts/test.sh)")
-def test_on_transformers_4_57_a_plain_save_loads_unscaled_and_the_exported_one_to_the_same_logits(saved, unscaled_logits, tmp_path):
-    """What the save warning says, on 4.57 (one subprocess): the plain folder loads unscaled, its export
-    (``--for transformers``) loads to the patched logits, for every method transformers knows."""
+def test_on_transformers_4_57_plain_saves_and_exports_load_to_the_same_logits(saved, unscaled_logits, tmp_path):
+    """On 4.57 (one subprocess): every plain save with legacy fields loads to the patched logits; the one
+    that warns (yarn, theta 50000) loads as another model, as the warning says, and its export
+    (``--for transformers``) loads to the patched logits, as does every method's export."""
     from hf_posext.export import export
 
-    keys = [key for key in METHODS if key != "dynamic-yarn"]
-    argv = [str(SEQ), str(saved["linear"][0]), str(tmp_path / "plain-linear.pt")]
+    keys = [key for key in ALL_SAVES if key != "dynamic-yarn"]
+    argv = [str(SEQ)]
     for key in keys:
+        argv += [str(saved[key][0]), str(tmp_path / f"plain-{key}.pt")]
         argv += [str(export(saved[key][0], "transformers", tmp_path / key)), str(tmp_path / f"{key}.pt")]
     result = subprocess.run([str(TF457_PYTHON), "-c", TF457_SCRIPT, *argv], capture_output=True, text=True,
                             env={**os.environ, "PYTHONPATH": ""})
     assert result.returncode == 0, result.stderr[-2000:]
-    assert torch.allclose(torch.load(tmp_path / "plain-linear.pt"), unscaled_logits, atol=1e-5)
     for key in keys:
         _assert_same_logits(torch.load(tmp_path / f"{key}.pt"), saved[key][1], unscaled_logits, f"{key} (4.57)")
+        plain = torch.load(tmp_path / f"plain-{key}.pt")
+        if key == "yarn-theta":
+            assert (plain - saved[key][1]).abs().max().item() > 1e-2  # 4.x misreads it: the save warned
+        else:
+            _assert_same_logits(plain, saved[key][1], unscaled_logits, f"plain {key} (4.57)")
 
 
 def _tokenizer():
@@ -274,3 +328,47 @@ def test_cli_patch_saves_the_served_length_in_config_and_tokenizer(tmp_path, cap
     config = json.loads((out / "config.json").read_text())
     assert config["max_position_embeddings"] == L and config["rope_parameters"]["factor"] == FACTOR
     assert json.loads((out / "tokenizer_config.json").read_text())["model_max_length"] == int(L * FACTOR)
+
+
+def _yarn_config(model_type: str, theta: float) -> dict:
+    params = {"rope_type": "yarn", "rope_theta": theta, "factor": 4.0, "original_max_position_embeddings": 64}
+    return {"model_type": model_type, "max_position_embeddings": 256, "rope_parameters": params}
+
+
+def test_yarn_gets_rope_scaling_without_rope_theta_only_when_theta_is_the_4_x_default_of_its_model_type():
+    """4.57 reads its class's default theta when config.json has none: 10000 for Llama, 1e6 for Mixtral."""
+    from hf_posext.core.saved_config import older_readers_differ, plain_save_legacy_fields
+
+    for model_type, theta, gets_fields in (("llama", 1e4, True), ("llama", 1e6, False), ("mixtral", 1e6, True),
+                                           ("mixtral", 1e4, False)):
+        config = _yarn_config(model_type, theta)
+        written = plain_save_legacy_fields(config)
+        assert ("rope_scaling" in written) == gets_fields and "rope_theta" not in written, (model_type, theta)
+        assert older_readers_differ(written) == (not gets_fields), (model_type, theta)
+        if gets_fields:
+            assert written["rope_scaling"] == config["rope_parameters"]
+
+
+LEGACY_THETA_SCRIPT = """
+import inspect, json, transformers
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+other = {}
+for model_type, name in CONFIG_MAPPING_NAMES.items():
+    try:
+        default = inspect.signature(getattr(transformers, name).__init__).parameters["rope_theta"].default
+    except (AttributeError, KeyError, ImportError):
+        continue
+    if default != 10000.0:
+        other[model_type] = float(default)
+print(json.dumps(other))
+"""
+
+
+@pytest.mark.skipif(not TF457_PYTHON.exists(), reason="no transformers 4.57 venv (.venv-tf457, made by scripts/test.sh)")
+def test_the_table_of_4_x_default_thetas_is_what_transformers_4_57_has():
+    from hf_posext.core.saved_config import LEGACY_OTHER_DEFAULT_THETAS
+
+    result = subprocess.run([str(TF457_PYTHON), "-c", LEGACY_THETA_SCRIPT], capture_output=True, text=True,
+                            env={**os.environ, "PYTHONPATH": ""})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == LEGACY_OTHER_DEFAULT_THETAS

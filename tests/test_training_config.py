@@ -82,7 +82,8 @@ def test_overrides_are_typed_and_yaml_parsed():
     ("trian.max_steps=3", "train.max_steps"),
     ("lora.rank=4", "finetune.rank"),
     ("rank=4", "finetune.rank"),
-    ("data.windw=64", "data.window"),
+    ("data.windw=64", "data.sequence_length"),  # a typo of the former name points to the current one
+    ("data.sequence_lenght=64", "data.sequence_length"),
 ])
 def test_unknown_keys_suggest_the_closest(override, suggestion):
     with pytest.raises(ConfigError, match=f"Unknown config key .*Did you mean '{suggestion}'"):
@@ -102,7 +103,7 @@ def test_unknown_key_in_a_yaml_file(tmp_path):
     ("model.precision=fp8", "model.precision='fp8' is not one of"),
     ("scaling.method=yarm", "Did you mean 'yarn'"),
     ("scaling.target_length=256", "not both"),
-    ("data.pose_target_length=16", r"data.window \(32\) is longer than data.pose_target_length \(16\)"),
+    ("data.pose_target_length=16", r"data.sequence_length \(32\) is longer than data.pose_target_length \(16\)"),
     ("data.source=null", "data.source is not set"),
     ("finetune.target_modules=[]", "target_modules is empty"),
     ("train.warmup_steps=99", "warmup_steps must be in"),
@@ -144,3 +145,45 @@ def test_a_yaml_syntax_error_names_the_file_and_line(tmp_path):
     with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: line \d+, column \d+: not valid YAML") as caught:
         load_config(path)
     assert "<unicode string>" not in str(caught.value) and "\n" not in str(caught.value)
+
+
+def _recipe_with_data_key(tmp_path, key: str, value: int) -> Path:
+    """The tiny recipe written back with ``data.sequence_length`` spelled ``key``."""
+    data = yaml.safe_load(TINY_RECIPE.read_text())
+    data["data"] = {(key if k == "sequence_length" else k): (value if k == "sequence_length" else v)
+                    for k, v in data["data"].items()}
+    path = tmp_path / f"{key}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def test_the_former_data_window_key_still_loads_with_a_future_warning(tmp_path):
+    current = load_config(_recipe_with_data_key(tmp_path, "sequence_length", 24))
+    with pytest.warns(FutureWarning, match="data.window is now called data.sequence_length"):
+        former = load_config(_recipe_with_data_key(tmp_path, "window", 24))
+    assert former == current and former.data.sequence_length == 24
+    assert "window" not in former.to_dict()["data"]  # saved under the current name from now on
+    with pytest.warns(FutureWarning, match="data.window is now called data.sequence_length"):
+        overridden = load_config(TINY_RECIPE, ["data.window=24"])
+    assert overridden == current
+    # an override under the current name replaces a recipe value written under the former one
+    with pytest.warns(FutureWarning):
+        assert load_config(_recipe_with_data_key(tmp_path, "window", 24), ["data.sequence_length=16"]).data.sequence_length == 16
+
+
+def test_the_former_and_current_data_key_together_are_refused(tmp_path):
+    path = tmp_path / "both.yaml"
+    data = yaml.safe_load(TINY_RECIPE.read_text())
+    data["data"]["window"] = 16
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    with pytest.raises(ConfigError, match=r"Give data.sequence_length only \(data.window is its former name\), not both"):
+        load_config(path)
+
+
+def test_a_saved_config_under_the_former_key_counts_as_unchanged_on_resume():
+    current = load_config(TINY_RECIPE).to_dict()
+    saved = yaml.safe_load(yaml.safe_dump(current))
+    saved["data"] = {("window" if k == "sequence_length" else k): v for k, v in saved["data"].items()}
+    assert config_differences(saved, current) == []
+    saved["data"]["window"] = 16  # the same key with another value is still a difference
+    assert config_differences(saved, current) == ["data.sequence_length: 16 -> 32"]

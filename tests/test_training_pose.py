@@ -1,4 +1,4 @@
-"""PoSE position-id sampling and the packed, resumable training batches."""
+"""PoSE position-id sampling, and PoSE chunks seeing each other in a model (batches from the packing)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 
 from tests.training_helpers import one_thread  # noqa: F401  (autouse fixture)
 
-from hf_posext.training.data import PackedWindows, tokenize_and_pack
+from hf_posext.training.packing import PackedSequences
 from hf_posext.training.pose import pose_position_ids, sample_generator
 
 
@@ -70,51 +70,14 @@ def test_bad_arguments_raise_clear_errors(args, match):
         pose_position_ids(*args)
 
 
-class _CharTokenizer:
-    eos_token_id = 0
-
-    def __call__(self, text, add_special_tokens=False):
-        return {"input_ids": [1 + (ord(c) % 100) for c in text]}
-
-
-def test_packing_fills_whole_windows_and_errors_on_too_little_text():
-    tokenizer = _CharTokenizer()
-    windows = tokenize_and_pack(["abcdefg", "hijk"], tokenizer, window=4)
-    # 7 + eos + 4 + eos = 13 tokens: three full windows, the last token dropped
-    stream = tokenizer("abcdefg")["input_ids"] + [0] + tokenizer("hijk")["input_ids"]
-    assert windows.shape == (3, 4) and windows.flatten().tolist() == stream[:12]
-    assert tokenize_and_pack(["abcdefg", "hijk"], tokenizer, window=4, max_tokens=9).shape == (2, 4)
-    from hf_posext.training.data import NoDataError
-
-    with pytest.raises(NoDataError, match="fewer than one window"):
-        tokenize_and_pack(["ab"], _CharTokenizer(), window=16)
-
-
-def test_batches_are_a_function_of_the_step_and_split_across_processes():
-    windows = torch.arange(40 * 8).view(40, 8)
-    data = PackedWindows(windows, seed=3, pose_target_length=64)
-    single = data.batch(micro_batch=5, rank=0, num_processes=1, batch_size=4)
-    again = PackedWindows(windows, seed=3, pose_target_length=64).batch(5, 0, 1, 4)
-    for key in single:
-        assert torch.equal(single[key], again[key])
-    # two processes with 2 samples each see exactly the 4 samples one process sees
-    rank0, rank1 = data.batch(5, 0, 2, 2), data.batch(5, 1, 2, 2)
-    assert torch.equal(torch.cat([rank0["input_ids"], rank1["input_ids"]]), single["input_ids"])
-    assert torch.equal(torch.cat([rank0["position_ids"], rank1["position_ids"]]), single["position_ids"])
-    assert bool((single["attention_mask"] == 1).all()) and torch.equal(single["labels"], single["input_ids"])
-    # one epoch visits every window once
-    seen = torch.cat([data.batch(m, 0, 1, 4)["input_ids"][:, 0] for m in range(10)])
-    assert sorted((seen // 8).tolist()) == list(range(40))
-
-
 def test_pose_chunks_attend_to_each_other_in_the_model():
     """The batch's explicit attention mask keeps transformers from reading PoSE skips as packed-sequence
     boundaries: changing a token of chunk 1 must change the predictions in chunk 2."""
     from hf_posext.models import tiny_model
 
     model = tiny_model("llama", attn_implementation="sdpa")
-    windows = torch.randint(3, 128, (1, 16), generator=torch.Generator().manual_seed(0))
-    data = PackedWindows(windows, seed=0, pose_target_length=64)
+    sequences = torch.randint(3, 128, (1, 16), generator=torch.Generator().manual_seed(0))
+    data = PackedSequences(sequences, seed=0, pose_target_length=64)
     batch = data.batch(0, 0, 1, 1)
     positions = batch["position_ids"][0]
     jump = int(torch.nonzero(positions[1:] - positions[:-1] > 1)[0]) + 1

@@ -30,9 +30,9 @@ from tests.training_helpers import REPO, TINY_CORPUS, TINY_MODEL, TINY_RECIPE, b
 DRIVER = REPO / "tests" / "sp_recipe_driver.py"
 ACCELERATE_CONFIG = REPO / "recipes" / "accelerate" / "deepspeed_ulysses_cpu_2proc.yaml"
 SP = ["parallelism.sp_backend=deepspeed", "parallelism.sp_size=2"]
-# 2 optimizer steps of 2 micro-batches of one 256-token window; PoSE ids span [0, 1024); 48-token loss chunks.
+# 2 optimizer steps of 2 micro-batches of one 256-token sequence; PoSE ids span [0, 1024); 48-token loss chunks.
 COMPARE = ["finetune.dropout=0", "train.batch_size=1", "train.gradient_accumulation_steps=2",
-           "train.max_grad_norm=null", "train.warmup_steps=0", "data.window=256", "scaling.factor=16",
+           "train.max_grad_norm=null", "train.warmup_steps=0", "data.sequence_length=256", "scaling.factor=16",
            "output.checkpoint_every=0", "output.save_merged=false", "train.loss_chunk_size=48"]
 TOLERANCE = 1e-6
 
@@ -83,7 +83,7 @@ def test_recipe_with_sp_size_2_equals_one_process(tmp_path, mode, steps):
 
 
 RESUME = ["train.max_steps=8", "train.batch_size=1", "train.gradient_accumulation_steps=1", "train.warmup_steps=1",
-          "data.window=256", "scaling.factor=16", "output.checkpoint_every=2", "output.save_merged=false",
+          "data.sequence_length=256", "scaling.factor=16", "output.checkpoint_every=2", "output.save_merged=false",
           "train.loss_chunk_size=64", *SP]  # LoRA dropout 0.1 stays on: the RNG states must be restored too
 
 
@@ -143,8 +143,8 @@ def test_sp_size_2_kill_minus_9_and_resume_is_bitwise(tmp_path):
 
 
 @pytest.mark.parametrize("overrides, environ, message", [
-    (["data.window=256", *SP], {"WORLD_SIZE": "3"}, "does not divide the 3 launched processes"),
-    (["data.window=250", "parallelism.sp_backend=deepspeed", "parallelism.sp_size=4"], {"WORLD_SIZE": "4"},
+    (["data.sequence_length=256", *SP], {"WORLD_SIZE": "3"}, "does not divide the 3 launched processes"),
+    (["data.sequence_length=250", "parallelism.sp_backend=deepspeed", "parallelism.sp_size=4"], {"WORLD_SIZE": "4"},
      "does not divide the sequence length 250"),
     (["parallelism.cp_backend=torch", "parallelism.cp_size=2"], {"WORLD_SIZE": "2"}, "only on CUDA"),
     (["model.attn_implementation=eager", *SP], {"WORLD_SIZE": "2"}, "cannot shard attn_implementation='eager'"),

@@ -221,6 +221,46 @@ def test_resume_with_a_different_config_is_refused(finished_run, tmp_path):
         train(tiny_config(tmp_path / "empty"), resume=True, progress=False)
 
 
+def _spell_sequence_length_as_window(run_folder):
+    """Make ``run_folder`` look written before ``data.sequence_length`` was renamed from ``data.window``:
+    its ``train_config.yaml`` and every checkpoint's run record use the former key (checksums rewritten)."""
+    import yaml
+
+    from hf_posext.training.checkpoints import RUN_FILE, write_checksums
+
+    def former(config: dict) -> dict:
+        config["data"] = {("window" if k == "sequence_length" else k): v for k, v in config["data"].items()}
+        return config
+
+    saved = run_folder / "train_config.yaml"
+    saved.write_text(yaml.safe_dump(former(yaml.safe_load(saved.read_text())), sort_keys=False))
+    for checkpoint in run_folder.glob("checkpoint-*"):
+        record = json.loads((checkpoint / RUN_FILE).read_text())
+        record["config"] = former(record["config"])
+        (checkpoint / RUN_FILE).write_text(json.dumps(record))
+        write_checksums(checkpoint)
+
+
+def test_a_run_folder_saved_with_the_former_data_window_key_still_resumes(finished_run, tmp_path):
+    from hf_posext.training.config import load_config
+    from hf_posext.training.trainer import load_run_config
+
+    full_out, _ = finished_run
+    out = tmp_path / "before_the_rename"
+    shutil.copytree(full_out, out)
+    _spell_sequence_length_as_window(out)
+    assert "window: 32" in (out / "train_config.yaml").read_text()
+    with pytest.warns(FutureWarning, match="data.window is now called data.sequence_length"):
+        assert load_run_config(out).data.sequence_length == 32
+    with pytest.warns(FutureWarning, match="data.window is now called data.sequence_length"):
+        config = load_config(out / "train_config.yaml", [f"output.dir={out}"])
+    resumed = train(config, resume=out / "checkpoint-8", stop_at_step=9, progress=False)
+    assert resumed.resumed_from.endswith("checkpoint-8") and resumed.step == 9
+    log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    full_log = [json.loads(line) for line in (full_out / "log.jsonl").read_text().splitlines()]
+    assert log[8]["step"] == 9 and log[8]["loss"] == pytest.approx(full_log[8]["loss"], abs=1e-6)
+
+
 def test_missing_data_and_lora_target_errors(tmp_path):
     from hf_posext.training.lora import LoraTargetError
 
@@ -228,10 +268,10 @@ def test_missing_data_and_lora_target_errors(tmp_path):
         train(tiny_config(tmp_path / "a", f"data.source={tmp_path}/no_such_books/"), progress=False)
     with pytest.raises(LoraTargetError, match=r"'q_projj' \(did you mean 'q_proj'\?\)"):
         train(tiny_config(tmp_path / "b", "finetune.target_modules=[q_projj, v_proj]"), progress=False)
-    with pytest.raises(ConfigError, match=r"data.window \(32\) is longer than data.pose_target_length \(16\)"):
+    with pytest.raises(ConfigError, match=r"data.sequence_length \(32\) is longer than data.pose_target_length \(16\)"):
         train(tiny_config(tmp_path / "c", "data.pose_target_length=16"), progress=False)
     with pytest.raises(ConfigError, match="longer than the scaled window"):
-        train(tiny_config(tmp_path / "d", "data.pose=false", "data.window=300"), progress=False)
+        train(tiny_config(tmp_path / "d", "data.pose=false", "data.sequence_length=300"), progress=False)
     assert not list(tmp_path.iterdir())  # bad input leaves no output folder (and no train_config.yaml) behind
 
 

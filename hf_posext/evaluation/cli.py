@@ -92,7 +92,7 @@ def check_task_arguments(task: str, args: argparse.Namespace) -> None:
 
     import torch
 
-    from hf_posext.data import check_text_source
+    from hf_posext.text_sources import check_text_source
     from hf_posext.evaluation.runner import parse_floats
 
     _at_least_one(args, "--batch-size", "windows or prompts")

@@ -22,7 +22,7 @@ from typing import Any, Sequence
 import torch
 
 from hf_posext.core.request import ScalingRequest
-from hf_posext.data import load_documents, split_sentences
+from hf_posext.text_sources import load_documents, split_sentences
 from hf_posext.evaluation.grid import Cell, Unit, run_grid
 from hf_posext.evaluation.passkey import retrieval_metrics
 from hf_posext.evaluation.retrieval import score_retrieval_grouped

@@ -22,7 +22,7 @@ import torch
 
 from hf_posext.core.deprecation import renamed_keyword
 from hf_posext.core.request import ScalingRequest
-from hf_posext.data import load_documents
+from hf_posext.text_sources import load_documents
 from hf_posext.evaluation.grid import Cell, Unit, run_grid
 from hf_posext.evaluation.store import ResultStore
 from hf_posext.lm.distributed import Distributed
@@ -133,7 +133,7 @@ def evaluate_perplexity(
     Args:
         model: the loaded (unpatched) model.
         tokenizer: its tokenizer.
-        data: a text source (see :mod:`hf_posext.data`) or a list of document strings.
+        data: a text source (see :mod:`hf_posext.text_sources`) or a list of document strings.
         methods: methods to compare (``none`` = unpatched).
         lengths: segment lengths in tokens.
         factor: scale factor for every method (None: longest length / original window).

@@ -18,6 +18,7 @@ import hashlib
 import json
 import types
 import typing
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,8 @@ __all__ = [
     "load_config",
     "apply_overrides",
     "RESUME_IGNORED_KEYS",
+    "RENAMED_KEYS",
+    "upgrade_renamed_keys",
 ]
 
 
@@ -100,14 +103,16 @@ class FinetuneSection:
 class DataSection:
     source: str | None = _help(
         "a .txt/.jsonl/.parquet file, a folder of them, a `datasets` name ('pg19', 'name:config'), "
-        "or 'builtin:python-docs' (see hf_posext.data)", None
+        "or 'builtin:python-docs' (see hf_posext.text_sources)", None
     )
     exclude: list = _help(
         "file-name patterns (fnmatch) to leave out of a source folder, e.g. held-apart evaluation books", factory=list
     )
     split: str = _help("`datasets` split, for a hub dataset", "train")
     text_field: str | None = _help("field holding the text in .jsonl/.parquet/datasets rows (null: text/content/...)", None)
-    window: int = _help("training window W: tokens per sample", 2048)
+    sequence_length: int = _help(
+        "tokens per training sample W (the documents are packed into sequences of this length; "
+        "formerly data.window)", 2048)
     pose: bool = _help("PoSE: position ids skip so each W-token sample spans [0, pose_target_length)", False)
     pose_target_length: int | None = _help("PoSE target T (default: the scaled window)", None)
     pose_chunks: int = _help("PoSE chunks per sample (the paper uses 2)", 2)
@@ -118,7 +123,7 @@ class DataSection:
 @dataclass
 class TrainSection:
     max_steps: int = _help("optimizer steps", 100)
-    batch_size: int = _help("windows per process per micro-batch", 1)
+    batch_size: int = _help("sequences per process per micro-batch", 1)
     gradient_accumulation_steps: int = _help("micro-batches per optimizer step", 1)
     learning_rate: float = _help("peak learning rate", 2e-4)
     lr_schedule: str = _help("'cosine', 'linear' or 'constant' (after warmup)", "cosine")
@@ -223,19 +228,23 @@ class TrainConfig:
             raise ConfigError(f"finetune.target_modules must be a list of names, got {f.target_modules!r}.")
         if not d.source:
             raise ConfigError("data.source is not set: give a .txt/.jsonl/.parquet file, a folder, or a datasets name.")
-        _positive("data.window", d.window)
+        _positive("data.sequence_length", d.sequence_length)
         _positive("data.pose_chunks", d.pose_chunks)
-        if d.pose_chunks > d.window:
-            raise ConfigError(f"data.pose_chunks ({d.pose_chunks}) cannot exceed data.window ({d.window}).")
-        if d.pose_target_length is not None and d.pose_target_length < d.window:
+        if d.pose_chunks > d.sequence_length:
             raise ConfigError(
-                f"data.window ({d.window}) is longer than data.pose_target_length ({d.pose_target_length}): a PoSE "
-                "window simulates a longer context, so it must not exceed it. Lower data.window or raise the target."
+                f"data.pose_chunks ({d.pose_chunks}) cannot exceed data.sequence_length ({d.sequence_length})."
             )
-        if s.target_length is not None and d.pose and d.pose_target_length is None and d.window > s.target_length:
+        if d.pose_target_length is not None and d.pose_target_length < d.sequence_length:
             raise ConfigError(
-                f"data.window ({d.window}) is longer than the target scaling.target_length ({s.target_length}). "
-                "Lower data.window."
+                f"data.sequence_length ({d.sequence_length}) is longer than data.pose_target_length "
+                f"({d.pose_target_length}): a PoSE sample simulates a longer context, so it must not exceed it. "
+                "Lower data.sequence_length or raise the target."
+            )
+        if (s.target_length is not None and d.pose and d.pose_target_length is None
+                and d.sequence_length > s.target_length):
+            raise ConfigError(
+                f"data.sequence_length ({d.sequence_length}) is longer than the target scaling.target_length "
+                f"({s.target_length}). Lower data.sequence_length."
             )
         for name in ("max_steps", "batch_size", "gradient_accumulation_steps"):
             _positive(f"train.{name}", getattr(t, name))
@@ -273,6 +282,41 @@ class TrainConfig:
         return self
 
 
+#: Former config keys -> their current names. The old spelling still loads, with a FutureWarning, and a run
+#: folder saved with it still resumes (the two spellings of one value count as the same setting).
+RENAMED_KEYS = {"data.window": "data.sequence_length"}
+
+
+def upgrade_renamed_keys(data: dict[str, Any], warn: bool = True) -> dict[str, Any]:
+    """A copy of a nested config dict with every former key (:data:`RENAMED_KEYS`) under its current name.
+
+    Args:
+        data: ``{section: {key: value}}`` as read from YAML (sections that are not mappings are kept as
+            they are, for :func:`config_from_dict` to report).
+        warn: emit a ``FutureWarning`` for each former key found.
+
+    Returns:
+        The upgraded copy; ``data`` itself is not changed.
+
+    Raises:
+        ConfigError: a section gives both the former and the current name of one key.
+    """
+    upgraded = dict(data)
+    for old, new in RENAMED_KEYS.items():
+        section, old_key = old.split(".")
+        new_key = new.split(".")[1]
+        body = upgraded.get(section)
+        if not isinstance(body, dict) or old_key not in body:
+            continue
+        if new_key in body:
+            raise ConfigError(f"Give {new} only ({old} is its former name), not both.")
+        if warn:
+            warnings.warn(f"{old} is now called {new}; rename it in the recipe (the old name will be removed).",
+                          FutureWarning, stacklevel=3)
+        upgraded[section] = {(new_key if key == old_key else key): value for key, value in body.items()}
+    return upgraded
+
+
 # Keys that may change between an interrupted run and its resumption (they do not change the weights).
 RESUME_IGNORED_KEYS = ("output",)
 
@@ -284,7 +328,8 @@ def _resume_relevant(data: dict[str, Any]) -> dict[str, Any]:
 def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
     """Dotted keys whose values differ between two config dicts (resume-relevant sections only)."""
     out = []
-    saved, current = _resume_relevant(saved), _resume_relevant(current)
+    saved = _resume_relevant(upgrade_renamed_keys(saved, warn=False))
+    current = _resume_relevant(upgrade_renamed_keys(current, warn=False))
     defaults = _resume_relevant(TrainConfig().to_dict())
     for section in sorted(set(saved) | set(current)):
         # a section added after the checkpoint was written (e.g. parallelism) counts as its defaults there
@@ -320,7 +365,8 @@ def _known_keys() -> list[str]:
 
 def _unknown(key: str) -> ConfigError:
     known = _known_keys()
-    close = difflib.get_close_matches(key, known, n=1, cutoff=0.5)
+    candidates = known + list(RENAMED_KEYS)  # a typo of a former name points to the current one
+    close = [RENAMED_KEYS.get(k, k) for k in difflib.get_close_matches(key, candidates, n=1, cutoff=0.5)]
     if not close:  # a right field name in the wrong section, or a section-less key
         leaf = key.rsplit(".", 1)[-1]
         leaves = difflib.get_close_matches(leaf, [k.rsplit(".", 1)[-1] for k in known], n=1, cutoff=0.6)
@@ -382,7 +428,7 @@ def config_from_dict(data: dict[str, Any]) -> TrainConfig:
         raise ConfigError(f"A recipe config must be a mapping of sections, got {type(data).__name__}.")
     sections = _sections()
     built = {}
-    for name, body in data.items():
+    for name, body in upgrade_renamed_keys(data).items():
         if name not in sections:
             raise _unknown(str(name))
         if body is None:
@@ -402,7 +448,7 @@ def config_from_dict(data: dict[str, Any]) -> TrainConfig:
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Apply ``section.key=value`` overrides (values parsed as YAML) to a nested config dict."""
-    data = {k: dict(v or {}) for k, v in (data or {}).items()}
+    data = upgrade_renamed_keys({k: dict(v or {}) for k, v in (data or {}).items()})
     sections = _sections()
     for item in overrides:
         if "=" not in item:
@@ -411,6 +457,10 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         key = key.strip()
         if key.count(".") != 1:
             raise _unknown(key)
+        if key in RENAMED_KEYS:
+            warnings.warn(f"{key} is now called {RENAMED_KEYS[key]}; rename it in the override (the old name "
+                          "will be removed).", FutureWarning, stacklevel=2)
+            key = RENAMED_KEYS[key]
         section, name = key.split(".")
         if section not in sections or name not in {f.name for f in dataclasses.fields(sections[section])}:
             raise _unknown(key)

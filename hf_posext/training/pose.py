@@ -33,7 +33,7 @@ def pose_position_ids(
     """Draw the PoSE position ids of one training sample.
 
     Args:
-        window: training window W (tokens per sample).
+        window: training sequence length W (tokens per sample, ``data.sequence_length``).
         target_length: target context T; every position lies in [0, T).
         num_chunks: N, chunks the window is cut into (the paper uses 2). Chunk lengths are a uniform
             random composition of W into N positive parts.
@@ -53,7 +53,7 @@ def pose_position_ids(
     if isinstance(target_length, bool) or not isinstance(target_length, int) or target_length < window:
         raise ValueError(
             f"PoSE target_length ({target_length!r}) must be an int >= the training window ({window}); "
-            "the window cannot be longer than the context it simulates. Lower data.window or raise the target."
+            "the window cannot be longer than the context it simulates. Lower data.sequence_length or raise the target."
         )
     if not isinstance(num_chunks, int) or not 1 <= num_chunks <= window:
         raise ValueError(f"PoSE num_chunks must be an int in [1, window={window}], got {num_chunks!r}.")

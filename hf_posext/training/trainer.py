@@ -18,7 +18,7 @@ Output folder layout::
     OUT/scaling.json             the scaling (hf_posext.describe of the trained model)
     OUT/train_result.json        steps, final loss, tokens/s, wall time
 
-Data order depends only on the sample counter (see :mod:`hf_posext.training.data`) and the Trainer reads
+Data order depends only on the sample counter (see :mod:`hf_posext.training.packing`) and the Trainer reads
 it with a sequential sampler, so a run resumed from ``checkpoint-N`` (weights, optimizer, scheduler and
 RNG states restored by the Trainer) continues exactly where the interrupted run was. Before resuming,
 the checkpoint's checksums, step and config are checked (:mod:`hf_posext.training.checkpoints`).
@@ -43,10 +43,11 @@ from hf_posext.training.checkpoints import (
     write_checksums, write_json_atomic,
 )
 from hf_posext.training.config import ConfigError, TrainConfig, config_differences, config_from_dict
+from hf_posext.training.packing import collate_sequences, load_packed_sequences
 
 __all__ = [
     "train", "TrainResult", "find_latest_checkpoint", "training_arguments", "training_loss", "PosextTrainer",
-    "WindowDataset", "collate_windows", "load_run_config", "merge_adapter", "check_parallelism", "parallelism_arguments",
+    "SequenceDataset", "collate_sequences", "load_run_config", "merge_adapter", "check_parallelism", "parallelism_arguments",
     "sequence_parallel_chunked_loss",
 ]
 
@@ -142,7 +143,7 @@ def check_parallelism(config: TrainConfig, environ: dict[str, str] | None = None
     p = config.parallelism
     try:
         validate_parallelism(
-            p, num_processes=int(environ.get("WORLD_SIZE", "1")), sequence_length=config.data.window,
+            p, num_processes=int(environ.get("WORLD_SIZE", "1")), sequence_length=config.data.sequence_length,
             attn_implementation=config.model.attn_implementation, zero_stage=p.zero_stage,
             cuda_available=torch.cuda.is_available(),
         )
@@ -224,19 +225,19 @@ def training_arguments(config: TrainConfig, output_dir: str | os.PathLike, *, pr
     )
 
 
-class WindowDataset(torch.utils.data.Dataset):
-    """Map-style view of :class:`~hf_posext.training.data.PackedWindows`: item ``i`` is the ``i``-th sample
+class SequenceDataset(torch.utils.data.Dataset):
+    """Map-style view of :class:`~hf_posext.training.packing.PackedSequences`: item ``i`` is the ``i``-th sample
     of its infinite shuffled stream (with PoSE position ids), for as many samples as the run consumes.
 
     Read with a sequential sampler, the Trainer's per-process batching (process ``r`` takes the ``r``-th
-    slice of each global micro-batch) gives exactly ``PackedWindows.batch``'s batches.
+    slice of each global micro-batch) gives exactly ``PackedSequences.batch``'s batches.
 
     ``first_sample`` shifts the stream (item ``i`` is sample ``first_sample + i``): a resumed sequence-parallel
     run starts there instead of having the Trainer skip batches.
     """
 
-    def __init__(self, windows: Any, num_samples: int, first_sample: int = 0) -> None:
-        self.windows = windows
+    def __init__(self, sequences: Any, num_samples: int, first_sample: int = 0) -> None:
+        self.sequences = sequences
         self.num_samples = num_samples
         self.first_sample = first_sample
 
@@ -244,22 +245,7 @@ class WindowDataset(torch.utils.data.Dataset):
         return self.num_samples
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        return self.windows.sample(self.first_sample + int(index))
-
-
-def collate_windows(samples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """Stack samples into a batch: input_ids, position_ids, labels (= input_ids) and an all-ones attention_mask.
-
-    The mask is always given: without one, transformers reads position ids that skip (PoSE) as
-    boundaries between packed sequences and would block attention across PoSE chunks.
-    """
-    input_ids = torch.stack([s["input_ids"] for s in samples])
-    return {
-        "input_ids": input_ids,
-        "position_ids": torch.stack([s["position_ids"] for s in samples]),
-        "attention_mask": torch.ones_like(input_ids),
-        "labels": input_ids.clone(),
-    }
+        return self.sequences.sample(self.first_sample + int(index))
 
 
 def training_loss(model: Any, inputs: dict[str, torch.Tensor], num_items_in_batch: torch.Tensor | int | None,
@@ -564,10 +550,10 @@ def _load_and_patch(config: TrainConfig, dtype: torch.dtype):
 def _pose_target(config: TrainConfig, scaled_window: int) -> int | None:
     d = config.data
     if not d.pose:
-        if d.window > scaled_window:
+        if d.sequence_length > scaled_window:
             raise ConfigError(
-                f"data.window ({d.window}) is longer than the scaled window ({scaled_window} tokens). "
-                "Lower data.window or raise the scaling factor."
+                f"data.sequence_length ({d.sequence_length}) is longer than the scaled window ({scaled_window} "
+                "tokens). Lower data.sequence_length or raise the scaling factor."
             )
         return None
     target = d.pose_target_length or scaled_window
@@ -576,10 +562,10 @@ def _pose_target(config: TrainConfig, scaled_window: int) -> int | None:
             f"data.pose_target_length ({target}) exceeds the scaled window ({scaled_window}); positions past the "
             "window are outside what the scaling was set up for. Raise scaling.factor or lower the PoSE target."
         )
-    if d.window > target:
+    if d.sequence_length > target:
         raise ConfigError(
-            f"data.window ({d.window}) is longer than the PoSE target ({target}): the window must be shorter "
-            "than the context it simulates. Lower data.window."
+            f"data.sequence_length ({d.sequence_length}) is longer than the PoSE target ({target}): a training "
+            "sequence must be shorter than the context it simulates. Lower data.sequence_length."
         )
     return target
 
@@ -702,7 +688,7 @@ def train(
         A :class:`TrainResult`.
 
     Raises:
-        ConfigError: invalid config, window longer than the target, resuming with a different config.
+        ConfigError: invalid config, training sequence longer than the target, resuming with a different config.
         CheckpointError: the checkpoint to resume from is incomplete, altered or corrupt.
         FileExistsError: the output folder exists and neither ``overwrite`` nor ``resume`` was given.
         FileNotFoundError: missing data or checkpoint.
@@ -710,7 +696,6 @@ def train(
     """
     import hf_posext
     from hf_posext.models import load_tokenizer
-    from hf_posext.training.data import load_packed_windows
     from hf_posext.training.lora import extra_parameter_names, setup_trainable
 
     config.validate()
@@ -748,7 +733,7 @@ def train(
             check_output_head(model)
         except ValueError as error:
             raise ConfigError(f"train.loss=chunked: {error}") from None
-    data = load_packed_windows(config.data, tokenizer, t.seed, pose_target, progress=progress and main)
+    data = load_packed_sequences(config.data, tokenizer, t.seed, pose_target, progress=progress and main)
 
     # Everything loaded: only now create (or clear) the run folder and record the config.
     if resume_from is None and main:
@@ -764,7 +749,7 @@ def train(
     # The processes of one sequence- or context-parallel group share each sample: the data-parallel ranks are
     # world / (sp_size x cp_size), as the Trainer counts them.
     samples_per_step = t.batch_size * t.gradient_accumulation_steps * world // (p.sp_size * p.cp_size)
-    tokens_per_step = samples_per_step * data.window
+    tokens_per_step = samples_per_step * data.sequence_length
     run_info = {
         "num_processes": world, "fingerprint": config.fingerprint(), "config": config.to_dict(),
         "hf_posext_version": hf_posext.__version__, "samples_per_step": samples_per_step,
@@ -781,9 +766,9 @@ def train(
         init_deepspeed_distributed()
     trainer = PosextTrainer(
         model=model, args=args,
-        train_dataset=WindowDataset(data, t.max_steps * samples_per_step,
+        train_dataset=SequenceDataset(data, t.max_steps * samples_per_step,
                                     first_sample=start_step * samples_per_step if skip_in_dataset else 0),
-        data_collator=collate_windows, callbacks=callbacks, extra_parameter_names=extras, train_section=t,
+        data_collator=collate_sequences, callbacks=callbacks, extra_parameter_names=extras, train_section=t,
         rng_state_from=str(resume_from) if skip_in_dataset else None,
     )
     began = time.perf_counter()

@@ -10,8 +10,9 @@ rule for this model, ``rope_parameters`` (5.x) / ``rope_scaling`` (4.5x) is set 
 ``from_pretrained`` reproduces the patched model without hf_posext; this is checked when patching by
 building the model's own rotary class from the new config and comparing outputs. Otherwise the RoPE
 fields keep their original values (stock transformers then loads the unscaled model) and
-:func:`load` re-applies the scaling. A patched model's ``save_pretrained`` warns, with the fix, when
-transformers 4.x would read the saved config as another model (:mod:`hf_posext.core.saved_config`; docs/serving.md).
+:func:`load` re-applies the scaling. A patched model's ``save_pretrained`` adds the legacy fields transformers
+4.x reads, where transformers 5 can still resume training from the folder, and otherwise warns with the fix
+(:mod:`hf_posext.core.saved_config`; docs/serving.md).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from hf_posext.core.errors import check_model
 from hf_posext.core.loading import config_kwargs, model_class_for
 from hf_posext.core.record import CONFIG_KEY, ScalingReport, jsonable, restore_config, snapshot_config, text_config
 from hf_posext.core.request import ScalingConfig, ScalingRequest, resolve_factor
-from hf_posext.core.saved_config import older_readers_differ
+from hf_posext.core.saved_config import older_readers_differ, plain_save_legacy_fields, write_json_atomically
 from hf_posext.methods import get_method
 from hf_posext.methods.transformers import stock_rope_parameters, window_is_scaled
 
@@ -250,20 +251,24 @@ def _set_tokenizer_lengths(previous: _PatchState | None, tokenizer: Any, length:
 
 
 def _save_with_serving_check(self: nn.Module, save_directory: str | os.PathLike, *args: Any, **kwargs: Any) -> Any:
-    """``save_pretrained``, then a warning with the fix when transformers 4.x would read the saved config.json
-    as another model (it lacks the legacy fields: :mod:`hf_posext.core.saved_config` says why they are not
-    written here)."""
+    """``save_pretrained``, then the legacy RoPE fields that transformers 4.x needs, in the form every
+    transformers reads alike (:func:`~hf_posext.core.saved_config.plain_save_legacy_fields`); a warning with
+    the fix when no such form exists and 4.x would read the folder as another model."""
     result = type(self).save_pretrained(self, save_directory, *args, **kwargs)
     path = os.path.join(os.fspath(save_directory), "config.json")
     if kwargs.get("is_main_process", True) and os.path.isfile(path):
         with open(path) as file:
             saved = json.load(file)
-        if older_readers_differ(saved):
+        completed = plain_save_legacy_fields(saved)
+        if completed != saved:
+            write_json_atomically(path, completed)
+        if older_readers_differ(completed):
             # One text for every folder, so that Python shows it once per call site (not at every checkpoint).
             warnings.warn(
-                "the saved config.json holds the scaling only in rope_parameters: transformers 4.x and the runtimes "
-                "built on it load this model unscaled (rope_theta 10000); for them run `hf-posext export SAVED_DIR "
-                "--for transformers --out NEW_DIR` (or --for vllm / sglang / llama.cpp), see docs/serving.md",
+                "the saved config.json holds its yarn/llama3/longrope scaling only in rope_parameters (with the "
+                "legacy fields, transformers 5 could not resume a Trainer run from it): transformers 4.x and the "
+                "runtimes built on it load this model unscaled, with their default rope_theta; for them run `hf-posext export SAVED_DIR --for "
+                "transformers --out NEW_DIR` (or --for vllm / sglang / llama.cpp), see docs/serving.md",
                 stacklevel=2,
             )
     return result

@@ -4,13 +4,13 @@ import json
 
 import pytest
 
-from hf_posext import data
+from hf_posext import text_sources
 
 
 def test_txt_file_is_one_document_and_bad_bytes_are_replaced(tmp_path):
     path = tmp_path / "book.txt"
     path.write_bytes(b"First line.\nSecond \xff line.\n")
-    documents = data.load_documents(path)
+    documents = text_sources.load_documents(path)
     assert len(documents) == 1
     assert documents[0].startswith("First line.")
     assert "\ufffd" in documents[0]
@@ -19,21 +19,21 @@ def test_txt_file_is_one_document_and_bad_bytes_are_replaced(tmp_path):
 def test_jsonl_reads_default_and_named_fields(tmp_path):
     path = tmp_path / "docs.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in [{"text": "alpha"}, {"text": "beta"}, {"content": "gamma"}]) + "\n\n")
-    assert data.load_documents(path) == ["alpha", "beta", "gamma"]
+    assert text_sources.load_documents(path) == ["alpha", "beta", "gamma"]
     named = tmp_path / "named.jsonl"
     named.write_text(json.dumps({"body_text": "delta", "text": "ignored"}) + "\n")
-    assert data.load_documents(named, text_field="body_text") == ["delta"]
+    assert text_sources.load_documents(named, text_field="body_text") == ["delta"]
 
 
 def test_jsonl_without_text_field_names_the_problem(tmp_path):
     path = tmp_path / "bad.jsonl"
     path.write_text(json.dumps({"title": "x"}) + "\n")
     with pytest.raises(ValueError, match="no text field"):
-        data.load_documents(path)
+        text_sources.load_documents(path)
     broken = tmp_path / "broken.jsonl"
     broken.write_text("{not json\n")
     with pytest.raises(ValueError, match="broken.jsonl:1"):
-        data.load_documents(broken)
+        text_sources.load_documents(broken)
 
 
 def test_folder_is_read_recursively_in_sorted_order(tmp_path):
@@ -42,8 +42,8 @@ def test_folder_is_read_recursively_in_sorted_order(tmp_path):
     (tmp_path / "a.txt").write_text("first")
     (tmp_path / "notes.md").write_text("ignored")
     (tmp_path / "c.jsonl").write_text(json.dumps({"text": "third"}) + "\n")
-    assert data.load_documents(tmp_path) == ["first", "second", "third"]
-    assert data.load_documents(tmp_path, max_documents=2) == ["first", "second"]
+    assert text_sources.load_documents(tmp_path) == ["first", "second", "third"]
+    assert text_sources.load_documents(tmp_path, max_documents=2) == ["first", "second"]
 
 
 def test_parquet_column(tmp_path):
@@ -52,26 +52,26 @@ def test_parquet_column(tmp_path):
 
     path = tmp_path / "docs.parquet"
     parquet.write_table(pyarrow.table({"text": ["one", "two"], "id": [1, 2]}), path)
-    assert data.load_documents(path) == ["one", "two"]
+    assert text_sources.load_documents(path) == ["one", "two"]
     with pytest.raises(ValueError, match="no text column"):
-        data.load_documents(path, text_field="missing")
+        text_sources.load_documents(path, text_field="missing")
 
 
 def test_missing_path_and_empty_sources_fail_clearly(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
-        data.load_documents(tmp_path / "nope.txt")
+        text_sources.load_documents(tmp_path / "nope.txt")
     with pytest.raises(FileNotFoundError, match="does not exist"):
-        data.load_documents("./no/such/folder")
+        text_sources.load_documents("./no/such/folder")
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(ValueError, match="holds no"):
-        data.load_documents(empty)
+        text_sources.load_documents(empty)
     blank = tmp_path / "blank.txt"
     blank.write_text("   \n")
     with pytest.raises(ValueError, match="no non-empty document"):
-        data.load_documents(blank)
+        text_sources.load_documents(blank)
     with pytest.raises(ValueError, match="Unknown built-in"):
-        data.load_documents("builtin:nothing")
+        text_sources.load_documents("builtin:nothing")
 
 
 def test_dataset_name_streams_through_datasets(monkeypatch):
@@ -85,7 +85,7 @@ def test_dataset_name_streams_through_datasets(monkeypatch):
         return iter([{"text": "row one"}, {"text": ""}, {"text": "row two"}, {"text": "row three"}])
 
     monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
-    assert data.load_documents("wikitext:wikitext-103-raw-v1", max_documents=2) == ["row one", "row two"]
+    assert text_sources.load_documents("wikitext:wikitext-103-raw-v1", max_documents=2) == ["row one", "row two"]
     assert calls == [("wikitext", "wikitext-103-raw-v1", "test", True)]
 
 
@@ -94,18 +94,18 @@ def test_dataset_name_without_datasets_says_how_to_install(monkeypatch):
 
     monkeypatch.setitem(sys.modules, "datasets", None)
     with pytest.raises(ImportError, match="pip install datasets"):
-        data.load_documents("some-org/some-dataset")
+        text_sources.load_documents("some-org/some-dataset")
 
 
 def test_builtin_python_docs_is_long_prose_and_deterministic():
-    text = data.python_docs_text()
+    text = text_sources.python_docs_text()
     assert len(text) > 200_000
-    assert text == data.load_documents("builtin:python-docs")[0]
+    assert text == text_sources.load_documents("builtin:python-docs")[0]
     assert ">>>" not in text
-    assert len(data.split_sentences(text)) > 2000
+    assert len(text_sources.split_sentences(text)) > 2000
 
 
 def test_split_sentences_keeps_the_end_marks():
-    assert data.split_sentences("One. Two! Three? Four") == ["One.", "Two!", "Three?", "Four"]
-    assert data.split_sentences('He said "Go." Then left.') == ['He said "Go."', "Then left."]
-    assert data.split_sentences("") == []
+    assert text_sources.split_sentences("One. Two! Three? Four") == ["One.", "Two!", "Three?", "Four"]
+    assert text_sources.split_sentences('He said "Go." Then left.') == ['He said "Go."', "Then left."]
+    assert text_sources.split_sentences("") == []

@@ -1,14 +1,15 @@
-"""Training data: tokenize documents, pack them into fixed windows, and serve resumable batches.
+"""Packed training sequences: tokenize documents, cut them into equal-length sequences, serve resumable batches.
 
-Documents come from :mod:`hf_posext.data` (local ``.txt``/``.jsonl``/``.parquet`` files or folders, a
+Documents come from :mod:`hf_posext.text_sources` (local ``.txt``/``.jsonl``/``.parquet`` files or folders, a
 ``datasets`` name, or ``builtin:python-docs``). They are tokenized, joined with the end-of-sequence token
-and cut into windows of ``W`` tokens (the remainder is dropped), so every training token is real text and
-every window has the same length.
+and cut into sequences of ``data.sequence_length`` tokens (the remainder is dropped), so every training
+token is real text and every sample has the same length.
 
-The order of windows is a pure function of ``(seed, global sample counter)``: epoch ``e`` visits the
-windows in ``randperm(N)`` drawn from a generator seeded by ``(seed, e)``, and PoSE position ids of a sample
-come from a generator seeded by ``(seed, e, index)``. A run resumed at optimizer step ``k`` therefore sees
-exactly the batches an uninterrupted run sees, on any number of processes, with nothing to store but ``k``.
+The order of sequences is a pure function of ``(seed, global sample counter)``: epoch ``e`` visits the
+sequences in ``randperm(N)`` drawn from a generator seeded by ``(seed, e)``, and PoSE position ids of a
+sample come from a generator seeded by ``(seed, e, index)``. A run resumed at optimizer step ``k``
+therefore sees exactly the batches an uninterrupted run sees, on any number of processes, with nothing to
+store but ``k``.
 """
 
 from __future__ import annotations
@@ -23,32 +24,32 @@ import torch
 
 from hf_posext.training.pose import pose_position_ids, sample_generator
 
-__all__ = ["tokenize_and_pack", "PackedWindows", "load_packed_windows", "NoDataError"]
+__all__ = ["tokenize_and_pack", "PackedSequences", "collate_sequences", "load_packed_sequences", "NoDataError"]
 
 logger = logging.getLogger(__name__)
 
 
 class NoDataError(ValueError):
-    """The data source yields too little text to fill one training window."""
+    """The data source yields too little text to fill one training sequence."""
 
 
 def tokenize_and_pack(
-    documents, tokenizer: Any, window: int, max_tokens: int | None = None, progress: bool = False
+    documents, tokenizer: Any, sequence_length: int, max_tokens: int | None = None, progress: bool = False
 ) -> torch.Tensor:
-    """Tokenize ``documents`` and pack them into windows of ``window`` tokens.
+    """Tokenize ``documents`` and pack them into sequences of ``sequence_length`` tokens.
 
     Args:
         documents: an iterable of strings.
         tokenizer: a transformers tokenizer (its ``eos_token_id`` separates documents, when it has one).
-        window: tokens per window.
+        sequence_length: tokens per sequence.
         max_tokens: stop after this many tokens (None: all).
         progress: show a tqdm bar over documents.
 
     Returns:
-        LongTensor [num_windows, window].
+        LongTensor [num_sequences, sequence_length].
 
     Raises:
-        NoDataError: fewer than ``window`` tokens in total.
+        NoDataError: fewer than ``sequence_length`` tokens in total.
     """
     from tqdm.auto import tqdm
 
@@ -63,28 +64,28 @@ def tokenize_and_pack(
         total += len(ids)
         if max_tokens is not None and total >= max_tokens:
             break
-    if total < window:
+    if total < sequence_length:
         raise NoDataError(
-            f"The training text holds {total} tokens, fewer than one window of {window}: add text to "
-            "data.source, or lower data.window."
+            f"The training text holds {total} tokens, fewer than one sequence of {sequence_length}: add text to "
+            "data.source, or lower data.sequence_length."
         )
     stream = torch.cat(chunks)
-    count = stream.numel() // window
-    return stream[: count * window].view(count, window)
+    count = stream.numel() // sequence_length
+    return stream[: count * sequence_length].view(count, sequence_length)
 
 
 @dataclass
-class PackedWindows:
-    """Fixed-length token windows and the rule that turns a global sample counter into a batch.
+class PackedSequences:
+    """Fixed-length token sequences and the rule that turns a global sample counter into a batch.
 
     Attributes:
-        windows: LongTensor [N, W].
+        sequences: LongTensor [N, W] (W = ``data.sequence_length``).
         seed: seeds the epoch permutations and PoSE draws.
         pose_target_length: PoSE target T (None: plain positions 0..W-1).
         pose_chunks: PoSE chunks per sample.
     """
 
-    windows: torch.Tensor
+    sequences: torch.Tensor
     seed: int = 0
     pose_target_length: int | None = None
     pose_chunks: int = 2
@@ -93,11 +94,12 @@ class PackedWindows:
         self._permutations: dict[int, torch.Tensor] = {}
 
     def __len__(self) -> int:
-        return self.windows.shape[0]
+        return self.sequences.shape[0]
 
     @property
-    def window(self) -> int:
-        return self.windows.shape[1]
+    def sequence_length(self) -> int:
+        """Tokens per sample, W."""
+        return self.sequences.shape[1]
 
     def _permutation(self, epoch: int) -> torch.Tensor:
         if epoch not in self._permutations:
@@ -109,12 +111,12 @@ class PackedWindows:
         """The ``counter``-th sample of the infinite shuffled stream (epoch = counter // N)."""
         epoch, offset = divmod(counter, len(self))
         index = int(self._permutation(epoch)[offset])
-        input_ids = self.windows[index]
+        input_ids = self.sequences[index]
         if self.pose_target_length is None:
-            position_ids = torch.arange(self.window, dtype=torch.long)
+            position_ids = torch.arange(self.sequence_length, dtype=torch.long)
         else:
             position_ids = pose_position_ids(
-                self.window, self.pose_target_length, self.pose_chunks, sample_generator(self.seed, epoch, index)
+                self.sequence_length, self.pose_target_length, self.pose_chunks, sample_generator(self.seed, epoch, index)
             )
         return {"input_ids": input_ids, "position_ids": position_ids}
 
@@ -122,23 +124,30 @@ class PackedWindows:
         """The batch of process ``rank`` for global micro-batch ``micro_batch``.
 
         Micro-batch m holds samples ``[m * P * B, (m + 1) * P * B)`` of the stream; process r takes the
-        r-th slice of B. ``attention_mask`` is always given: with no mask, transformers reads position ids
-        that skip (PoSE) as boundaries between packed sequences and would block attention across chunks.
+        r-th slice of B, collated by :func:`collate_sequences`.
         """
         first = (micro_batch * num_processes + rank) * batch_size
-        samples = [self.sample(first + j) for j in range(batch_size)]
-        input_ids = torch.stack([s["input_ids"] for s in samples])
-        return {
-            "input_ids": input_ids,
-            "position_ids": torch.stack([s["position_ids"] for s in samples]),
-            "attention_mask": torch.ones_like(input_ids),
-            "labels": input_ids.clone(),
-        }
+        return collate_sequences([self.sample(first + j) for j in range(batch_size)])
 
 
-def load_packed_windows(data_config: Any, tokenizer: Any, seed: int, pose_target_length: int | None,
-                        progress: bool = False) -> PackedWindows:
-    """Read ``data_config.source`` through :mod:`hf_posext.data`, tokenize, pack, and wrap for training.
+def collate_sequences(samples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Stack samples into a batch: input_ids, position_ids, labels (= input_ids) and an all-ones attention_mask.
+
+    The mask is always given: without one, transformers reads position ids that skip (PoSE) as
+    boundaries between packed sequences and would block attention across PoSE chunks.
+    """
+    input_ids = torch.stack([s["input_ids"] for s in samples])
+    return {
+        "input_ids": input_ids,
+        "position_ids": torch.stack([s["position_ids"] for s in samples]),
+        "attention_mask": torch.ones_like(input_ids),
+        "labels": input_ids.clone(),
+    }
+
+
+def load_packed_sequences(data_config: Any, tokenizer: Any, seed: int, pose_target_length: int | None,
+                          progress: bool = False) -> PackedSequences:
+    """Read ``data_config.source`` through :mod:`hf_posext.text_sources`, tokenize, pack, and wrap for training.
 
     Args:
         data_config: a :class:`~hf_posext.training.config.DataSection`.
@@ -149,9 +158,9 @@ def load_packed_windows(data_config: Any, tokenizer: Any, seed: int, pose_target
 
     Raises:
         FileNotFoundError: a path that does not exist.
-        NoDataError: not enough text for one window.
+        NoDataError: not enough text for one sequence.
     """
-    from hf_posext.data import TEXT_SUFFIXES, iter_documents
+    from hf_posext.text_sources import TEXT_SUFFIXES, iter_documents
 
     source = Path(str(data_config.source)).expanduser()
     if data_config.exclude:
@@ -179,6 +188,7 @@ def load_packed_windows(data_config: Any, tokenizer: Any, seed: int, pose_target
             if data_config.max_documents is not None and count >= data_config.max_documents:
                 return
 
-    windows = tokenize_and_pack(limited(), tokenizer, data_config.window, data_config.max_tokens, progress=progress)
-    logger.info("packed %d windows of %d tokens from %s", windows.shape[0], windows.shape[1], data_config.source)
-    return PackedWindows(windows, seed=seed, pose_target_length=pose_target_length, pose_chunks=data_config.pose_chunks)
+    sequences = tokenize_and_pack(limited(), tokenizer, data_config.sequence_length, data_config.max_tokens,
+                                  progress=progress)
+    logger.info("packed %d sequences of %d tokens from %s", sequences.shape[0], sequences.shape[1], data_config.source)
+    return PackedSequences(sequences, seed=seed, pose_target_length=pose_target_length, pose_chunks=data_config.pose_chunks)

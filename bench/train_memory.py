@@ -7,7 +7,9 @@ Each (length, variant) runs in a fresh process: LoRA (rank 16 on q/k/v/o), gradi
 The parent records the child's peak resident memory (``ru_maxrss`` of the child, exact) and its wall
 time; the child also samples its own RSS every 2 ms and reports the peak of each phase of the step
 (``load`` up to the first forward, ``forward`` up to ``backward()``, ``backward``, ``optimizer``), so a
-table row says where the memory went. Variants:
+table row says where the memory went. Each child runs as ``python -P`` in a temporary directory (``python -c``
+would put the working directory first on sys.path and import the checkout's package whatever PYTHONPATH
+says) and reports the ``hf_posext`` folder it imported; the parent refuses a run from the wrong tree. Variants:
 
 - ``old``: the training package of commit a62e044 (the hand-written accelerate loop before the chunked
   loss), imported from a ``git worktree`` of that commit (``--old-tree``; created when missing);
@@ -18,6 +20,11 @@ Table (writes ``bench/results/train_memory_cpu.json``, merging with what is ther
 added one run at a time)::
 
     nice -n 10 python bench/train_memory.py --lengths 4096,8192,16384,32768 [--variants old,plain,chunked]
+
+Estimated longest length within a limit, from a least-squares line through the table's one-process peaks (no
+new runs; written under ``estimates``)::
+
+    python bench/train_memory.py --estimate --limit-gb 20 --mmap-threshold 131072
 
 Longest sequence within a limit (bisection over multiples of ``--step``; a probe whose RSS passes the
 limit is killed at once, so the machine never swaps; writes ``bench/results/train_longest_cpu.json``)::
@@ -59,6 +66,11 @@ import json, os, sys, threading, time
 import torch
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
+try:  # if the machine runs out of memory, the kernel ends this measurement first, not someone else's job
+    with open("/proc/self/oom_score_adj", "w") as handle:
+        handle.write("1000")
+except OSError:
+    pass
 state = {"phase": "load", "peaks": {}, "at_start": {}}
 
 def rss():
@@ -88,6 +100,15 @@ def wrap(owner, name, before, after=None):
         return result
     setattr(owner, name, wrapped)
 
+def report(extra):
+    import resource
+    import hf_posext
+    record = {"package": os.path.dirname(os.path.abspath(hf_posext.__file__)),
+              "phase_peak_gib": {k: round(v / 2**30, 3) for k, v in state["peaks"].items()},
+              "phase_start_gib": {k: round(v / 2**30, 3) for k, v in state["at_start"].items()},
+              "self_peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3), **extra}
+    print("PROBE " + json.dumps(record), flush=True)
+
 import transformers.models.llama.modeling_llama as llama
 wrap(llama.LlamaForCausalLM, "forward", "forward")
 wrap(torch.Tensor, "backward", "backward", "optimizer")
@@ -100,12 +121,6 @@ try:
 except ImportError:
     pass
 
-def report(extra):
-    import resource
-    record = {"phase_peak_gib": {k: round(v / 2**30, 3) for k, v in state["peaks"].items()},
-              "phase_start_gib": {k: round(v / 2**30, 3) for k, v in state["at_start"].items()},
-              "self_peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3), **extra}
-    print("PROBE " + json.dumps(record), flush=True)
 """
 
 ENGINE_CHILD = PROBE + r"""
@@ -161,7 +176,9 @@ def overrides(length: int, variant: str, data: str, out: str) -> list[str]:
         "model.gradient_checkpointing=true", "scaling.method=yarn", f"scaling.factor={max(4, -(-length // 8192))}",
         "finetune.mode=lora", "finetune.rank=16", "finetune.alpha=32", "finetune.dropout=0.0",
         "finetune.train_embeddings=false", "finetune.train_norms=false",
-        f"data.source={data}", f"data.sequence_length={length}", "data.pose=false", f"data.max_tokens={2 * length}",
+        # a62e044 names the sample length data.window; today's engine data.sequence_length (the old key warns).
+        f"data.source={data}", f"data.{'window' if variant == 'old' else 'sequence_length'}={length}", "data.pose=false",
+        f"data.max_tokens={2 * length}",
         # max_steps=2 with stop_at_step=1: one optimizer step, then stop as an interruption would, so the
         # final save/merge (a second model copy) is not part of the measurement.
         "train.max_steps=2", "train.batch_size=1", "train.gradient_accumulation_steps=1", "train.warmup_steps=0",
@@ -207,7 +224,8 @@ def run_probe(length: int, variant: str, data: str, old_tree: Path, processes: i
     import psutil
 
     with tempfile.TemporaryDirectory() as out:
-        env = dict(os.environ, PYTHONPATH=str(old_tree if variant == "old" else ROOT), HF_HUB_OFFLINE="1",
+        tree = old_tree if variant == "old" else ROOT
+        env = dict(os.environ, PYTHONPATH=str(tree), HF_HUB_OFFLINE="1",
                    TOKENIZERS_PARALLELISM="false")
         if mmap_threshold is not None:
             # A fixed glibc mmap threshold: every block from this size up is mmap'ed and given back to the
@@ -216,7 +234,9 @@ def run_probe(length: int, variant: str, data: str, old_tree: Path, processes: i
             env["MALLOC_MMAP_THRESHOLD_"] = str(mmap_threshold)
         recipe = json.dumps(overrides(length, variant, data, out + "/run"))
         if processes == 1:
-            command = [sys.executable, "-c", ENGINE_CHILD, recipe]
+            # -P and a neutral working directory: `python -c` would otherwise put the current directory first
+            # on sys.path, and run from a checkout the "old" child would import today's package, not the old tree.
+            command = [sys.executable, "-P", "-c", ENGINE_CHILD, recipe]
         else:
             script = Path(out) / "sp_child.py"
             script.write_text(SP_CHILD)
@@ -225,7 +245,7 @@ def run_probe(length: int, variant: str, data: str, old_tree: Path, processes: i
                        "--master_port", str(_free_port()), str(script), recipe]
         began = time.perf_counter()
         child = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                 start_new_session=True)
+                                 start_new_session=True, cwd=out)
         watched = psutil.Process(child.pid)
         sampled_peak, exceeded = 0, False
         while child.poll() is None:
@@ -248,8 +268,9 @@ def run_probe(length: int, variant: str, data: str, old_tree: Path, processes: i
     probes = [json.loads(line[len("PROBE "):]) for line in stdout.splitlines() if line.startswith("PROBE ")]
     if len(probes) != processes:
         raise RuntimeError(f"expected {processes} probe reports, got {len(probes)}:\n{stdout[-2000:]}\n{stderr[-2000:]}")
+    check_package(probes, tree)
     peaks = [p["self_peak_rss_gib"] for p in probes]
-    record.update(peak_rss_gib=max(peaks), train_seconds=probes[0]["train_seconds"],
+    record.update(peak_rss_gib=max(peaks), train_seconds=probes[0]["train_seconds"], package=probes[0]["package"],
                   phase_peak_gib=probes[0]["phase_peak_gib"], phase_start_gib=probes[0]["phase_start_gib"])
     if processes > 1:
         record.update(per_process_peak_rss_gib=peaks, sum_peak_rss_gib=round(sum(peaks), 3),
@@ -257,6 +278,18 @@ def run_probe(length: int, variant: str, data: str, old_tree: Path, processes: i
     if limit_bytes is not None:
         record.update(exceeded_limit=False, limit_gib=round(limit_bytes / GIB, 3))
     return record
+
+
+def check_package(probes: list[dict], tree: Path) -> None:
+    """Raise unless every child imported ``hf_posext`` from ``tree`` (the variant's checkout).
+
+    Guards the comparison itself: a child that picked up another checkout's package measures the wrong loop.
+    """
+    expected = (Path(tree) / "hf_posext").resolve()
+    for probe in probes:
+        if Path(probe["package"]).resolve() != expected:
+            raise RuntimeError(f"the child imported hf_posext from {probe['package']}, not from {expected}: "
+                               "it measured the wrong tree (check PYTHONPATH and the child's sys.path).")
 
 
 def default_data() -> Path:
@@ -327,19 +360,20 @@ def measure_table(args: argparse.Namespace, old_tree: Path) -> int:
     allocator = allocator_name(args.mmap_threshold)
 
     def key(r: dict) -> tuple:
-        return r["length"], r["variant"], r.get("allocator", "glibc default")
+        return r["length"], r["variant"], r.get("allocator", "glibc default"), r.get("processes", 1)
 
     for length in lengths:
         for variant in variants:
             print(f"{variant} at {length} tokens ({allocator}) ...", flush=True)
             limit = args.kill_above_gb * 1e9 if args.kill_above_gb else None
-            record = run_probe(length, variant, args.data, old_tree, limit_bytes=limit, mmap_threshold=args.mmap_threshold)
+            record = run_probe(length, variant, args.data, old_tree, processes=args.processes, limit_bytes=limit,
+                               mmap_threshold=args.mmap_threshold)
             record.update(command="nice -n 10 python bench/train_memory.py " + " ".join(sys.argv[1:]), **machine())
             results = [r for r in results if key(r) != key(record)] + [record]
             write_atomic(path, {"about": __doc__.split("\n\n")[0], "results": sorted(results, key=key)})
             print(json.dumps(record), flush=True)
     for name in sorted({key(r)[2] for r in results}):
-        print(f"\n{name}:\n" + table([r for r in results if key(r)[2] == name], ["old", "plain", "chunked"]))
+        print(f"\n{name}:\n" + table([r for r in results if key(r)[2] == name and key(r)[3] == 1], ["old", "plain", "chunked"]))
     return 0
 
 
@@ -377,6 +411,80 @@ def measure_longest(args: argparse.Namespace, old_tree: Path) -> int:
     return 0
 
 
+def linear_fit(points: list[tuple[int, float]]) -> tuple[float, float]:
+    """Least-squares line through (length, peak GiB) points: returns (GiB at zero tokens, GiB per token).
+
+    Raises:
+        ValueError: fewer than two distinct lengths.
+    """
+    lengths = [float(x) for x, _ in points]
+    if len(set(lengths)) < 2:
+        raise ValueError(f"a line needs peaks at two or more lengths, got {sorted(set(lengths))}")
+    mean_x = sum(lengths) / len(lengths)
+    mean_y = sum(y for _, y in points) / len(points)
+    slope = sum((x - mean_x) * (y - mean_y) for x, (_, y) in zip(lengths, points)) / sum((x - mean_x) ** 2 for x in lengths)
+    return mean_y - slope * mean_x, slope
+
+
+def longest_within(limit_gib: float, base_gib: float, gib_per_token: float, processes: int = 1,
+                   summed: bool = False, multiple: int = 1024) -> int:
+    """Estimated longest length (a multiple of ``multiple``) whose peak stays within ``limit_gib``.
+
+    One process needs ``base + gib_per_token * L``. Under sequence parallelism each of ``processes`` ranks
+    holds 1/N of the tokens: ``base + gib_per_token * L / N`` per rank. ``summed`` applies the limit to the
+    sum over the ranks (one host's memory) instead of to each rank (one device's memory each).
+    """
+    room = limit_gib - (processes * base_gib if summed else base_gib)
+    if room <= 0:
+        return 0
+    tokens = room / gib_per_token * (1 if summed else processes)
+    return int(tokens // multiple) * multiple
+
+
+def estimate(results: list[dict], limit_gb: float, allocator: str = "glibc default") -> dict:
+    """Linear fits of the measured one-process peaks per variant, and the longest lengths they predict.
+
+    A sequence-parallel record (``processes`` > 1, today's engine) fixes its per-rank base: its largest
+    rank's peak less the fitted per-token cost of its 1/N share of the tokens. Everything returned here is
+    an extrapolation and says so.
+    """
+    limit_gib = limit_gb * 1e9 / GIB
+    out: dict = {"limit_gb": limit_gb, "limit_gib": round(limit_gib, 3), "allocator": allocator,
+                 "kind": "estimate: extrapolated from a least-squares line through the measured peaks", "variants": {}}
+    single = [r for r in results if r.get("processes", 1) == 1 and not r.get("exceeded_limit")
+              and r.get("allocator", "glibc default") == allocator]
+    for variant in sorted({r["variant"] for r in single}):
+        points = sorted((r["length"], r["peak_rss_gib"]) for r in single if r["variant"] == variant)
+        if len({x for x, _ in points}) < 2:
+            continue
+        base, per_token = linear_fit(points)
+        entry = {"measured": [list(p) for p in points], "gib_at_zero_tokens": round(base, 3),
+                 "gib_per_1k_tokens": round(per_token * 1024, 4),
+                 "longest_1_process": longest_within(limit_gib, base, per_token)}
+        for sp in (r for r in results if r.get("processes", 1) > 1 and r["variant"] == variant and not r.get("exceeded_limit")):
+            n, rank_peak = sp["processes"], max(sp["per_process_peak_rss_gib"])
+            rank_base = rank_peak - per_token * sp["length"] / n
+            entry[f"sp{n}"] = {"measured_length": sp["length"], "largest_rank_peak_gib": rank_peak,
+                               "rank_base_gib": round(rank_base, 3),
+                               "longest_limit_per_process": longest_within(limit_gib, rank_base, per_token, n),
+                               "longest_limit_on_the_sum": longest_within(limit_gib, rank_base, per_token, n, summed=True)}
+        out["variants"][variant] = entry
+    return out
+
+
+def write_estimate(args: argparse.Namespace) -> int:
+    """Add the linear-fit estimates to the table's JSON (under ``estimates``) and print them."""
+    path = Path(args.out or ROOT / "bench" / "results" / "train_memory_cpu.json")
+    payload = json.loads(path.read_text())
+    allocator = allocator_name(args.mmap_threshold)
+    result = estimate(payload["results"], args.limit_gb, allocator)
+    result["command"] = "python bench/train_memory.py " + " ".join(sys.argv[1:])
+    payload.setdefault("estimates", {})[f"{args.limit_gb:g}GB {allocator}"] = result
+    write_atomic(path, payload)
+    print(json.dumps(result, indent=1))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", default="4096,8192")
@@ -386,6 +494,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="result JSON (default bench/results/train_memory_cpu.json, "
                         "or train_longest_cpu.json with --longest)")
     parser.add_argument("--longest", action="store_true", help="bisect the longest length within --limit-gb")
+    parser.add_argument("--estimate", action="store_true",
+                        help="fit the table's measured peaks (no new runs) and extrapolate the longest length within --limit-gb")
     parser.add_argument("--limit-gb", type=float, default=20.0, help="memory limit in GB (1e9 bytes) for --longest")
     parser.add_argument("--processes", type=int, default=1,
                         help="N > 1: DeepSpeed Ulysses sp_size=N on N processes (SmolLM2-135M has 9 attention heads: N=3)")
@@ -402,10 +512,18 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(variants) - {"old", "plain", "chunked"}
     if unknown:
         parser.error(f"unknown variants {sorted(unknown)}: choose from old, plain, chunked")
-    if args.longest and args.processes > 1 and args.variant == "old":
-        parser.error("--processes 2 runs today's engine under DeepSpeed Ulysses; the a62e044 loop cannot shard sequences")
+    if args.processes > 1 and "old" in variants:
+        parser.error("--processes N > 1 runs today's engine under DeepSpeed Ulysses; the a62e044 loop cannot shard "
+                     "sequences (drop 'old' from --variants)")
+    if args.processes not in (1, 3, 9):
+        parser.error(f"--processes {args.processes}: SmolLM2-135M has 9 attention heads, so Ulysses needs sp_size 3 or 9 (or 1)")
+    if not args.longest and any(int(x) % args.processes for x in args.lengths.split(",")):
+        parser.error(f"--lengths must be multiples of --processes {args.processes} (each rank takes an equal share)")
+    if args.estimate:
+        return write_estimate(args)
     if not Path(args.data).exists():
         parser.error(f"no such data folder: {args.data} (give --data a text file or folder)")
+    args.data = str(Path(args.data).resolve())  # the children run in a temporary working directory
     old_tree = ensure_old_tree(Path(args.old_tree)) if "old" in variants else Path(args.old_tree)
     return measure_longest(args, old_tree) if args.longest else measure_table(args, old_tree)
 

@@ -54,3 +54,64 @@ def test_watchdog_kills_a_process_tree_over_the_limit(tmp_path, monkeypatch):
     record = script.run_probe(1024, "chunked", "unused", Path("unused"), limit_bytes=400e6)
     assert record["exceeded_limit"] is True
     assert 0.3 < record["sampled_sum_peak_gib"] < 1.0
+
+
+def test_each_child_imports_the_package_of_its_own_tree(tmp_path, monkeypatch):
+    """Run from this checkout, the "old" child must import the old tree's package (a ``python -c`` child put the
+    working directory first on sys.path and silently measured today's loop as the old one)."""
+    script = _load_script()
+    old_tree = tmp_path / "old_tree"
+    (old_tree / "hf_posext").mkdir(parents=True)
+    (old_tree / "hf_posext" / "__init__.py").write_text("")
+    report_only = ("import sys, json\n" + script.PROBE.split("import transformers")[0]
+                   + "state['peaks']['forward'] = rss()\nreport({'train_seconds': 0.0})\n")
+    monkeypatch.setattr(script, "ENGINE_CHILD", report_only)
+    monkeypatch.chdir(ROOT)  # where the benchmark is run from: this checkout holds a different hf_posext
+    old = script.run_probe(1024, "old", "unused", old_tree)
+    new = script.run_probe(1024, "chunked", "unused", old_tree)
+    assert Path(old["package"]).resolve() == (old_tree / "hf_posext").resolve()
+    assert Path(new["package"]).resolve() == (ROOT / "hf_posext").resolve()
+
+
+def test_a_child_that_imported_another_tree_is_refused(tmp_path):
+    script = _load_script()
+    probes = [{"package": str(ROOT / "hf_posext")}]
+    try:
+        script.check_package(probes, tmp_path)
+    except RuntimeError as error:
+        assert "measured the wrong tree" in str(error) and "\n" not in str(error)
+    else:
+        raise AssertionError("a child that imported the wrong package was accepted")
+
+
+def test_linear_fit_and_longest_length_extrapolation():
+    script = _load_script()
+    # Peaks on an exact line: 1 GiB + 0.25 GiB per 1024 tokens.
+    points = [(n, 1.0 + 0.25 * n / 1024) for n in (4096, 8192, 16384)]
+    base, per_token = script.linear_fit(points)
+    assert abs(base - 1.0) < 1e-9 and abs(per_token * 1024 - 0.25) < 1e-12
+    # 1 process within 9 GiB: (9 - 1) / 0.25 * 1024 = 32768 tokens.
+    assert script.longest_within(9.0, base, per_token) == 32768
+    # 3 ranks, each with its own 9 GiB, each holding a third of the tokens: 3x as long.
+    assert script.longest_within(9.0, base, per_token, processes=3) == 3 * 32768
+    # 3 ranks sharing 9 GiB: three bases come off first: (9 - 3) / 0.25 * 1024.
+    assert script.longest_within(9.0, base, per_token, processes=3, summed=True) == 24576
+    results = [{"length": n, "variant": "chunked", "processes": 1, "peak_rss_gib": y} for n, y in points]
+    results.append({"length": 3072, "variant": "chunked", "processes": 3, "per_process_peak_rss_gib": [1.5, 1.75, 1.6]})
+    out = script.estimate(results, limit_gb=9.0 * 2**30 / 1e9)
+    entry = out["variants"]["chunked"]
+    assert entry["longest_1_process"] == 32768
+    # Largest rank 1.75 GiB at 1024 tokens per rank: base 1.5 GiB, so (9 - 1.5) / 0.25 * 1024 * 3 per-process.
+    assert entry["sp3"]["longest_limit_per_process"] == 3 * 30720
+    assert "estimate" in out["kind"]
+
+
+def test_each_tree_gets_the_length_key_it_knows():
+    script = _load_script()
+    from hf_posext.training.config import load_config
+
+    new = script.overrides(4096, "chunked", "books", "/tmp/out")
+    assert "data.sequence_length=4096" in new and not any(item.startswith("data.window=") for item in new)
+    assert load_config(None, new).data.sequence_length == 4096  # today's config accepts every key, no warning needed
+    old = script.overrides(4096, "old", "books", "/tmp/out")
+    assert "data.window=4096" in old and not any(item.startswith("data.sequence_length=") for item in old)

@@ -8,6 +8,7 @@ frequencies under the method and ``attention_function`` (method, settings, hash 
 import json
 
 import pytest
+import torch
 
 from hf_posext.evaluation import fingerprints, perplexity
 from hf_posext.evaluation.runner import AsciiTokenizer, parse_methods
@@ -93,3 +94,43 @@ def test_self_extend_is_not_reused_for_the_unpatched_model(model, tmp_path):
     assert "reused_from" not in records["self-extend"]
     assert records["self-extend"]["rope_fingerprint"] != records["none"]["rope_fingerprint"]
     assert records["self-extend"]["nll"] != records["none"]["nll"]
+
+
+@pytest.mark.parametrize("samples", [fingerprints.WEIGHT_SAMPLES_PER_PARAMETER, 16])  # 16: the strided path
+def test_weights_fingerprint_is_stable_and_sees_a_small_change_in_a_large_parameter(model, monkeypatch, samples):
+    import copy
+
+    monkeypatch.setattr(fingerprints, "WEIGHT_SAMPLES_PER_PARAMETER", samples)
+
+    assert fingerprints.weights_fingerprint(model) == fingerprints.weights_fingerprint(copy.deepcopy(model))
+    tuned = copy.deepcopy(model)
+    with torch.no_grad():
+        tuned.model.layers[0].self_attn.q_proj.weight.add_(1e-3)  # every element, as a fine-tune moves them
+    assert fingerprints.weights_fingerprint(tuned) != fingerprints.weights_fingerprint(model)
+
+
+def test_a_model_retrained_into_the_same_name_recomputes_its_cells_and_the_same_weights_do_not(model, tmp_path,
+                                                                                                monkeypatch):
+    """Results files are keyed by the model's name: the weights recorded in each cell catch a retrained model."""
+    (before,) = _run(model, tmp_path, methods="yarn", params={}).cells.values()
+    assert before["model_weights"] == fingerprints.weights_fingerprint(model)
+    calls = _count_forwards(monkeypatch)
+    _run(model, tmp_path, methods="yarn", params={})
+    assert calls == []  # same weights: read back
+    retrained = tiny_model("llama", seed=1, initializer_range=0.1)  # same name "tiny", other weights
+    with pytest.warns(UserWarning, match="model weights"):
+        (after,) = _run(retrained, tmp_path, methods="yarn", params={}).cells.values()
+    assert calls == [1] and after["nll"] != before["nll"]
+    assert after["model_weights"] == fingerprints.weights_fingerprint(retrained)
+
+
+def test_cells_stored_before_weights_were_recorded_are_trusted(model, tmp_path, monkeypatch):
+    _run(model, tmp_path, methods="yarn", params={})
+    path = next(tmp_path.glob("perplexity-*.json"))
+    saved = json.loads(path.read_text())
+    for cell in saved["cells"].values():
+        del cell["model_weights"]
+    path.write_text(json.dumps(saved))
+    calls = _count_forwards(monkeypatch)
+    _run(tiny_model("llama", seed=1, initializer_range=0.1), tmp_path, methods="yarn", params={})
+    assert calls == []

@@ -6,6 +6,10 @@ same function at a length (then one result serves both). A RoPE method is pinned
 frequencies; an attention-level method also changes how positions enter the attention scores, so
 :func:`attention_function` records its settings and a hash of its kernel's code: a cell computed with
 other settings or another version of the kernel is recomputed, not reused.
+
+A results file is keyed by the model's name or path, not its weights: :func:`weights_fingerprint` pins
+down the weights a cell was computed on, so a model retrained into the same folder is not read back
+from the old model's cells.
 """
 
 from __future__ import annotations
@@ -28,8 +32,12 @@ __all__ = [
     "same_frequencies",
     "attention_function",
     "function_fingerprint",
+    "weights_fingerprint",
     "KERNEL_INDEPENDENT_PARAMS",
 ]
+
+#: Elements hashed per parameter: all of a smaller one, an even stride through a larger one.
+WEIGHT_SAMPLES_PER_PARAMETER = 65536
 
 #: Parameters that choose how the scores are computed, not what they are (eager and SDPA agree).
 KERNEL_INDEPENDENT_PARAMS = ("attn_implementation",)
@@ -160,3 +168,24 @@ def function_fingerprint(frequencies: list[dict[str, Any]] | None, attention: di
     if attention is None:
         return current
     return hashlib.sha1(f"{current}|{json.dumps(attention, sort_keys=True)}".encode()).hexdigest()
+
+
+def weights_fingerprint(model: torch.nn.Module) -> str:
+    """sha256 over the model's parameters: names, shapes, dtypes and their values (sampled when large).
+
+    Every parameter of up to :data:`WEIGHT_SAMPLES_PER_PARAMETER` elements is hashed whole; a larger one
+    by that many elements at an even stride, which any fine-tune (full or merged LoRA) changes. Only the
+    samples travel to the CPU, so this costs little on a GPU. Computed on the unpatched model (a learned
+    position table rescaled by a method is a parameter too). Parameters on the meta device (offloaded)
+    count by name, shape and dtype alone.
+    """
+    digest = hashlib.sha256()
+    for name, parameter in model.named_parameters():
+        digest.update(f"{name}|{tuple(parameter.shape)}|{parameter.dtype}|".encode())
+        if parameter.device.type == "meta" or parameter.numel() == 0:
+            continue
+        flat = parameter.detach().reshape(-1)
+        stride = -(-flat.numel() // WEIGHT_SAMPLES_PER_PARAMETER)
+        sample = flat[::stride].contiguous().cpu()
+        digest.update(sample.view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()

@@ -25,7 +25,13 @@ import torch
 from hf_posext.api import describe, patch, unpatch
 from hf_posext.core.record import ScalingReport
 from hf_posext.core.request import ScalingRequest
-from hf_posext.evaluation.fingerprints import attention_function, function_fingerprint, rope_frequencies, same_frequencies
+from hf_posext.evaluation.fingerprints import (
+    attention_function,
+    function_fingerprint,
+    rope_frequencies,
+    same_frequencies,
+    weights_fingerprint,
+)
 from hf_posext.evaluation.store import ResultStore
 from hf_posext.lm.distributed import Distributed
 
@@ -124,6 +130,7 @@ def run_grid(
     """
     job = _Job(evaluate, aggregate, store, dist or Distributed(), batch_size, reuse_identical, progress, description)
     original_window = describe(model).original_window
+    weights = weights_fingerprint(model)  # before any method patches a learned position table
     memo: dict[tuple[str, Any], tuple[dict[str, Any], str]] = {}
     plans = {length: plan(length) for length in lengths}
     for method in methods:
@@ -134,7 +141,7 @@ def run_grid(
         with apply_method(model, method, method_factor) as report:
             for length in lengths:
                 step = _Step(method, method_factor, length, report, rope_frequencies(model, length),
-                             attention_function(model))
+                             attention_function(model), weights)
                 _run_step(job, step, plans[length], ids[length], memo)
     store.save(world_size=job.dist.world_size)
     return store
@@ -164,6 +171,7 @@ class _Step:
     report: ScalingReport
     frequencies: list[dict[str, Any]] | None  # None: not a RoPE model
     attention: dict[str, Any] | None = None  # an attention-level method's settings and kernel hash
+    weights: str | None = None  # weights_fingerprint of the unpatched model
 
     @functools.cached_property
     def fingerprint(self) -> str | None:
@@ -175,10 +183,10 @@ class _Step:
 
 
 def _all_stored_without_frequencies(store: ResultStore, ids: dict[int, list[str]]) -> bool:
-    """Every cell of a method is stored, and none carries frequencies or an attention function to re-check."""
+    """Every cell of a method is stored, and none carries frequencies, an attention function or weights to re-check."""
     stored = [store.get(i) for length_ids in ids.values() for i in length_ids if store.has(i)]
     return len(stored) == sum(map(len, ids.values())) and not any(
-        "rope_frequencies" in r or "attention_function" in r for r in stored)
+        "rope_frequencies" in r or "attention_function" in r or "model_weights" in r for r in stored)
 
 
 def _stale_cells(store: ResultStore, ids: list[str], step: _Step) -> list[str]:
@@ -189,13 +197,16 @@ def _stale_cells(store: ResultStore, ids: list[str], step: _Step) -> list[str]:
     cells computed on another machine (a GPU) are not stale. Records without frequencies (written
     before they were kept) are trusted by label. An attention-level method (Self-Extend, DCA) is also
     checked by its settings and kernel code (:func:`~hf_posext.evaluation.fingerprints.attention_function`).
+    A cell that records the weights it was computed on is stale on other weights (a model retrained into
+    the same folder); records from before weights were kept are trusted.
     """
 
     def stale(record: dict[str, Any]) -> bool:
         other_rope = (step.frequencies is not None and record.get("rope_frequencies") is not None
                       and not same_frequencies(record["rope_frequencies"], step.frequencies))
         other_attention = "attention_function" in record and record["attention_function"] != step.attention
-        return other_rope or other_attention
+        other_weights = "model_weights" in record and step.weights is not None and record["model_weights"] != step.weights
+        return other_rope or other_attention or other_weights
 
     return [i for i in ids if store.has(i) and stale(store.get(i))]
 
@@ -205,7 +216,8 @@ def _run_step(job: _Job, step: _Step, cells: list[Cell], ids: list[str], memo: d
     stale = _stale_cells(job.store, ids, step)
     if stale:
         warnings.warn(f"{step.label} @ {step.length}: {len(stale)} stored cell(s) were computed with another rotary "
-                      "embedding or attention kernel (changed parameters, factors file or code); recomputing them.",
+                      "embedding, attention kernel or model weights (changed parameters, factors file, code or "
+                      "a retrained model); recomputing them.",
                       stacklevel=3)
     cells = [c for c, i in zip(cells, ids) if not job.store.has(i) or i in stale]
     if not cells:
@@ -285,4 +297,6 @@ def _cell_record(step: _Step, cell: Cell, metrics: dict[str, Any], unit_results:
         record["rope_frequencies"] = step.frequencies
     if step.attention is not None:
         record["attention_function"] = step.attention
+    if step.weights is not None:
+        record["model_weights"] = step.weights
     return record

@@ -38,7 +38,8 @@ from torch import nn
 
 from hf_posext.backends.attention import registration
 from hf_posext.backends.attention.kernels import (
-    StepTables, attention_with_lse, call_positions, finish_decode, rotate_by_factors, rotate_with, rotation_factors,
+    StepTables, attention_with_lse, call_positions, finish_decode, head_groups, rotate_by_factors, rotate_with,
+    rotation_factors,
 )
 from hf_posext.backends.attention.registration import AttentionLayer
 from hf_posext.core.record import CONFIG_KEY, ScalingReport, make_record
@@ -242,9 +243,7 @@ def dual_chunk_explicit(
     """
     batch, heads, q_len, head_dim = query.shape
     kv_heads, kv_len = key.shape[1], key.shape[2]
-    if heads % kv_heads:
-        raise ValueError(f"{heads} query heads cannot share {kv_heads} key/value heads evenly.")
-    groups = heads // kv_heads
+    groups = head_groups(query, key)
     chunked = layer.chunk_size is not None
     if chunked:
         s = chunk_length(layer.chunk_size, layer.local_window)
@@ -488,9 +487,7 @@ def dual_chunk_decode(
     """
     batch, heads, q_len, head_dim = query.shape
     kv_heads, kv_len = key.shape[1], key.shape[2]
-    if heads % kv_heads:
-        raise ValueError(f"{heads} query heads cannot share {kv_heads} key/value heads evenly.")
-    groups = heads // kv_heads
+    groups = head_groups(query, key)
     tables = _cached_decode_tables(position_ids, query, key, layer, scaling)
     distances = tables.distances
     # [B, H, rows, D] -> [B, kv_heads, groups, 1, rows, D] against [B', 1, 1, distances, rows, D] factors:

@@ -151,6 +151,14 @@ def cuda_attention_with_lse(query, key, value, scaling, is_causal):
 
 
 
+def head_groups(query: torch.Tensor, key: torch.Tensor) -> int:
+    """Query heads per key/value head (grouped-query attention); raises if they do not divide evenly."""
+    heads, kv_heads = query.shape[1], key.shape[1]
+    if heads % kv_heads:
+        raise ValueError(f"{heads} query heads cannot share {kv_heads} key/value heads evenly.")
+    return heads // kv_heads
+
+
 def call_positions(query: torch.Tensor, key: torch.Tensor, position_ids: torch.Tensor | None, label: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Query and key positions of one attention call: ``position_ids`` for the queries (default: the last
     ``q_len`` of ``kv_len``); with a KV cache the keys are the earlier tokens followed by the new ones,

@@ -47,7 +47,8 @@ from torch import nn
 
 from hf_posext.backends.attention import registration
 from hf_posext.backends.attention.kernels import (
-    StepTables, attention_with_lse, call_positions, finish_decode, rotate, rotate_by_factors, rotate_with, rotation_factors,
+    StepTables, attention_with_lse, call_positions, finish_decode, head_groups, rotate, rotate_by_factors, rotate_with,
+    rotation_factors,
 )
 from hf_posext.backends.attention.registration import AttentionLayer, find_attention_layers
 from hf_posext.core.deprecation import renamed_keyword
@@ -241,9 +242,7 @@ def grouped_attention(
     batch, heads, q_len, head_dim = query.shape
     scaling = head_dim ** -0.5 if scaling is None else scaling
     kv_heads, kv_len = key.shape[1], key.shape[2]
-    if heads % kv_heads:
-        raise ValueError(f"{heads} query heads cannot share {kv_heads} key/value heads evenly.")
-    groups = heads // kv_heads  # grouped-query attention: query heads kv*groups .. kv*groups+groups-1 share kv head kv
+    groups = head_groups(query, key)  # grouped-query attention: query heads kv*groups .. kv*groups+groups-1 share kv head kv
     query_positions = query_positions.to(key.device).expand(batch, q_len).contiguous()
     key_positions = key_positions.to(key.device).expand(batch, kv_len).contiguous()
     grouped = group_size is not None and neighbor_window is not None and group_size > 1
@@ -512,9 +511,7 @@ def self_extend_decode(
     """
     batch, heads, q_len, head_dim = query.shape
     kv_heads, kv_len = key.shape[1], key.shape[2]
-    if heads % kv_heads:
-        raise ValueError(f"{heads} query heads cannot share {kv_heads} key/value heads evenly.")
-    groups = heads // kv_heads
+    groups = head_groups(query, key)
     tables = _cached_decode_tables(position_ids, query, key, settings, scaling)
     # Query heads sharing a kv head become rows of one matmul against it: [B, kv_heads, groups * rows, D].
     query_rows = query.reshape(batch, kv_heads, groups, q_len, head_dim)

@@ -12,7 +12,7 @@
 #    0.1/0.5/0.9, one trial each. Results resume too; `hf-posext report` prints the side-by-side table.
 #
 # Cost on 2 idle CPU cores: training about 14 min on the Trainer engine (24 steps of 32-37 s, from the quiet
-# steps of the 2026-11-27 run: bench/results/finetune_smollm2/log.jsonl); each evaluated model about 40 min
+# steps of the 2026-11-27 run: bench/results/finetune_smollm2/training/log.jsonl); each evaluated model about 40 min
 # (4 forwards at 16384 tokens, 155-195 s each, and 4 at 32768, 436-514 s each). Results: docs/training.md. The baseline cells at 32768 are the ones bench/quality_table.py computes (same settings):
 # point OUT at its folder to reuse them.
 set -euo pipefail

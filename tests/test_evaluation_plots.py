@@ -114,6 +114,23 @@ def test_ties_stay_visible_and_the_window_is_marked():
     plt.close(figure)
 
 
+def test_a_tiny_perplexity_difference_is_not_stretched_over_the_whole_axis():
+    """25.12 vs 25.15 is 0.1 %: the log axis spans at least MIN_LOG_SPAN, not the autoscaled 0.03."""
+    from hf_posext.evaluation.plots import MIN_LOG_SPAN
+
+    records = _records(["yarn"], [16384, 32768])
+    records[0]["ppl"], records[1]["ppl"] = 25.12, 25.15
+    figure = line_figure(records, "ppl", "perplexity", "t", method_styles(["yarn"]), log_y=True)
+    low, high = figure.axes[0].get_ylim()
+    assert high / low >= MIN_LOG_SPAN * 0.999 and low < 25.12 and high > 25.15
+    plt.close(figure)
+    records[1]["ppl"] = 60.0  # a real difference keeps matplotlib's own limits
+    figure = line_figure(records, "ppl", "perplexity", "t", method_styles(["yarn"]), log_y=True)
+    low, high = figure.axes[0].get_ylim()
+    assert low > 20 and high < 70
+    plt.close(figure)
+
+
 def test_long_labels_wrap_at_their_parts():
     assert wrap_label(LONG, 44) == "longrope(\nfactors=search_smollm2-135m_32768_gpu.json)"
     assert all(len(line) <= 20 for line in wrap_label(LONG, 20).splitlines())

@@ -113,6 +113,10 @@ def _length_axis(axis, lengths: Sequence[int], window: int | None = None) -> Non
     axis.set_xlim(low / 2 ** 0.4, high * 2 ** 0.4)
 
 
+#: The smallest max/min ratio a logarithmic y axis shows (perplexity), so small differences look small.
+MIN_LOG_SPAN = 1.5
+
+
 def line_figure(records: Sequence[dict[str, Any]], metric: str, ylabel: str, title: str,
                 styles: dict[str, tuple[Any, str, bool]], log_y: bool = False, rate: bool = False):
     """Metric against length: one panel per (model, factor), one line per method, the legend outside.
@@ -145,6 +149,7 @@ def line_figure(records: Sequence[dict[str, Any]], metric: str, ylabel: str, tit
                                 sharey=True, layout="constrained")
     used: dict[str, Any] = {}
     window_handle = None
+    plotted: list[float] = []
     for axis, ((model, factor), group) in zip(axes.flat, groups.items()):
         labels = sorted({_label(r) for r in group}, key=lambda m: (m != "none", m))
         for i, label in enumerate(labels):
@@ -154,6 +159,7 @@ def line_figure(records: Sequence[dict[str, Any]], metric: str, ylabel: str, tit
             shift = 2 ** ((i - (len(labels) - 1) / 2) * _DODGE_OCTAVES)
             colour, marker, filled = styles[label]
             face = colour if filled else "none"
+            plotted += [v for _, v in points]
             axis.plot([n * shift for n, _ in points], [v for _, v in points], color=colour, marker=marker, markersize=6,
                       markerfacecolor=face, linewidth=1.4, alpha=0.9)
             used[label] = Line2D([], [], color=colour, marker=marker, markerfacecolor=face, linewidth=1.4)
@@ -174,6 +180,11 @@ def line_figure(records: Sequence[dict[str, Any]], metric: str, ylabel: str, tit
         axis.set_title(_panel_title(model, factor), fontsize=10)
         axis.set_xlabel("length (tokens)")
         axis.grid(alpha=0.3)
+    positive = [v for v in plotted if v > 0 and math.isfinite(v)]
+    if log_y and positive and max(positive) / min(positive) < MIN_LOG_SPAN:
+        # Autoscaling would stretch a 0.1 % difference over the whole height; show at least a 1.5x span.
+        centre, half = math.sqrt(min(positive) * max(positive)), math.sqrt(MIN_LOG_SPAN)
+        axes.flat[0].set_ylim(centre / half, centre * half)  # the panels share their y axis
     for axis in axes.flat[len(groups):]:
         axis.set_visible(False)
     for row in axes:

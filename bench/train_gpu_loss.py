@@ -18,6 +18,16 @@ after the first (warm-up). Losses of the first step are printed so the variants 
     python bench/train_gpu_loss.py --data ../shared/data/books/austen-emma.txt --lengths 32768 \
         --out bench/results/train_gpu_loss_cuda.json
     python bench/train_gpu_loss.py --device cpu --precision fp32 --lengths 512 --steps 2   # a smoke run
+
+The longest sequence that trains within a memory limit on one GPU (``--longest``): a bisection over
+multiples of ``--step`` (bench/longest.py), each probe a fresh process of two optimizer steps whose
+allocator is capped at ``--limit-gb`` GB (``torch.cuda.set_per_process_memory_fraction``), so a probe
+that needs more stops with CUDA's out-of-memory error; other errors stop the search. Written under
+``longest`` in the ``--out`` JSON, one search per (mode, variant), resumable::
+
+    python bench/train_gpu_loss.py --data ../shared/data/books/austen-emma.txt --longest --limit-gb 20 \
+        --variants plain,chunked --modes lora --lo 32768 --hi 1048576 --step 8192 \
+        --out bench/results/train_longest_cuda.json
 """
 
 from __future__ import annotations
@@ -30,6 +40,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from longest import bisect_longest, bounds  # noqa: E402  (bench/longest.py)
 
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = ("plain", "chunked", "liger")
@@ -47,6 +60,9 @@ from hf_posext.training.config import load_config
 from hf_posext.training.trainer import train
 config = load_config(None, spec["overrides"])
 if torch.cuda.is_available():
+    if spec.get("limit_bytes"):
+        total = torch.cuda.get_device_properties(0).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, spec["limit_bytes"] / total))
     torch.cuda.reset_peak_memory_stats()
 began = time.perf_counter()
 result = train(config, stop_at_step=spec["steps"], progress=False)
@@ -75,11 +91,15 @@ def overrides(length: int, variant: str, mode: str, data: str, out: str, precisi
     return items
 
 
-def measure(length: int, variant: str, mode: str, args: argparse.Namespace) -> dict:
-    """One fresh training process; returns its record (or the error it stopped with)."""
+def measure(length: int, variant: str, mode: str, args: argparse.Namespace, limit_bytes: float | None = None) -> dict:
+    """One fresh training process; returns its record (or the error it stopped with).
+
+    ``limit_bytes``: cap the child's CUDA allocator there (``--longest``); a probe that needs more ends
+    with an error record naming CUDA's out-of-memory error.
+    """
     with tempfile.TemporaryDirectory() as folder:
         run = Path(folder) / "run"
-        spec = {"variant": variant, "steps": args.steps, "log": str(run / "log.jsonl"),
+        spec = {"variant": variant, "steps": args.steps, "log": str(run / "log.jsonl"), "limit_bytes": limit_bytes,
                 "overrides": overrides(length, variant, mode, args.data, str(run), args.precision, args.steps)}
         env = dict(os.environ, CUDA_VISIBLE_DEVICES=os.environ.get("CUDA_VISIBLE_DEVICES", "0"))
         if args.device == "cpu":
@@ -108,6 +128,58 @@ def measure(length: int, variant: str, mode: str, args: argparse.Namespace) -> d
         losses=[s["loss"] for s in steps], grad_norms=[s["grad_norm"] for s in steps],
     )
     return record
+
+
+def out_of_memory(record: dict) -> bool:
+    """Whether a record ended in CUDA's out-of-memory error (a probe over the limit), not another failure."""
+    error = record.get("error", "")
+    return "OutOfMemoryError" in error or "out of memory" in error.lower()
+
+
+def measure_longest(args: argparse.Namespace, meta: dict, out: Path, modes: list[str], variants: list[str]) -> int:
+    """``--longest``: for each (mode, variant) the longest multiple of ``--step`` that trains within
+    ``--limit-gb``; earlier probes in ``out`` are reused. Returns 1 when a probe failed other than by memory."""
+    limit = args.limit_gb * 1e9
+    payload = json.loads(out.read_text()) if out.exists() else {}
+    payload.update(meta)
+    searches = payload.setdefault("longest", {})
+    for mode in modes:
+        for variant in variants:
+            search = searches.setdefault(f"{mode}_{variant}_{args.limit_gb:g}GB", {"probes": []})
+            search.update(mode=mode, variant=variant, limit_gb=args.limit_gb, precision=args.precision,
+                          memory_counted="CUDA caching allocator, capped by set_per_process_memory_fraction",
+                          **{k: meta[k] for k in ("command", "device", "torch") if k in meta})
+            known = {p["length"]: p["fits"] for p in search["probes"]}
+
+            def fits(length: int) -> bool:
+                print(f"{mode} {variant} at {length} tokens within {args.limit_gb:g} GB ...", flush=True)
+                record = measure(length, variant, mode, args, limit_bytes=limit)
+                if "error" in record and not out_of_memory(record):
+                    raise RuntimeError(f"{mode} {variant} at {length} tokens failed, not by memory: {record['error']}")
+                record["fits"] = "error" not in record
+                search["probes"] = [p for p in search["probes"] if p["length"] != length] + [record]
+                known[length] = record["fits"]
+                search["longest_fitting"], search["shortest_failing"] = bounds(args.lo, args.hi, args.step, known)
+                write_json(out, payload)
+                print(json.dumps(record), flush=True)
+                return record["fits"]
+
+            try:
+                search["longest_fitting"], search["shortest_failing"] = bisect_longest(fits, args.lo, args.hi, args.step, known)
+            except RuntimeError as error:
+                print(error, file=sys.stderr)
+                return 1
+            write_json(out, payload)
+            print(json.dumps({"mode": mode, "variant": variant, "longest_fitting": search["longest_fitting"],
+                              "shortest_failing": search["shortest_failing"]}), flush=True)
+    return 0
+
+
+def write_json(path: Path, payload: dict) -> None:
+    """Write ``payload`` to ``path`` atomically (a temporary file beside it, then a rename)."""
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(json.dumps(payload, indent=1))
+    temporary.replace(path)
 
 
 def table(records: list[dict]) -> str:
@@ -139,6 +211,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--precision", default="bf16", choices=("bf16", "fp32"))
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "train_gpu_loss_cuda.json"))
+    parser.add_argument("--longest", action="store_true", help="bisect the longest length within --limit-gb")
+    parser.add_argument("--limit-gb", type=float, default=20.0, help="--longest: GPU memory limit in GB (1e9 bytes)")
+    parser.add_argument("--lo", type=int, default=32768, help="--longest: a length known to fit")
+    parser.add_argument("--hi", type=int, default=1048576, help="--longest: the longest length to consider")
+    parser.add_argument("--step", type=int, default=8192, help="--longest: lengths are multiples of this")
     args = parser.parse_args(argv)
     lengths = [int(x) for x in args.lengths.split(",")]
     variants, modes = args.variants.split(","), args.modes.split(",")
@@ -148,6 +225,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"no such data file or folder: {args.data}")
     if args.steps < 2:
         parser.error("--steps must be at least 2 (the first step is warm-up)")
+    if args.longest and args.device != "cuda":
+        parser.error("--longest caps the CUDA allocator: it needs --device cuda")
+    if args.longest and not (0 < args.lo <= args.hi and args.step > 0 and args.lo % args.step == 0):
+        parser.error("--longest needs 0 < --lo <= --hi and --lo a multiple of --step (a length known to fit)")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     records: list[dict] = []
@@ -158,15 +239,15 @@ def main(argv: list[str] | None = None) -> int:
         meta.update(torch=torch.__version__, device=torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu")
     except Exception as error:  # noqa: BLE001 - metadata only
         meta["device_error"] = str(error)
+    if args.longest:
+        return measure_longest(args, meta, out, modes, variants)
     for length in lengths:
         for mode in modes:
             for variant in variants:
                 print(f"{mode} {variant} at {length} tokens ...", flush=True)
                 records.append(measure(length, variant, mode, args))
                 print(json.dumps(records[-1]), flush=True)
-                temporary = out.with_suffix(".tmp")
-                temporary.write_text(json.dumps({**meta, "results": records}, indent=1))
-                temporary.replace(out)
+                write_json(out, {**meta, "results": records})
     print("\n" + table(records))
     return 0 if all("error" not in r for r in records if r["variant"] != "liger") else 1
 

@@ -54,6 +54,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from longest import bisect_longest, bounds  # noqa: E402  (bench/longest.py)
+
 ROOT = Path(__file__).resolve().parents[1]
 OLD_COMMIT = "a62e044"
 GIB = 2**30
@@ -388,13 +391,8 @@ def measure_longest(args: argparse.Namespace, old_tree: Path) -> int:
                   rss_counted="sum of both processes" if args.processes > 1 else "the one process",
                   command="nice -n 10 python bench/train_memory.py " + " ".join(sys.argv[1:]))
     known = {p["length"]: p["fits"] for p in search["probes"]}
-    fits = [n for n, ok in known.items() if ok]
-    fails = [n for n, ok in known.items() if not ok]
-    lo = max([args.lo // args.step] + [n // args.step for n in fits])  # in units of step; lo assumed to fit
-    hi = min([args.hi // args.step + 1] + [n // args.step for n in fails])  # first known failure (exclusive)
-    while hi - lo > 1:
-        middle = (lo + hi) // 2
-        length = middle * args.step
+
+    def fits(length: int) -> bool:
         print(f"{args.processes} process(es), {length} tokens ...", flush=True)
         record = run_probe(length, args.variant, args.data, old_tree, processes=args.processes, limit_bytes=limit,
                            mmap_threshold=args.mmap_threshold)
@@ -402,11 +400,14 @@ def measure_longest(args: argparse.Namespace, old_tree: Path) -> int:
         ok = not record["exceeded_limit"] and record.get("sum_peak_rss_gib", record.get("peak_rss_gib", 0)) * GIB <= limit
         record["fits"] = ok
         search["probes"] = [p for p in search["probes"] if p["length"] != length] + [record]
-        lo, hi = (middle, hi) if ok else (lo, middle)
-        search["longest_fitting"] = lo * args.step
-        search["shortest_failing"] = hi * args.step if hi <= args.hi // args.step else None
+        known[length] = ok
+        search["longest_fitting"], search["shortest_failing"] = bounds(args.lo, args.hi, args.step, known)
         write_atomic(path, payload)
         print(json.dumps(record), flush=True)
+        return ok
+
+    search["longest_fitting"], search["shortest_failing"] = bisect_longest(fits, args.lo, args.hi, args.step, known)
+    write_atomic(path, payload)
     print(json.dumps({k: search.get(k) for k in ("longest_fitting", "shortest_failing")}))
     return 0
 

@@ -435,17 +435,10 @@ def _decode_tables(query_positions: torch.Tensor, kv_len: int, layer: _LayerSett
 
 def _cached_decode_tables(position_ids, query: torch.Tensor, key: torch.Tensor, layer: _LayerSettings, scaling: float) -> _DecodeTables:
     """:func:`_decode_tables` for this call, reused across the layers of one step (same position_ids tensor)."""
-    q_len, kv_len = query.shape[2], key.shape[2]
-    if position_ids is not None and position_ids.shape[-1] != q_len:
-        call_positions(query, key, position_ids, _LABEL)  # raises the one-line error
-    table_key = (id(layer.inv_freq), layer.rotary_dim, layer.interleaved, layer.chunk_size, layer.local_window,
-                 str(query.device), kv_len, q_len, query.shape[-1], float(scaling))
-
-    def build() -> _DecodeTables:
-        query_positions, _ = call_positions(query, key, position_ids, _LABEL)
-        return _decode_tables(query_positions, kv_len, layer, query.shape[-1], scaling)
-
-    return _DECODE_TABLES.get(table_key, position_ids, layer.inv_freq, build)
+    return _DECODE_TABLES.for_call(
+        query, key, position_ids, scaling, layer.inv_freq,
+        (id(layer.inv_freq), layer.rotary_dim, layer.interleaved, layer.chunk_size, layer.local_window), _LABEL,
+        lambda positions, kv_len: _decode_tables(positions, kv_len, layer, query.shape[-1], scaling))
 
 
 def clear_decode_tables() -> None:

@@ -216,6 +216,26 @@ class StepTables:
         self._held[key] = (position_ids, position_ids._version, tables, frequencies)
         return tables
 
+    def for_call(self, query: torch.Tensor, key: torch.Tensor, position_ids: torch.Tensor | None, scaling: float,
+                 frequencies: torch.Tensor, settings_key: tuple, label: str,
+                 build: Callable[[torch.Tensor, int], Any]) -> Any:
+        """The tables of one decode-step attention call: ``build(query_positions, kv_len)``, run by the step's
+        first layer and reused by the others (keyed by ``settings_key``, the shapes, device and ``scaling``).
+
+        Args:
+            query: ``[B, heads, q_len, D]``; key: ``[B, kv_heads, kv_len, D]``.
+            position_ids: the model's ``position_ids`` (None: the last q_len positions, nothing reused).
+            frequencies: the layer's ``inv_freq`` tensor (a re-patch gives a new one, which is not reused).
+            settings_key: what else the tables depend on (the method's sizes, rotary layout).
+            label: the method's name for :func:`call_positions`' one-line error.
+        """
+        q_len, kv_len = query.shape[2], key.shape[2]
+        if position_ids is not None and position_ids.shape[-1] != q_len:
+            call_positions(query, key, position_ids, label)  # raises the one-line error
+        table_key = (*settings_key, str(query.device), kv_len, q_len, query.shape[-1], float(scaling))
+        return self.get(table_key, position_ids, frequencies,
+                        lambda: build(call_positions(query, key, position_ids, label)[0], kv_len))
+
     def clear(self) -> None:
         """Forget every held table (benchmarks: time a step's first layer)."""
         self._held.clear()

@@ -462,15 +462,10 @@ def _decode_tables(query_positions: torch.Tensor, kv_len: int, settings: _LayerS
 
 def _cached_decode_tables(position_ids, query: torch.Tensor, key: torch.Tensor, settings: _LayerSettings, scaling: float) -> _DecodeTables:
     """:func:`_decode_tables` for this call, reused across the layers of one step (same position_ids tensor)."""
-    q_len, kv_len = query.shape[2], key.shape[2]
-    table_key = (id(settings.inv_freq), settings.rotary_dim, settings.interleaved, settings.group_size, settings.neighbor_window,
-                 str(query.device), kv_len, q_len, query.shape[-1], float(scaling))
-
-    def build() -> _DecodeTables:
-        query_positions, _ = call_positions(query, key, position_ids, "Self-Extend")
-        return _decode_tables(query_positions, kv_len, settings, query.shape[-1], scaling)
-
-    return _DECODE_TABLES.get(table_key, position_ids, settings.inv_freq, build)
+    return _DECODE_TABLES.for_call(
+        query, key, position_ids, scaling, settings.inv_freq,
+        (id(settings.inv_freq), settings.rotary_dim, settings.interleaved, settings.group_size, settings.neighbor_window),
+        "Self-Extend", lambda positions, kv_len: _decode_tables(positions, kv_len, settings, query.shape[-1], scaling))
 
 
 def clear_decode_tables() -> None:

@@ -24,7 +24,7 @@ import os
 import re
 import warnings
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 __all__ = [
     "TEXT_SUFFIXES",
@@ -34,6 +34,7 @@ __all__ = [
     "check_text_source",
     "python_docs_text",
     "split_sentences",
+    "encode_text",
 ]
 
 #: File suffixes read from local paths.
@@ -311,3 +312,20 @@ def split_sentences(text: str) -> list[str]:
         sentences.append(tail)
     return sentences
 
+
+def encode_text(tokenizer: Any, text: str) -> list[int]:
+    """Token ids of a whole document, without special tokens.
+
+    Unlike ``tokenizer.encode(text)``, this does not log transformers' "Token indices sequence length is
+    longer than the specified maximum sequence length" for a book longer than the model's window: a
+    document is meant to be longer, and is cut into windows or sequences after this. A tokenizer whose
+    ``encode`` takes no ``verbose`` flag is called without it.
+
+    Args:
+        tokenizer: a transformers tokenizer, or any object with ``encode(text, add_special_tokens=False)``.
+        text: the document.
+    """
+    try:
+        return list(tokenizer.encode(text, add_special_tokens=False, verbose=False))
+    except TypeError:
+        return list(tokenizer.encode(text, add_special_tokens=False))

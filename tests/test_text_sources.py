@@ -1,6 +1,7 @@
 """Text sources: local files and folders, built-in text, errors."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -109,3 +110,35 @@ def test_split_sentences_keeps_the_end_marks():
     assert text_sources.split_sentences("One. Two! Three? Four") == ["One.", "Two!", "Three?", "Four"]
     assert text_sources.split_sentences('He said "Go." Then left.') == ['He said "Go."', "Then left."]
     assert text_sources.split_sentences("") == []
+
+
+def test_encode_text_gives_the_ids_without_the_too_long_warning(capfd):
+    """A book is longer than the model's window on purpose: no "Token indices sequence length is longer"
+    line (transformers logs it to stderr once per tokenizer, so each check uses a fresh one)."""
+    from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    def fresh():
+        tokenizer = AutoTokenizer.from_pretrained(Path(__file__).parent / "data" / "training" / "tiny-llama")
+        tokenizer.model_max_length = 8
+        return tokenizer
+
+    text = "hello world " * 20
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_warning()  # the suite runs at "error" (conftest)
+    try:
+        capfd.readouterr()
+        ids = text_sources.encode_text(fresh(), text)
+        assert "Token indices sequence length" not in capfd.readouterr().err
+        assert ids == fresh().encode(text, add_special_tokens=False) and len(ids) > 8
+        assert "Token indices sequence length" in capfd.readouterr().err  # what the plain call logs
+    finally:
+        hf_logging.set_verbosity(verbosity)
+
+
+def test_encode_text_takes_a_tokenizer_without_the_verbose_flag():
+    class Minimal:
+        def encode(self, text, add_special_tokens=True):
+            return [ord(c) for c in text]
+
+    assert text_sources.encode_text(Minimal(), "ab") == [97, 98]

@@ -13,7 +13,10 @@ class _CharTokenizer:
     eos_token_id = 0
 
     def __call__(self, text, add_special_tokens=False):
-        return {"input_ids": [1 + (ord(c) % 100) for c in text]}
+        return {"input_ids": self.encode(text)}
+
+    def encode(self, text, add_special_tokens=False):
+        return [1 + (ord(c) % 100) for c in text]
 
 
 def test_packing_fills_whole_sequences_and_errors_on_too_little_text():

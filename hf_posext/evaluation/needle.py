@@ -22,7 +22,7 @@ from typing import Any, Sequence
 import torch
 
 from hf_posext.core.request import ScalingRequest
-from hf_posext.text_sources import load_documents, split_sentences
+from hf_posext.text_sources import encode_text, load_documents, split_sentences
 from hf_posext.evaluation.grid import Cell, Unit, run_grid
 from hf_posext.evaluation.passkey import retrieval_metrics
 from hf_posext.evaluation.retrieval import score_retrieval_grouped
@@ -51,7 +51,7 @@ class Haystack:
             raise ValueError(f"The haystack {source!r} is empty: it holds no sentence of text. Point --haystack at a folder of .txt files.")
         self.source = "<in-memory documents>" if isinstance(source, (list, tuple)) else str(source)
         self.sentences = sentences
-        self.tokens = [list(tokenizer.encode(" " + s if i else s, add_special_tokens=False)) for i, s in enumerate(sentences)]
+        self.tokens = [encode_text(tokenizer, " " + s if i else s) for i, s in enumerate(sentences)]
         self.total_tokens = sum(map(len, self.tokens))
 
     def take(self, budget: int) -> tuple[list[list[int]], bool]:

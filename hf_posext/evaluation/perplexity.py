@@ -22,7 +22,7 @@ import torch
 
 from hf_posext.core.deprecation import renamed_keyword
 from hf_posext.core.request import ScalingRequest
-from hf_posext.text_sources import load_documents
+from hf_posext.text_sources import encode_text, load_documents
 from hf_posext.evaluation.grid import Cell, Unit, run_grid
 from hf_posext.evaluation.store import ResultStore
 from hf_posext.lm.distributed import Distributed
@@ -53,7 +53,7 @@ def uses_bos(tokenizer: Any, bos: str = "auto") -> int | None:
 
 def tokenize_documents(tokenizer: Any, documents: Sequence[str], concatenate: bool = False) -> list[list[int]]:
     """Token ids of each document (no special tokens); ``concatenate`` joins them, EOS-separated, into one."""
-    token_docs = [list(tokenizer.encode(document, add_special_tokens=False)) for document in documents]
+    token_docs = [encode_text(tokenizer, document) for document in documents]
     if concatenate and len(token_docs) > 1:
         separator = [] if getattr(tokenizer, "eos_token_id", None) is None else [int(tokenizer.eos_token_id)]
         joined: list[int] = []

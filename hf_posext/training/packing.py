@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from hf_posext.text_sources import encode_text
 from hf_posext.training.pose import pose_position_ids, sample_generator
 
 __all__ = ["tokenize_and_pack", "PackedSequences", "collate_sequences", "load_packed_sequences", "NoDataError"]
@@ -57,7 +58,7 @@ def tokenize_and_pack(
     chunks: list[torch.Tensor] = []
     total = 0
     for document in tqdm(documents, desc="tokenizing", unit="doc", disable=not progress):
-        ids = tokenizer(document, add_special_tokens=False)["input_ids"] + separator
+        ids = encode_text(tokenizer, document) + separator
         if max_tokens is not None:
             ids = ids[: max_tokens - total]
         chunks.append(torch.tensor(ids, dtype=torch.long))

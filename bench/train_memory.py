@@ -442,18 +442,21 @@ def longest_within(limit_gib: float, base_gib: float, gib_per_token: float, proc
     return int(tokens // multiple) * multiple
 
 
-def estimate(results: list[dict], limit_gb: float, allocator: str = "glibc default") -> dict:
+def estimate(results: list[dict], limit_gb: float, allocator: str = "glibc default", fit_from: int = 0) -> dict:
     """Linear fits of the measured one-process peaks per variant, and the longest lengths they predict.
+
+    ``fit_from``: fit only the peaks at this many tokens or more (with glibc's default allocator the peaks
+    below 16384 tokens follow the heap, not the live tensors; see docs/training.md).
 
     A sequence-parallel record (``processes`` > 1, today's engine) fixes its per-rank base: its largest
     rank's peak less the fitted per-token cost of its 1/N share of the tokens. Everything returned here is
     an extrapolation and says so.
     """
     limit_gib = limit_gb * 1e9 / GIB
-    out: dict = {"limit_gb": limit_gb, "limit_gib": round(limit_gib, 3), "allocator": allocator,
+    out: dict = {"limit_gb": limit_gb, "limit_gib": round(limit_gib, 3), "allocator": allocator, "fit_from": fit_from,
                  "kind": "estimate: extrapolated from a least-squares line through the measured peaks", "variants": {}}
     single = [r for r in results if r.get("processes", 1) == 1 and not r.get("exceeded_limit")
-              and r.get("allocator", "glibc default") == allocator]
+              and r.get("allocator", "glibc default") == allocator and r["length"] >= fit_from]
     for variant in sorted({r["variant"] for r in single}):
         points = sorted((r["length"], r["peak_rss_gib"]) for r in single if r["variant"] == variant)
         if len({x for x, _ in points}) < 2:
@@ -478,9 +481,10 @@ def write_estimate(args: argparse.Namespace) -> int:
     path = Path(args.out or ROOT / "bench" / "results" / "train_memory_cpu.json")
     payload = json.loads(path.read_text())
     allocator = allocator_name(args.mmap_threshold)
-    result = estimate(payload["results"], args.limit_gb, allocator)
+    result = estimate(payload["results"], args.limit_gb, allocator, args.fit_from)
     result["command"] = "python bench/train_memory.py " + " ".join(sys.argv[1:])
-    payload.setdefault("estimates", {})[f"{args.limit_gb:g}GB {allocator}"] = result
+    name = f"{args.limit_gb:g}GB {allocator}" + (f" from {args.fit_from}" if args.fit_from else "")
+    payload.setdefault("estimates", {})[name] = result
     write_atomic(path, payload)
     print(json.dumps(result, indent=1))
     return 0
@@ -498,6 +502,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--estimate", action="store_true",
                         help="fit the table's measured peaks (no new runs) and extrapolate the longest length within --limit-gb")
     parser.add_argument("--limit-gb", type=float, default=20.0, help="memory limit in GB (1e9 bytes) for --longest")
+    parser.add_argument("--fit-from", type=int, default=0, help="--estimate: fit only the peaks at this many tokens or more")
     parser.add_argument("--processes", type=int, default=1,
                         help="N > 1: DeepSpeed Ulysses sp_size=N on N processes (SmolLM2-135M has 9 attention heads: N=3)")
     parser.add_argument("--variant", default="chunked", help="variant for --longest (old, plain, chunked)")

@@ -104,6 +104,11 @@ def test_linear_fit_and_longest_length_extrapolation():
     # Largest rank 1.75 GiB at 1024 tokens per rank: base 1.5 GiB, so (9 - 1.5) / 0.25 * 1024 * 3 per-process.
     assert entry["sp3"]["longest_limit_per_process"] == 3 * 30720
     assert "estimate" in out["kind"]
+    # A heap-inflated short point (glibc's default allocator at 2048 tokens) is left out with fit_from.
+    skewed = results + [{"length": 2048, "variant": "chunked", "processes": 1, "peak_rss_gib": 5.0}]
+    assert script.estimate(skewed, limit_gb=9.0 * 2**30 / 1e9)["variants"]["chunked"]["longest_1_process"] != 32768
+    fitted = script.estimate(skewed, limit_gb=9.0 * 2**30 / 1e9, fit_from=4096)["variants"]["chunked"]
+    assert fitted["longest_1_process"] == 32768 and [n for n, _ in fitted["measured"]] == [4096, 8192, 16384]
 
 
 def test_each_tree_gets_the_length_key_it_knows():

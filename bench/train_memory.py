@@ -142,7 +142,8 @@ from transformers import Trainer, TrainingArguments
 from hf_posext.training.config import load_config
 from hf_posext.training.packing import load_packed_sequences
 from hf_posext.training.lora import setup_trainable
-from hf_posext.training.parallel import ParallelismRequest, accelerate_parallelism_config
+from hf_posext.training.config import ParallelismSection
+from hf_posext.training.parallel import accelerate_parallelism_config
 from hf_posext.training.trainer import SequenceDataset, collate_sequences
 from hf_posext.models import load_model, load_tokenizer
 import hf_posext
@@ -157,7 +158,7 @@ args = TrainingArguments(output_dir=config.output.dir, max_steps=1, per_device_t
                          learning_rate=1e-4, report_to=[], save_strategy="no", logging_strategy="no",
                          **{checkpointing: True, checkpointing + "_kwargs": {"use_reentrant": False}},
                          deepspeed=ds_config, remove_unused_columns=False, dataloader_num_workers=0,
-                         parallelism_config=accelerate_parallelism_config(ParallelismRequest(sp_size=sp_size, sp_backend="deepspeed")),
+                         parallelism_config=accelerate_parallelism_config(ParallelismSection(sp_size=sp_size, sp_backend="deepspeed")),
                          disable_tqdm=True, seed=0)
 tokenizer = load_tokenizer(config.model.name)
 model = load_model(config.model.name, dtype=torch.float32, attn_implementation=config.model.attn_implementation)

@@ -120,3 +120,20 @@ def test_each_tree_gets_the_length_key_it_knows():
     assert load_config(None, new).data.sequence_length == 4096  # today's config accepts every key, no warning needed
     old = script.overrides(4096, "old", "books", "/tmp/out")
     assert "data.window=4096" in old and not any(item.startswith("data.sequence_length=") for item in old)
+
+
+def test_every_name_the_children_import_from_the_package_exists():
+    """The children are source strings run in fresh processes, so a renamed library name breaks them only
+    when someone runs the bench (the sequence-parallel child imported a ``ParallelismRequest`` that the
+    package no longer had): check each ``from hf_posext... import name`` against today's package."""
+    import ast
+    import importlib
+
+    script = _load_script()
+    missing = []
+    for child in (script.ENGINE_CHILD, script.SP_CHILD):
+        for node in ast.walk(ast.parse(child)):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("hf_posext"):
+                module = importlib.import_module(node.module)
+                missing += [f"{node.module}.{alias.name}" for alias in node.names if not hasattr(module, alias.name)]
+    assert missing == []

@@ -89,7 +89,8 @@ def test_html_report_is_self_contained_with_tables_plots_and_provenance(tmp_path
     assert ["none", "10.00F2.r0", ""] in page.rows
     assert ["yarn x2", "", "12.50F2.r1"] in page.rows
     assert ["dynamic-yarn x2", "", "12.50F2.r1= yarn x2"] in page.rows  # a reused cell says where from
-    assert ["none", "1.00F1.r?"] in page.rows  # cells written before runs were recorded per cell
+    # k/n with its 95 % Wilson interval (2 depths x 1 trial), from cells written before runs were recorded per cell
+    assert ["none", "2/2 [0.34, 1.00]F1.r?"] in page.rows
     # provenance: each run's device and versions
     header = ["run", "started", "seconds", "device", "hf_posext", "torch", "transformers", "accelerate", "python", "platform"]
     assert header in page.rows

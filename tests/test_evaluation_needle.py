@@ -50,10 +50,37 @@ def test_needle_grid_and_heatmap(tmp_path):
     model = tiny_model("llama", max_position_embeddings=256)
     store = needle.evaluate_needle(
         model, TOKENIZER, haystack=[SENTENCES], methods=parse_methods("none,yarn"), lengths=[300, 400], depths=[0.0, 1.0],
-        out_dir=tmp_path, model_name="tiny", max_new_tokens=4,
+        out_dir=tmp_path, model_name="tiny", max_new_tokens=4, trials=1,
     )
     assert len(store.cells) == 2 * 2 * 2
     plots = {p.name for p in write_plots([store.data], tmp_path)}
     # --factor omitted: yarn's factor is the longest length over the window, 400 / 256
     assert {"needle.png", "needle-heatmap-x1.5625.png"} <= plots  # none and yarn side by side in one figure
     assert (tmp_path / "needle-heatmap-x1.5625.png").stat().st_size > 1000
+
+
+def test_each_trial_reads_its_own_stretch_of_haystack(tmp_path, monkeypatch):
+    # Trials of one cell differ in their text, not only in their key and number: each starts the haystack
+    # at its own seeded sentence (the same for every method); --same-haystack keeps the old single start.
+    prompts = []
+    real = needle.score_retrieval_grouped
+
+    def recording(model, tokenizer, batch, **kwargs):
+        prompts.extend(tuple(b[0]) for b in batch)
+        return real(model, tokenizer, batch, **kwargs)
+
+    monkeypatch.setattr(needle, "score_retrieval_grouped", recording)
+    model = tiny_model("llama", max_position_embeddings=256)
+    common = dict(haystack=[SENTENCES], methods=parse_methods("none"), lengths=[300], depths=[0.5], trials=4,
+                  model_name="tiny", max_new_tokens=4, generate=False, progress=False)
+    store = needle.evaluate_needle(model, TOKENIZER, out_dir=tmp_path / "varied", **common)
+    varied = list(prompts)
+    starts = [needle.draw_haystack_start(0, 300, 0.5, t, 60) for t in range(4)]
+    assert len(set(starts)) > 1
+    for prompt, start in zip(varied, starts):
+        assert TOKENIZER.decode(list(prompt)).lstrip().startswith(f"Sentence number {start} talks")
+    assert store.data["config"]["haystack_start"] == "per-trial"
+    prompts.clear()
+    same = needle.evaluate_needle(model, TOKENIZER, out_dir=tmp_path / "same", vary_haystack=False, **common)
+    assert all(TOKENIZER.decode(list(p)).startswith("Sentence number 0 talks") for p in prompts)
+    assert "haystack_start" not in same.data["config"]  # older results files keep their name and cells

@@ -91,3 +91,49 @@ def test_evaluate_passkey_grid(model, tmp_path):
     assert set(record) >= {"greedy_accuracy", "teacher_forced_accuracy", "answer_token_accuracy"}
     keys = {u["passkey"] for c in store.cells.values() if c["length"] == 512 and c["depth"] == 1.0 for u in c["units"]}
     assert len(keys) == 2  # both methods saw the same two passkeys
+
+
+def test_more_trials_later_computes_only_the_new_trials(tmp_path, monkeypatch):
+    # A CPU run with 2 trials per depth, resumed with 5: the stored 2 are kept (same seeds, same prompts),
+    # only 3 new prompts per cell are scored, and the cell then reports 5 trials with its counts.
+    from hf_posext.evaluation import retrieval
+
+    scored = []
+    real = passkey.score_retrieval_grouped
+
+    def counting(model, tokenizer, batch, **kwargs):
+        scored.extend(b[2] for b in batch)
+        return real(model, tokenizer, batch, **kwargs)
+
+    monkeypatch.setattr(passkey, "score_retrieval_grouped", counting)
+    tiny = tiny_model("llama", seed=0, max_position_embeddings=256)
+    common = dict(methods=parse_methods("none"), lengths=[400], depths=(0.0, 1.0), out_dir=tmp_path, progress=False, generate=False)
+    first = passkey.evaluate_passkey(tiny, TOKENIZER, trials=2, **common)
+    assert len(scored) == 4
+    early = {k: dict(v) for k, v in first.cells.items()}
+    scored.clear()
+    second = passkey.evaluate_passkey(tiny, TOKENIZER, trials=5, **common)
+    assert sorted(scored) == sorted(passkey.draw_passkey(0, 400, d, t) for d in (0.0, 1.0) for t in (2, 3, 4))
+    for cell_id, record in second.cells.items():
+        assert record["trials"] == 5 and record["unit_keys"][:2] == early[cell_id]["unit_keys"]
+        assert record["units"][:2] == early[cell_id]["units"]  # the stored trials, not recomputed
+        assert record["teacher_forced_correct"] == sum(bool(u["teacher_forced"]) for u in record["units"])
+    scored.clear()
+    passkey.evaluate_passkey(tiny, TOKENIZER, trials=3, **common)  # fewer than stored: complete, nothing scored
+    assert scored == []
+
+
+def test_a_stored_cell_without_unit_keys_and_fewer_trials_is_recomputed(tmp_path, monkeypatch):
+    # Results written before unit keys were kept cannot be matched trial by trial: asked for more trials,
+    # the whole cell is recomputed (before this, a 1-trial cell silently stood in for a 10-trial request).
+    import json
+
+    tiny = tiny_model("llama", seed=0, max_position_embeddings=256)
+    common = dict(methods=parse_methods("none"), lengths=[400], depths=(0.5,), out_dir=tmp_path, progress=False, generate=False)
+    store = passkey.evaluate_passkey(tiny, TOKENIZER, trials=1, **common)
+    data = json.loads(store.path.read_text())
+    for record in data["cells"].values():
+        del record["unit_keys"]
+    store.path.write_text(json.dumps(data))
+    again = passkey.evaluate_passkey(tiny, TOKENIZER, trials=3, **common)
+    assert [r["trials"] for r in again.cells.values()] == [3]

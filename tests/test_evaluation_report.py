@@ -34,7 +34,9 @@ def test_report_tables_and_plots(tmp_path):
     assert [r["task"] for r in runs] == ["passkey", "perplexity"]
     tables = markdown_tables(runs)
     assert "| none | 10.00 | 90.00 |" in tables and "| yarn x2 |  | 12.50 |" in tables
-    assert "| none | 0.50 |" in tables  # greedy accuracy averaged over the two depths
+    # greedy: 0/2 and 2/2 over the two depths, pooled as 2/4 with its 95 % Wilson interval
+    assert "| none | 2/4 [0.15, 0.85] |" in tables
+    assert "| none | 3/4 [0.30, 0.95] |" in tables  # teacher-forced: 1/2 and 2/2
     assert "scored tokens per length 64: 63, 128: 127)" in tables
     markdown, plots = write_report(tmp_path)
     assert {p.name for p in plots} == {"perplexity.png", "passkey.png", "passkey-heatmap-none.png"}
@@ -64,7 +66,7 @@ def test_report_keeps_models_apart(tmp_path):
     tables = markdown_tables(load_results(tmp_path))
     assert "| smollm2-135m: yarn x4 | 28.20 |" in tables
     assert "| smollm2-8k-32k/merged: yarn x4 | 25.00 |" in tables
-    assert "| smollm2-8k-32k/merged: yarn x4 | 1.00 |" in tables and "| smollm2-135m: yarn x4 | 0.00 |" in tables
+    assert "| smollm2-8k-32k/merged: yarn x4 | 2/2 [0.34, 1.00] |" in tables and "| smollm2-135m: yarn x4 | 0/2 [0.00, 0.66] |" in tables
     _, plots = write_report(tmp_path)
     names = {p.name for p in plots}
     assert {"passkey-heatmap-smollm2-135m-x4.png", "passkey-heatmap-smollm2-8k-32k-merged-x4.png"} <= names

@@ -44,7 +44,9 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 def _retrieval(parser: argparse.ArgumentParser, trials: int, max_new: int) -> None:
     parser.add_argument("--depths", default="0,0.25,0.5,0.75,1", help="positions 0 (start) .. 1 (end) (default: %(default)s)")
-    parser.add_argument("--trials", type=int, default=trials, help="prompts per (length, depth) (default: %(default)s)")
+    parser.add_argument("--trials", type=int, default=trials,
+                        help="prompts per (length, depth), each with its own seeded number (default: %(default)s; 10 x 5 depths = "
+                             "50 per length; raising it later computes only the new trials)")
     parser.add_argument("--seed", type=int, default=0, help="RNG seed for the hidden numbers (default: %(default)s)")
     parser.add_argument("--no-generate", dest="generate", action="store_false", help="teacher-forced score only (one forward per prompt)")
     parser.add_argument("--max-new-tokens", type=int, default=max_new, help="greedy decoding steps (default: %(default)s)")
@@ -66,11 +68,13 @@ def add_task_arguments(parser: argparse.ArgumentParser, task: str) -> None:
         parser.add_argument("--concatenate", action="store_true", help="join documents (EOS-separated) before cutting segments")
         parser.add_argument("--chunk-size", type=int, default=2048, help="positions per output-head chunk (default: %(default)s)")
     elif task == "passkey":
-        _retrieval(parser, trials=3, max_new=10)
+        _retrieval(parser, trials=10, max_new=10)
     elif task == "needle":
         parser.add_argument("--haystack", default="builtin:python-docs", help="text folder/file/dataset for the haystack (default: %(default)s)")
         parser.add_argument("--text-field", help="JSON field / column holding the text")
-        _retrieval(parser, trials=1, max_new=12)
+        parser.add_argument("--same-haystack", dest="vary_haystack", action="store_false",
+                            help="every trial reads the haystack from its first sentence (default: each trial from its own seeded sentence)")
+        _retrieval(parser, trials=10, max_new=12)
     else:
         raise ValueError(f"Unknown evaluation task {task!r}; one of {', '.join(TASKS)}.")
 
@@ -173,7 +177,8 @@ def _run_task(task: str, args: argparse.Namespace) -> int:
         if task == "passkey":
             store = passkey.evaluate_passkey(model, tokenizer, **retrieval, **common)
         else:
-            store = needle.evaluate_needle(model, tokenizer, haystack=args.haystack, text_field=args.text_field, **retrieval, **common)
+            store = needle.evaluate_needle(model, tokenizer, haystack=args.haystack, text_field=args.text_field,
+                                           vary_haystack=args.vary_haystack, **retrieval, **common)
     if dist.is_main:
         print(markdown_tables([store.data]))
         # Plots cover every results file in the folder (other models and tasks included), so an

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -35,7 +36,7 @@ from hf_posext.evaluation.fingerprints import (
 from hf_posext.evaluation.store import ResultStore
 from hf_posext.lm.distributed import Distributed
 
-__all__ = ["Unit", "Cell", "cell_id", "resolve_factor_for", "apply_method", "check_length", "run_grid"]
+__all__ = ["Unit", "Cell", "cell_id", "stored_units", "resolve_factor_for", "apply_method", "check_length", "run_grid"]
 
 
 def resolve_factor_for(method: ScalingRequest, factor: float | None, lengths: Sequence[int], original_window: int) -> float:
@@ -136,7 +137,7 @@ def run_grid(
     for method in methods:
         method_factor = resolve_factor_for(method, factor, lengths, original_window)
         ids = {length: [cell_id(method, method_factor, length, c.coords) for c in plans[length]] for length in lengths}
-        if _all_stored_without_frequencies(store, ids):
+        if _all_stored_without_frequencies(store, ids, plans):
             continue  # all done, nothing to re-check
         with apply_method(model, method, method_factor) as report:
             for length in lengths:
@@ -182,11 +183,39 @@ class _Step:
         return f"{self.method.label} x{self.factor:g}"
 
 
-def _all_stored_without_frequencies(store: ResultStore, ids: dict[int, list[str]]) -> bool:
-    """Every cell of a method is stored, and none carries frequencies, an attention function or weights to re-check."""
-    stored = [store.get(i) for length_ids in ids.values() for i in length_ids if store.has(i)]
-    return len(stored) == sum(map(len, ids.values())) and not any(
-        "rope_frequencies" in r or "attention_function" in r or "model_weights" in r for r in stored)
+def _all_stored_without_frequencies(store: ResultStore, ids: dict[int, list[str]], plans: dict[int, list[Cell]]) -> bool:
+    """Every cell of a method is stored with all its units, and none carries frequencies, an attention function
+    or weights to re-check."""
+    pairs = [(i, cell) for length, length_ids in ids.items() for i, cell in zip(length_ids, plans[length])]
+    if not all(store.has(i) and len(stored_units(store.get(i), cell)) == len(cell.units) for i, cell in pairs):
+        return False
+    return not any("rope_frequencies" in r or "attention_function" in r or "model_weights" in r
+                   for r in (store.get(i) for i, _ in pairs))
+
+
+def _unit_key_text(key: Any) -> str:
+    return json.dumps(key, default=str)
+
+
+def stored_units(record: dict[str, Any], cell: Cell) -> dict[int, dict[str, Any]]:
+    """The results ``record`` already holds for ``cell``'s units, by their index in ``cell.units``.
+
+    A record keeps its units' keys (``unit_keys``), so a cell asked for with more trials than were stored
+    computes only the new trials and keeps the stored ones (same seeds, same prompts); one asked for with
+    fewer is complete. A record from before keys were kept counts as complete when it holds at least as
+    many units as the cell, else as empty (its units cannot be matched to the cell's).
+    """
+    units = record.get("units") or []
+    keys = record.get("unit_keys")
+    if keys is None or len(keys) != len(units):
+        return dict(enumerate(units[: len(cell.units)])) if len(units) >= len(cell.units) else {}
+    by_key = {_unit_key_text(key): result for key, result in zip(keys, units)}
+    found = {}
+    for index, unit in enumerate(cell.units):
+        text = _unit_key_text(unit.key)
+        if text in by_key:
+            found[index] = by_key[text]
+    return found
 
 
 def _stale_cells(store: ResultStore, ids: list[str], step: _Step) -> list[str]:
@@ -219,19 +248,26 @@ def _run_step(job: _Job, step: _Step, cells: list[Cell], ids: list[str], memo: d
                       "embedding, attention kernel or model weights (changed parameters, factors file, code or "
                       "a retrained model); recomputing them.",
                       stacklevel=3)
-    cells = [c for c, i in zip(cells, ids) if not job.store.has(i) or i in stale]
-    if not cells:
+    kept: dict[int, dict[str, Any]] = {}  # id(unit) -> its stored result, for cells stored with fewer units
+    pending = []
+    for cell, i in zip(cells, ids):
+        stored = stored_units(job.store.get(i), cell) if job.store.has(i) and i not in stale else {}
+        if len(stored) < len(cell.units):
+            pending.append(cell)
+            kept.update({id(cell.units[index]): result for index, result in stored.items()})
+    if not pending:
         return
     warning = check_length(step.report, step.length, step.method.label)
     fingerprint = step.fingerprint if job.reuse_identical else None
-    needed = [u for cell in cells for u in cell.units if fingerprint is None or (fingerprint, u.key) not in memo]
+    needed = [u for cell in pending for u in cell.units
+              if id(u) not in kept and (fingerprint is None or (fingerprint, u.key) not in memo)]
     gathered = _evaluate_units(job, needed, f"{job.description}{step.method.label} @ {step.length}")
-    computed = {}
+    computed = dict(kept)
     for i, unit in enumerate(needed):
         computed[id(unit)] = gathered[i]
         if fingerprint is not None:
             memo[(fingerprint, unit.key)] = (gathered[i], step.label)
-    for cell in cells:
+    for cell in pending:
         unit_results, reused_from = _unit_results(cell, computed, memo, fingerprint)
         record = _cell_record(step, cell, job.aggregate(unit_results), unit_results, reused_from, warning is not None)
         job.store.put(cell_id(step.method, step.factor, step.length, cell.coords), record)
@@ -288,6 +324,7 @@ def _cell_record(step: _Step, cell: Cell, metrics: dict[str, Any], unit_results:
         "beyond_window": beyond_window,
         "seconds": round(sum(r["seconds"] for r in unit_results), 3),
         "units": unit_results,
+        "unit_keys": [json.loads(_unit_key_text(unit.key)) for unit in cell.units],
     }
     if reused_from:
         record["reused_from"] = sorted(reused_from)

@@ -29,7 +29,7 @@ from hf_posext.evaluation.retrieval import score_retrieval_grouped
 from hf_posext.evaluation.store import ResultStore
 from hf_posext.lm.distributed import Distributed
 
-__all__ = ["NEEDLE", "QUESTION", "KEYS", "Haystack", "build_needle_prompt", "evaluate_needle"]
+__all__ = ["NEEDLE", "QUESTION", "KEYS", "Haystack", "draw_needle", "draw_haystack_start", "build_needle_prompt", "evaluate_needle"]
 
 NEEDLE = "The special magic number for {key} is: {value}."
 QUESTION = "What is the special magic number for {key} mentioned in the provided text? The special magic number for {key} mentioned in the provided text is"
@@ -54,22 +54,26 @@ class Haystack:
         self.tokens = [encode_text(tokenizer, " " + s if i else s) for i, s in enumerate(sentences)]
         self.total_tokens = sum(map(len, self.tokens))
 
-    def take(self, budget: int) -> tuple[list[list[int]], bool]:
-        """Whole sentences (token ids) from the start up to ``budget`` tokens, cycling if needed."""
+    def take(self, budget: int, start: int = 0) -> tuple[list[list[int]], bool]:
+        """Whole sentences (token ids) from sentence ``start`` on, up to ``budget`` tokens, cycling if needed.
+
+        Returns:
+            ``(sentences, cycled)``; ``cycled`` is True when the haystack was shorter than the budget.
+        """
         taken: list[list[int]] = []
         used = 0
-        index = 0
+        count = 0
         cycled = False
         while True:
-            sentence = self.tokens[index % len(self.tokens)]
+            sentence = self.tokens[(start + count) % len(self.tokens)]
             if used + len(sentence) > budget:
                 break
             taken.append(sentence)
             used += len(sentence)
-            index += 1
-            if index >= len(self.tokens):
+            count += 1
+            if count >= len(self.tokens):
                 cycled = True
-            if index > 10 * len(self.tokens) + budget:
+            if count > 10 * len(self.tokens) + budget:
                 break
         return taken, cycled
 
@@ -80,8 +84,20 @@ def draw_needle(seed: int, length: int, depth: float, trial: int) -> tuple[str, 
     return rng.choice(KEYS), str(rng.randint(1_000_000, 9_999_999))
 
 
-def build_needle_prompt(tokenizer: Any, haystack: Haystack, total_tokens: int, depth: float, key: str, value: str) -> tuple[list[int], list[int], dict[str, Any]]:
+def draw_haystack_start(seed: int, length: int, depth: float, trial: int, sentences: int) -> int:
+    """The haystack sentence a trial's text starts at, a pure function of (seed, length, depth, trial).
+
+    Each trial reads another stretch of the haystack, so that trials differ in their text as well as in
+    their needle (and a cell's trials are closer to independent samples).
+    """
+    return random.Random(f"needle-start-{seed}-{length}-{depth}-{trial}").randrange(sentences)
+
+
+def build_needle_prompt(tokenizer: Any, haystack: Haystack, total_tokens: int, depth: float, key: str, value: str,
+                        start: int = 0) -> tuple[list[int], list[int], dict[str, Any]]:
     """Prompt ids of exactly ``total_tokens`` tokens, answer ids (`` {value}``), and facts about the build.
+
+    The haystack is read from its sentence ``start`` on.
 
     Raises:
         ValueError: ``total_tokens`` is too short for the needle and question.
@@ -93,7 +109,7 @@ def build_needle_prompt(tokenizer: Any, haystack: Haystack, total_tokens: int, d
     budget = total_tokens - len(needle) - len(question)
     if budget <= 0:
         raise ValueError(f"{total_tokens} tokens cannot hold the needle and question ({len(needle) + len(question)} tokens).")
-    sentences, cycled = haystack.take(budget)
+    sentences, cycled = haystack.take(budget, start)
     # Insert at the sentence boundary whose token offset is nearest to depth x haystack tokens.
     offsets = [0]
     for sentence in sentences:
@@ -103,11 +119,11 @@ def build_needle_prompt(tokenizer: Any, haystack: Haystack, total_tokens: int, d
     body = [t for s in sentences[:boundary] for t in s] + needle + [t for s in sentences[boundary:] for t in s]
     pad = budget - offsets[-1]
     # Fill the few tokens a whole sentence could not with the start of the next sentence, before the question.
-    next_sentence = haystack.tokens[len(sentences) % len(haystack.tokens)]
+    next_sentence = haystack.tokens[(start + len(sentences)) % len(haystack.tokens)]
     filler = (next_sentence * (pad // max(1, len(next_sentence)) + 1))[:pad]
     prompt = body + filler + question
     assert len(prompt) == total_tokens, (len(prompt), total_tokens)
-    info = {"needle_token_offset": offsets[boundary], "haystack_cycled": cycled}
+    info = {"needle_token_offset": offsets[boundary], "haystack_cycled": cycled, "haystack_start": start}
     return prompt, answer, info
 
 
@@ -119,9 +135,10 @@ def evaluate_needle(
     methods: Sequence[ScalingRequest],
     lengths: Sequence[int],
     depths: Sequence[float] = (0.0, 0.25, 0.5, 0.75, 1.0),
-    trials: int = 1,
+    trials: int = 10,
     factor: float | None = None,
     seed: int = 0,
+    vary_haystack: bool = True,
     generate: bool = True,
     max_new_tokens: int = 12,
     out_dir: str | os.PathLike = "results",
@@ -137,7 +154,9 @@ def evaluate_needle(
     """Needle retrieval accuracy of each method over lengths x depths (x trials).
 
     Args are as in :func:`hf_posext.evaluation.passkey.evaluate_passkey`, plus ``haystack`` (a text source
-    or a list of strings) and ``text_field``.
+    or a list of strings), ``text_field``, and ``vary_haystack``: each trial reads the haystack from its own
+    seeded sentence (:func:`draw_haystack_start`; the default), or every trial from the first sentence (the
+    format of results written before per-trial starts).
 
     Returns:
         The :class:`ResultStore`; one record per (method, length, depth).
@@ -148,6 +167,8 @@ def evaluate_needle(
     hay = Haystack(tokenizer, haystack, text_field)
     run_config = {"task": "needle", "model": model_name, "haystack": hay.source, "seed": seed, "generate": generate,
                   "max_new_tokens": max_new_tokens, "needle": NEEDLE, **(extra_config or {})}
+    if vary_haystack:
+        run_config["haystack_start"] = "per-trial"  # absent: every trial from sentence 0 (older results files)
     store = ResultStore(out_dir, "needle", run_config, overwrite=overwrite, write=dist.is_main)
 
     def plan(length: int) -> list[Cell]:
@@ -156,7 +177,8 @@ def evaluate_needle(
             units, cycled = [], False
             for trial in range(trials):
                 key, value = draw_needle(seed, length, depth, trial)
-                prompt, answer, info = build_needle_prompt(tokenizer, hay, length - max_new_tokens, depth, key, value)
+                start = draw_haystack_start(seed, length, depth, trial, len(hay.sentences)) if vary_haystack else 0
+                prompt, answer, info = build_needle_prompt(tokenizer, hay, length - max_new_tokens, depth, key, value, start)
                 cycled = cycled or info["haystack_cycled"]
                 units.append(Unit(("needle", length, depth, trial), (prompt, answer, value)))
             cells.append(Cell({"depth": depth}, units, {"haystack_cycled": cycled}))

@@ -10,7 +10,9 @@ it. Conventions, the same in every figure of a report:
 * heatmaps: lengths across, depths down, one panel per method side by side on the same axes, one
   shared colour scale; cells a method did not run are left grey;
 * line plots: the legend below the axes, the original window as a dotted line, and points of
-  different methods at one length offset sideways so that equal values (ties) stay visible.
+  different methods at one length offset sideways so that equal values (ties) stay visible; a rate
+  (retrieval accuracy) pools the trials of all depths at a length, k/n, with its 95 % Wilson interval
+  as an error bar, and the title says how many trials each point holds.
 
 :func:`layout_problems` checks a figure's layout from matplotlib's own geometry (legends against
 axes, texts against the figure's edge, tick labels against each other).
@@ -28,8 +30,9 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from hf_posext.evaluation.labels import format_length, short_label
+from hf_posext.evaluation.proportions import Proportion, pooled_proportion
 
-__all__ = ["wrap_label", "method_styles", "panel_groups", "line_figure", "heatmap_figure", "layout_problems", "save_figure"]
+__all__ = ["wrap_label", "method_styles", "panel_groups", "trials_note", "line_figure", "heatmap_figure", "layout_problems", "save_figure"]
 
 _MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "h", "*", "p")
 _DODGE_OCTAVES = 0.05  # sideways offset between methods at one length, in octaves of the log2 length axis
@@ -102,6 +105,25 @@ def _mean_by_length(records: Iterable[dict[str, Any]], metric: str) -> dict[int,
     return {length: sum(v) / len(v) for length, v in values.items()}
 
 
+def _pooled_by_length(records: Iterable[dict[str, Any]], metric: str) -> dict[int, Proportion]:
+    by_length: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for record in records:
+        if record.get(metric) is not None:
+            by_length[record["length"]].append(record)
+    pooled = {length: pooled_proportion(members, metric) for length, members in by_length.items()}
+    return {length: p for length, p in pooled.items() if p is not None}
+
+
+def trials_note(records: Sequence[dict[str, Any]], metric: str) -> str:
+    """``n = 50 trials per point`` (or ``n = 15-50 ...`` when the points differ), for a rate plot's title."""
+    counts = sorted({p.trials for label in {_label(r) for r in records}
+                     for p in _pooled_by_length((r for r in records if _label(r) == label), metric).values()})
+    if not counts:
+        return ""
+    n = str(counts[0]) if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
+    return f"n = {n} trials per point, bars: 95 % Wilson interval"
+
+
 def _length_axis(axis, lengths: Sequence[int], window: int | None = None) -> None:
     from matplotlib.ticker import FixedLocator, NullLocator
 
@@ -153,7 +175,9 @@ def line_figure(records: Sequence[dict[str, Any]], metric: str, ylabel: str, tit
     for axis, ((model, factor), group) in zip(axes.flat, groups.items()):
         labels = sorted({_label(r) for r in group}, key=lambda m: (m != "none", m))
         for i, label in enumerate(labels):
-            points = sorted(_mean_by_length((r for r in group if _label(r) == label), metric).items())
+            members = [r for r in group if _label(r) == label]
+            pooled = _pooled_by_length(members, metric) if rate else {}
+            points = sorted({n: p.rate for n, p in pooled.items()}.items()) if pooled else sorted(_mean_by_length(members, metric).items())
             if not points:
                 continue
             shift = 2 ** ((i - (len(labels) - 1) / 2) * _DODGE_OCTAVES)
@@ -162,6 +186,12 @@ def line_figure(records: Sequence[dict[str, Any]], metric: str, ylabel: str, tit
             plotted += [v for _, v in points]
             axis.plot([n * shift for n, _ in points], [v for _, v in points], color=colour, marker=marker, markersize=6,
                       markerfacecolor=face, linewidth=1.4, alpha=0.9)
+            if pooled:
+                intervals = [pooled[n].interval for n, _ in points]
+                axis.errorbar([n * shift for n, _ in points], [v for _, v in points],
+                              yerr=[[v - low for (_, v), (low, _) in zip(points, intervals)],
+                                    [high - v for (_, v), (_, high) in zip(points, intervals)]],
+                              fmt="none", ecolor=colour, elinewidth=1.0, capsize=2.5, alpha=0.8)
             used[label] = Line2D([], [], color=colour, marker=marker, markerfacecolor=face, linewidth=1.4)
         window = _original_window(group)
         if window:
@@ -196,7 +226,8 @@ def line_figure(records: Sequence[dict[str, Any]], metric: str, ylabel: str, tit
         names.append("original window")
     figure.legend(handles, names, loc="outside lower center", ncols=legend_columns, fontsize=8, frameon=False,
                   title="method (points of different methods are offset sideways, so that ties stay visible)", title_fontsize=8)
-    _suptitle(figure, title)
+    note = trials_note(records, metric) if rate else ""
+    _suptitle(figure, f"{title} ({note})" if note else title)
     return figure
 
 

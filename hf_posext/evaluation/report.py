@@ -29,7 +29,7 @@ from hf_posext.evaluation.tables import markdown_tables, models, report_tables, 
 __all__ = ["load_results", "write_csv", "markdown_tables", "write_plots", "write_report"]
 
 _CSV_COLUMNS = ("task", "method", "label", "factor", "length", "depth", "ppl", "nll", "tokens", "windows", "skipped_documents",
-                "trials", "greedy_accuracy", "teacher_forced_accuracy", "answer_token_accuracy", "beyond_window", "seconds", "reused_from")
+                "trials", "greedy_correct", "greedy_accuracy", "teacher_forced_correct", "teacher_forced_accuracy", "answer_token_accuracy", "beyond_window", "seconds", "reused_from")
 _TASK_TITLES = {"perplexity": "Perplexity", "passkey": "Passkey", "needle": "Needle"}
 
 
@@ -96,7 +96,7 @@ def write_plots(runs: Sequence[dict[str, Any]], out_dir: str | os.PathLike) -> l
             continue
         metric = _accuracy_metric(records)
         scoring = "greedy generation" if metric == "greedy_accuracy" else "teacher-forced"
-        figure = line_figure(records, metric, "accuracy (mean over depths)",
+        figure = line_figure(records, metric, "accuracy (found/trials, all depths)",
                              f"{_TASK_TITLES[task]} accuracy against length ({scoring}): {_subject(records, runs)}", styles,
                              rate=True)
         written.append(save_figure(figure, out / f"{task}.png"))

@@ -25,6 +25,8 @@ TASK_METRICS: dict[str, tuple[str, ...]] = {
     "passkey": ("teacher_forced_accuracy", "trials", "depth"),
     "needle": ("teacher_forced_accuracy", "trials", "depth"),
 }
+#: Counts of correct trials and the rate each must agree with (k/n).
+_COUNTS = (("greedy_correct", "greedy_accuracy"), ("teacher_forced_correct", "teacher_forced_accuracy"))
 _OPTIONAL_NUMBERS = ("greedy_accuracy", "answer_token_accuracy", "seconds", "supported_window", "windows")
 
 
@@ -62,6 +64,14 @@ def check_cell(task: str, cell_id: str, record: Any) -> str | None:
     for name in _OPTIONAL_NUMBERS:
         if record.get(name) is not None and not _is_number(record[name]):
             return f"cell {cell_id!r} has {name} {record[name]!r}, not a number"
+    for count, rate in _COUNTS:
+        if record.get(count) is None:
+            continue
+        value, trials = record[count], record.get("trials")
+        if not isinstance(value, int) or isinstance(value, bool) or not isinstance(trials, int) or not 0 <= value <= trials:
+            return f"cell {cell_id!r} has {count} {value!r}, not a whole number of its {trials!r} trials"
+        if record.get(rate) is not None and abs(record[rate] - value / trials) > 1e-9:
+            return f"cell {cell_id!r} has {count} {value} of {trials} trials but {rate} {record[rate]!r}"
     return None
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 from hf_posext.evaluation.labels import model_name, series_name
+from hf_posext.evaluation.proportions import pooled_proportion
 
 __all__ = ["TableCell", "Table", "task_records", "models", "metric_table", "report_tables", "markdown_table", "markdown_tables"]
 
@@ -61,8 +62,13 @@ def _order(name: str) -> tuple:
     return (model, method != "none", method)
 
 
-def metric_table(records: Iterable[dict[str, Any]], metric: str, fmt: str, title: str) -> Table:
-    """Mean of ``metric`` per (series, length) over the matching records (depths, windows)."""
+def metric_table(records: Iterable[dict[str, Any]], metric: str, fmt: str, title: str, counts: bool = False) -> Table:
+    """Mean of ``metric`` per (series, length) over the matching records (depths, windows).
+
+    With ``counts`` (a success rate over trials), a cell pools the trials of its records instead:
+    ``k/n [low, high]`` with the 95 % Wilson interval (:mod:`hf_posext.evaluation.proportions`), its value
+    the pooled rate k/n.
+    """
     grouped: dict[str, dict[int, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
     for record in records:
         if record.get(metric) is not None:
@@ -73,9 +79,13 @@ def metric_table(records: Iterable[dict[str, Any]], metric: str, fmt: str, title
         cells = {}
         for length, members in grouped[name].items():
             value = sum(float(r[metric]) for r in members) / len(members)
+            text = format(value, fmt)
+            pooled = pooled_proportion(members, metric) if counts else None
+            if pooled is not None:
+                value, text = pooled.rate, pooled.text()
             sources = tuple(sorted({(r["_file"], r["_run"]) for r in members}, key=lambda s: (s[0], -1 if s[1] is None else s[1])))
             reused = tuple(sorted({origin for r in members for origin in (r.get("reused_from") or [])}))
-            cells[length] = TableCell(value, format(value, fmt), sources, reused)
+            cells[length] = TableCell(value, text, sources, reused)
         table.rows.append((name, cells))
     return table
 
@@ -99,9 +109,10 @@ def report_tables(runs: Sequence[dict[str, Any]]) -> list[Table]:
         records = task_records(runs, task)
         if not records:
             continue
+        pooled = "found/trials over all depths [95 % Wilson interval]"
         if any(r.get("greedy_accuracy") is not None for r in records):
-            tables.append(metric_table(records, "greedy_accuracy", ".2f", f"{name} accuracy, greedy generation (mean over depths and trials)"))
-        tables.append(metric_table(records, "teacher_forced_accuracy", ".2f", f"{name} accuracy, teacher-forced (mean over depths and trials)"))
+            tables.append(metric_table(records, "greedy_accuracy", ".2f", f"{name} accuracy, greedy generation ({pooled})", counts=True))
+        tables.append(metric_table(records, "teacher_forced_accuracy", ".2f", f"{name} accuracy, teacher-forced ({pooled})", counts=True))
     return tables
 
 

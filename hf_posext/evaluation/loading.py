@@ -45,6 +45,7 @@ def load_model_and_tokenizer(
     device: str | None = None,
     device_map: str | None = None,
     attn_implementation: str | None = None,
+    adapter: str | None = None,
 ):
     """Load a causal LM and its tokenizer for evaluation.
 
@@ -56,6 +57,9 @@ def load_model_and_tokenizer(
         device: where to put the model (ignored with ``device_map``).
         device_map: e.g. ``"auto"`` to spread a model too big for one device.
         attn_implementation: e.g. ``"sdpa"``, ``"eager"``, ``"flash_attention_2"``.
+        adapter: a LoRA adapter folder written by the recipes: checked against ``name``
+            (:func:`hf_posext.adapters.check_adapter`) before anything loads, then applied with its recorded
+            scaling and merged (:func:`hf_posext.adapters.load_adapted_model`).
 
     Returns:
         ``(model, tokenizer)``, the model in eval mode.
@@ -68,6 +72,10 @@ def load_model_and_tokenizer(
     from hf_posext.core.loading import check_causal_lm_folder
     from hf_posext.models import load_model, load_tokenizer, resolve_model_path, tiny_model
 
+    if adapter:
+        from hf_posext.adapters import check_adapter
+
+        check_adapter(adapter, name)  # the base and scaling it was trained on, before anything loads
     if name == "tiny" or name.startswith("tiny:"):
         _, family, window = (name.split(":") + ["", ""])[:3]
         overrides = {}
@@ -87,4 +95,8 @@ def load_model_and_tokenizer(
     torch_dtype = _dtype(dtype)
     check_causal_lm_folder(resolve_model_path(name), name, kwargs)  # a T5 folder is named as such, not as tokenizer-less
     tokenizer = load_tokenizer(name)  # a bad tokenizer must not cost a model load
+    if adapter:
+        from hf_posext.adapters import load_adapted_model
+
+        return load_adapted_model(name, adapter, dtype=torch_dtype, device=device, **kwargs), tokenizer
     return load_model(name, dtype=torch_dtype, device=device, **kwargs), tokenizer

@@ -14,10 +14,9 @@ from typing import Any
 
 from torch import nn
 
+from hf_posext.adapters import EXTRAS_FILE
+
 __all__ = ["LoraTargetError", "linear_module_names", "setup_trainable", "trainable_state_dict", "extra_parameter_names"]
-
-EXTRAS_FILE = "trainable_extras.safetensors"
-
 
 class LoraTargetError(ValueError):
     """A LoRA target module name that matches no linear layer of the model."""

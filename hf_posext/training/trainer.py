@@ -38,6 +38,7 @@ from typing import Any
 import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
+from hf_posext.adapters import write_adapter_record
 from hf_posext.training.checkpoints import (
     CHECKSUMS_FILE, RUN_FILE, CheckpointError, checkpoint_step, find_latest_checkpoint, read_run_info, verify_checkpoint,
     write_checksums, write_json_atomic,
@@ -609,6 +610,8 @@ def _save_final(config: TrainConfig, accelerator: Any, model: Any, tokenizer: An
 
         def write_adapter(folder: Path) -> None:
             unwrapped.save_pretrained(str(folder), state_dict=state_dict)
+            # what the adapter was trained on, checked whenever it is applied again (hf_posext.adapters)
+            write_adapter_record(folder, config.model.name, hf_posext.describe(unwrapped.get_base_model()))
             if base_names:
                 prefix = "base_model.model."
                 extras = {n: state_dict[prefix + n].detach().cpu().contiguous() for n in base_names if prefix + n in state_dict}

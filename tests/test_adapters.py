@@ -125,3 +125,10 @@ def test_parameters_are_compared_only_where_given(run):
     assert check_adapter(run / "adapter", str(TINY_MODEL), "yarn", 4, {"beta_fast": 32}).method == "yarn"
     with pytest.raises(AdapterMismatchError, match=r"trained with yarn x4 beta_fast=32.0 .*not yarn x4 beta_fast=16"):
         check_adapter(run / "adapter", str(TINY_MODEL), "yarn", 4, {"beta_fast": 16})
+
+
+def test_the_adapter_folder_carries_a_model_card(run):
+    card = (run / "adapter" / "README.md").read_text()
+    assert card.startswith("---\nbase_model: ")
+    assert "yarn` x4" in card and "window 256 tokens" in card and "PoSE: 32-token sequences" in card
+    assert "4 steps" in card and "training loss" in card and "--adapter ADAPTER_DIR --methods yarn" in card

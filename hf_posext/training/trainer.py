@@ -44,6 +44,7 @@ from hf_posext.training.checkpoints import (
     write_checksums, write_json_atomic,
 )
 from hf_posext.training.config import ConfigError, TrainConfig, config_differences, config_from_dict
+from hf_posext.training.model_card import adapter_model_card
 from hf_posext.training.packing import collate_sequences, load_packed_sequences
 
 __all__ = [
@@ -611,7 +612,8 @@ def _save_final(config: TrainConfig, accelerator: Any, model: Any, tokenizer: An
         def write_adapter(folder: Path) -> None:
             unwrapped.save_pretrained(str(folder), state_dict=state_dict)
             # what the adapter was trained on, checked whenever it is applied again (hf_posext.adapters)
-            write_adapter_record(folder, config.model.name, hf_posext.describe(unwrapped.get_base_model()))
+            record = write_adapter_record(folder, config.model.name, hf_posext.describe(unwrapped.get_base_model()))
+            (folder / "README.md").write_text(adapter_model_card(config, json.loads(record.read_text()), output_dir / "log.jsonl"))
             if base_names:
                 prefix = "base_model.model."
                 extras = {n: state_dict[prefix + n].detach().cpu().contiguous() for n in base_names if prefix + n in state_dict}

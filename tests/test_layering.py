@@ -2,7 +2,7 @@
 
 Read statically with ``ast`` from the source files (every ``import`` statement, including those inside
 functions), so a cycle hidden behind a function-level import is still a cycle. Layers, lowest first,
-follow docs/DESIGN (see README "How it works").
+follow docs/DESIGN (see docs/architecture.md).
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ from typing import Any
 
 from hf_posext.core.errors import DamagedFileError
 from hf_posext.core.loading import check_weight_files
+from hf_posext.core.paths import check_output_folder
 from hf_posext.core.saved_config import (
     flat_rope_parameters,
     set_tokenizer_max_length,
@@ -189,6 +190,10 @@ def _check_destination(source: Path | None, out: Path, overwrite: bool) -> None:
             raise ExportError(f"--out {out} contains the source folder {source}: choose a folder outside it")
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
         raise ExportError(f"--out {out} exists and is not empty: choose a new folder or pass --overwrite")
+    try:
+        check_output_folder(out, "--out", "the exported model")
+    except ValueError as error:
+        raise ExportError(str(error)) from None
 
 
 def _replace_atomically(staged: Path, out: Path) -> None:

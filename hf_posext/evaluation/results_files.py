@@ -26,6 +26,7 @@ TASK_METRICS: dict[str, tuple[str, ...]] = {
     "needle": ("teacher_forced_accuracy", "trials", "depth"),
 }
 _OPTIONAL_NUMBERS = ("greedy_accuracy", "answer_token_accuracy", "seconds", "supported_window", "windows")
+_ACCURACIES = ("teacher_forced_accuracy", "greedy_accuracy", "answer_token_accuracy")
 
 
 class ResultsFileError(DamagedFileError):
@@ -62,6 +63,21 @@ def check_cell(task: str, cell_id: str, record: Any) -> str | None:
     for name in _OPTIONAL_NUMBERS:
         if record.get(name) is not None and not _is_number(record[name]):
             return f"cell {cell_id!r} has {name} {record[name]!r}, not a number"
+    return _impossible_value(cell_id, record)
+
+
+def _impossible_value(cell_id: str, record: dict[str, Any]) -> str | None:
+    """A number no evaluation can produce (a hand-edited or corrupted cell), named; None when all are possible."""
+    if record.get("nll") is not None and record["nll"] < 0:
+        return f"cell {cell_id!r} has nll {record['nll']!r}, but a negative log-likelihood is never below 0"
+    if record.get("ppl") is not None and record["ppl"] < 1:
+        return f"cell {cell_id!r} has ppl {record['ppl']!r}, but a perplexity (exp of the nll) is never below 1"
+    for name in ("tokens", "trials"):
+        if record.get(name) is not None and record[name] < 1:
+            return f"cell {cell_id!r} has {name} {record[name]!r}, but a cell scores at least 1"
+    for name in _ACCURACIES:
+        if record.get(name) is not None and not 0 <= record[name] <= 1:
+            return f"cell {cell_id!r} has {name} {record[name]!r}, outside [0, 1]"
     return None
 
 
@@ -95,10 +111,14 @@ def read_results_file(path: str | os.PathLike) -> dict[str, Any]:
     """One results file, checked.
 
     Raises:
-        ResultsFileError: it is not UTF-8 JSON, or not a results object, or a record lacks its numbers
-            or holds something else where a number belongs (the message names the file and the cell).
+        ResultsFileError: it is a folder, or not UTF-8 JSON, or not a results object, or a record lacks its
+            numbers, holds something else where a number belongs or a number no evaluation gives (a negative
+            nll, a perplexity below 1, an accuracy outside [0, 1]); the message names the file and the cell.
     """
     path = Path(path)
+    if path.is_dir():
+        raise ResultsFileError(f"{path} is a folder, not a results file; rename it or move it out of {path.parent} "
+                               "(every *.json there is read as results).")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as error:

@@ -38,6 +38,7 @@ from typing import Any
 import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
+from hf_posext.core.paths import check_output_folder
 from hf_posext.training.checkpoints import (
     CHECKSUMS_FILE, RUN_FILE, CheckpointError, checkpoint_step, find_latest_checkpoint, read_run_info, verify_checkpoint,
     write_checksums, write_json_atomic,
@@ -489,10 +490,14 @@ def _resolve_resume(resume: str | os.PathLike | bool, output_dir: Path) -> Path:
 
 def _prepare_output_dir(output_dir: Path, overwrite: bool, resuming: bool) -> None:
     """Check (every process) that the run may use ``output_dir``; raise before anything is written."""
-    if resuming or not output_dir.exists():
-        return
     if output_dir.is_file():
         raise FileExistsError(f"output.dir {output_dir} is a file; choose a folder path.")
+    try:
+        check_output_folder(output_dir, "output.dir", "the run")
+    except ValueError as error:
+        raise FileExistsError(str(error)) from None
+    if resuming or not output_dir.exists():
+        return
     if not any(output_dir.iterdir()):
         return
     if not overwrite:

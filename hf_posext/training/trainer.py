@@ -40,8 +40,8 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from hf_posext.core.paths import check_output_folder
 from hf_posext.training.checkpoints import (
-    CHECKSUMS_FILE, RUN_FILE, CheckpointError, checkpoint_step, find_latest_checkpoint, read_run_info, verify_checkpoint,
-    write_checksums, write_json_atomic,
+    CHECKSUMS_FILE, RUN_FILE, CheckpointError, checkpoint_step, find_latest_checkpoint, read_run_info,
+    verify_for_resume, write_checksums, write_json_atomic,
 )
 from hf_posext.training.config import ConfigError, TrainConfig, config_differences, config_from_dict
 from hf_posext.training.packing import collate_sequences, load_packed_sequences
@@ -513,8 +513,9 @@ def _prepare_output_dir(output_dir: Path, overwrite: bool, resuming: bool) -> No
 
 
 def _check_resumable(resume_from: Path, config: TrainConfig, world: int) -> None:
-    """Refuse a corrupt checkpoint, one made by a different config, or with another number of processes."""
-    verify_checkpoint(resume_from)
+    """Refuse a corrupt checkpoint (naming an older intact one), one made by a different config, or with another
+    number of processes."""
+    verify_for_resume(resume_from)
     saved = read_run_info(resume_from)
     differences = config_differences(saved["config"], config.to_dict())
     if differences:

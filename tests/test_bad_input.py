@@ -88,6 +88,10 @@ def folders(tmp_path_factory) -> dict[str, Path]:
     (paths["json_folder_results"] / "old.json").mkdir()  # a folder whose name looks like a results file
     (root / "scaling_list.yaml").write_text("model:\n  name: tiny\nscaling:\n  - method\n  - yarn\n")
     paths["scaling_list_yaml"] = root / "scaling_list.yaml"
+    import random
+
+    (root / "noise.txt").write_bytes(random.Random(0).randbytes(5000))  # a perplexity of it would measure noise
+    paths["noise_txt"] = root / "noise.txt"
     (root / "syntax.yaml").write_text("model:\n  name: tiny\n bad: [\n")
     (root / "text.bin").write_bytes(b"\x00\x01")
     paths["syntax_yaml"] = root / "syntax.yaml"
@@ -388,6 +392,8 @@ CLI_CASES: list[tuple[str, list[str], int, str, bool]] = [
     ("eval-missing-data", _with(_PPL, data="{missing}"), USAGE, r"Text source '.*missing' does not exist", False),
     ("eval-data-of-another-type", _with(_PPL, data="{text_bin}"), USAGE, r"text.bin: unsupported file type '.bin'", False),
     ("eval-unknown-builtin-data", _with(_PPL, data="builtin:nope"), USAGE, r"Unknown built-in text 'builtin:nope'", False),
+    ("eval-data-not-text", _with(_PPL, data="{noise_txt}"), USAGE, r"^.*error: \d\d% of .*noise.txt is not UTF-8 text .*Convert it", False),
+    ("eval-needle-haystack-not-text", _with(_NEEDLE, haystack="{noise_txt}"), USAGE, r"\d\d% of .*noise.txt is not UTF-8 text", False),
     ("eval-passkey-depth-above-1", _with(_PASSKEY, depths="0,2"), USAGE, r"depth 2.0 is outside \[0.0, 1.0\]", False),
     ("eval-passkey-depth-word", _with(_PASSKEY, depths="x"), USAGE, r"Bad depth 'x'", False),
     ("eval-passkey-trials-zero", _with(_PASSKEY, trials="0"), USAGE, r"--trials must be a positive number of prompts", False),
@@ -432,6 +438,8 @@ CLI_CASES: list[tuple[str, list[str], int, str, bool]] = [
     ("train-unknown-key", _TRAIN + ["train.max_stepz=3"], USAGE, r"Unknown config key 'train.max_stepz'", False),
     ("train-scaling-section-a-list", ["train", "--config", "{scaling_list_yaml}"], USAGE,
      r"scaling_list.yaml: section 'scaling' must be a mapping of keys \(e.g. scaling: \{method: yarn, factor: 4\}", False),
+    ("train-data-not-text", _TRAIN + ["data.source={noise_txt}"], USAGE, r"data.source: \d\d% of .*noise.txt is not UTF-8 text", False),
+    ("train-data-missing", _TRAIN + ["data.source={missing}"], USAGE, r"data.source: Text source '.*missing' does not exist", False),
     ("train-output-dir-under-a-file", _TRAIN + ["output.dir={file}/run"], USAGE,
      r"output.dir .*notes.txt/run cannot be created: .*notes.txt is a file, not a folder", False),
     ("train-negative-learning-rate", _TRAIN + ["train.learning_rate=-1"], USAGE, r"train.learning_rate must be > 0, got -1", False),

@@ -39,6 +39,7 @@ import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from hf_posext.core.paths import check_output_folder
+from hf_posext.text_sources import check_text_source
 from hf_posext.training.checkpoints import (
     CHECKSUMS_FILE, RUN_FILE, CheckpointError, checkpoint_step, find_latest_checkpoint, read_run_info,
     verify_for_resume, write_checksums, write_json_atomic,
@@ -706,6 +707,10 @@ def train(
 
     config.validate()
     check_parallelism(config)
+    try:  # a missing path or a file that is not text is refused before the model loads
+        check_text_source(config.data.source, exclude=config.data.exclude)
+    except (ValueError, FileNotFoundError) as error:
+        raise ConfigError(f"data.source: {error}") from None
     output_dir = Path(config.output.dir)
     args = training_arguments(config, output_dir, progress=progress)
     world = args.world_size

@@ -50,11 +50,12 @@ def folders(tmp_path_factory) -> dict[str, Path]:
     paths = {name: root / name for name in (
         "llama", "yarn", "dynamic", "t5", "truncated", "bad_json", "record_list", "record_no_method",
         "no_weights", "results", "not_results", "corrupt_tokenizer", "tokenizer_missing_field", "good_results",
-        "json_folder_results",
+        "json_folder_results", "yarn_betas",
     )}
     tiny_model("llama").save_pretrained(paths["llama"])
     hf_posext.patch(tiny_model("llama"), "yarn", factor=2).save_pretrained(paths["yarn"])
     hf_posext.patch(tiny_model("llama"), "dynamic-ntk", factor=2).save_pretrained(paths["dynamic"])
+    hf_posext.patch(tiny_model("llama"), "yarn", factor=2, beta_fast=16, beta_slow=2).save_pretrained(paths["yarn_betas"])
     torch.manual_seed(0)
     t5_config = transformers.T5Config(vocab_size=64, d_model=16, d_kv=4, d_ff=32, num_layers=1, num_heads=2)
     transformers.T5ForConditionalGeneration(t5_config).save_pretrained(paths["t5"])
@@ -430,6 +431,8 @@ CLI_CASES: list[tuple[str, list[str], int, str, bool]] = [
     ("export-truncated-weights", ["export", "{truncated}", "--for", "vllm", "--out", "{out}"], RUNTIME, r"model.safetensors is truncated or corrupt", False),
     ("export-bad-config-json", ["export", "{bad_json}", "--for", "vllm", "--out", "{out}"], RUNTIME, r"bad_json/config.json is not valid JSON", False),
     ("export-unknown-target", ["export", "{yarn}", "--for", "tgi", "--out", "{out}"], USAGE, r"invalid choice: 'tgi'", False),
+    ("export-yarn-betas-for-llama-cpp", ["export", "{yarn_betas}", "--for", "llama.cpp", "--out", "{out}"], USAGE,
+     r"yarn with beta_fast=16, beta_slow=2: llama.cpp's converter writes the betas but its Llama loader does not read them", False),
     ("export-out-under-a-file", ["export", "{yarn}", "--for", "vllm", "--out", "{file}/served"], USAGE,
      r"--out .*notes.txt/served cannot be created: .*notes.txt is a file, not a folder", False),
     # train

@@ -709,7 +709,9 @@ def train(
     check_parallelism(config)
     try:  # a missing path or a file that is not text is refused before the model loads
         check_text_source(config.data.source, exclude=config.data.exclude)
-    except (ValueError, FileNotFoundError) as error:
+    except FileNotFoundError as error:
+        raise FileNotFoundError(f"data.source: {error}") from None
+    except ValueError as error:
         raise ConfigError(f"data.source: {error}") from None
     output_dir = Path(config.output.dir)
     args = training_arguments(config, output_dir, progress=progress)

@@ -193,7 +193,7 @@ def check_record_fits_model(config: Any, record: dict[str, Any], source: str) ->
         with warnings.catch_warnings(), torch.device("meta"):
             warnings.simplefilter("ignore")
             cls = model_class_for(skeleton_config)
-            skeleton = cls.from_config(skeleton_config) if cls.__name__.startswith("Auto") else cls._from_config(skeleton_config)
+            skeleton = cls.from_config(skeleton_config) if cls.__name__.startswith("Auto") else cls(skeleton_config)
     except Exception:  # noqa: BLE001 - a model that cannot be built empty is checked when it loads
         return
     if _detected_kind(owner, skeleton) is not False:

@@ -231,8 +231,9 @@ def load(name_or_path: str | os.PathLike, **from_pretrained_kwargs: Any) -> nn.M
         The model, patched as it was when saved (or plain, if it was saved unpatched).
 
     Raises:
-        RecordError: the saved record is malformed (the message names the file and the field); raised
-            before any weight is loaded.
+        RecordError: the saved record is malformed (the message names the file and the field: a mistyped
+            or impossible value, a version that is not a positive integer, a kind its method does not
+            have, a kind the model's positions cannot take); raised before any weight is loaded.
         DamagedFileError: a weights file of the folder is truncated or corrupt (named).
     """
     from transformers import AutoConfig

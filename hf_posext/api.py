@@ -6,20 +6,25 @@ Each call parses the request (:class:`~hf_posext.core.request.ScalingRequest`), 
 
 from __future__ import annotations
 
+import copy
 import os
+import warnings
 from typing import Any
 
 from torch import nn
 
 from hf_posext.backends import BACKENDS, Backend, backend_for_record, primary_backend
-from hf_posext.core.errors import RecordError, check_model
+from hf_posext.core.errors import RecordError, UnsupportedModelError, check_model
 from hf_posext.core.loading import check_weight_files, config_kwargs, model_class_for
 from hf_posext.core.record import CONFIG_KEY, ScalingReport, text_config, validate_record
 from hf_posext.core.request import ScalingRequest
 from hf_posext.methods import kinds_of
 from hf_posext.backends.rope.surgery import fixed_length
 
-__all__ = ["patch", "unpatch", "describe", "load", "fixed_length", "patched_backend", "select_backend"]
+__all__ = [
+    "patch", "unpatch", "describe", "load", "fixed_length", "patched_backend", "select_backend", "read_record",
+    "check_record_fits_model",
+]
 
 
 def patched_backend(model: nn.Module) -> Backend | None:
@@ -146,7 +151,73 @@ def read_record(path: str, config: Any) -> dict[str, Any] | None:
         raise RecordError(
             f"{source}: field {CONFIG_KEY!r}.kind is {record['kind']!r}, which this hf_posext cannot load; upgrade hf_posext."
         )
+    if record is not None:
+        _check_record_params(record, source)
     return record
+
+
+def _check_record_params(record: dict[str, Any], source: str) -> None:
+    """Refuse a record whose method parameters the request parser refuses (named as the record's field)."""
+    params = {key: value for key, value in (record.get("params") or {}).items() if value is not None}
+    try:
+        with warnings.catch_warnings():  # a parameter saved under its former name is read, not reported here
+            warnings.simplefilter("ignore")
+            ScalingRequest.from_kwargs(record["method"], **params)
+    except (TypeError, ValueError) as error:
+        raise RecordError(
+            f"{source}: field {CONFIG_KEY!r}.params: {error} Re-save the model with hf_posext, or remove "
+            f"{CONFIG_KEY!r} to load it unscaled."
+        ) from None
+
+
+def check_record_fits_model(config: Any, record: dict[str, Any], source: str) -> None:
+    """Refuse a record whose ``kind`` the model's positions cannot take, before any weight is loaded.
+
+    The model is built on the meta device (no memory, no weights) and its positions detected as
+    :func:`patch` detects them. A model that cannot be built that way is not checked here (loading it
+    reports its own error).
+
+    Raises:
+        RecordError: e.g. a ``rope`` record in a GPT-2 config, or a ``relative`` record in a Llama config.
+    """
+    import torch
+
+    wanted = backend_for_record(record["kind"])
+    if wanted is None:
+        return
+    # an overlay (Self-Extend, DCA) needs the positions of the backend it works over
+    owner = next((b for b in BACKENDS if b.name == wanted.applies_over[0]), wanted) if wanted.applies_over else wanted
+    skeleton_config = copy.deepcopy(config)
+    text_config(skeleton_config).__dict__.pop(CONFIG_KEY, None)
+    try:
+        with warnings.catch_warnings(), torch.device("meta"):
+            warnings.simplefilter("ignore")
+            cls = model_class_for(skeleton_config)
+            skeleton = cls.from_config(skeleton_config) if cls.__name__.startswith("Auto") else cls(skeleton_config)
+    except Exception:  # noqa: BLE001 - a model that cannot be built empty is checked when it loads
+        return
+    if _detected_kind(owner, skeleton) is not False:
+        return
+    found = [kind for backend in BACKENDS if backend is not owner and not backend.applies_over
+             if isinstance(kind := _detected_kind(backend, skeleton), str)]
+    has = f" (it has {found[0]} positions)" if found else ""
+    raise RecordError(
+        f"{source}: field {CONFIG_KEY!r}.kind is {record['kind']!r}, but this {type(skeleton).__name__} has no "
+        f"{'/'.join(owner.method_kinds)} positions{has}: the record does not belong to this model. Re-save the model "
+        f"with hf_posext, or remove {CONFIG_KEY!r} to load it unscaled."
+    )
+
+
+def _detected_kind(backend: Backend, skeleton: nn.Module) -> str | bool | None:
+    """What ``backend`` finds in a meta-device model: a kind, False (definitely none), None (cannot tell)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return backend.detect(skeleton) or False
+    except UnsupportedModelError:
+        return False
+    except Exception:  # noqa: BLE001 - a probe that needs real weights cannot tell on the meta device
+        return None
 
 
 def load(name_or_path: str | os.PathLike, **from_pretrained_kwargs: Any) -> nn.Module:
@@ -160,8 +231,9 @@ def load(name_or_path: str | os.PathLike, **from_pretrained_kwargs: Any) -> nn.M
         The model, patched as it was when saved (or plain, if it was saved unpatched).
 
     Raises:
-        RecordError: the saved record is malformed (the message names the file and the field); raised
-            before any weight is loaded.
+        RecordError: the saved record is malformed (the message names the file and the field: a mistyped
+            or impossible value, a version that is not a positive integer, a kind its method does not
+            have, a kind the model's positions cannot take); raised before any weight is loaded.
         DamagedFileError: a weights file of the folder is truncated or corrupt (named).
     """
     from transformers import AutoConfig
@@ -171,6 +243,9 @@ def load(name_or_path: str | os.PathLike, **from_pretrained_kwargs: Any) -> nn.M
     path = resolve_model_path(str(name_or_path))
     config = AutoConfig.from_pretrained(path, **config_kwargs(from_pretrained_kwargs))
     record = read_record(path, config)
+    if record is not None:
+        source = os.path.join(path, "config.json") if os.path.isdir(path) else f"{path} (config.json)"
+        check_record_fits_model(config, record, source)
     check_weight_files(path)
     if record is None:
         return model_class_for(config).from_pretrained(path, **from_pretrained_kwargs)

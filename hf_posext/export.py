@@ -22,6 +22,7 @@ from typing import Any
 
 from hf_posext.core.errors import DamagedFileError
 from hf_posext.core.loading import check_weight_files
+from hf_posext.core.paths import check_output_folder
 from hf_posext.core.saved_config import (
     flat_rope_parameters,
     set_tokenizer_max_length,
@@ -74,6 +75,22 @@ def yarn_keys_ignored_by(target: str, params: dict[str, Any]) -> list[str]:
     return []
 
 
+#: YaRN's ramp bounds (Peng et al. 2023, for Llama): what llama.cpp uses whatever the GGUF file says.
+DEFAULT_YARN_BETAS = (32.0, 1.0)
+
+
+def yarn_betas_ignored_by_llama_cpp(params: dict[str, Any]) -> bool:
+    """Whether yarn ``params`` set ramp bounds other than 32/1, which llama.cpp serves as 32/1.
+
+    llama.cpp's converter writes ``rope.scaling.yarn_beta_fast``/``yarn_beta_slow``, but its model loader
+    reads those keys only for a few architectures (Grok and a few others), not for Llama and its kin: the
+    context takes ``yarn_beta_fast``/``yarn_beta_slow`` from its own parameters, 32 and 1 by default, so the
+    served ramp differs from the exported one.
+    """
+    betas = (float(params.get("beta_fast", DEFAULT_YARN_BETAS[0])), float(params.get("beta_slow", DEFAULT_YARN_BETAS[1])))
+    return betas != DEFAULT_YARN_BETAS
+
+
 def serving_problems(record: dict[str, Any], target: str) -> list[str]:
     """Reasons why ``target`` would serve a model with this scaling record differently from transformers.
 
@@ -102,6 +119,11 @@ def serving_problems(record: dict[str, Any], target: str) -> list[str]:
     elif method in ("dynamic-ntk", "dynamic-yarn") and target != "transformers":
         problems.append(f"{method} is not served like transformers by {target} (no length-dependent base); "
                         f"re-patch with yarn or ntk")
+    elif method == "yarn" and target == "llama.cpp" and yarn_betas_ignored_by_llama_cpp(params):
+        problems.append(f"yarn with beta_fast={params.get('beta_fast', 32):g}, beta_slow={params.get('beta_slow', 1):g}: "
+                        "llama.cpp's converter writes the betas but its Llama loader does not read them and builds "
+                        "the ramp from 32/1, so it would serve another model; re-patch yarn with the default "
+                        "beta_fast=32, beta_slow=1, or serve with vLLM or SGLang (they read the betas)")
     elif method == "yarn" and yarn_keys_ignored_by(target, params):
         keys = "/".join(yarn_keys_ignored_by(target, params))
         problems.append(f"yarn's {keys} setting is not read by {target} as transformers reads it; re-patch yarn "
@@ -189,6 +211,10 @@ def _check_destination(source: Path | None, out: Path, overwrite: bool) -> None:
             raise ExportError(f"--out {out} contains the source folder {source}: choose a folder outside it")
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
         raise ExportError(f"--out {out} exists and is not empty: choose a new folder or pass --overwrite")
+    try:
+        check_output_folder(out, "--out", "the exported model")
+    except ValueError as error:
+        raise ExportError(str(error)) from None
 
 
 def _replace_atomically(staged: Path, out: Path) -> None:

@@ -12,11 +12,19 @@ A *source* is one of:
   into one long English document. Every Python installation has them, so the demo and the default
   needle haystack work offline on a fresh clone without shipping anyone's prose in this repository.
 
-Files are read as UTF-8 with ``errors="replace"``: one bad byte never aborts an evaluation.
+Files are read as UTF-8 with ``errors="replace"``: one bad byte never aborts an evaluation. A source that is
+not text is another matter (random or compressed bytes, a UTF-16 or Latin-1 file read as UTF-8): its
+perplexity would be a number about noise. Every document of at least :data:`MIN_JUDGED_CHARACTERS`
+characters is judged by the share of its characters that are not text (U+FFFD, which replaces each
+undecodable byte, and control characters other than tab, newline, vertical tab, form feed and carriage
+return): above :data:`NOT_TEXT_REFUSED` it is refused with a ``ValueError`` naming the file and the share,
+above :data:`NOT_TEXT_WARNED` a warning says how much (once per file). :func:`check_text_source` applies
+the refusal to the first :data:`HEAD_BYTES` of each local file before a model is loaded.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import importlib
 import inspect
 import json
@@ -24,7 +32,7 @@ import os
 import re
 import warnings
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 __all__ = [
     "TEXT_SUFFIXES",
@@ -32,6 +40,9 @@ __all__ = [
     "load_documents",
     "iter_documents",
     "check_text_source",
+    "not_text_share",
+    "NOT_TEXT_REFUSED",
+    "NOT_TEXT_WARNED",
     "python_docs_text",
     "split_sentences",
     "encode_text",
@@ -44,6 +55,18 @@ BUILTIN_SOURCES = {
     "builtin:python-docs": "docstrings of the installed Python standard library, one long document",
 }
 _TEXT_FIELDS = ("text", "content", "document", "body")
+
+#: A document with a larger share of characters that are not text is refused (random bytes decode to about
+#: 55 % U+FFFD and control characters, a UTF-16 English file read as UTF-8 to 50 %; prose to 0 %).
+NOT_TEXT_REFUSED = 0.25
+#: A document with a larger share is read, with a warning that says how much (Latin-1 French read as UTF-8:
+#: a few per cent).
+NOT_TEXT_WARNED = 0.01
+#: Documents shorter than this are too short to judge.
+MIN_JUDGED_CHARACTERS = 64
+#: How much of each local file :func:`check_text_source` reads to refuse a file that is not text.
+HEAD_BYTES = 1 << 16
+_NOT_TEXT = re.compile("[\x00-\x08\x0e-\x1f\x7f-\x9f\ufffd]")
 
 # Standard library modules whose docstrings form the built-in text, in this fixed order. Listed
 # explicitly (not discovered) so the text is the same on every machine with the same Python version.
@@ -68,7 +91,41 @@ def _read_text(path: Path) -> str:
     return path.read_text(encoding="utf-8", errors="replace")
 
 
-def _jsonl_documents(path: Path, text_field: str | None) -> Iterator[str]:
+def not_text_share(text: str) -> float:
+    """The share of ``text``'s characters that are not text: U+FFFD (an undecodable byte) and control
+    characters other than tab, newline, vertical tab, form feed and carriage return (0.0 for empty text)."""
+    if not text:
+        return 0.0
+    return (len(text) - len(_NOT_TEXT.sub("", text))) / len(text)
+
+
+def _refusal(share: float, where: str) -> ValueError:
+    return ValueError(
+        f"{share:.0%} of {where} is not UTF-8 text (undecodable bytes or control characters): it is not a text "
+        "source. Convert it to UTF-8 text (e.g. iconv -t utf-8), or leave it out of the source."
+    )
+
+
+def _judged(documents: Iterable[tuple[str, str]], source: str, several: bool = True) -> Iterator[str]:
+    """The texts of ``(where, text)`` pairs, refusing one that is mostly not text and warning (once) about noise."""
+    warned = False
+    for where, document in documents:
+        if len(document) >= MIN_JUDGED_CHARACTERS:
+            share = not_text_share(document)
+            if share > NOT_TEXT_REFUSED:
+                raise _refusal(share, where)
+            if share > NOT_TEXT_WARNED and not warned:
+                warned = True
+                warnings.warn(
+                    f"{share:.1%} of {where} is not UTF-8 text (undecodable bytes or control characters); it is read, "
+                    f"but scores on it include that noise. Convert {source} to UTF-8 text or clean it"
+                    + (" (later documents of it are not reported)." if several else "."),
+                    stacklevel=2,
+                )
+        yield document
+
+
+def _jsonl_documents(path: Path, text_field: str | None) -> Iterator[tuple[str, str]]:
     with path.open(encoding="utf-8", errors="replace") as handle:
         for line_number, line in enumerate(handle, 1):
             line = line.strip()
@@ -78,10 +135,8 @@ def _jsonl_documents(path: Path, text_field: str | None) -> Iterator[str]:
                 record = json.loads(line)
             except json.JSONDecodeError as error:
                 raise ValueError(f"{path}:{line_number} is not valid JSON ({error.msg}); a .jsonl file holds one JSON object per line.") from error
-            if isinstance(record, str):
-                yield record
-                continue
-            yield _field(record, text_field, f"{path}:{line_number}")
+            where = f"{path}:{line_number}"
+            yield where, (record if isinstance(record, str) else _field(record, text_field, where))
 
 
 def _field(record: dict, text_field: str | None, where: str) -> str:
@@ -96,7 +151,7 @@ def _field(record: dict, text_field: str | None, where: str) -> str:
     )
 
 
-def _parquet_documents(path: Path, text_field: str | None) -> Iterator[str]:
+def _parquet_documents(path: Path, text_field: str | None) -> Iterator[tuple[str, str]]:
     try:
         import pyarrow.parquet as parquet
     except ImportError as error:
@@ -109,19 +164,19 @@ def _parquet_documents(path: Path, text_field: str | None) -> Iterator[str]:
             f"{path} has no text column {' or '.join(map(repr, names))} (columns: {table.column_names}); "
             "name it with text_field= (--text-field)."
         )
-    for value in table.column(column).to_pylist():
+    for row, value in enumerate(table.column(column).to_pylist()):
         if isinstance(value, str):
-            yield value
+            yield f"{path} row {row}", value
 
 
 def _file_documents(path: Path, text_field: str | None) -> Iterator[str]:
     suffix = path.suffix.lower()
     if suffix == ".txt":
-        yield _read_text(path)
+        yield from _judged([(str(path), _read_text(path))], str(path), several=False)
     elif suffix == ".jsonl":
-        yield from _jsonl_documents(path, text_field)
+        yield from _judged(_jsonl_documents(path, text_field), str(path))
     elif suffix == ".parquet":
-        yield from _parquet_documents(path, text_field)
+        yield from _judged(_parquet_documents(path, text_field), str(path))
     else:
         raise ValueError(f"{path}: unsupported file type {suffix!r}; expected one of {', '.join(TEXT_SUFFIXES)}.")
 
@@ -145,8 +200,9 @@ def _dataset_documents(source: str, split: str, text_field: str | None) -> Itera
         ) from error
     name, _, config_name = source.partition(":")
     dataset = datasets.load_dataset(name, config_name or None, split=split, streaming=True)
-    for index, record in enumerate(dataset):
-        yield _field(record, text_field, f"dataset {source} row {index}")
+    rows = ((f"dataset {source} row {index}", _field(record, text_field, f"dataset {source} row {index}"))
+            for index, record in enumerate(dataset))
+    yield from _judged(rows, f"dataset {source}")
 
 
 def iter_documents(source: str | os.PathLike, *, text_field: str | None = None, split: str = "test") -> Iterator[str]:
@@ -182,12 +238,17 @@ def _text_files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES)
 
 
-def check_text_source(source: str | os.PathLike) -> None:
-    """Refuse a text source that cannot be read, without reading it (run before loading a model).
+def check_text_source(source: str | os.PathLike, exclude: Iterable[str] = ()) -> None:
+    """Refuse a text source that cannot be read, reading only the head of its files (run before loading a model).
+
+    Args:
+        source: as for :func:`iter_documents`.
+        exclude: file-name patterns (fnmatch) of a folder's files that will not be read (not judged here).
 
     Raises:
         FileNotFoundError: ``source`` looks like a path but does not exist.
-        ValueError: an unknown built-in, a folder without text files, a file of another type.
+        ValueError: an unknown built-in, a folder without text files, a file of another type, a file whose
+            first :data:`HEAD_BYTES` are mostly not text (the share and the file named).
     """
     text = str(source)
     if text.startswith("builtin:"):
@@ -196,16 +257,33 @@ def check_text_source(source: str | os.PathLike) -> None:
         return
     path = Path(text).expanduser()
     if path.is_dir():
-        if not _text_files(path):
+        files = _text_files(path)
+        if not files:
             raise ValueError(f"The folder {path} holds no {'/'.join(TEXT_SUFFIXES)} files to read text from.")
+        for file in files:
+            if not any(fnmatch.fnmatch(file.name, pattern) for pattern in exclude):
+                _check_head(file)
     elif path.is_file():
         if path.suffix.lower() not in TEXT_SUFFIXES:
             raise ValueError(f"{path}: unsupported file type {path.suffix!r}; expected one of {', '.join(TEXT_SUFFIXES)}.")
+        _check_head(path)
     elif _looks_like_path(text):
         raise FileNotFoundError(
             f"Text source {text!r} does not exist. Pass an existing .txt/.jsonl/.parquet file or folder, "
             f"a Hugging Face dataset name, or one of {', '.join(BUILTIN_SOURCES)}."
         )
+
+
+def _check_head(path: Path) -> None:
+    """Refuse a .txt or .jsonl file whose first :data:`HEAD_BYTES` are mostly not text (parquet is binary)."""
+    if path.suffix.lower() not in (".txt", ".jsonl"):
+        return
+    with path.open("rb") as handle:
+        raw = handle.read(HEAD_BYTES)
+    head = raw.decode("utf-8", errors="replace")
+    if len(head) >= MIN_JUDGED_CHARACTERS and not_text_share(head) > NOT_TEXT_REFUSED:
+        where = str(path) if len(raw) < HEAD_BYTES else f"the first {HEAD_BYTES // 1024} KiB of {path}"
+        raise _refusal(not_text_share(head), where)
 
 
 def load_documents(

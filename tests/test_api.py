@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -70,14 +71,49 @@ def test_a_failed_repatch_keeps_the_previous_patch(first, second, message):
     assert hf_posext.describe(model).method == "none"
 
 
+_YARN = {"version": 1, "kind": "rope", "method": "yarn", "factor": 2.0, "original_max_position_embeddings": 64, "params": {}}
+_SELF_EXTEND = {"version": 1, "kind": "attention", "method": "self-extend", "factor": 2.0,
+                "original_max_position_embeddings": 64, "params": {"group_size": 4, "neighbor_window": 16}}
+_DCA = {"version": 1, "kind": "attention", "method": "dca", "factor": 2.0, "original_max_position_embeddings": 64,
+        "params": {"chunk_size": 48, "local_window": 4}}
+
+
+@pytest.fixture
+def no_weights_loaded(monkeypatch):
+    """Fail a test that reaches ``from_pretrained`` of a model class (a bad record is refused before)."""
+    from transformers import PreTrainedModel
+
+    def refuse(cls, *args, **kwargs):
+        raise AssertionError("weights were loaded before the record was checked")
+
+    monkeypatch.setattr(PreTrainedModel, "from_pretrained", classmethod(refuse))
+
+
 @pytest.mark.parametrize(
     "record, field",
     [("yarn x4", "'hf_posext' must be a mapping"), ([1, 2], "'hf_posext' must be a mapping"),
      ({"factor": 2.0, "kind": "rope"}, "has no 'method'"), ({"method": "yarn", "kind": "rope"}, "has no 'factor'"),
      ({"method": "yarn", "factor": 2, "kind": "wavelet"}, "'hf_posext'.kind is 'wavelet'"),
-     ({"method": "yarn", "factor": 2, "version": 99}, "version is 99")],
+     ({"method": "yarn", "factor": 2, "version": 99}, "version is 99"),
+     # issue 28: a mistyped or impossible field is named, never a Python TypeError or a blame on the model
+     (_YARN | {"original_max_position_embeddings": "abc"}, "original_max_position_embeddings must be a positive integer"),
+     (_YARN | {"original_max_position_embeddings": 0}, "original_max_position_embeddings must be a positive integer"),
+     ({"method": "yarn", "factor": 2, "kind": "rope"}, "has no 'original_max_position_embeddings'"),
+     (_YARN | {"version": 0}, "version is 0, not a record version"),
+     (_YARN | {"version": -1}, "version is -1, not a record version"),
+     (_YARN | {"version": True}, "version is True, not a record version"),
+     (_YARN | {"factor": -2}, "factor must be a finite number >= 1, got -2"),
+     (_YARN | {"kind": "attention"}, "kind is 'attention', but its method 'yarn' is of kind 'rope'"),
+     (_YARN | {"kind": "relative"}, "kind is 'relative', but its method 'yarn' is of kind 'rope'"),
+     (_YARN | {"kind": 3}, "kind must be the name of a kind of position"),
+     (_YARN | {"method": "wavelet"}, "method is 'wavelet', which this hf_posext does not know"),
+     (_YARN | {"params": {"beta_fast": "x"}}, "params: beta_fast must be a positive number, got 'x'"),
+     (_YARN | {"kind": "relative", "method": "linear"}, "kind is 'relative', but this LlamaForCausalLM has no relative positions"),
+     (_YARN | {"kind": "learned", "method": "linear"}, "kind is 'learned', but this LlamaForCausalLM has no learned"),
+     (_SELF_EXTEND | {"params": {"group_size": 4, "neighbor_window": "x"}}, "params: neighbor_window must be an integer"),
+     (_DCA | {"params": {"chunk_size": 16, "local_window": 16}}, "params: local_window=16 must be smaller than chunk_size=16")],
 )
-def test_load_names_the_file_and_field_of_a_malformed_record(tmp_path, record, field):
+def test_load_names_the_file_and_field_of_a_malformed_record(tmp_path, record, field, no_weights_loaded):
     tiny_model("llama").save_pretrained(tmp_path)
     config_file = tmp_path / "config.json"
     config = json.loads(config_file.read_text())
@@ -87,6 +123,41 @@ def test_load_names_the_file_and_field_of_a_malformed_record(tmp_path, record, f
         hf_posext.load(tmp_path)
     message = str(caught.value)
     assert message.startswith(str(config_file)) and field in message and "\n" not in message
+
+
+def test_a_record_that_fits_its_model_still_loads_with_the_checks_above(tmp_path):
+    """The record and model checks refuse only what is wrong: every kind of saved patch loads back."""
+    import transformers
+
+    cases = [
+        (hf_posext.patch(tiny_model("llama"), "yarn", factor=2, beta_fast=16), "yarn"),
+        (hf_posext.patch(tiny_model("llama"), "self-extend", group_size=4, neighbor_window=16), "self-extend"),
+        (hf_posext.patch(tiny_model("llama"), "dca", factor=2), "dca"),
+        (hf_posext.patch(transformers.GPT2LMHeadModel(transformers.GPT2Config(
+            vocab_size=64, n_embd=16, n_layer=1, n_head=2, n_positions=32)), "linear", factor=2), "linear"),
+    ]
+    for index, (model, method) in enumerate(cases):
+        model.save_pretrained(tmp_path / str(index))
+        assert hf_posext.describe(hf_posext.load(tmp_path / str(index))).method == method
+
+
+@pytest.mark.parametrize("factor", [np.float32(2), np.float64(2), np.int64(2), torch.tensor(2.0), torch.tensor(2)],
+                         ids=["np.float32", "np.float64", "np.int64", "tensor-float", "tensor-int"])
+def test_a_numeric_scalar_of_numpy_or_torch_is_a_factor(factor):
+    model = hf_posext.patch(tiny_model("llama"), "yarn", factor=factor)
+    report = hf_posext.describe(model)
+    assert (report.factor, report.current_window) == (2.0, 128)
+    assert type(model.config.hf_posext["factor"]) is float  # the saved record stays plain JSON
+    assert torch.equal(logits(model), logits(hf_posext.patch(tiny_model("llama"), "yarn", factor=2.0)))
+    assert hf_posext.describe(hf_posext.patch(tiny_model("llama"), "yarn", target_length=np.int64(128))).factor == 2.0
+
+
+@pytest.mark.parametrize("factor", [torch.tensor([2.0, 3.0]), torch.tensor([2.0]), np.array([2.0]), torch.tensor(True),
+                                    np.bool_(True), torch.tensor(float("nan")), np.float32("inf")],
+                         ids=["two-elements", "one-element-1d", "np-1d", "tensor-bool", "np-bool", "tensor-nan", "np-inf"])
+def test_a_tensor_that_is_not_a_finite_number_is_still_refused(factor):
+    with pytest.raises(ValueError, match="factor must be a finite number >= 1"):
+        hf_posext.patch(tiny_model("llama"), "yarn", factor=factor)
 
 
 def test_saved_records_are_versioned(tmp_path):

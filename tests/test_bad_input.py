@@ -49,11 +49,13 @@ def folders(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("bad-input")
     paths = {name: root / name for name in (
         "llama", "yarn", "dynamic", "t5", "truncated", "bad_json", "record_list", "record_no_method",
-        "no_weights", "results", "not_results", "corrupt_tokenizer", "tokenizer_missing_field",
+        "no_weights", "results", "not_results", "corrupt_tokenizer", "tokenizer_missing_field", "good_results",
+        "json_folder_results", "yarn_betas",
     )}
     tiny_model("llama").save_pretrained(paths["llama"])
     hf_posext.patch(tiny_model("llama"), "yarn", factor=2).save_pretrained(paths["yarn"])
     hf_posext.patch(tiny_model("llama"), "dynamic-ntk", factor=2).save_pretrained(paths["dynamic"])
+    hf_posext.patch(tiny_model("llama"), "yarn", factor=2, beta_fast=16, beta_slow=2).save_pretrained(paths["yarn_betas"])
     torch.manual_seed(0)
     t5_config = transformers.T5Config(vocab_size=64, d_model=16, d_kv=4, d_ff=32, num_layers=1, num_heads=2)
     transformers.T5ForConditionalGeneration(t5_config).save_pretrained(paths["t5"])
@@ -79,6 +81,18 @@ def folders(tmp_path_factory) -> dict[str, Path]:
         {"task": "perplexity", "config": {}, "cells": {"a": {"method": "none", "factor": 1.0, "length": 64}}, "runs": []}))
     paths["not_results"].mkdir()
     (paths["not_results"] / "notes.json").write_text("[1, 2, 3]")
+    good_cell = {"method": "none", "factor": 1.0, "length": 64, "ppl": 10.0, "nll": 2.302585, "tokens": 63}
+    for name in ("good_results", "json_folder_results"):
+        paths[name].mkdir()
+        (paths[name] / "perplexity-x.json").write_text(json.dumps(
+            {"task": "perplexity", "config": {}, "cells": {"a": good_cell}, "runs": []}))
+    (paths["json_folder_results"] / "old.json").mkdir()  # a folder whose name looks like a results file
+    (root / "scaling_list.yaml").write_text("model:\n  name: tiny\nscaling:\n  - method\n  - yarn\n")
+    paths["scaling_list_yaml"] = root / "scaling_list.yaml"
+    import random
+
+    (root / "noise.txt").write_bytes(random.Random(0).randbytes(5000))  # a perplexity of it would measure noise
+    paths["noise_txt"] = root / "noise.txt"
     (root / "syntax.yaml").write_text("model:\n  name: tiny\n bad: [\n")
     (root / "text.bin").write_bytes(b"\x00\x01")
     paths["syntax_yaml"] = root / "syntax.yaml"
@@ -331,6 +345,7 @@ CLI_CASES: list[tuple[str, list[str], int, str, bool]] = [
     # patch
     ("patch-missing-folder", _with(_PATCH, model="{missing}"), USAGE, r"no such model folder: .*missing", False),
     ("patch-out-is-a-file", _with(_PATCH, out="{file}"), USAGE, r"--out .*notes.txt is a file; give a folder", False),
+    ("patch-out-under-a-file", _with(_PATCH, out="{file}/model"), USAGE, r"--out .*notes.txt/model cannot be created: .*notes.txt is a file", False),
     ("patch-unknown-method", _with(_PATCH, method="wavelet"), USAGE, r"Unknown method 'wavelet'", False),
     ("patch-factor-below-1", _with(_PATCH, factor="0.5"), USAGE, r"factor=0.5 is below 1", False),
     ("patch-factor-nan", _with(_PATCH, factor="nan"), USAGE, r"factor must be a finite number >= 1, got nan", False),
@@ -374,9 +389,12 @@ CLI_CASES: list[tuple[str, list[str], int, str, bool]] = [
     ("eval-unknown-dtype", _with(_PPL, dtype="float99"), USAGE, r"Unknown dtype 'float99'; use float32, bfloat16 or float16", False),
     ("eval-unknown-device", _with(_PPL, device="tpu"), USAGE, r"--device tpu is not a device name; use cpu", False),
     ("eval-out-is-a-file", _with(_PPL, out="{file}"), USAGE, r"--out .*notes.txt is a file; give a folder", False),
+    ("eval-out-under-a-file", _with(_PPL, out="{file}/results"), USAGE, r"--out .*notes.txt/results cannot be created: .*notes.txt is a file", False),
     ("eval-missing-data", _with(_PPL, data="{missing}"), USAGE, r"Text source '.*missing' does not exist", False),
     ("eval-data-of-another-type", _with(_PPL, data="{text_bin}"), USAGE, r"text.bin: unsupported file type '.bin'", False),
     ("eval-unknown-builtin-data", _with(_PPL, data="builtin:nope"), USAGE, r"Unknown built-in text 'builtin:nope'", False),
+    ("eval-data-not-text", _with(_PPL, data="{noise_txt}"), USAGE, r"^.*error: \d\d% of .*noise.txt is not UTF-8 text .*Convert it", False),
+    ("eval-needle-haystack-not-text", _with(_NEEDLE, haystack="{noise_txt}"), USAGE, r"\d\d% of .*noise.txt is not UTF-8 text", False),
     ("eval-passkey-depth-above-1", _with(_PASSKEY, depths="0,2"), USAGE, r"depth 2.0 is outside \[0.0, 1.0\]", False),
     ("eval-passkey-depth-word", _with(_PASSKEY, depths="x"), USAGE, r"Bad depth 'x'", False),
     ("eval-passkey-trials-zero", _with(_PASSKEY, trials="0"), USAGE, r"--trials must be a positive number of prompts", False),
@@ -400,6 +418,11 @@ CLI_CASES: list[tuple[str, list[str], int, str, bool]] = [
     ("report-missing-folder", ["report", "{missing}"], USAGE, r"Results folder .*missing does not exist", False),
     ("report-cell-without-numbers", ["report", "{results}"], RUNTIME, r"perplexity-x.json.*cell 'a' lacks its 'ppl'", False),
     ("report-not-a-results-file", ["report", "{not_results}"], RUNTIME, r"notes.json", False),
+    ("report-json-named-folder", ["report", "{json_folder_results}"], RUNTIME,
+     r"json_folder_results/old.json is a folder, not a results file; rename it or move it out of", False),
+    ("report-out-is-a-file", ["report", "{good_results}", "--out", "{file}"], USAGE, r"--out .*notes.txt is a file; give a folder", False),
+    ("report-out-under-a-file", ["report", "{good_results}", "--out", "{file}/report"], USAGE,
+     r"--out .*notes.txt/report cannot be created: .*notes.txt is a file, not a folder", False),
     # export
     ("export-dynamic-for-vllm", ["export", "{dynamic}", "--for", "vllm", "--out", "{out}"], USAGE, r"dynamic-ntk.*vllm", False),
     ("export-out-is-source", ["export", "{yarn}", "--for", "transformers", "--out", "{yarn}"], USAGE, r"is the source folder: choose a new folder", False),
@@ -408,10 +431,20 @@ CLI_CASES: list[tuple[str, list[str], int, str, bool]] = [
     ("export-truncated-weights", ["export", "{truncated}", "--for", "vllm", "--out", "{out}"], RUNTIME, r"model.safetensors is truncated or corrupt", False),
     ("export-bad-config-json", ["export", "{bad_json}", "--for", "vllm", "--out", "{out}"], RUNTIME, r"bad_json/config.json is not valid JSON", False),
     ("export-unknown-target", ["export", "{yarn}", "--for", "tgi", "--out", "{out}"], USAGE, r"invalid choice: 'tgi'", False),
+    ("export-yarn-betas-for-llama-cpp", ["export", "{yarn_betas}", "--for", "llama.cpp", "--out", "{out}"], USAGE,
+     r"yarn with beta_fast=16, beta_slow=2: llama.cpp's converter writes the betas but its Llama loader does not read them", False),
+    ("export-out-under-a-file", ["export", "{yarn}", "--for", "vllm", "--out", "{file}/served"], USAGE,
+     r"--out .*notes.txt/served cannot be created: .*notes.txt is a file, not a folder", False),
     # train
     ("train-missing-config", ["train", "--config", "{missing}"], USAGE, r"Recipe config '.*missing' not found", False),
     ("train-yaml-syntax", ["train", "--config", "{syntax_yaml}"], USAGE, r"syntax.yaml: line 3, column 2: not valid YAML", False),
     ("train-unknown-key", _TRAIN + ["train.max_stepz=3"], USAGE, r"Unknown config key 'train.max_stepz'", False),
+    ("train-scaling-section-a-list", ["train", "--config", "{scaling_list_yaml}"], USAGE,
+     r"scaling_list.yaml: section 'scaling' must be a mapping of keys \(e.g. scaling: \{method: yarn, factor: 4\}", False),
+    ("train-data-not-text", _TRAIN + ["data.source={noise_txt}"], USAGE, r"data.source: \d\d% of .*noise.txt is not UTF-8 text", False),
+    ("train-data-missing", _TRAIN + ["data.source={missing}"], USAGE, r"data.source: Text source '.*missing' does not exist", False),
+    ("train-output-dir-under-a-file", _TRAIN + ["output.dir={file}/run"], USAGE,
+     r"output.dir .*notes.txt/run cannot be created: .*notes.txt is a file, not a folder", False),
     ("train-negative-learning-rate", _TRAIN + ["train.learning_rate=-1"], USAGE, r"train.learning_rate must be > 0, got -1", False),
     ("train-steps-not-a-number", _TRAIN + ["train.max_steps=abc"], USAGE, r"train.max_steps expects an integer, got 'abc'", False),
     ("train-resume-not-a-run", ["train", "--resume", "{llama}"], USAGE, r"llama holds no checkpoint and no train_config.yaml: not a training run folder", False),

@@ -97,16 +97,65 @@ def test_self_extend_is_not_reused_for_the_unpatched_model(model, tmp_path):
 
 
 @pytest.mark.parametrize("samples", [fingerprints.WEIGHT_SAMPLES_PER_PARAMETER, 16])  # 16: the strided path
-def test_weights_fingerprint_is_stable_and_sees_a_small_change_in_a_large_parameter(model, monkeypatch, samples):
+@pytest.mark.parametrize("fingerprint", ["weights_fingerprint", "sampled_weights_fingerprint"])
+def test_weights_fingerprint_is_stable_and_sees_a_small_change_in_a_large_parameter(model, monkeypatch, samples,
+                                                                                    fingerprint):
     import copy
 
     monkeypatch.setattr(fingerprints, "WEIGHT_SAMPLES_PER_PARAMETER", samples)
+    function = getattr(fingerprints, fingerprint)
 
-    assert fingerprints.weights_fingerprint(model) == fingerprints.weights_fingerprint(copy.deepcopy(model))
+    assert function(model) == function(copy.deepcopy(model))
     tuned = copy.deepcopy(model)
     with torch.no_grad():
         tuned.model.layers[0].self_attn.q_proj.weight.add_(1e-3)  # every element, as a fine-tune moves them
-    assert fingerprints.weights_fingerprint(tuned) != fingerprints.weights_fingerprint(model)
+    assert function(tuned) != function(model)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_weights_fingerprint_sees_one_element_the_sampled_hash_skips(dtype):
+    # issue 28: a stored cell was reused after weights changed where the sampled hash did not look
+    import copy
+
+    model = torch.nn.Sequential(torch.nn.Linear(512, 512)).to(dtype)  # 262,144 elements: stride 4 when sampled
+    edited = copy.deepcopy(model)
+    with torch.no_grad():
+        edited[0].weight.view(-1)[1] += 1.0  # element 1 sits between samples 0 and 4
+    assert fingerprints.sampled_weights_fingerprint(edited) == fingerprints.sampled_weights_fingerprint(model)
+    assert fingerprints.weights_fingerprint(edited) != fingerprints.weights_fingerprint(model)
+    assert fingerprints.weights_fingerprint(model).startswith(fingerprints.FULL_WEIGHTS_PREFIX)
+    assert fingerprints.weights_fingerprint(model) == fingerprints.weights_fingerprint(copy.deepcopy(model))
+
+
+def test_a_change_between_the_samples_recomputes_a_stored_cell(model, tmp_path, monkeypatch):
+    import copy
+
+    monkeypatch.setattr(fingerprints, "WEIGHT_SAMPLES_PER_PARAMETER", 16)  # tiny parameters: make the sampling stride
+    (before,) = _run(model, tmp_path, methods="yarn", params={}).cells.values()
+    edited = copy.deepcopy(model)
+    with torch.no_grad():
+        edited.model.layers[0].self_attn.q_proj.weight.view(-1)[1] += 0.5  # between the strided samples
+    assert fingerprints.sampled_weights_fingerprint(edited) == fingerprints.sampled_weights_fingerprint(model)
+    calls = _count_forwards(monkeypatch)
+    with pytest.warns(UserWarning, match="model weights"):
+        (after,) = _run(edited, tmp_path, methods="yarn", params={}).cells.values()
+    assert calls == [1] and after["nll"] != before["nll"]
+
+
+def test_cells_with_the_older_sampled_weights_hash_are_checked_by_it(model, tmp_path, monkeypatch):
+    """Results written before every element was hashed stay readable: same weights reuse them, others recompute."""
+    _run(model, tmp_path, methods="yarn", params={})
+    path = next(tmp_path.glob("perplexity-*.json"))
+    saved = json.loads(path.read_text())
+    for cell in saved["cells"].values():
+        cell["model_weights"] = fingerprints.sampled_weights_fingerprint(model)  # as an older release wrote it
+    path.write_text(json.dumps(saved))
+    calls = _count_forwards(monkeypatch)
+    _run(model, tmp_path, methods="yarn", params={})
+    assert calls == []
+    with pytest.warns(UserWarning, match="model weights"):
+        (after,) = _run(tiny_model("llama", seed=1, initializer_range=0.1), tmp_path, methods="yarn", params={}).cells.values()
+    assert calls == [1] and fingerprints.is_full_weights_fingerprint(after["model_weights"])
 
 
 def test_a_model_retrained_into_the_same_name_recomputes_its_cells_and_the_same_weights_do_not(model, tmp_path,

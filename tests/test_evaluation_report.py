@@ -99,6 +99,18 @@ _GOOD_CELL = _record("none", 1.0, 64, ppl=10.0, nll=2.3, tokens=63)
      "has length '64', not a token count"),
     (json.dumps({"task": "perplexity", "config": {}, "cells": {"a": {**_GOOD_CELL, "run": 4}}, "runs": []}).encode(),
      "names run 4"),
+    # issue 28: numbers no evaluation gives (a hand-edited or corrupted cell) were drawn as if measured
+    (json.dumps({"task": "perplexity", "config": {}, "cells": {"a": {**_GOOD_CELL, "nll": -2.3}}}).encode(),
+     "cell 'a' has nll -2.3, but a negative log-likelihood is never below 0"),
+    (json.dumps({"task": "perplexity", "config": {}, "cells": {"a": {**_GOOD_CELL, "ppl": 0}}}).encode(),
+     "cell 'a' has ppl 0, but a perplexity (exp of the nll) is never below 1"),
+    (json.dumps({"task": "perplexity", "config": {}, "cells": {"a": {**_GOOD_CELL, "ppl": -10.0}}}).encode(),
+     "cell 'a' has ppl -10.0, but a perplexity"),
+    (json.dumps({"task": "perplexity", "config": {}, "cells": {"a": {**_GOOD_CELL, "tokens": 0}}}).encode(),
+     "cell 'a' has tokens 0, but a cell scores at least 1"),
+    (json.dumps({"task": "passkey", "config": {}, "cells": {"a": _record("none", 1.0, 64, depth=0.5, trials=4,
+                                                                        teacher_forced_accuracy=1.5)}}).encode(),
+     "cell 'a' has teacher_forced_accuracy 1.5, outside [0, 1]"),
 ])
 def test_report_names_a_corrupt_results_file(tmp_path, capsys, content, problem):
     # issue 17: a damaged file beside good ones stops the report with its name; nothing is written
@@ -131,6 +143,19 @@ def test_result_store_refuses_a_cell_without_its_numbers(tmp_path):
     with pytest.raises(ResultsFileError, match=f"{store.path.name}.*lacks its 'ppl'"):
         evaluate_perplexity(model, tokenizer, **common)
     assert store.path.read_bytes() == damaged  # left as it was, not reused and not overwritten
+
+
+def test_a_results_folder_may_hold_a_perfectly_predicted_cell(tmp_path):
+    # the bounds above refuse only what no evaluation gives: nll 0 / ppl 1 (every token certain) is possible
+    _write(tmp_path, "perplexity", {"a": {**_GOOD_CELL, "nll": 0.0, "ppl": 1.0}})
+    assert load_results(tmp_path)[0]["cells"]["a"]["ppl"] == 1.0
+
+
+def test_a_folder_named_like_a_results_file_is_named(tmp_path):
+    _write(tmp_path, "perplexity", {"a": _GOOD_CELL})
+    (tmp_path / "old.json").mkdir()
+    with pytest.raises(ResultsFileError, match=r"old.json is a folder, not a results file; rename it or move it out of"):
+        load_results(tmp_path)
 
 
 def test_report_errors(tmp_path):

@@ -88,6 +88,11 @@ def test_posext_method_none_is_the_baseline_even_when_the_harness_reads_it_as_No
         ({"posext_method": "yarn", "posext_factor": 2, "posext_target_length": 4096}, "exactly one of posext_factor"),
         ({"posext_method": "linear", "posext_factor": 0.5}, "posext_factor=0.5 is below 1"),
         ({"posext_method": "linear", "posext_target_length": "long"}, "posext_target_length must be a positive integer"),
+        # a DCA shape that cannot work on any model is refused before one is loaded (issue 28)
+        ({"posext_method": "dca", "posext_factor": 2, "posext_chunk_size": 16, "posext_local_window": 16},
+         "local_window=16 must be smaller than chunk_size=16"),
+        ({"posext_method": "dca", "posext_factor": 2, "posext_chunk_size": 16, "posext_local_window": 40},
+         "local_window=40 must be smaller than chunk_size=16"),
     ],
 )
 def test_bad_posext_arguments_fail_before_the_model_loads(tmp_path, posext_args, message):

@@ -142,3 +142,67 @@ def test_encode_text_takes_a_tokenizer_without_the_verbose_flag():
             return [ord(c) for c in text]
 
     assert text_sources.encode_text(Minimal(), "ab") == [97, 98]
+
+
+# ------------------------------------------------------------------ sources that are not text (issue 28)
+
+
+def _random_bytes(size: int) -> bytes:
+    import random
+
+    return random.Random(0).randbytes(size)
+
+
+def test_a_file_of_random_bytes_is_refused_with_its_share(tmp_path):
+    # random bytes decode to U+FFFD and control characters: a perplexity of it is a number about noise
+    path = tmp_path / "noise.txt"
+    path.write_bytes(_random_bytes(4000))
+    share = text_sources.not_text_share(path.read_bytes().decode("utf-8", errors="replace"))
+    assert 0.45 < share < 0.65  # measured: 55 % on 200 kB of os.urandom
+    with pytest.raises(ValueError, match=rf"^{share:.0%} of {path} is not UTF-8 text .*Convert it to UTF-8 text"):
+        text_sources.check_text_source(path)  # before any model: only the head of the file is read
+    with pytest.raises(ValueError, match=rf"^{share:.0%} of {path} is not UTF-8 text"):
+        text_sources.load_documents(path)
+
+
+def test_noise_after_a_clean_head_is_refused_when_the_document_is_read(tmp_path):
+    path = tmp_path / "tail.txt"
+    path.write_bytes(b"A clean opening sentence. " * 3000 + _random_bytes(400_000))  # head: 78 kB of prose
+    text_sources.check_text_source(path)
+    with pytest.raises(ValueError, match=rf"of {path} is not UTF-8 text"):
+        text_sources.load_documents(path)
+
+
+def test_a_folder_names_the_file_that_is_not_text(tmp_path):
+    (tmp_path / "a.txt").write_text("Plain prose here. " * 20)
+    (tmp_path / "b.txt").write_bytes("Plain prose here. ".encode("utf-16") * 20)  # UTF-16: half NUL bytes
+    with pytest.raises(ValueError, match=r"of .*b\.txt is not UTF-8 text"):
+        text_sources.check_text_source(tmp_path)
+    text_sources.check_text_source(tmp_path, exclude=["b.*"])  # a file left out is not judged
+    with pytest.raises(ValueError, match=r"of .*b\.txt is not UTF-8 text"):
+        text_sources.load_documents(tmp_path)
+
+
+def test_a_jsonl_document_that_is_not_text_is_named_by_its_line(tmp_path):
+    path = tmp_path / "docs.jsonl"
+    noise = _random_bytes(300).decode("utf-8", errors="replace")
+    path.write_text("\n".join(json.dumps({"text": t}) for t in ["Fine words. " * 10, noise]) + "\n")
+    text_sources.check_text_source(path)  # the JSON escapes the noise: the raw head is text
+    with pytest.raises(ValueError, match=rf"of {path}:2 is not UTF-8 text"):
+        text_sources.load_documents(path)
+
+
+def test_some_undecodable_bytes_are_read_with_a_warning_that_says_how_much(tmp_path):
+    path = tmp_path / "latin1.txt"
+    path.write_bytes(("Un café au lait, très naïf. " * 40).encode("latin-1"))  # 3 of 28 characters are not UTF-8
+    with pytest.warns(UserWarning, match=rf"^10\.7% of {path} is not UTF-8 text .*it is read"):
+        documents = text_sources.load_documents(path)
+    assert documents[0].count("\ufffd") == 120
+    text_sources.check_text_source(path)
+    clean = tmp_path / "clean.txt"
+    clean.write_bytes(("Un café au lait, très naïf. " * 40).encode("utf-8") + b"\xff")  # one bad byte: no warning
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        text_sources.load_documents(clean)

@@ -137,6 +137,18 @@ def test_yaml_round_trip(tmp_path):
     assert load_config(path).to_dict() == config.to_dict()
 
 
+@pytest.mark.parametrize("body, shown", [("  - method\n  - yarn\n", "a list: ['method', 'yarn']"), (" yarn\n", "a str: 'yarn'")])
+def test_a_section_that_is_not_a_mapping_names_the_section_and_the_form(tmp_path, body, shown):
+    # issue 28: a list under scaling: failed with "dictionary update sequence element #0 has length 6"
+    path = tmp_path / "recipe.yaml"
+    path.write_text("model:\n  name: tiny\nscaling:" + ("\n" if body.startswith("  -") else "") + body)
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    message = str(caught.value)
+    assert message.startswith(f"{path}: section 'scaling' must be a mapping of keys (e.g. scaling: {{method: yarn, factor: 4}}")
+    assert shown in message and "\n" not in message
+
+
 def test_a_yaml_syntax_error_names_the_file_and_line(tmp_path):
     import re
 

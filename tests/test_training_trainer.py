@@ -189,6 +189,47 @@ def test_resume_refuses_an_edited_global_step_and_missing_checksums(finished_run
         train(tiny_config(out), resume=True, progress=False)
 
 
+def _fake_checkpoint(folder, step):
+    from hf_posext.training.checkpoints import write_checksums
+
+    folder.mkdir(parents=True)
+    (folder / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    (folder / "adapter_model.safetensors").write_bytes(bytes(range(step, step + 16)))
+    write_checksums(folder)
+    return folder
+
+
+def test_a_damaged_newest_checkpoint_names_the_older_intact_one_and_its_command(tmp_path):
+    # issue 28: a truncated checksums.json stopped --resume without saying checkpoint-4 was still good
+    from hf_posext.training.checkpoints import verify_for_resume
+
+    run = tmp_path / "run"
+    intact = _fake_checkpoint(run / "checkpoint-4", 4)
+    damaged_older = _fake_checkpoint(run / "checkpoint-6", 6)
+    (damaged_older / "adapter_model.safetensors").write_bytes(b"edited")
+    newest = _fake_checkpoint(run / "checkpoint-8", 8)
+    sums = newest / "checksums.json"
+    sums.write_bytes(sums.read_bytes()[:20])  # cut short, as by a full disk
+    with pytest.raises(CheckpointError) as caught:
+        verify_for_resume(newest)
+    message = str(caught.value)
+    assert "checkpoint-8/checksums.json is unreadable" in message and "\n" not in message
+    assert message.endswith(f"The older checkpoint-4 is intact: resume from it with `hf-posext train --resume {intact}`.")
+    shutil.rmtree(intact)
+    with pytest.raises(CheckpointError, match=rf"No older checkpoint in {run} is intact either\.$"):
+        verify_for_resume(newest)
+
+
+def test_resume_from_a_damaged_newest_checkpoint_says_how_to_resume_from_the_older_one(finished_run, tmp_path):
+    out, older = _copy_checkpoint(finished_run, tmp_path)
+    shutil.copytree(finished_run[0] / "checkpoint-8", out / "checkpoint-8")
+    sums = out / "checkpoint-8" / "checksums.json"
+    sums.write_bytes(sums.read_bytes()[:30])
+    with pytest.raises(CheckpointError, match=rf"The older checkpoint-4 is intact: resume from it with `hf-posext train --resume {older}`"):
+        train(tiny_config(out), resume=True, progress=False)
+    assert not (out / "log.jsonl").exists()
+
+
 def test_existing_output_folder_needs_overwrite(finished_run, tmp_path):
     out = tmp_path / "busy"
     out.mkdir()

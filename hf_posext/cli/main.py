@@ -30,6 +30,7 @@ from typing import Any, Callable, Iterator
 from hf_posext import export, inspect_cli
 from hf_posext.api import describe, load, patch
 from hf_posext.core.errors import run_reporting_errors
+from hf_posext.core.paths import check_output_folder
 from hf_posext.core.request import ScalingRequest, parse_param_items
 from hf_posext.evaluation import cli as evaluation_cli
 from hf_posext.integrations.lm_eval import cli as lm_eval_cli
@@ -78,6 +79,7 @@ def _run_patch(args: argparse.Namespace) -> int:
     )
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         raise ValueError(f"--out {args.out} is a file; give a folder to save the model in (new or existing)")
+    check_output_folder(args.out, "--out", "the model")
     tokenizer = _tokenizer_to_save(args.model)  # a damaged tokenizer fails here, before the model loads
     model = load(args.model)  # any architecture; a saved scaling comes back and is then replaced
     patch(model, **request.patch_kwargs())

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from hf_posext.core.errors import RecordError
+from hf_posext.methods import METHODS, kinds_of
 
 __all__ = [
     "CONFIG_KEY",
@@ -39,7 +41,7 @@ CONFIG_KEY = "hf_posext"
 RECORD_VERSION = 1
 #: Marks a config field that did not exist (in snapshots; survives a JSON round trip as this text).
 ABSENT = "__absent__"
-_REQUIRED_FIELDS = ("method", "factor")
+_REQUIRED_FIELDS = ("method", "factor", "original_max_position_embeddings")
 
 
 @dataclass
@@ -137,7 +139,8 @@ def validate_record(record: Any, source: str | os.PathLike) -> dict[str, Any] | 
         The record with ``version`` and ``kind`` filled in (``kind`` defaults to ``"rope"``).
 
     Raises:
-        RecordError: not a dict, a missing or mistyped field, a version newer than this release reads.
+        RecordError: not a dict, a missing or mistyped field, a version that is not a positive integer or is
+            newer than this release reads, an unknown kind or method, a kind its method does not have.
     """
     if record is None:
         return None
@@ -147,22 +150,49 @@ def validate_record(record: Any, source: str | os.PathLike) -> dict[str, Any] | 
             f"{where} must be a mapping written by hf_posext.patch + save_pretrained, got {type(record).__name__} "
             f"{record!r:.60}; remove the field to load the model unscaled, or re-save it with hf_posext."
         )
+    fix = f"re-save the model with hf_posext, or remove {CONFIG_KEY!r} to load it unscaled"
+    version = record.get("version", 1)
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise RecordError(f"{where}.version is {version!r}, not a record version (a positive integer); {fix}.")
+    if version > RECORD_VERSION:
+        raise RecordError(
+            f"{where}.version is {version!r}, but this hf_posext reads records up to version {RECORD_VERSION}; "
+            "upgrade hf_posext."
+        )
+    kind = record.get("kind", "rope")
+    if not isinstance(kind, str):
+        raise RecordError(f"{where}.kind must be the name of a kind of position (e.g. 'rope'), got {kind!r}; {fix}.")
+    if kind not in METHODS:
+        raise RecordError(f"{where}.kind is {kind!r}, which this hf_posext cannot load; upgrade hf_posext.")
     for name in _REQUIRED_FIELDS:
         if name not in record:
             raise RecordError(
                 f"{where} has no {name!r} (it has {sorted(record)}); re-save the model with hf_posext, or remove "
                 f"{CONFIG_KEY!r} to load it unscaled."
             )
-    if not isinstance(record["method"], str):
-        raise RecordError(f"{where}.method must be a method name, got {record['method']!r}.")
-    if isinstance(record["factor"], bool) or not isinstance(record["factor"], (int, float)):
-        raise RecordError(f"{where}.factor must be a number, got {record['factor']!r}.")
-    version = record.get("version", 1)
-    if not isinstance(version, int) or version > RECORD_VERSION:
+    method = record["method"]
+    if not isinstance(method, str):
+        raise RecordError(f"{where}.method must be a method name, got {method!r}.")
+    method_kinds = kinds_of(method)
+    if not method_kinds:
         raise RecordError(
-            f"{where}.version is {version!r}, but this hf_posext reads records up to version {RECORD_VERSION}; "
-            "upgrade hf_posext."
+            f"{where}.method is {method!r}, which this hf_posext does not know (known: "
+            f"{', '.join(sorted({name for methods in METHODS.values() for name in methods}))}); upgrade hf_posext, or {fix}."
+        )
+    if kind not in method_kinds:
+        raise RecordError(
+            f"{where}.kind is {kind!r}, but its method {method!r} is of kind {' / '.join(map(repr, method_kinds))}: the record "
+            f"contradicts itself; {fix}."
+        )
+    factor = record["factor"]
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not math.isfinite(factor) or factor < 1:
+        raise RecordError(f"{where}.factor must be a finite number >= 1, got {factor!r}; {fix}.")
+    original = record["original_max_position_embeddings"]
+    if isinstance(original, bool) or not isinstance(original, int) or original < 1:
+        raise RecordError(
+            f"{where}.original_max_position_embeddings must be a positive integer (the pre-training window), "
+            f"got {original!r}; {fix}."
         )
     if "params" in record and not isinstance(record["params"], dict):
         raise RecordError(f"{where}.params must be a mapping of method parameters, got {record['params']!r}.")
-    return {**record, "version": version, "kind": record.get("kind", "rope")}
+    return {**record, "version": version, "kind": kind}

@@ -32,7 +32,9 @@ from typing import Any, Mapping
 from hf_posext.core.record import make_record
 from hf_posext.methods import Method, check_method_name, get_method, kinds_of
 
-__all__ = ["ScalingRequest", "ScalingConfig", "resolve_factor", "parse_value", "parse_param_items", "MODEL_ARGS_PREFIX"]
+__all__ = [
+    "ScalingRequest", "ScalingConfig", "resolve_factor", "parse_value", "parse_param_items", "plain_number", "MODEL_ARGS_PREFIX",
+]
 
 #: Prefix of the lm-eval model arguments that make up a request (``posext_method=yarn``).
 MODEL_ARGS_PREFIX = "posext_"
@@ -75,9 +77,22 @@ def parse_param_items(items: list[str] | None) -> dict[str, Any]:
     return params
 
 
+def plain_number(value: Any) -> Any:
+    """``value`` as a Python number when it is a numeric scalar of another library, else unchanged.
+
+    A NumPy scalar (``np.float32(2)``), a 0-dimensional NumPy array or torch tensor (``torch.tensor(2.0)``)
+    becomes its ``.item()``; anything else (a multi-element tensor, text, None) is returned as it is, for the
+    caller's check to refuse. A boolean scalar stays a bool, which the checks refuse as a size.
+    """
+    if getattr(value, "ndim", None) == 0 and callable(getattr(value, "item", None)):
+        return value.item()
+    return value
+
+
 def _check_factor(factor: Any, name: str = "factor") -> float | None:
     if factor is None:
         return None
+    factor = plain_number(factor)
     if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not math.isfinite(factor):
         raise ValueError(f"{name} must be a finite number >= 1, got {factor!r}.")
     if factor < 1:
@@ -91,6 +106,7 @@ def _check_factor(factor: Any, name: str = "factor") -> float | None:
 def _check_length(value: Any, name: str) -> int | None:
     if value is None:
         return None
+    value = plain_number(value)
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError(f"{name} must be a positive integer, got {value!r}.")
     return value
@@ -140,8 +156,9 @@ class ScalingRequest:
         method = check_method_name(self.method)
         object.__setattr__(self, "method", method)
         object.__setattr__(self, "factor", _check_factor(self.factor))
-        _check_length(self.target_length, "target_length")
-        _check_length(self.original_max_position_embeddings, "original_max_position_embeddings")
+        object.__setattr__(self, "target_length", _check_length(self.target_length, "target_length"))
+        object.__setattr__(self, "original_max_position_embeddings",
+                           _check_length(self.original_max_position_embeddings, "original_max_position_embeddings"))
         if self.factor is not None and self.target_length is not None:
             raise ValueError(
                 f"Give exactly one of factor= or target_length=, not both; got factor={self.factor!r}, target_length={self.target_length!r}."
@@ -326,6 +343,7 @@ def resolve_factor(factor: float | None, target_length: int | None, original_len
         ValueError: both or neither given, a factor below 1 or not finite, a target shorter than the
             original window.
     """
+    factor, target_length = plain_number(factor), plain_number(target_length)
     if (factor is None) == (target_length is None):
         raise ValueError(
             "Give exactly one of factor= (e.g. factor=4) or target_length= (e.g. target_length="

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from hf_posext.core.errors import run_reporting_errors
+from hf_posext.core.paths import check_output_folder
 from hf_posext.core.request import parse_param_items
 
 __all__ = ["TASKS", "add_task_arguments", "check_task_arguments", "run_task", "main_task"]
@@ -124,6 +125,7 @@ def check_task_arguments(task: str, args: argparse.Namespace) -> None:
             raise ValueError(f"--device {args.device}: no CUDA device here (torch {torch.__version__}); use --device cpu.")
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         raise ValueError(f"--out {args.out} is a file; give a folder for the results (new or existing).")
+    check_output_folder(args.out, "--out", "the results")
 
 
 @contextlib.contextmanager

@@ -30,7 +30,9 @@ from hf_posext.evaluation.fingerprints import (
     attention_function,
     function_fingerprint,
     rope_frequencies,
+    is_full_weights_fingerprint,
     same_frequencies,
+    sampled_weights_fingerprint,
     weights_fingerprint,
 )
 from hf_posext.evaluation.store import ResultStore
@@ -132,6 +134,9 @@ def run_grid(
     job = _Job(evaluate, aggregate, store, dist or Distributed(), batch_size, reuse_identical, progress, description)
     original_window = describe(model).original_window
     weights = weights_fingerprint(model)  # before any method patches a learned position table
+    # cells written before every element was hashed are checked against the sampled hash they carry
+    older = any("model_weights" in r and not is_full_weights_fingerprint(r["model_weights"]) for r in store.cells.values())
+    sampled_weights = sampled_weights_fingerprint(model) if older else None
     memo: dict[tuple[str, Any], tuple[dict[str, Any], str]] = {}
     plans = {length: plan(length) for length in lengths}
     for method in methods:
@@ -142,7 +147,7 @@ def run_grid(
         with apply_method(model, method, method_factor) as report:
             for length in lengths:
                 step = _Step(method, method_factor, length, report, rope_frequencies(model, length),
-                             attention_function(model), weights)
+                             attention_function(model), weights, sampled_weights)
                 _run_step(job, step, plans[length], ids[length], memo)
     store.save(world_size=job.dist.world_size)
     return store
@@ -173,6 +178,7 @@ class _Step:
     frequencies: list[dict[str, Any]] | None  # None: not a RoPE model
     attention: dict[str, Any] | None = None  # an attention-level method's settings and kernel hash
     weights: str | None = None  # weights_fingerprint of the unpatched model
+    sampled_weights: str | None = None  # its sampled_weights_fingerprint, when a stored cell carries one
 
     @functools.cached_property
     def fingerprint(self) -> str | None:
@@ -227,14 +233,17 @@ def _stale_cells(store: ResultStore, ids: list[str], step: _Step) -> list[str]:
     before they were kept) are trusted by label. An attention-level method (Self-Extend, DCA) is also
     checked by its settings and kernel code (:func:`~hf_posext.evaluation.fingerprints.attention_function`).
     A cell that records the weights it was computed on is stale on other weights (a model retrained into
-    the same folder); records from before weights were kept are trusted.
+    the same folder); records from before weights were kept are trusted, and records from before every
+    element was hashed are checked by the sampled hash they carry.
     """
 
     def stale(record: dict[str, Any]) -> bool:
         other_rope = (step.frequencies is not None and record.get("rope_frequencies") is not None
                       and not same_frequencies(record["rope_frequencies"], step.frequencies))
         other_attention = "attention_function" in record and record["attention_function"] != step.attention
-        other_weights = "model_weights" in record and step.weights is not None and record["model_weights"] != step.weights
+        recorded = record.get("model_weights")
+        current = step.weights if recorded is None or is_full_weights_fingerprint(recorded) else step.sampled_weights
+        other_weights = recorded is not None and current is not None and recorded != current
         return other_rope or other_attention or other_weights
 
     return [i for i in ids if store.has(i) and stale(store.get(i))]

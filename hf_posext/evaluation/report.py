@@ -20,6 +20,7 @@ import re
 from pathlib import Path
 from typing import Any, Sequence
 
+from hf_posext.core.paths import check_output_folder
 from hf_posext.evaluation.html_report import write_html
 from hf_posext.evaluation.labels import model_name, short_label
 from hf_posext.evaluation.plots import heatmap_figure, line_figure, method_styles, panel_groups, save_figure
@@ -122,6 +123,7 @@ def write_report(folder: str | os.PathLike, out_dir: str | os.PathLike | None = 
     """
     runs = load_results(folder)
     out = Path(out_dir) if out_dir else Path(folder)
+    check_output_folder(out, "--out", "the report")
     markdown = markdown_tables(runs)
     plots = write_plots(runs, out)
     temporary = out / "report.md.tmp"

@@ -28,6 +28,7 @@ TASK_METRICS: dict[str, tuple[str, ...]] = {
 #: Counts of correct trials and the rate each must agree with (k/n).
 _COUNTS = (("greedy_correct", "greedy_accuracy"), ("teacher_forced_correct", "teacher_forced_accuracy"))
 _OPTIONAL_NUMBERS = ("greedy_accuracy", "answer_token_accuracy", "seconds", "supported_window", "windows")
+_ACCURACIES = ("teacher_forced_accuracy", "greedy_accuracy", "answer_token_accuracy")
 
 
 class ResultsFileError(DamagedFileError):
@@ -72,6 +73,21 @@ def check_cell(task: str, cell_id: str, record: Any) -> str | None:
             return f"cell {cell_id!r} has {count} {value!r}, not a whole number of its {trials!r} trials"
         if record.get(rate) is not None and abs(record[rate] - value / trials) > 1e-9:
             return f"cell {cell_id!r} has {count} {value} of {trials} trials but {rate} {record[rate]!r}"
+    return _impossible_value(cell_id, record)
+
+
+def _impossible_value(cell_id: str, record: dict[str, Any]) -> str | None:
+    """A number no evaluation can produce (a hand-edited or corrupted cell), named; None when all are possible."""
+    if record.get("nll") is not None and record["nll"] < 0:
+        return f"cell {cell_id!r} has nll {record['nll']!r}, but a negative log-likelihood is never below 0"
+    if record.get("ppl") is not None and record["ppl"] < 1:
+        return f"cell {cell_id!r} has ppl {record['ppl']!r}, but a perplexity (exp of the nll) is never below 1"
+    for name in ("tokens", "trials"):
+        if record.get(name) is not None and record[name] < 1:
+            return f"cell {cell_id!r} has {name} {record[name]!r}, but a cell scores at least 1"
+    for name in _ACCURACIES:
+        if record.get(name) is not None and not 0 <= record[name] <= 1:
+            return f"cell {cell_id!r} has {name} {record[name]!r}, outside [0, 1]"
     return None
 
 
@@ -105,10 +121,14 @@ def read_results_file(path: str | os.PathLike) -> dict[str, Any]:
     """One results file, checked.
 
     Raises:
-        ResultsFileError: it is not UTF-8 JSON, or not a results object, or a record lacks its numbers
-            or holds something else where a number belongs (the message names the file and the cell).
+        ResultsFileError: it is a folder, or not UTF-8 JSON, or not a results object, or a record lacks its
+            numbers, holds something else where a number belongs or a number no evaluation gives (a negative
+            nll, a perplexity below 1, an accuracy outside [0, 1]); the message names the file and the cell.
     """
     path = Path(path)
+    if path.is_dir():
+        raise ResultsFileError(f"{path} is a folder, not a results file; rename it or move it out of {path.parent} "
+                               "(every *.json there is read as results).")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as error:

@@ -59,6 +59,12 @@ class DualChunkParams:
             _check_int("chunk_size", self.chunk_size, 2)
         if self.local_window is not None:
             _check_int("local_window", self.local_window, 0)
+        if self.chunk_size is not None and self.local_window is not None and self.local_window >= self.chunk_size:
+            # checkable without a model: refused where the request is parsed (patch, CLI, lm-eval model args)
+            raise ValueError(
+                f"local_window={self.local_window} must be smaller than chunk_size={self.chunk_size}: the chunk "
+                f"length is chunk_size - local_window. Use e.g. local_window={self.chunk_size // 4}."
+            )
 
 
 def default_chunk_size(original_length: int) -> int:

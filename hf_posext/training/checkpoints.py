@@ -24,7 +24,8 @@ from hf_posext.core.errors import DamagedFileError
 
 __all__ = [
     "CHECKPOINT_PREFIX", "CHECKSUMS_FILE", "RUN_FILE", "CheckpointError", "checkpoint_step", "find_latest_checkpoint",
-    "write_json_atomic", "file_sha256", "write_checksums", "verify_checkpoint", "read_run_info",
+    "write_json_atomic", "file_sha256", "write_checksums", "verify_checkpoint", "verify_for_resume",
+    "older_intact_checkpoint", "read_run_info",
 ]
 
 CHECKPOINT_PREFIX = "checkpoint-"  # transformers' PREFIX_CHECKPOINT_DIR
@@ -131,6 +132,41 @@ def verify_checkpoint(folder: str | os.PathLike) -> None:
             f"Checkpoint {folder}: {state_path} says global_step={global_step}, but the folder name says step {step}; "
             "resume from another checkpoint."
         )
+
+
+def older_intact_checkpoint(folder: str | os.PathLike) -> Path | None:
+    """The newest checkpoint beside ``folder`` with a lower step that passes :func:`verify_checkpoint` (None: none)."""
+    folder = Path(folder)
+    step = checkpoint_step(folder)
+    if step is None or not folder.parent.is_dir():
+        return None
+    steps = {p: checkpoint_step(p) for p in folder.parent.iterdir() if p.is_dir()}
+    older = sorted((p for p, other in steps.items() if other is not None and other < step), key=steps.get, reverse=True)
+    for candidate in older:
+        try:
+            verify_checkpoint(candidate)
+        except CheckpointError:
+            continue
+        return candidate
+    return None
+
+
+def verify_for_resume(folder: str | os.PathLike) -> None:
+    """:func:`verify_checkpoint`, and on a refusal the way on: the newest older intact checkpoint and its command.
+
+    Raises:
+        CheckpointError: as :func:`verify_checkpoint`, ending with ``... checkpoint-N is intact: resume from it
+            with hf-posext train --resume OUT/checkpoint-N`` (or saying that no older checkpoint is intact).
+    """
+    try:
+        verify_checkpoint(folder)
+    except CheckpointError as error:
+        older = older_intact_checkpoint(folder)
+        if older is None:
+            way_on = f"No older checkpoint in {Path(folder).parent} is intact either."
+        else:
+            way_on = f"The older {older.name} is intact: resume from it with `hf-posext train --resume {older}`."
+        raise CheckpointError(f"{str(error).rstrip('.')}. {way_on}") from None
 
 
 def read_run_info(folder: str | os.PathLike) -> dict[str, Any]:

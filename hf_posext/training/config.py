@@ -27,6 +27,7 @@ import yaml
 
 __all__ = [
     "ConfigError",
+    "check_sections",
     "ModelSection",
     "ScalingSection",
     "FinetuneSection",
@@ -446,8 +447,28 @@ def config_from_dict(data: dict[str, Any]) -> TrainConfig:
     return TrainConfig(**built)
 
 
+def check_sections(data: dict[str, Any], where: str = "the recipe") -> None:
+    """Refuse a section that is not a mapping of keys (a YAML list or a value where ``key: value`` lines belong).
+
+    Raises:
+        ConfigError: names the section, what it holds and the form it needs.
+    """
+    for name, body in (data or {}).items():
+        if body is not None and not isinstance(body, dict):
+            example = {"scaling": "{method: yarn, factor: 4}"}.get(str(name), "{key: value, ...}")
+            raise ConfigError(
+                f"{where}: section {name!r} must be a mapping of keys (e.g. {name}: {example}, or one `key: value` "
+                f"line per key indented under it), got a {type(body).__name__}: {body!r:.80}."
+            )
+
+
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply ``section.key=value`` overrides (values parsed as YAML) to a nested config dict."""
+    """Apply ``section.key=value`` overrides (values parsed as YAML) to a nested config dict.
+
+    Raises:
+        ConfigError: a section that is not a mapping, an override that is not ``key=value`` or names no key.
+    """
+    check_sections(data)
     data = upgrade_renamed_keys({k: dict(v or {}) for k, v in (data or {}).items()})
     sections = _sections()
     for item in overrides:
@@ -494,5 +515,6 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None, val
             raise ConfigError(f"{path}:{line}: not valid YAML ({problem}). Fix the recipe file.") from None
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: expected a mapping of sections at the top level.")
+        check_sections(data, str(path))
     config = config_from_dict(apply_overrides(data, overrides or []))
     return config.validate() if validate else config

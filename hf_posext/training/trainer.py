@@ -39,9 +39,11 @@ import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from hf_posext.adapters import write_adapter_record
+from hf_posext.core.paths import check_output_folder
+from hf_posext.text_sources import check_text_source
 from hf_posext.training.checkpoints import (
-    CHECKSUMS_FILE, RUN_FILE, CheckpointError, checkpoint_step, find_latest_checkpoint, read_run_info, verify_checkpoint,
-    write_checksums, write_json_atomic,
+    CHECKSUMS_FILE, RUN_FILE, CheckpointError, checkpoint_step, find_latest_checkpoint, read_run_info,
+    verify_for_resume, write_checksums, write_json_atomic,
 )
 from hf_posext.training.config import ConfigError, TrainConfig, config_differences, config_from_dict
 from hf_posext.training.model_card import adapter_model_card
@@ -491,10 +493,14 @@ def _resolve_resume(resume: str | os.PathLike | bool, output_dir: Path) -> Path:
 
 def _prepare_output_dir(output_dir: Path, overwrite: bool, resuming: bool) -> None:
     """Check (every process) that the run may use ``output_dir``; raise before anything is written."""
-    if resuming or not output_dir.exists():
-        return
     if output_dir.is_file():
         raise FileExistsError(f"output.dir {output_dir} is a file; choose a folder path.")
+    try:
+        check_output_folder(output_dir, "output.dir", "the run")
+    except ValueError as error:
+        raise FileExistsError(str(error)) from None
+    if resuming or not output_dir.exists():
+        return
     if not any(output_dir.iterdir()):
         return
     if not overwrite:
@@ -510,8 +516,9 @@ def _prepare_output_dir(output_dir: Path, overwrite: bool, resuming: bool) -> No
 
 
 def _check_resumable(resume_from: Path, config: TrainConfig, world: int) -> None:
-    """Refuse a corrupt checkpoint, one made by a different config, or with another number of processes."""
-    verify_checkpoint(resume_from)
+    """Refuse a corrupt checkpoint (naming an older intact one), one made by a different config, or with another
+    number of processes."""
+    verify_for_resume(resume_from)
     saved = read_run_info(resume_from)
     differences = config_differences(saved["config"], config.to_dict())
     if differences:
@@ -705,6 +712,12 @@ def train(
 
     config.validate()
     check_parallelism(config)
+    try:  # a missing path or a file that is not text is refused before the model loads
+        check_text_source(config.data.source, exclude=config.data.exclude)
+    except FileNotFoundError as error:
+        raise FileNotFoundError(f"data.source: {error}") from None
+    except ValueError as error:
+        raise ConfigError(f"data.source: {error}") from None
     output_dir = Path(config.output.dir)
     args = training_arguments(config, output_dir, progress=progress)
     world = args.world_size

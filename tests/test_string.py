@@ -163,12 +163,12 @@ def test_kernels_match_the_reference_construction(dtype, block):
     pos = torch.arange(length)[None]
     layer = _layer(inv_freq)
     explicit = string_explicit(rq, rk, v.to(dtype), None, pos, pos, layer, 8 ** -0.5, block_elements=4 * 2 * length * block)
-    split = string_split(rq, rk, v.to(dtype), None, pos, pos, layer, 8 ** -0.5, block=block)
+    split = string_split(rq, rk, v.to(dtype), None, 0, layer, 8 ** -0.5, block=block)
     assert explicit.dtype == split.dtype == dtype
     assert_close_guarding(explicit.double(), expected, broken, atol=1e-5, rtol=1e-5)
     assert_close_guarding(split.double(), expected, broken, atol=1e-5, rtol=1e-5)
     # The last 13 queries against the whole cache (a chunked prefill) and one decode step.
-    tail = string_split(rq[:, :, -13:], rk, v.to(dtype), None, pos[:, -13:], pos, layer, 8 ** -0.5, block=block)
+    tail = string_split(rq[:, :, -13:], rk, v.to(dtype), None, length - 13, layer, 8 ** -0.5, block=block)
     torch.testing.assert_close(tail.double(), expected[:, -13:], atol=1e-5, rtol=1e-5)
     step = string_explicit(rq[:, :, -1:], rk, v.to(dtype), None, pos[:, -1:], pos, layer, 8 ** -0.5)
     torch.testing.assert_close(step.double(), expected[:, -1:], atol=1e-5, rtol=1e-5)
@@ -188,7 +188,7 @@ def test_kernels_take_a_padding_mask():
     mask[..., :pads] = False
     layer = _layer(inv_freq)
     for output in (string_explicit(rq, rk, v, mask, positions, positions, layer, 8 ** -0.5),
-                   string_split(rq, rk, v, mask, positions, positions, layer, 8 ** -0.5, block=16),
+                   string_split(rq, rk, v, mask, -pads, layer, 8 ** -0.5, block=16),
                    string_explicit(rq, rk, v, torch.zeros(mask.shape).masked_fill(~mask, float("-inf")), positions, positions,
                                    dataclass_replace(layer, mask_kind="eager"), 8 ** -0.5)):
         torch.testing.assert_close(output[:, pads:].double(), expected, atol=1e-5, rtol=1e-5)

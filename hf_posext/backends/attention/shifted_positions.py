@@ -12,10 +12,10 @@ the shifted pass rotates the query by ``w - S`` more positions (RoPE rotations c
 key as it is, so the key cache is read as it is and no key is ever rotated again.
 
 Cost. While every distance is below S nothing changes (the SDPA path calls transformers' SDPA function).
-Past it, on the SDPA path, each block of queries runs three attention calls merged exactly by their
-log-sum-exp (:func:`string_split`): the exact band (keys at distance below S for some query of the
-block, masked), the shifted band next to it (masked) and the shifted bulk (no mask): about one attention
-over all keys plus a masked band of S + 512 keys, and one rotation of the queries. A decode step (a few
+Past it, on the SDPA path, each block of queries runs attention calls merged exactly by their
+log-sum-exp (:func:`string_split`): up to five calls per block of queries, of which only two small
+``[block, block]`` triangles carry a mask (the rest is the causal diagonal and two unmasked ranges), and
+one rotation of the queries. A decode step (a few
 queries, :func:`string_explicit`) scores the query twice against the key cache (exact and shifted), picks
 per key with one ``where``, then one softmax and one matmul with the values: no host synchronisation,
 the shift rotation's factors built once per layer. The eager path, a logit cap, training and per-row
@@ -225,8 +225,7 @@ def string_split(
     key: torch.Tensor,
     value: torch.Tensor,
     attention_mask: torch.Tensor | None,
-    query_positions: torch.Tensor,
-    key_positions: torch.Tensor,
+    first_query_position: int,
     layer: _LayerSettings,
     scaling: float,
     block: int = SPLIT_QUERY_BLOCK,
@@ -234,80 +233,96 @@ def string_split(
     """STRING as fused attention calls merged by their log-sum-exp (inference; same result as
     :func:`string_explicit`).
 
-    For a block of queries the keys split into three sets: the exact band (true q, keys at distance
-    ``0 <= d < S`` for some query of the block, masked), the shifted band next to it (shifted q, ``d >= S``,
-    masked) and the shifted bulk (shifted q, keys at distance ``>= S`` from every query of the block: no
-    mask). Each set is one attention call returning its output ``o_s`` and log-sum-exp ``l_s``; the softmax
-    over the whole row is ``sum_s o_s * exp(l_s - logsumexp_s l_s)``, exactly. The reference code does the
-    same with two flash-attention calls (a sliding window and a shifted causal pass).
+    Needs one set of positions for the whole batch, consecutive: queries at ``first_query_position + r``
+    and keys at ``first_query_position - (kv_len - q_len) + j`` (the queries are the last keys). For a
+    block of queries at positions ``[a, b)`` (``b - a <= S``) the keys split into five sets, each one
+    attention call returning its output ``o_s`` and log-sum-exp ``l_s``; the softmax over the whole row
+    is ``sum_s o_s * exp(l_s - logsumexp_s l_s)``, exactly:
 
-    Needs one set of positions for the whole batch, keys in position order and a bool (or no) mask; no
-    gradient (PyTorch's fused CPU kernel does not differentiate its log-sum-exp).
+    * ``[a, b)``, the block's diagonal: true q, causal (no explicit mask);
+    * ``[b - S, a)``: true q, within S of every query (no mask);
+    * ``[a - S + 1, b - S)``: true q where ``j > i - S``, shifted q where ``j <= i - S`` (two calls with a
+      ``[block, block]`` mask each);
+    * ``[0, a - S + 1)``: shifted q, at least S from every query (no mask).
 
-    Args: as :func:`string_explicit`; ``attention_mask`` None or bool broadcastable to ``[batch, 1, q_len, kv_len]``.
+    Almost all the work runs in fused kernels without a mask; only two small triangles per block are
+    masked. The reference code does the same with two flash-attention calls (a sliding window and a
+    shifted causal pass). With a bool ``attention_mask`` (padding) each set takes its slice.
+
+    Args: as :func:`string_explicit`; ``attention_mask`` None or bool ``[batch, 1, q_len, kv_len]``.
 
     Returns:
         ``[batch, q_len, heads, head_dim]``.
     """
     batch, heads, q_len, head_dim = query.shape
-    kv_heads = key.shape[1]
+    kv_heads, kv_len = key.shape[1], key.shape[2]
     groups = heads // kv_heads
     shift = layer.shifted_offset
-    q_pos = query_positions.to(key.device).reshape(-1, q_len)[0]
-    k_pos = key_positions.to(key.device).reshape(-1, key.shape[2])[0].contiguous()
+    block = max(1, min(block, shift))
+    first_key_position = first_query_position - (kv_len - q_len)
     query_shifted = _shifted_query(query, layer)
 
+    def index(position: int) -> int:
+        return min(max(position - first_key_position, 0), kv_len)
+
+    def call(q: torch.Tensor, rows: slice, low: int, high: int, causal: bool = False, band: torch.Tensor | None = None):
+        rows_n = rows.stop - rows.start
+        k, v = key[:, :, low:high], value[:, :, low:high]
+        mask = None if attention_mask is None else attention_mask[:, :, rows, low:high]
+        if band is not None:
+            mask = band[None, None] if mask is None else mask & band
+        if causal and mask is None and groups > 1:
+            # Causal over the diagonal needs one row per key: repeat its few keys per query head instead.
+            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+            return attention_with_lse(q, k, v, None, scaling, is_causal=True)
+        if mask is not None and groups > 1:
+            mask = mask.expand(batch, 1, rows_n, high - low).repeat(1, 1, groups, 1)
+        q = q.reshape(batch, kv_heads, groups * rows_n, head_dim)
+        output, lse = attention_with_lse(q, k, v, mask, scaling, is_causal=causal and mask is None)
+        return output.reshape(batch, heads, rows_n, head_dim), lse.reshape(batch, heads, rows_n)
+
     outputs = []
-    for start in range(0, q_len, block):
-        end = min(start + block, q_len)
-        rows = q_pos[start:end]
-        # keys [0, bulk): shifted for every query; [bulk, shifted_end): shifted for some; [bulk, high): exact for some
-        bulk, shifted_end, high = (int(i) for i in torch.searchsorted(
-            k_pos, torch.stack((rows.min() - shift, rows.max() - shift, rows.max())), right=True))
-
-        def part(q, first, last, band):
-            distance = rows[:, None] - k_pos[None, first:last]
-            mask = None if band is None else band(distance)
-            if attention_mask is not None:
-                allowed = attention_mask[..., start:end, first:last] if attention_mask.shape[-2] > 1 else attention_mask[..., first:last]
-                mask = allowed if mask is None else allowed & mask
-            # Grouped-query attention without copying keys per head: the query heads sharing a kv head
-            # become extra rows of it (row g * rows + r is head g's query r), and the mask repeats per head.
-            q = q[:, :, start:end].reshape(batch, kv_heads, groups * (end - start), head_dim)
-            if mask is not None and groups > 1:
-                mask = mask.expand(*mask.shape[:-2], end - start, last - first)
-                mask = torch.cat([mask] * groups, dim=-2)
-            output, lse = attention_with_lse(q, key[:, :, first:last], value[:, :, first:last], mask, scaling)
-            return output.reshape(batch, heads, end - start, head_dim), lse.reshape(batch, heads, end - start)
-
-        parts = [part(query, bulk, high, lambda d: (d >= 0) & (d < shift))]
-        if shifted_end > bulk:
-            parts.append(part(query_shifted, bulk, shifted_end, lambda d: d >= shift))
-        if bulk > 0:
-            parts.append(part(query_shifted, 0, bulk, None))
+    position, last = first_query_position, first_query_position + q_len
+    while position < last:
+        a, b = position, min(last, position + block)
+        rows = slice(a - first_query_position, b - first_query_position)
+        block_query, block_shifted = query[:, :, rows], query_shifted[:, :, rows]
+        edge, near, diagonal, end = index(a - shift + 1), index(b - shift), index(a), index(b)
+        parts = [call(block_query, rows, diagonal, end, causal=True)]
+        if near < diagonal:
+            parts.append(call(block_query, rows, near, diagonal))
+        if edge < near:
+            query_at = torch.arange(a, b, device=key.device)[:, None]
+            key_at = torch.arange(edge, near, device=key.device)[None, :] + first_key_position
+            exact = key_at > query_at - shift
+            parts.append(call(block_query, rows, edge, near, band=exact))
+            parts.append(call(block_shifted, rows, edge, near, band=~exact))
+        if edge > 0:
+            parts.append(call(block_shifted, rows, 0, edge))
         if len(parts) == 1:
             outputs.append(parts[0][0].to(value.dtype))
-            continue
-        lse = torch.stack([p[1] for p in parts]).logsumexp(dim=0)
-        merged = sum(o.float() * torch.nan_to_num(torch.exp(l - lse), nan=0.0)[..., None] for o, l in parts)
-        outputs.append(merged.to(value.dtype))
+        else:
+            lse = torch.stack([p[1] for p in parts]).logsumexp(dim=0)
+            merged = sum(o.float() * torch.nan_to_num(torch.exp(l - lse), nan=0.0)[..., None] for o, l in parts)
+            outputs.append(merged.to(value.dtype))
+        position = b
     return torch.cat(outputs, dim=2).transpose(1, 2).contiguous()
 
 
-def _can_split(layer, attention_mask, query_positions, key_positions, softcap, dropout, module, tensors) -> bool:
-    """Whether :func:`string_split` applies: SDPA convention (bool or no mask), no logit cap, no training
-    dropout, no gradient, one set of positions for the whole batch, keys in position order."""
+def _split_start(layer, attention_mask, query_positions, softcap, dropout, module, tensors) -> int | None:
+    """The first query position when :func:`string_split` applies (SDPA convention, no logit cap, no
+    training dropout, no gradient, one set of consecutive positions for the batch), else None."""
     if layer.mask_kind != "sdpa" or softcap is not None or (dropout and module.training):
-        return False
+        return None
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-        return False
+        return None  # the fused CPU kernel does not differentiate its log-sum-exp
     if attention_mask is not None and (attention_mask.dtype != torch.bool or attention_mask.dim() != 4 or attention_mask.shape[1] != 1):
-        return False
-    for positions in (query_positions, key_positions):
-        if positions.shape[0] > 1 and not bool((positions == positions[:1]).all()):
-            return False
-    keys = key_positions[0]
-    return keys.numel() < 2 or bool((keys[1:] >= keys[:-1]).all())
+        return None
+    first = query_positions[:1, :1]
+    expected = first + torch.arange(query_positions.shape[-1], device=query_positions.device)[None]
+    if not bool((query_positions == expected).all()):
+        return None
+    return int(first)
 
 
 def string_attention(
@@ -352,9 +367,10 @@ def string_attention(
 
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     query_positions, key_positions = positions or call_positions(query, key, kwargs.get("position_ids"), _LABEL)
-    if not plain and q_len > DECODE_QUERIES and _can_split(
-            layer, attention_mask, query_positions, key_positions, softcap, dropout, module, (query, key, value)):
-        return string_split(query, key, value, attention_mask, query_positions, key_positions, layer, scaling), None
+    if not plain and q_len > DECODE_QUERIES:
+        start = _split_start(layer, attention_mask, query_positions, softcap, dropout, module, (query, key, value))
+        if start is not None:
+            return string_split(query, key, value, attention_mask, start, layer, scaling), None
     active = dataclasses.replace(layer, shifted_offset=None) if plain else layer
     output = string_explicit(
         query, key, value, attention_mask, query_positions, key_positions, active, scaling,
@@ -474,7 +490,7 @@ def describe_string(model: nn.Module) -> ScalingReport:
         f"distances < {s} exact; older keys seen from position i - {s} + {w} (distance d - {s} + {w}); the {s} largest "
         f"distances of the {window}-token window are never used",
         f"every distance stays below the original window up to {max_covered_length(window, s, w)} tokens (L + S - w)",
-        "cost: past S, three fused attention calls per query block merged by log-sum-exp; a decode step scores the "
+        "cost: past S, up to five attention calls per query block (two small masked triangles) merged by log-sum-exp; a decode step scores the "
         "query twice against the key cache as it is (see bench/string_cost.py)",
     ]
     if settings.attention_factor != 1.0:

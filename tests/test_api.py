@@ -43,7 +43,7 @@ def test_available_methods_lists_every_kind_and_the_cli_prints_them(capsys):
     methods = hf_posext.available_methods()
     for name in ("yarn", "self-extend", "linear (learned)", "none (alibi)", "linear (relative)", "none (relative)"):
         assert name in methods
-    assert set(hf_posext.available_methods("attention")) == {"self-extend", "dca"}
+    assert set(hf_posext.available_methods("attention")) == {"self-extend", "dca", "string"}
     assert main(["methods"]) == 0
     printed = capsys.readouterr().out
     assert all(name in printed for name in methods)

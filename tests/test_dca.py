@@ -315,7 +315,7 @@ def test_unpatch_restores_everything_bit_for_bit():
     before_config = json.loads(model.config.to_json_string())
     before_dict = dict(model.config.__dict__)
     hf_posext.patch(model, "dca", factor=4)
-    assert model.config.dual_chunk_attention_config == {"chunk_size": 48, "local_size": 4, "original_max_position_embeddings": 64}
+    assert model.config.dual_chunk_attention_config == {"chunk_size": 48, "local_size": 4}  # no length scale: no L there
     assert model.config.max_position_embeddings == 256
     hf_posext.patch(model, "dca", factor=2, chunk_size=CHUNK_SIZE, local_window=LOCAL_WINDOW)  # replaces, never compounds
     hf_posext.unpatch(model)
@@ -349,7 +349,7 @@ def test_save_and_load_round_trip_writes_vllms_fields(tmp_path):
     expected = logits_of(model, ids)
     model.save_pretrained(tmp_path)
     saved = json.loads((tmp_path / "config.json").read_text())
-    assert saved["dual_chunk_attention_config"] == {"chunk_size": 24, "local_size": 4, "original_max_position_embeddings": 64}
+    assert saved["dual_chunk_attention_config"] == {"chunk_size": 24, "local_size": 4}
     assert saved["max_position_embeddings"] == 256
     assert saved["hf_posext"]["method"] == "dca" and "hf_posext_dca" not in json.dumps(saved)
     loaded = hf_posext.load(tmp_path)
@@ -374,7 +374,8 @@ def test_checkpoint_with_only_vllms_field_loads_with_dca(tmp_path, qwen2):
     ids = _ids(130)
     unpatched = logits_of(model, ids)
     model.save_pretrained(tmp_path)
-    hf_posext.patch(model, "dca", factor=4, chunk_size=CHUNK_SIZE, local_window=LOCAL_WINDOW)
+    # Qwen2.5-1M's field holds original_max_position_embeddings: SGLang scales, so load does too.
+    hf_posext.patch(model, "dca", factor=4, chunk_size=CHUNK_SIZE, local_window=LOCAL_WINDOW, attention_scale=True)
     expected = logits_of(model, ids)
     config = json.loads((tmp_path / "config.json").read_text())
     assert "hf_posext" not in config and config["max_position_embeddings"] == 64
@@ -385,6 +386,7 @@ def test_checkpoint_with_only_vllms_field_loads_with_dca(tmp_path, qwen2):
     report = hf_posext.describe(loaded)
     assert (report.method, report.factor, report.original_window, report.current_window) == ("dca", 4.0, 64, 256)
     assert report.params["chunk_size"] == CHUNK_SIZE and report.params["local_window"] == LOCAL_WINDOW
+    assert report.params["attention_scale"] is True
     assert_close_guarding(logits_of(loaded, ids), expected, unpatched, atol=1e-5, rtol=1e-5)
     for bad, message in (
         ({"chunk_size": 24}, "needs integer chunk_size and local_size"),

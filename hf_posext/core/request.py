@@ -315,6 +315,9 @@ class ScalingRequest:
             return self
         if self.method == "none":
             return dataclasses.replace(self, factor=1.0)
+        defaults = {get_method(self.method, kind).default_factor for kind in kinds_of(self.method)}
+        if len(defaults) == 1 and None not in defaults:  # a method at home inside the window (STRING)
+            return dataclasses.replace(self, factor=defaults.pop())
         sizing = [prefix + name for kind in kinds_of(self.method) for name in get_method(self.method, kind).size_params]
         raise ValueError(
             f"{prefix}method={self.method} needs its size: exactly one of {prefix}factor (e.g. {prefix}factor=2) or "

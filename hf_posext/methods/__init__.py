@@ -1,7 +1,8 @@
 """Layer 1: every scaling method of every kind, as pure functions of numbers, in one registry.
 
 Kinds: ``rope`` (:mod:`.rope`), ``learned`` / ``sinusoidal`` / ``alibi`` (:mod:`.learned`),
-``attention`` (:mod:`.attention`: Self-Extend; :mod:`.dual_chunk`: Dual Chunk Attention) and ``relative`` (:mod:`.relative`: T5 bias).
+``attention`` (:mod:`.attention`: Self-Extend; :mod:`.dual_chunk`: Dual Chunk Attention;
+:mod:`.shifted_positions`: STRING) and ``relative`` (:mod:`.relative`: T5 bias).
 Importing this package registers all of them.
 """
 
@@ -10,6 +11,7 @@ from hf_posext.methods import rope  # noqa: F401, I001
 from hf_posext.methods import learned  # noqa: F401
 from hf_posext.methods import attention  # noqa: F401
 from hf_posext.methods import dual_chunk  # noqa: F401
+from hf_posext.methods import shifted_positions  # noqa: F401
 from hf_posext.methods import relative  # noqa: F401
 from hf_posext.methods.registry import (
     BASELINE,

@@ -15,10 +15,15 @@ local window ``w`` (``local_window``) the chunk length is ``s = c - w``. These a
 convention of ChunkLlama's code and of vLLM's ``dual_chunk_attention_config`` (``chunk_size``,
 ``local_size``), which Qwen2.5-1M checkpoints carry. ChunkLlama's defaults: ``c = 3L/4``, ``w = L/16``.
 The kernels are in :mod:`hf_posext.backends.attention.dual_chunk`.
+
+Length scale (optional, ``attention_scale=True``; not in ChunkLlama): Qwen2.5-1M as vLLM and SGLang
+serve it multiplies every attention score by ``f(T)^2`` with YaRN's ``f(T) = max(1, 0.1 ln(T / L) + 1)``
+and ``T`` the sequence length (:func:`length_scale`; docs/serving.md gives where the runtimes apply it).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +36,7 @@ __all__ = [
     "check_chunk_sizes",
     "chunk_length",
     "relative_distance",
+    "length_scale",
 ]
 
 
@@ -49,10 +55,14 @@ class DualChunkParams:
             original window. Default 3/4 of the original window.
         local_window: w, how many queries at the start of a chunk keep their true distance to the
             previous chunk (vLLM's ``local_size``); below ``chunk_size``. Default 1/16 of the original window.
+        attention_scale: multiply every score by ``length_scale(T, L) ** 2`` (T: the sequence length), as
+            SGLang does for a ``dual_chunk_attention_config`` holding ``original_max_position_embeddings``
+            (Qwen2.5-1M). Default False: ChunkLlama has no such scale.
     """
 
     chunk_size: int | None = None
     local_window: int | None = None
+    attention_scale: bool = False
 
     def __post_init__(self) -> None:
         if self.chunk_size is not None:
@@ -65,6 +75,8 @@ class DualChunkParams:
                 f"local_window={self.local_window} must be smaller than chunk_size={self.chunk_size}: the chunk "
                 f"length is chunk_size - local_window. Use e.g. local_window={self.chunk_size // 4}."
             )
+        if not isinstance(self.attention_scale, bool):
+            raise ValueError(f"attention_scale must be true or false, got {self.attention_scale!r}.")
 
 
 def default_chunk_size(original_length: int) -> int:
@@ -119,6 +131,17 @@ def relative_distance(query_position: int, key_position: int, chunk_size: int, l
     else:
         query_index = min(2 * s - 1, chunk_size)
     return query_index - key_position % s
+
+
+def length_scale(sequence_length: int, original_length: int) -> float:
+    """YaRN's attention factor for a sequence of ``T`` tokens, clipped at 1: ``max(1, 0.1 ln(T / L) + 1)``.
+
+    Qwen2.5-1M's DCA (vLLM's and SGLang's backends) multiplies q and k each by it, so scores scale by its
+    square; 1 for ``T <= L``.
+    """
+    if sequence_length <= original_length:
+        return 1.0
+    return 0.1 * math.log(sequence_length / original_length) + 1.0
 
 
 register_method(

@@ -50,6 +50,8 @@ class Method:
         identity_at_one: ``factor=1`` gives the unscaled model exactly (static methods).
         renamed_params: ``(old name, new name)`` pairs: a parameter renamed since it was first published;
             the old name is still accepted, with a ``FutureWarning``.
+        default_factor: the factor used when neither ``factor`` nor ``target_length`` is given (STRING: 1,
+            its home is inside the window); None: a size is required.
     """
 
     name: str
@@ -61,6 +63,7 @@ class Method:
     size_params: tuple[str, ...] = ()
     identity_at_one: bool = False
     renamed_params: tuple[tuple[str, str], ...] = ()
+    default_factor: float | None = None
 
     @property
     def transformers_type(self) -> str | None:
@@ -127,6 +130,7 @@ def register_method(
     size_params: tuple[str, ...] = (),
     identity_at_one: bool = False,
     renamed_params: tuple[tuple[str, str], ...] = (),
+    default_factor: float | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator registering ``compute`` under ``name`` (see :class:`Method`)."""
 
@@ -134,7 +138,8 @@ def register_method(
         registry = METHODS.setdefault(kind, {})
         if name in registry:
             raise ValueError(f"A {kind} method named {name!r} is already registered.")
-        registry[name] = Method(name, summary, kind, params_cls, compute, dynamic, size_params, identity_at_one, renamed_params)
+        registry[name] = Method(name, summary, kind, params_cls, compute, dynamic, size_params, identity_at_one, renamed_params,
+                                default_factor)
         return compute
 
     return decorator
@@ -217,7 +222,7 @@ def check_method_name(name: str) -> str:
     if len(parts) > 1 and all(kinds_of(part) for part in parts):
         raise ValueError(
             f"Methods cannot be combined in one call ({name!r}): patch applies one method, and patching again "
-            f"replaces it. Attention-level methods (self-extend, dca) run on the model's own rotary frequencies; "
+            f"replaces it. Attention-level methods (self-extend, dca, string) run on the model's own rotary frequencies; "
             f"pick one of {', '.join(repr(p) for p in parts)}."
         )
     known = sorted({n for methods in METHODS.values() for n in methods})

@@ -3,7 +3,8 @@ attention-function registry. The shared scaffolding (registration, probe, patch/
 flow) is :mod:`hf_posext.backends.attention.registration`, shared math :mod:`hf_posext.backends.attention.kernels`;
 each method is one module with its math and the same entry points (patch, unpatch, describe, load,
 is_patched, current_request): Self-Extend in :mod:`hf_posext.backends.attention.self_extend`, Dual Chunk
-Attention in :mod:`hf_posext.backends.attention.dual_chunk`."""
+Attention in :mod:`hf_posext.backends.attention.dual_chunk`, STRING in
+:mod:`hf_posext.backends.attention.shifted_positions`."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any
 
 from torch import nn
 
-from hf_posext.backends.attention import dual_chunk, self_extend
+from hf_posext.backends.attention import dual_chunk, self_extend, shifted_positions
 from hf_posext.backends.rope import RopeBackend
 from hf_posext.core.record import ScalingReport
 from hf_posext.core.request import ScalingRequest
@@ -30,6 +31,8 @@ _METHODS = {
          self_extend.load_self_extend),
         (dual_chunk, dual_chunk.patch_dual_chunk, dual_chunk.unpatch_dual_chunk, dual_chunk.describe_dual_chunk,
          dual_chunk.load_dual_chunk),
+        (shifted_positions, shifted_positions.patch_string, shifted_positions.unpatch_string,
+         shifted_positions.describe_string, shifted_positions.load_string),
     )
 }
 
@@ -39,7 +42,7 @@ def _patched_method(model: nn.Module) -> str | None:
 
 
 class AttentionBackend:
-    """Self-Extend and Dual Chunk Attention on RoPE models whose attention modules call transformers'
+    """Self-Extend, Dual Chunk Attention and STRING on RoPE models whose attention modules call transformers'
     attention registry."""
 
     name = "attention"

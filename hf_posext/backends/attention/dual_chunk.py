@@ -24,6 +24,12 @@ softmax, one matmul with the values — about seven kernels, the same at any len
 synchronisation; the rotation factors and key index are built once per step for all layers. The eager
 path, a logit cap, training and per-row positions use an explicit pass with the keys moved to
 ``j mod s`` and each query rotated three ways. ``bench/dca_cost.py`` measures prefill and decode step.
+
+Length scale (``attention_scale=True``, Qwen2.5-1M as SGLang serves it; docs/serving.md (S7)): every score
+of a call times ``f(T)^2``, ``f(T) = max(1, 0.1 ln(T / L) + 1)``, T the last query's position + 1 of each
+batch row. It is folded into the decode tables' rotation factors (no extra kernel), the fused path's
+scaling (one T for the batch) and the explicit path's per-row scaling; 1 up to L, so shorter calls are
+untouched.
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ from hf_posext.methods.dual_chunk import (
     chunk_length,
     default_chunk_size,
     default_local_window,
+    length_scale,
 )
 
 __all__ = [
@@ -100,12 +107,14 @@ class DualChunkSettings:
         local_window: w; the chunk length is ``c - w``.
         original_max_position_embeddings: L, the pre-training window.
         target_length: the window the model is declared to handle (DCA itself has no length limit).
+        attention_scale: scores multiplied by ``length_scale(T, L) ** 2`` (SGLang's Qwen2.5-1M scale).
     """
 
     chunk_size: int
     local_window: int
     original_max_position_embeddings: int
     target_length: int
+    attention_scale: bool = False
 
     @property
     def chunk_length(self) -> int:
@@ -127,6 +136,7 @@ class _LayerSettings:
     local_window: int | None
     mask_kind: str  # "sdpa" (bool or None) or "eager" (additive float)
     scaled: bool = True
+    scale_length: int | None = None  # L when scores scale by length_scale(T, L) ** 2, else None
     _frequencies: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     def frequencies(self, device) -> torch.Tensor:
@@ -202,6 +212,17 @@ def _rotate(states: torch.Tensor, offsets: torch.Tensor, layer: _LayerSettings) 
     if layer.rotary_dim < states.shape[-1]:  # partial rotary: the pass-through channels need the full shape too
         states = states.expand(*torch.broadcast_shapes(states.shape[:-1], angles.shape[:-1]), states.shape[-1])
     return rotate_with(states, angles.cos(), angles.sin(), layer.rotary_dim, layer.interleaved)
+
+
+def _score_scale(last_positions: torch.Tensor, original_length: int) -> torch.Tensor:
+    """``length_scale(T, L) ** 2`` per row, ``T`` = the last query position + 1, as float32 ``[rows]``.
+
+    The length is the one SGLang uses (``orig_seq_lens``: the prompt length in a prefill, the length
+    with the new token in a decode step), read from the positions on the device (no host sync).
+    """
+    length = last_positions.to(torch.float64) + 1
+    factor = torch.clamp(0.1 * torch.log(length / original_length) + 1.0, min=1.0)
+    return (factor * factor).to(torch.float32)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -423,6 +444,9 @@ def _decode_tables(query_positions: torch.Tensor, kv_len: int, layer: _LayerSett
     offsets, distances = _query_offsets_by_distance(query_positions, kv_len, layer.chunk_size, layer.local_window)
     angles = offsets.to(torch.float64).unsqueeze(-1) * layer.frequencies(device)  # [distances, B', rows, rotary / 2]
     cos, sin = rotation_factors(angles.cos().float(), angles.sin().float(), layer.rotary_dim, head_dim, layer.interleaved, scaling)
+    if layer.scale_length is not None:  # SGLang's length scale, per row, folded into the query's factors
+        scale = _score_scale(query_positions[:, -1], layer.scale_length).view(1, -1, 1, 1)
+        cos, sin = cos * scale, sin * scale
     key_positions = query_positions[:, -1:] - torch.arange(kv_len - 1, -1, -1, device=device)
     query_chunk = torch.div(query_positions, s, rounding_mode="floor")
     key_chunk = torch.div(key_positions, s, rounding_mode="floor")
@@ -437,7 +461,8 @@ def _cached_decode_tables(position_ids, query: torch.Tensor, key: torch.Tensor, 
     """:func:`_decode_tables` for this call, reused across the layers of one step (same position_ids tensor)."""
     return _DECODE_TABLES.for_call(
         query, key, position_ids, scaling, layer.inv_freq,
-        (id(layer.inv_freq), layer.rotary_dim, layer.interleaved, layer.chunk_size, layer.local_window), _LABEL,
+        (id(layer.inv_freq), layer.rotary_dim, layer.interleaved, layer.chunk_size, layer.local_window, layer.scale_length),
+        _LABEL,
         lambda positions, kv_len: _decode_tables(positions, kv_len, layer, query.shape[-1], scaling))
 
 
@@ -556,8 +581,12 @@ def dual_chunk_attention(
     if not plain and q_len > DECODE_QUERIES:
         start = _fused_start(layer, attention_mask, query_positions, softcap, dropout, module, (query, key, value))
         if start is not None:
+            if layer.scale_length is not None:
+                scaling = scaling * length_scale(start + q_len, layer.scale_length) ** 2
             return dual_chunk_fused(query, key, value, attention_mask, start, layer, scaling), None
     active = dataclasses.replace(layer, chunk_size=None) if plain else layer
+    if not plain and layer.scale_length is not None:  # one scale per batch row (left padding: its own length)
+        scaling = scaling * _score_scale(query_positions[:, -1], layer.scale_length).view(-1, 1, 1, 1, 1)
     output = dual_chunk_explicit(
         query, key, value, attention_mask, query_positions, key_positions, active, scaling,
         softcap=softcap, dropout=dropout, training=module.training,
@@ -582,7 +611,8 @@ def current_settings(model: nn.Module) -> DualChunkSettings:
 
 
 def resolve_settings(
-    factor: float | None, target_length: int | None, original_length: int, chunk_size: int | None, local_window: int | None
+    factor: float | None, target_length: int | None, original_length: int, chunk_size: int | None, local_window: int | None,
+    attention_scale: bool = False,
 ) -> DualChunkSettings:
     """Fill in the paper's defaults and validate (raises ValueError naming the bad value and the fix)."""
     from hf_posext.core.request import resolve_factor
@@ -592,16 +622,20 @@ def resolve_settings(
     check_chunk_sizes(chunk_size, local_window, original_length)
     scale = resolve_factor(factor, target_length, original_length)
     target = target_length if target_length is not None else int(math.ceil(original_length * scale - 1e-9))
-    return DualChunkSettings(chunk_size, local_window, original_length, target)
+    return DualChunkSettings(chunk_size, local_window, original_length, target, bool(attention_scale))
 
 
 def vllm_config(settings: DualChunkSettings) -> dict[str, int]:
-    """The ``dual_chunk_attention_config`` vLLM (and Qwen2.5-1M's config.json) use for these settings."""
-    return {
-        "chunk_size": settings.chunk_size,
-        "local_size": settings.local_window,
-        "original_max_position_embeddings": settings.original_max_position_embeddings,
-    }
+    """The ``dual_chunk_attention_config`` vLLM (and Qwen2.5-1M's config.json) use for these settings.
+
+    ``original_max_position_embeddings`` is written only with ``attention_scale``: SGLang's backend turns
+    its length scale on exactly when that field is above 0 (docs/serving.md), so the field says whether the
+    scores are scaled, for SGLang and for :func:`hf_posext.load` alike.
+    """
+    field = {"chunk_size": settings.chunk_size, "local_size": settings.local_window}
+    if settings.attention_scale:
+        field["original_max_position_embeddings"] = settings.original_max_position_embeddings
+    return field
 
 
 def _write_config(config, settings: DualChunkSettings, base: str, max_positions: int | None) -> None:
@@ -610,7 +644,8 @@ def _write_config(config, settings: DualChunkSettings, base: str, max_positions:
     before patching (kept in the record so that load can put it back)."""
     setattr(config, CONFIG_KEY, make_record(
         "attention", "dca", settings.factor, settings.original_max_position_embeddings,
-        {"chunk_size": settings.chunk_size, "local_window": settings.local_window}, attn_implementation=base,
+        {"chunk_size": settings.chunk_size, "local_window": settings.local_window, "attention_scale": settings.attention_scale},
+        attn_implementation=base,
         max_position_embeddings_before=max_positions,
     ))
     setattr(config, VLLM_CONFIG_KEY, vllm_config(settings))
@@ -623,8 +658,12 @@ def _layer(layer: AttentionLayer, mask_kind: str, settings: DualChunkSettings) -
     return _LayerSettings(
         layer.inv_freq, layer.rotary_dim, layer.interleaved,
         settings.chunk_size if layer.scaled else None, settings.local_window if layer.scaled else None,
-        mask_kind, layer.scaled,
+        mask_kind, layer.scaled, _scale_length(settings) if layer.scaled else None,
     )
+
+
+def _scale_length(settings: DualChunkSettings) -> int | None:
+    return settings.original_max_position_embeddings if settings.attention_scale else None
 
 
 def current_request(model: nn.Module) -> ScalingRequest:
@@ -632,7 +671,7 @@ def current_request(model: nn.Module) -> ScalingRequest:
     settings = current_settings(model)
     return ScalingRequest.from_kwargs(
         "dca", settings.factor, original_max_position_embeddings=settings.original_max_position_embeddings,
-        chunk_size=settings.chunk_size, local_window=settings.local_window,
+        chunk_size=settings.chunk_size, local_window=settings.local_window, attention_scale=settings.attention_scale,
     )
 
 
@@ -644,7 +683,11 @@ def patch_dual_chunk(model: nn.Module, request: ScalingRequest) -> nn.Module:
         request: method ``"dca"``; ``factor`` or ``target_length``: the window the model is declared to
             handle (DCA has no length limit of its own: this sets ``describe``'s current window and the
             saved ``max_position_embeddings``); ``original_max_position_embeddings`` to override L; params
-            ``chunk_size`` (c, default 3L/4, at most L) and ``local_window`` (w, default L/16, below c).
+            ``chunk_size`` (c, default 3L/4, at most L) and ``local_window`` (w, default L/16, below c);
+            ``attention_scale`` (default False): scores times ``(0.1 ln(T / L) + 1) ** 2`` past L, T the
+            sequence length, as SGLang serves Qwen2.5-1M (a save then writes
+            ``original_max_position_embeddings`` into ``dual_chunk_attention_config``, which is what turns
+            the scale on in SGLang; without it the field is left out).
 
     Returns:
         The same model. Patching again replaces the previous settings (never compounds).
@@ -659,10 +702,12 @@ def patch_dual_chunk(model: nn.Module, request: ScalingRequest) -> nn.Module:
     """
     original = registration.original_length(model, METHOD, request)
     params = request.params_dict
-    settings = resolve_settings(request.factor, request.target_length, original, params.get("chunk_size"), params.get("local_window"))
+    settings = resolve_settings(request.factor, request.target_length, original, params.get("chunk_size"), params.get("local_window"),
+                                bool(params.get("attention_scale", False)))
     if is_patched(model):
         return registration.update(model, METHOD, settings, lambda layer: dataclasses.replace(
-            layer, chunk_size=settings.chunk_size, local_window=settings.local_window), _write_config)
+            layer, chunk_size=settings.chunk_size, local_window=settings.local_window,
+            scale_length=_scale_length(settings)), _write_config)
     return registration.install(model, METHOD, settings, lambda layer, mask_kind: _layer(layer, mask_kind, settings), _write_config)
 
 
@@ -683,17 +728,22 @@ def describe_dual_chunk(model: nn.Module) -> ScalingReport:
         f"(original window {settings.original_max_position_embeddings}); no length limit of its own",
         "cost: past one chunk, up to four fused attention calls per query block merged by log-sum-exp; a decode "
         "step rotates the new query once per chunk distance and reads the key cache as it is (see bench/dca_cost.py)",
-        f"saved config carries vLLM's {VLLM_CONFIG_KEY} (chunk_size, local_size, original_max_position_embeddings)",
+        (f"scores times (0.1 ln(T / {settings.original_max_position_embeddings}) + 1)^2 past the original window, "
+         "T the sequence length (SGLang's Qwen2.5-1M scale)") if settings.attention_scale else
+        "no length scale (attention_scale=False, ChunkLlama's DCA)",
+        f"saved config carries vLLM's {VLLM_CONFIG_KEY} (chunk_size, local_size"
+        + (", original_max_position_embeddings: SGLang scales" if settings.attention_scale else "; no original_max_position_embeddings: SGLang does not scale") + ")",
     ]
     return registration.report(
         model, METHOD, settings.factor, settings.target_length,
-        {"chunk_size": settings.chunk_size, "local_window": settings.local_window}, notes,
+        {"chunk_size": settings.chunk_size, "local_window": settings.local_window, "attention_scale": settings.attention_scale}, notes,
     )
 
 
-def _saved_sizes(path: str, record: dict[str, Any], config: Any) -> tuple[int, int, int]:
-    """L, c and w of a saved DCA model: vLLM's ``dual_chunk_attention_config`` (so an edit there is what
-    loads), else the ``hf_posext`` record."""
+def _saved_sizes(path: str, record: dict[str, Any], config: Any) -> tuple[int, int, int, bool]:
+    """L, c, w and the length scale of a saved DCA model: vLLM's ``dual_chunk_attention_config`` (so an
+    edit there is what loads; the scale is on when it holds ``original_max_position_embeddings`` > 0, as
+    SGLang reads it), else the ``hf_posext`` record."""
     from hf_posext.core.errors import RecordError
 
     params = dict(record.get("params", {}))
@@ -709,7 +759,17 @@ def _saved_sizes(path: str, record: dict[str, Any], config: Any) -> tuple[int, i
             f"{path}/config.json: a DCA record needs chunk_size and local_window (or {VLLM_CONFIG_KEY} with "
             f"chunk_size, local_size, original_max_position_embeddings); got {record!r}."
         ) from error
-    return original, chunk_size, local_window
+    if getattr(config, VLLM_CONFIG_KEY, None) is not None:
+        attention_scale = _scale_on(vllm)
+    else:
+        attention_scale = bool(params.get("attention_scale", False))
+    return original, chunk_size, local_window, attention_scale
+
+
+def _scale_on(field: dict[str, Any]) -> bool:
+    """SGLang's rule: the length scale is on when the field's ``original_max_position_embeddings`` is above 0."""
+    value = field.get("original_max_position_embeddings", 0)
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
 
 
 def _integer(value: Any) -> int | None:
@@ -722,7 +782,9 @@ def record_from_vllm_config(config: Any, source: str) -> dict[str, Any] | None:
 
     The sizes are the field's ``chunk_size`` and ``local_size``; the original window L its
     ``original_max_position_embeddings``, else the config's (top level or in its rope parameters), else
-    ``max_position_embeddings``; the factor is ``max_position_embeddings / L`` (at least 1).
+    ``max_position_embeddings``; the factor is ``max_position_embeddings / L`` (at least 1); the length
+    scale (``attention_scale``) is on when the field holds ``original_max_position_embeddings`` > 0, as in
+    SGLang, which serves Qwen2.5-1M that way.
 
     Raises:
         RecordError: the field is not an object, or its sizes are missing, not integers, or break DCA's
@@ -752,7 +814,8 @@ def record_from_vllm_config(config: Any, source: str) -> dict[str, Any] | None:
     except ValueError as error:
         raise RecordError(f"{where}: {error} Fix the field in config.json.") from error
     factor = max(1.0, (max_positions or original) / original)
-    return make_record("attention", "dca", factor, original, {"chunk_size": chunk_size, "local_window": local_size})
+    return make_record("attention", "dca", factor, original,
+                       {"chunk_size": chunk_size, "local_window": local_size, "attention_scale": _scale_on(field)})
 
 
 def load_dual_chunk(path: str, record: dict[str, Any], **from_pretrained_kwargs: Any) -> nn.Module:
@@ -761,12 +824,13 @@ def load_dual_chunk(path: str, record: dict[str, Any], **from_pretrained_kwargs:
     The sizes come from the config's ``dual_chunk_attention_config`` (vLLM's fields, so an edit there is
     what loads) and otherwise from the ``hf_posext`` record; the window from the record's ``factor``.
     """
-    model, (original, chunk_size, local_window) = registration.load_unpatched(
+    model, (original, chunk_size, local_window, attention_scale) = registration.load_unpatched(
         path, record, METHOD, lambda config: _saved_sizes(path, record, config), **from_pretrained_kwargs,
     )
     factor = float(record.get("factor") or 1.0)
     return patch_dual_chunk(model, ScalingRequest.from_kwargs(
         "dca", max(1.0, factor), original_max_position_embeddings=original, chunk_size=chunk_size, local_window=local_window,
+        attention_scale=attention_scale,
     ))
 
 

@@ -1,0 +1,533 @@
+"""STRING: shifted rotary positions, the largest distances never used (An et al. 2025, ICLR).
+
+An, Zhang, Zhong, Li, Gong, Luo, Xu, Kong 2025, "Why Does the Effective Context Length of LLMs Fall
+Short?" (arXiv:2410.18745). The position rule (pure numbers) is in
+:mod:`hf_posext.methods.shifted_positions`: for a query at i and a key at j, ``d = i - j`` stays ``d``
+when ``d < S`` and becomes ``d - S + w`` otherwise (S = ``shifted_offset``, w = ``local_value``).
+
+How it hooks into transformers: like Self-Extend and DCA, through the public attention-function registry
+(``AttentionInterface``, set up by :mod:`hf_posext.backends.attention.registration`), under
+``hf_posext_string_sdpa`` / ``hf_posext_string_eager``. q and k arrive rotated to their true positions;
+the shifted pass rotates the query by ``w - S`` more positions (RoPE rotations compose) and leaves every
+key as it is, so the key cache is read as it is and no key is ever rotated again.
+
+Cost. While every distance is below S nothing changes (the SDPA path calls transformers' SDPA function).
+Past it, on the SDPA path, each block of queries runs attention calls merged exactly by their
+log-sum-exp (:func:`string_split`): up to five calls per block of queries, of which only two small
+``[block, block]`` triangles carry a mask (the rest is the causal diagonal and two unmasked ranges), and
+one rotation of the queries. A decode step (a few
+queries, :func:`string_explicit`) scores the query twice against the key cache (exact and shifted), picks
+per key with one ``where``, then one softmax and one matmul with the values: no host synchronisation,
+the shift rotation's factors built once per layer. The eager path, a logit cap, training and per-row
+positions use the same explicit scores block by block. ``bench/string_cost.py`` measures prefill and a
+decode step against SDPA.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from hf_posext.backends.attention import registration
+from hf_posext.backends.attention.kernels import attention_with_lse, call_positions, head_groups, rotate_by_factors, rotation_factors
+from hf_posext.backends.attention.registration import AttentionLayer
+from hf_posext.core.record import CONFIG_KEY, ScalingReport, make_record
+from hf_posext.core.request import ScalingRequest
+from hf_posext.methods.shifted_positions import (
+    check_string_sizes,
+    default_local_value,
+    default_shifted_offset,
+    max_covered_length,
+)
+
+__all__ = [
+    "METHOD_NAMES",
+    "IMPLEMENTATIONS",
+    "StringSettings",
+    "resolve_settings",
+    "string_explicit",
+    "string_split",
+    "string_attention",
+    "is_patched",
+    "current_settings",
+    "current_request",
+    "patch_string",
+    "unpatch_string",
+    "describe_string",
+    "load_string",
+    "METHOD",
+]
+
+#: Method names :func:`hf_posext.patch` routes here.
+METHOD_NAMES = {"string"}
+#: Registry names of our attention functions, keyed by the mask convention they expect.
+IMPLEMENTATIONS = {"sdpa": "hf_posext_string_sdpa", "eager": "hf_posext_string_eager"}
+_LAYER_ATTRIBUTE = "_hf_posext_string"
+_STATE_ATTRIBUTE = "_hf_posext_string_state"
+_LABEL = "STRING"
+#: Score elements materialised at once on the explicit path (~256 MB in float32).
+SCORE_BLOCK_ELEMENTS = 1 << 26
+#: Queries per block on the fused path.
+SPLIT_QUERY_BLOCK = 512
+#: Calls with at most this many queries (decoding) skip the fused path (no host synchronisation).
+DECODE_QUERIES = 16
+
+
+@dataclass(frozen=True)
+class StringSettings:
+    """A validated STRING request.
+
+    Attributes:
+        shifted_offset: S; distances below it stay exact, the S largest are dropped.
+        local_value: w; shifted keys are seen at distance ``d - S + w``.
+        attention_factor: q and k multiplied by it (scores by its square); 1 = off.
+        original_max_position_embeddings: L, the pre-training window.
+        target_length: the window the model is declared to handle (STRING itself has no length limit;
+            distances stay below L up to ``L + S - w`` tokens).
+    """
+
+    shifted_offset: int
+    local_value: int
+    attention_factor: float
+    original_max_position_embeddings: int
+    target_length: int
+
+    @property
+    def factor(self) -> float:
+        return self.target_length / self.original_max_position_embeddings
+
+
+@dataclass
+class _LayerSettings:
+    """What one attention module needs: its rotary layout and the shift (None: plain attention)."""
+
+    inv_freq: torch.Tensor  # float64, rotary dim / 2 values
+    rotary_dim: int
+    interleaved: bool
+    shifted_offset: int | None
+    local_value: int | None
+    attention_factor: float
+    mask_kind: str  # "sdpa" (bool or None) or "eager" (additive float)
+    scaled: bool = True
+    _factors: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
+
+    def shift_factors(self, device, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Factors rotating a query by ``w - S`` positions (:func:`rotate_by_factors`), float32 ``[head_dim]``,
+        built once per layer, device and sizes (angles in float64)."""
+        key = (str(device), head_dim, self.shifted_offset, self.local_value)
+        if key not in self._factors:
+            angles = (self.local_value - self.shifted_offset) * self.inv_freq.double()
+            cos, sin = angles.cos().float(), angles.sin().float()
+            c, s = rotation_factors(cos, sin, self.rotary_dim, head_dim, self.interleaved)
+            self._factors[key] = (c.to(device), s.to(device))
+        return self._factors[key]
+
+
+def _shifted_query(query: torch.Tensor, layer: _LayerSettings) -> torch.Tensor:
+    c, s = layer.shift_factors(query.device, query.shape[-1])
+    return rotate_by_factors(query, c, s, layer.rotary_dim, layer.interleaved)
+
+
+# --------------------------------------------------------------------------------------------------
+# Kernels
+# --------------------------------------------------------------------------------------------------
+
+
+def string_explicit(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    query_positions: torch.Tensor,
+    key_positions: torch.Tensor,
+    layer: _LayerSettings,
+    scaling: float,
+    softcap: float | None = None,
+    dropout: float = 0.0,
+    training: bool = False,
+    block_elements: int = SCORE_BLOCK_ELEMENTS,
+) -> torch.Tensor:
+    """STRING with the scores written out, block of queries by block (also a decode step).
+
+    Each query is scored twice against every key in one matmul, at its true position and shifted by
+    ``w - S``; a ``where`` keeps, per key, the exact score when ``d < S`` and the shifted one otherwise.
+    With ``layer.shifted_offset`` None it is plain attention.
+
+    Args:
+        query: ``[batch, heads, q_len, head_dim]`` rotated to ``query_positions`` (``[batch | 1, q_len]``).
+        key, value: ``[batch, kv_heads, kv_len, head_dim]``; keys rotated to ``key_positions``.
+        attention_mask: None (causal, the queries being the last keys), bool (True = attend) or additive
+            float, broadcastable to ``[batch, heads, q_len, kv_len]``.
+        layer: rotary layout and the shift. scaling: score multiplier. softcap: Gemma 2 logit cap.
+        dropout, training: attention dropout, applied when training.
+        block_elements: score elements materialised at once.
+
+    Returns:
+        ``[batch, q_len, heads, head_dim]``.
+    """
+    batch, heads, q_len, head_dim = query.shape
+    kv_heads, kv_len = key.shape[1], key.shape[2]
+    groups = head_groups(query, key)
+    shifted = layer.shifted_offset is not None
+    if shifted:
+        query_positions = query_positions.to(key.device).expand(batch, q_len)
+        key_positions = key_positions.to(key.device).expand(batch, kv_len)
+        query, kinds = torch.stack((query, _shifted_query(query, layer))), 2
+    else:
+        query, kinds = query.unsqueeze(0), 1
+    block = max(1, min(q_len, block_elements // max(1, batch * heads * kinds * kv_len)))
+    offset = kv_len - q_len
+    outputs = []
+    for start in range(0, q_len, block):
+        end = min(start + block, q_len)
+        rows = end - start
+        # [kinds, B, H, rows, D] -> [B, kv_heads, groups * kinds * rows, D]: the query heads sharing a kv
+        # head become rows of one matmul against it (no copy of the keys per head).
+        part = query[:, :, :, start:end].permute(1, 2, 0, 3, 4).reshape(batch, kv_heads, groups * kinds * rows, head_dim)
+        scores = torch.matmul(part, key.transpose(2, 3)).view(batch, kv_heads, groups, kinds, rows, kv_len)
+        if shifted:
+            far = (query_positions[:, start:end, None] - key_positions[:, None, :]) >= layer.shifted_offset
+            scores = torch.where(far[:, None, None], scores[:, :, :, 1], scores[:, :, :, 0])
+        else:
+            scores = scores[:, :, :, 0]
+        scores = scores * scaling
+        if softcap is not None:
+            scores = torch.tanh(scores / softcap) * softcap
+        if attention_mask is None:
+            if start + offset + 1 < kv_len:  # some key lies after a query of this block (never when decoding)
+                future = torch.ones(rows, kv_len, dtype=torch.bool, device=scores.device).triu_(start + offset + 1)
+                scores = scores.masked_fill(future, torch.finfo(scores.dtype).min)
+        else:
+            mask = attention_mask[..., start:end, :kv_len] if attention_mask.shape[-2] > 1 else attention_mask[..., :kv_len]
+            if mask.shape[1] == heads and heads != kv_heads:
+                mask = mask.reshape(mask.shape[0], kv_heads, groups, mask.shape[-2], kv_len)
+            else:
+                mask = mask.unsqueeze(2)
+            if mask.dtype == torch.bool:
+                scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+            else:
+                scores = scores + mask
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
+        if dropout and training:
+            probs = nn.functional.dropout(probs, p=dropout, training=True)
+        out = torch.matmul(probs.view(batch, kv_heads, groups * rows, kv_len), value)
+        outputs.append(out.view(batch, kv_heads, groups, rows, head_dim).reshape(batch, heads, rows, head_dim))
+    return torch.cat(outputs, dim=2).transpose(1, 2).contiguous()
+
+
+def string_split(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    first_query_position: int,
+    layer: _LayerSettings,
+    scaling: float,
+    block: int = SPLIT_QUERY_BLOCK,
+) -> torch.Tensor:
+    """STRING as fused attention calls merged by their log-sum-exp (inference; same result as
+    :func:`string_explicit`).
+
+    Needs one set of positions for the whole batch, consecutive: queries at ``first_query_position + r``
+    and keys at ``first_query_position - (kv_len - q_len) + j`` (the queries are the last keys). For a
+    block of queries at positions ``[a, b)`` (``b - a <= S``) the keys split into five sets, each one
+    attention call returning its output ``o_s`` and log-sum-exp ``l_s``; the softmax over the whole row
+    is ``sum_s o_s * exp(l_s - logsumexp_s l_s)``, exactly:
+
+    * ``[a, b)``, the block's diagonal: true q, causal (no explicit mask);
+    * ``[b - S, a)``: true q, within S of every query (no mask);
+    * ``[a - S + 1, b - S)``: true q where ``j > i - S``, shifted q where ``j <= i - S`` (two calls with a
+      ``[block, block]`` mask each);
+    * ``[0, a - S + 1)``: shifted q, at least S from every query (no mask).
+
+    Almost all the work runs in fused kernels without a mask; only two small triangles per block are
+    masked. The reference code does the same with two flash-attention calls (a sliding window and a
+    shifted causal pass). With a bool ``attention_mask`` (padding) each set takes its slice.
+
+    Args: as :func:`string_explicit`; ``attention_mask`` None or bool ``[batch, 1, q_len, kv_len]``.
+
+    Returns:
+        ``[batch, q_len, heads, head_dim]``.
+    """
+    batch, heads, q_len, head_dim = query.shape
+    kv_heads, kv_len = key.shape[1], key.shape[2]
+    groups = heads // kv_heads
+    shift = layer.shifted_offset
+    block = max(1, min(block, shift))
+    first_key_position = first_query_position - (kv_len - q_len)
+    query_shifted = _shifted_query(query, layer)
+
+    def index(position: int) -> int:
+        return min(max(position - first_key_position, 0), kv_len)
+
+    def call(q: torch.Tensor, rows: slice, low: int, high: int, causal: bool = False, band: torch.Tensor | None = None):
+        rows_n = rows.stop - rows.start
+        k, v = key[:, :, low:high], value[:, :, low:high]
+        mask = None if attention_mask is None else attention_mask[:, :, rows, low:high]
+        if band is not None:
+            mask = band[None, None] if mask is None else mask & band
+        if causal and mask is None and groups > 1:
+            # Causal over the diagonal needs one row per key: repeat its few keys per query head instead.
+            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+            return attention_with_lse(q, k, v, None, scaling, is_causal=True)
+        if mask is not None and groups > 1:
+            mask = mask.expand(batch, 1, rows_n, high - low).repeat(1, 1, groups, 1)
+        q = q.reshape(batch, kv_heads, groups * rows_n, head_dim)
+        output, lse = attention_with_lse(q, k, v, mask, scaling, is_causal=causal and mask is None)
+        return output.reshape(batch, heads, rows_n, head_dim), lse.reshape(batch, heads, rows_n)
+
+    outputs = []
+    position, last = first_query_position, first_query_position + q_len
+    while position < last:
+        a, b = position, min(last, position + block)
+        rows = slice(a - first_query_position, b - first_query_position)
+        block_query, block_shifted = query[:, :, rows], query_shifted[:, :, rows]
+        edge, near, diagonal, end = index(a - shift + 1), index(b - shift), index(a), index(b)
+        parts = [call(block_query, rows, diagonal, end, causal=True)]
+        if near < diagonal:
+            parts.append(call(block_query, rows, near, diagonal))
+        if edge < near:
+            query_at = torch.arange(a, b, device=key.device)[:, None]
+            key_at = torch.arange(edge, near, device=key.device)[None, :] + first_key_position
+            exact = key_at > query_at - shift
+            parts.append(call(block_query, rows, edge, near, band=exact))
+            parts.append(call(block_shifted, rows, edge, near, band=~exact))
+        if edge > 0:
+            parts.append(call(block_shifted, rows, 0, edge))
+        if len(parts) == 1:
+            outputs.append(parts[0][0].to(value.dtype))
+        else:
+            lse = torch.stack([p[1] for p in parts]).logsumexp(dim=0)
+            merged = sum(o.float() * torch.nan_to_num(torch.exp(l - lse), nan=0.0)[..., None] for o, l in parts)
+            outputs.append(merged.to(value.dtype))
+        position = b
+    return torch.cat(outputs, dim=2).transpose(1, 2).contiguous()
+
+
+def _split_start(layer, attention_mask, query_positions, softcap, dropout, module, tensors) -> int | None:
+    """The first query position when :func:`string_split` applies (SDPA convention, no logit cap, no
+    training dropout, no gradient, one set of consecutive positions for the batch), else None."""
+    if layer.mask_kind != "sdpa" or softcap is not None or (dropout and module.training):
+        return None
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return None  # the fused CPU kernel does not differentiate its log-sum-exp
+    if attention_mask is not None and (attention_mask.dtype != torch.bool or attention_mask.dim() != 4 or attention_mask.shape[1] != 1):
+        return None
+    first = query_positions[:1, :1]
+    expected = first + torch.arange(query_positions.shape[-1], device=query_positions.device)[None]
+    if not bool((query_positions == expected).all()):
+        return None
+    return int(first)
+
+
+def string_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """The function registered in transformers' ``AttentionInterface`` (same signature as SDPA's).
+
+    Calls where every distance is below S (at most S keys, or a prefill whose last position is below S)
+    run plain attention (transformers' own SDPA function on the SDPA path); prefills past S run
+    :func:`string_split` where it applies; decode steps and everything else (eager, logit cap, training,
+    per-row positions) run :func:`string_explicit`. Attention weights are not returned.
+    """
+    layer: _LayerSettings | None = getattr(module, _LAYER_ATTRIBUTE, None)
+    if layer is None:
+        raise RuntimeError(
+            f"{type(module).__name__} is set to STRING attention but carries no STRING settings (was the model copied "
+            "or its config edited by hand?). Call hf_posext.patch(model, 'string', ...) again."
+        )
+    if kwargs.get("s_aux") is not None:
+        raise ValueError("STRING does not support attention sinks (s_aux); unpatch this model.")
+    if scaling is None:
+        scaling = query.shape[-1] ** -0.5
+    if layer.attention_factor != 1.0:
+        scaling = scaling * layer.attention_factor ** 2
+    softcap = kwargs.get("softcap")
+    q_len, kv_len = query.shape[2], key.shape[2]
+    plain = layer.shifted_offset is None or kv_len <= layer.shifted_offset  # keys consecutive: every d < S
+    positions = None
+    if not plain and q_len > DECODE_QUERIES:
+        # A prefill: one host sync is cheap next to the work, and prompts shorter than S stay the model's.
+        positions = call_positions(query, key, kwargs.get("position_ids"), _LABEL)
+        plain = int(positions[0].max()) < layer.shifted_offset
+    if plain and layer.mask_kind == "sdpa" and softcap is None:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    query_positions, key_positions = positions or call_positions(query, key, kwargs.get("position_ids"), _LABEL)
+    if not plain and q_len > DECODE_QUERIES:
+        start = _split_start(layer, attention_mask, query_positions, softcap, dropout, module, (query, key, value))
+        if start is not None:
+            return string_split(query, key, value, attention_mask, start, layer, scaling), None
+    active = dataclasses.replace(layer, shifted_offset=None) if plain else layer
+    output = string_explicit(
+        query, key, value, attention_mask, query_positions, key_positions, active, scaling,
+        softcap=softcap, dropout=dropout, training=module.training,
+    )
+    return output, None
+
+
+# --------------------------------------------------------------------------------------------------
+# patch / unpatch / describe / load
+# --------------------------------------------------------------------------------------------------
+
+
+def is_patched(model: nn.Module) -> bool:
+    """True when ``model`` runs STRING installed by :func:`patch_string`."""
+    return registration.is_patched(model, METHOD)
+
+
+def current_settings(model: nn.Module) -> StringSettings:
+    """S, w, the attention factor, L and the target length of a model patched with STRING."""
+    return registration.current_settings(model, METHOD)
+
+
+def resolve_settings(
+    factor: float | None, target_length: int | None, original_length: int, shifted_offset: int | None,
+    local_value: int | None, attention_factor: float = 1.0,
+) -> StringSettings:
+    """Fill in the paper's defaults and validate (raises ValueError naming the bad value and the fix)."""
+    from hf_posext.core.request import resolve_factor
+
+    shifted_offset = default_shifted_offset(original_length) if shifted_offset is None else shifted_offset
+    local_value = default_local_value(shifted_offset) if local_value is None else local_value
+    check_string_sizes(shifted_offset, local_value, original_length)
+    scale = resolve_factor(factor, target_length, original_length)
+    target = target_length if target_length is not None else int(math.ceil(original_length * scale - 1e-9))
+    return StringSettings(shifted_offset, local_value, float(attention_factor), original_length, target)
+
+
+def _write_config(config, settings: StringSettings, base: str, max_positions: int | None) -> None:
+    """The record, and ``max_position_embeddings`` raised to the target window (kept in the record so
+    that load can put it back)."""
+    setattr(config, CONFIG_KEY, make_record(
+        "attention", "string", settings.factor, settings.original_max_position_embeddings,
+        {"shifted_offset": settings.shifted_offset, "local_value": settings.local_value,
+         "attention_factor": settings.attention_factor},
+        attn_implementation=base, max_position_embeddings_before=max_positions,
+    ))
+    if max_positions is not None:
+        config.max_position_embeddings = max(settings.target_length, max_positions)
+
+
+def _layer(layer: AttentionLayer, mask_kind: str, settings: StringSettings) -> _LayerSettings:
+    return _LayerSettings(
+        layer.inv_freq, layer.rotary_dim, layer.interleaved,
+        settings.shifted_offset if layer.scaled else None, settings.local_value if layer.scaled else None,
+        settings.attention_factor if layer.scaled else 1.0, mask_kind, layer.scaled,
+    )
+
+
+def current_request(model: nn.Module) -> ScalingRequest:
+    """The request that re-creates the current STRING patch."""
+    settings = current_settings(model)
+    return ScalingRequest.from_kwargs(
+        "string", settings.factor, original_max_position_embeddings=settings.original_max_position_embeddings,
+        shifted_offset=settings.shifted_offset, local_value=settings.local_value, attention_factor=settings.attention_factor,
+    )
+
+
+def patch_string(model: nn.Module, request: ScalingRequest) -> nn.Module:
+    """Install STRING (use :func:`hf_posext.patch`, which routes here).
+
+    Args:
+        model: a RoPE causal LM whose attention uses transformers' attention registry (5.x models).
+        request: method ``"string"``; ``factor`` or ``target_length`` (default factor 1: STRING's home is
+            inside the window; a larger one only declares the window, STRING has no length limit and keeps
+            every distance below L up to ``L + S - w`` tokens); ``original_max_position_embeddings`` to
+            override L; params ``shifted_offset`` (S, default ``int(0.33 L)``, below L), ``local_value`` (w,
+            default 128, at most S / 2 on small windows; below S) and ``attention_factor`` (default 1; the
+            reference code's ``0.1 ln 2 + 1`` multiplies q and k).
+
+    Returns:
+        The same model. Patching again replaces the previous settings (never compounds).
+
+    Raises:
+        ValueError: S >= L, w >= S, a negative or non-integer size, a bad factor, a model whose attention
+            bypasses the registry or whose rotary embedding is dynamic. The model is unchanged in every case.
+
+    Example:
+        >>> hf_posext.patch(model, "string")                               # S = 0.33 L, w = 128
+        >>> hf_posext.patch(model, "string", shifted_offset=2048, local_value=256)
+    """
+    original = registration.original_length(model, METHOD, request)
+    params = request.params_dict
+    settings = resolve_settings(request.factor, request.target_length, original, params.get("shifted_offset"),
+                                params.get("local_value"), params.get("attention_factor", 1.0))
+    if is_patched(model):
+        return registration.update(model, METHOD, settings, lambda layer: dataclasses.replace(
+            layer, shifted_offset=settings.shifted_offset, local_value=settings.local_value,
+            attention_factor=settings.attention_factor), _write_config)
+    return registration.install(model, METHOD, settings, lambda layer, mask_kind: _layer(layer, mask_kind, settings), _write_config)
+
+
+def unpatch_string(model: nn.Module) -> nn.Module:
+    """Remove STRING: the original attention implementation and config fields, exactly.
+
+    Raises:
+        ValueError: the model is not patched with STRING.
+    """
+    return registration.uninstall(model, METHOD)
+
+
+def describe_string(model: nn.Module) -> ScalingReport:
+    """A :class:`~hf_posext.core.record.ScalingReport` of kind ``"attention"`` for a STRING model."""
+    settings = current_settings(model)
+    s, w, window = settings.shifted_offset, settings.local_value, settings.original_max_position_embeddings
+    notes = [
+        f"distances < {s} exact; older keys seen from position i - {s} + {w} (distance d - {s} + {w}); the {s} largest "
+        f"distances of the {window}-token window are never used",
+        f"every distance stays below the original window up to {max_covered_length(window, s, w)} tokens (L + S - w)",
+        "cost: past S, up to five attention calls per query block (two small masked triangles) merged by log-sum-exp; a decode step scores the "
+        "query twice against the key cache as it is (see bench/string_cost.py)",
+    ]
+    if settings.attention_factor != 1.0:
+        notes.append(f"q and k multiplied by {settings.attention_factor:g} (scores by its square)")
+    return registration.report(
+        model, METHOD, settings.factor, settings.target_length,
+        {"shifted_offset": s, "local_value": w, "attention_factor": settings.attention_factor}, notes,
+    )
+
+
+def load_string(path: str, record: dict[str, Any], **from_pretrained_kwargs: Any) -> nn.Module:
+    """Load a model saved with STRING (``config.hf_posext`` of kind ``"attention"``) and re-apply it."""
+    from hf_posext.core.errors import RecordError
+
+    params = dict(record.get("params", {}))
+    try:
+        original = int(record["original_max_position_embeddings"])
+        shifted_offset, local_value = int(params["shifted_offset"]), int(params["local_value"])
+        attention_factor = float(params.get("attention_factor", 1.0))
+    except (KeyError, TypeError, ValueError) as error:
+        raise RecordError(f"{path}/config.json: a STRING record needs shifted_offset and local_value; got {record!r}.") from error
+    model, _ = registration.load_unpatched(path, record, METHOD, lambda config: None, **from_pretrained_kwargs)
+    factor = float(record.get("factor") or 1.0)
+    return patch_string(model, ScalingRequest.from_kwargs(
+        "string", max(1.0, factor), original_max_position_embeddings=original, shifted_offset=shifted_offset,
+        local_value=local_value, attention_factor=attention_factor,
+    ))
+
+
+#: How STRING plugs into transformers (see :mod:`hf_posext.backends.attention.registration`).
+METHOD = registration.AttentionMethod(
+    name="string",
+    label=_LABEL,
+    attention=string_attention,
+    implementations=IMPLEMENTATIONS,
+    layer_attribute=_LAYER_ATTRIBUTE,
+    state_attribute=_STATE_ATTRIBUTE,
+    config_keys=("max_position_embeddings",),
+    scaled_word="shifted",
+)

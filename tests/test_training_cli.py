@@ -37,3 +37,20 @@ def test_finetune_script_main_parses_resume_followed_by_an_override(capsys):
 
     assert main(["--config", str(TINY_RECIPE), "--print-config", "--resume", "train.max_steps=5"]) == 0
     assert yaml.safe_load(capsys.readouterr().out)["train"]["max_steps"] == 5
+
+
+def test_overrides_are_accepted_before_between_and_after_flags(capsys):
+    """`a=1 --no-progress b=2`: argparse matches the positional once, so the second group used to be refused."""
+    from hf_posext.training.cli import main
+
+    arguments = ["--config", str(TINY_RECIPE), "--print-config", "finetune.rank=2", "--no-progress",
+                 "train.max_steps=7", "--overwrite", "data.sequence_length=64"]
+    for run in (lambda: cli.main(["train", *arguments]), lambda: main(arguments)):
+        assert run() == 0
+        printed = yaml.safe_load(capsys.readouterr().out)
+        assert (printed["finetune"]["rank"], printed["train"]["max_steps"], printed["data"]["sequence_length"]) == (2, 7, 64)
+
+
+def test_an_unknown_flag_among_overrides_is_refused(capsys):
+    assert cli.main(["train", "--config", str(TINY_RECIPE), "--print-config", "train.max_steps=7", "--no-progess"]) == 2
+    assert "unrecognized arguments: --no-progess" in capsys.readouterr().err

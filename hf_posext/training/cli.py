@@ -30,6 +30,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stop-at-step", type=int, help="stop after this step without the final save (time-boxed runs)")
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    # argparse matches a positional once: overrides after a flag that follows earlier overrides
+    # (`a=1 --no-progress b=2`) come back as extra arguments, which _overrides() takes in.
+    parser.set_defaults(accepts_extra=True)
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -45,7 +48,7 @@ def _run_train(args: argparse.Namespace) -> int:
     from hf_posext.training.config import load_config
     from hf_posext.training.trainer import load_run_config, train
 
-    overrides = list(args.overrides or [])
+    overrides = _overrides(args)
     resume = args.resume
     if isinstance(resume, str) and "=" in resume and not Path(resume).exists():
         overrides.append(resume)  # `--resume key=value`: the flag took an override as its value
@@ -72,10 +75,25 @@ def _run_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _overrides(args: argparse.Namespace) -> list[str]:
+    """The ``key=value`` overrides wherever they stood on the command line (before, between or after flags).
+
+    Raises:
+        ValueError: an argument that is neither a known flag nor a ``key=value`` override.
+    """
+    extra = list(getattr(args, "extra", None) or [])
+    unknown = [item for item in extra if item.startswith("-") or "=" not in item]
+    if unknown:
+        raise ValueError(f"unrecognized arguments: {' '.join(unknown)} (overrides are key=value, e.g. train.max_steps=10; "
+                         "see --help for the flags)")
+    return [*(args.overrides or []), *extra]
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point for ``recipes/finetune.py`` (same arguments as ``hf-posext train``)."""
     parser = argparse.ArgumentParser(prog="finetune.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_train_arguments(parser)
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    args.extra = extra
     return run_reporting_errors("finetune", lambda: run_train(args))
 

@@ -154,15 +154,19 @@ def check_parallelism(config: TrainConfig, environ: dict[str, str] | None = None
         raise ConfigError(str(error)) from None
 
 
-def parallelism_arguments(config: TrainConfig) -> dict[str, Any]:
-    """``parallelism_config`` (accelerate) and ``deepspeed`` (ZeRO-3 under Ulysses) for ``TrainingArguments``."""
+def parallelism_arguments(config: TrainConfig, num_processes: int | None = None) -> dict[str, Any]:
+    """``parallelism_config`` (accelerate) and ``deepspeed`` (ZeRO-3 under Ulysses) for ``TrainingArguments``.
+
+    ``num_processes`` (default: ``WORLD_SIZE``) beyond one sp/cp group are data parallel: 4 processes at
+    sp_size=2 train 2 groups on different samples (see :func:`~hf_posext.training.parallel.accelerate_parallelism_config`).
+    """
     from hf_posext.training.parallel import accelerate_parallelism_config, deepspeed_config
 
     p = config.parallelism
     if not (p.sequence_parallel or p.context_parallel):
         return {}
     arguments: dict[str, Any] = {
-        "parallelism_config": accelerate_parallelism_config(p, config.model.attn_implementation)}
+        "parallelism_config": accelerate_parallelism_config(p, config.model.attn_implementation, num_processes)}
     if p.sequence_parallel:
         arguments["deepspeed"] = deepspeed_config(p)
         # The Trainer skips the batches of a resumed run with accelerate's skip_first_batches, which cannot

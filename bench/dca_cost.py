@@ -64,8 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     scaling = dim ** -0.5
     inv_freq = 1.0 / (1e5 ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
     module = SimpleNamespace(num_key_value_groups=heads // kv_heads, is_causal=True, training=False)
-    module._hf_posext_dca = dual_chunk._LayerSettings(inv_freq, dim, False, args.chunk_size, args.local_window, "sdpa")
-    module._hf_posext_self_extend = self_extend._LayerSettings(inv_freq, dim, False, 3, 2048, "sdpa")
+    module._hf_posext_dca = dual_chunk.DualChunkLayerSettings(inv_freq, dim, False, args.chunk_size, args.local_window, "sdpa")
+    module._hf_posext_self_extend = self_extend.SelfExtendLayerSettings(inv_freq, dim, False, 3, 2048, "sdpa")
     generator = torch.Generator().manual_seed(0)
     rows = []
     for n in [int(v) for v in args.lengths.split(",") if v]:

@@ -143,13 +143,13 @@ def _attention_only(args: argparse.Namespace, argv: list[str] | None) -> int:
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     from transformers.models.llama.modeling_llama import eager_attention_forward
 
-    from hf_posext.backends.attention.self_extend import _LayerSettings, clear_decode_tables, self_extend_attention
+    from hf_posext.backends.attention.self_extend import SelfExtendLayerSettings, clear_decode_tables, self_extend_attention
 
     heads, kv_heads, dim = 9, 3, 64
     dtype = getattr(torch, args.dtype)
     inv_freq = 1.0 / (1e5 ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
     module = SimpleNamespace(num_key_value_groups=heads // kv_heads, is_causal=True, training=False)
-    module._hf_posext_self_extend = _LayerSettings(inv_freq, dim, False, args.group_size, args.window, "sdpa")
+    module._hf_posext_self_extend = SelfExtendLayerSettings(inv_freq, dim, False, args.group_size, args.window, "sdpa")
     generator = torch.Generator().manual_seed(0)
     rows = []
     for n in [int(v) for v in args.lengths.split(",") if v]:

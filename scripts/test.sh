@@ -7,10 +7,7 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 bash scripts/setup.sh
 if [[ "${HF_POSEXT_SKIP_TF4:-0}" != "1" ]]; then
-  if [[ ! -x .venv-tf457/bin/python ]]; then
-    $PY -m venv --system-site-packages .venv-tf457
-  fi
-  .venv-tf457/bin/python -m pip install --quiet "transformers>=4.57,<4.58"
+  bash scripts/tf457_venv.sh .venv-tf457
 fi
 $PY -m pytest -q "$@"
 if [[ "${HF_POSEXT_SKIP_TF4:-0}" != "1" ]]; then

@@ -18,7 +18,7 @@ import torch
 
 import hf_posext
 from hf_posext.backends.attention import dual_chunk
-from hf_posext.backends.attention.dual_chunk import _LayerSettings, dual_chunk_decode, dual_chunk_explicit, dual_chunk_fused
+from hf_posext.backends.attention.dual_chunk import DualChunkLayerSettings, dual_chunk_decode, dual_chunk_explicit, dual_chunk_fused
 from hf_posext.methods.dual_chunk import relative_distance
 from hf_posext.models import tiny_model
 from tests.conftest import assert_close_guarding, logits_of, transformers_major
@@ -90,7 +90,7 @@ def reference_attention(q, k, v, inv_freq, chunk_size, local_window, scaling=Non
 
 
 def _layer(inv_freq, chunk_size=CHUNK_SIZE, local_window=LOCAL_WINDOW, mask_kind="sdpa"):
-    return _LayerSettings(inv_freq.double(), inv_freq.numel() * 2, False, chunk_size, local_window, mask_kind)
+    return DualChunkLayerSettings(inv_freq.double(), inv_freq.numel() * 2, False, chunk_size, local_window, mask_kind)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -159,7 +159,7 @@ def _decode_case(rows: int, layout: str, mask: str | None, seed: int = 0):
     rotary_dim = 4 if layout == "partial" else 8
     q, k, v = torch.randn(2, 4, length, head_dim), torch.randn(2, 2, length, head_dim), torch.randn(2, 2, length, head_dim)
     inv_freq = 1.0 / (10000 ** (torch.arange(0, rotary_dim, 2).double() / rotary_dim))
-    layer = _LayerSettings(inv_freq, rotary_dim, layout == "interleaved", CHUNK_SIZE, LOCAL_WINDOW, "sdpa")
+    layer = DualChunkLayerSettings(inv_freq, rotary_dim, layout == "interleaved", CHUNK_SIZE, LOCAL_WINDOW, "sdpa")
     attention_mask = None
     if mask is not None:
         allowed = torch.ones(2, 1, rows, length, dtype=torch.bool).tril(length - rows)

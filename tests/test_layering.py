@@ -34,10 +34,9 @@ LAYERS = {
     "hf_posext.export": 5,
     # The package itself only re-exports the public API (api + search): it sits above them.
     "hf_posext": 5,
-    # Old import paths kept as re-exports of integrations/lm_eval/.
+    # Deprecated import paths kept as re-exports of integrations/lm_eval/ (they warn on import).
     "hf_posext.lm_eval": 5,
     "hf_posext.lm_eval_plugin": 5,
-    "hf_posext.inspect_cli": 6,
     "hf_posext.cli": 6,
     "hf_posext.evaluation.cli": 6,
     "hf_posext.training.cli": 6,
@@ -198,6 +197,24 @@ def test_imports_only_go_down(graph):
 
 def test_no_private_names_across_modules(graph):
     assert private_imports(graph) == []
+
+
+def test_no_module_imports_the_package_face(graph):
+    """``hf_posext/__init__`` only re-exports (the public API, ``__version__``): modules import the layer that
+    defines a name (``hf_posext.api``, ``hf_posext.core.version``), never the face above them."""
+    assert [importer for importer, edges in graph.items() if PACKAGE in edges] == []
+
+
+def test_tests_import_no_private_package_names():
+    """Tests use the names a user can import: a test importing ``_LayerSettings`` pins a private name."""
+    modules = source_modules()
+    found = [
+        f"{path.name} imports {imported} from {target}"
+        for path in sorted(Path(__file__).resolve().parent.glob("*.py"))
+        for target, imported in imports_of(f"tests.{path.stem}", path, modules)
+        if imported and imported.startswith("_") and not imported.startswith("__")
+    ]
+    assert found == []
 
 
 def test_the_checks_catch_a_deliberate_cycle_and_upward_import(tmp_path):

@@ -165,10 +165,16 @@ def test_registered_with_the_harness():
 
 
 
-def test_the_old_import_paths_still_reach_the_integration():
-    import hf_posext.lm_eval as old_launcher
-    import hf_posext.lm_eval_plugin as old_plugin
+def test_the_old_import_paths_still_reach_the_integration_with_a_deprecation_warning():
+    import importlib
+
     from hf_posext.integrations.lm_eval import launcher
+
+    for old in ("hf_posext.lm_eval", "hf_posext.lm_eval_plugin"):
+        sys.modules.pop(old, None)
+        with pytest.warns(FutureWarning, match=f"{old} is now hf_posext.integrations.lm_eval"):
+            importlib.import_module(old)
+    old_launcher, old_plugin = sys.modules["hf_posext.lm_eval"], sys.modules["hf_posext.lm_eval_plugin"]
 
     assert old_plugin.PosextHFLM is PosextHFLM and old_plugin.parse_posext_args is parse_posext_args
     assert old_launcher.main is launcher.main and old_launcher.compare_methods is compare_methods

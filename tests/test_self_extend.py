@@ -114,14 +114,14 @@ def test_sdpa_path_uses_the_split_attention_and_eager_does_not(monkeypatch):
 
 def _decode_case(rows: int, layout: str, mask: str | None):
     """Rotated q/k/v of 60 tokens, batch 2, grouped-query; G=3, W=7 (most keys grouped)."""
-    from hf_posext.backends.attention.self_extend import _LayerSettings
+    from hf_posext.backends.attention.self_extend import SelfExtendLayerSettings
 
     torch.manual_seed(3)
     length, head_dim = 60, 8
     rotary_dim = 4 if layout == "partial" else 8
     q, k, v = torch.randn(2, 4, length, head_dim), torch.randn(2, 2, length, head_dim), torch.randn(2, 2, length, head_dim)
     inv_freq = 1.0 / (10000 ** (torch.arange(0, rotary_dim, 2).double() / rotary_dim))
-    settings = _LayerSettings(inv_freq, rotary_dim, layout == "interleaved", 3, 7, "sdpa")
+    settings = SelfExtendLayerSettings(inv_freq, rotary_dim, layout == "interleaved", 3, 7, "sdpa")
     attention_mask = None
     if mask is not None:
         allowed = torch.ones(2, 1, rows, length, dtype=torch.bool).tril(length - rows)
@@ -363,14 +363,14 @@ def test_beam_search_with_cache_equals_without():
 def test_grouped_keys_kept_between_steps_are_reused_only_for_the_same_cache(reorder):
     from types import SimpleNamespace
 
-    from hf_posext.backends.attention.self_extend import _LayerSettings, self_extend_attention
+    from hf_posext.backends.attention.self_extend import SelfExtendLayerSettings, self_extend_attention
 
     torch.manual_seed(0)
     inv_freq = 1.0 / (10000 ** (torch.arange(0, 8, 2).double() / 8))
     q, k, v = torch.randn(2, 4, 41, 8), torch.randn(2, 2, 41, 8), torch.randn(2, 2, 41, 8)
 
     def module():
-        settings = _LayerSettings(inv_freq, 8, False, 3, 5, "sdpa")
+        settings = SelfExtendLayerSettings(inv_freq, 8, False, 3, 5, "sdpa")
         return SimpleNamespace(num_key_value_groups=2, is_causal=True, training=False, _hf_posext_self_extend=settings)
 
     stepping = module()

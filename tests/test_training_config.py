@@ -40,6 +40,16 @@ def test_every_recipe_loads_validates_and_documents_its_launch(path):
     assert args.max_steps == config.train.max_steps and args.learning_rate == config.train.learning_rate
 
 
+@pytest.mark.parametrize("path", CONFIGS + ACCELERATE, ids=lambda p: p.relative_to(REPO / "recipes").as_posix())
+def test_recipes_name_no_path_of_the_machine_they_were_written_on(path):
+    """A user's clone has no /work or home folder: recipes name paths relative to the repository."""
+    text = path.read_text()
+    for machine_path in ("/work/", "/root/", "/home/", "/tmp/"):
+        assert machine_path not in text, f"{path.name} names {machine_path}: use a path relative to the repository"
+    source = str(yaml.safe_load(text).get("data", {}).get("source", ""))
+    assert not source.startswith("/"), source
+
+
 @pytest.mark.parametrize("path", ACCELERATE, ids=lambda p: p.name)
 def test_accelerate_configs_parse_with_accelerate(path):
     from accelerate.commands.config.config_args import ClusterConfig

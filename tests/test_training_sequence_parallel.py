@@ -1,7 +1,8 @@
 """DeepSpeed Ulysses (sp_size=2, 2 gloo CPU processes, ZeRO-3 as the recipes use) gives the loss and every
-gradient of the 1-process run, for full fine-tuning and LoRA, with PoSE position ids (a skip of 700
-positions in the middle of a 256-token sequence); and bad parallelism requests are refused in one line. Drives the plain Trainer (tests/sp_driver.py); the
-recipe path (PosextTrainer, chunked loss) is tests/test_training_sp_recipe.py."""
+gradient of the 1-process run (to float32 noise: GRADIENT_TOLERANCE), for full fine-tuning and LoRA, with PoSE
+position ids (a skip of 700 positions in the middle of a 256-token sequence); and bad parallelism requests are
+refused in one line. Drives the plain Trainer (tests/sp_driver.py); the recipe path (PosextTrainer, chunked
+loss) is tests/test_training_sp_recipe.py."""
 
 from __future__ import annotations
 
@@ -17,11 +18,16 @@ from hf_posext.training.parallel import validate_parallelism
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DRIVER = os.path.join(REPO, "tests", "sp_driver.py")
-TOLERANCE = 1e-6
+# Float32 noise between 1 and 2 processes (another summation order) measured up to 1.1e-6 relative on a gradient
+# (1.0970e-06 for LoRA on one machine, 8.9e-7 / 7.1e-7 on another) and ~1e-7 on the loss; the effect guarded is a
+# gradient off by sp_size (relative error 1.0). The tolerances leave ~100x room for other machines and thread
+# counts and stay 1e4x below the effect. (OMP_NUM_THREADS of the test run reaches the processes; 1 when unset.)
+GRADIENT_TOLERANCE = 1e-4
+LOSS_TOLERANCE = 1e-5
 
 
 def _run(command):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "HF_HUB_OFFLINE": "1",
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "DS_ACCELERATOR": "cpu", "HF_HUB_OFFLINE": "1",
            "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -62,10 +68,12 @@ def _two_processes(tmp_path, mode, zero_stage=3):
 def test_ulysses_two_processes_equal_one_process(tmp_path, mode, references):
     pytest.importorskip("deepspeed")
     expected, got = references[mode], _two_processes(tmp_path, mode)
-    assert abs(got["loss"] - expected["loss"]) <= TOLERANCE * abs(expected["loss"])
     assert set(got["grads"]) == set(expected["grads"]) and len(expected["grads"]) > 10
     worst = {name: _relative(got["grads"][name], grad) for name, grad in expected["grads"].items()}
-    assert max(worst.values()) < TOLERANCE, worst
+    loss_error = abs(got["loss"] - expected["loss"]) / abs(expected["loss"])
+    print(f"{mode}: loss relative difference {loss_error:.2e}, worst gradient {max(worst.values()):.2e}")
+    assert loss_error <= LOSS_TOLERANCE
+    assert max(worst.values()) < GRADIENT_TOLERANCE, worst
 
 
 @pytest.mark.multiprocess
@@ -74,9 +82,10 @@ def test_ulysses_at_zero_stage_2_doubles_every_gradient(tmp_path, references):
     every gradient is sp_size (2) times the 1-process gradient."""
     pytest.importorskip("deepspeed")
     expected, got = references["lora"], _two_processes(tmp_path, "lora", zero_stage=2)
-    assert abs(got["loss"] - expected["loss"]) <= TOLERANCE * abs(expected["loss"])
+    assert abs(got["loss"] - expected["loss"]) <= LOSS_TOLERANCE * abs(expected["loss"])
     ratios = {name: _relative(got["grads"][name] / 2, grad) for name, grad in expected["grads"].items()}
-    assert max(ratios.values()) < TOLERANCE, ratios
+    print(f"ZeRO-2: worst gradient / 2 against the 1-process gradient {max(ratios.values()):.2e}")
+    assert max(ratios.values()) < GRADIENT_TOLERANCE, ratios
 
 
 GOOD = dict(num_processes=2, sequence_length=256, attn_implementation="sdpa", zero_stage=3, cuda_available=False)

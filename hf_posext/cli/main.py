@@ -9,7 +9,7 @@ Subcommands:
     report FOLDER                 tables and plots from a results folder (hf_posext.evaluation.cli)
     train --config ...            fine-tuning recipes (hf_posext.training.cli)
     lm-eval, lm-eval-compare      lm-evaluation-harness (hf_posext.integrations.lm_eval.cli)
-    inspect MODEL --method M      per-dimension RoPE wavelengths (hf_posext.inspect_cli)
+    inspect MODEL --method M      per-dimension RoPE wavelengths (hf_posext.cli.inspect_command)
     export DIR --for T --out D    a saved model re-configured for vllm / sglang / llama.cpp (hf_posext.export)
 
 Each command module only defines ``add_arguments(parser)`` and ``run(args) -> exit code``; this table
@@ -27,8 +27,9 @@ import sys
 import tempfile
 from typing import Any, Callable, Iterator
 
-from hf_posext import export, inspect_cli
+from hf_posext import export
 from hf_posext.api import describe, load, patch
+from hf_posext.cli import inspect_command
 from hf_posext.core.errors import run_reporting_errors
 from hf_posext.core.paths import check_output_folder
 from hf_posext.core.request import ScalingRequest, parse_param_items
@@ -167,7 +168,7 @@ SUBCOMMANDS: dict[str, Command] = {
     "lm-eval-compare": ("compare scaling methods on lm-eval tasks (tasks built once)", lm_eval_cli.add_compare_arguments, lm_eval_cli.run_compare),
     "export": ("copy a saved model with a config that vLLM, SGLang or llama.cpp serves like transformers",
                export.add_export_arguments, export.run_export),
-    "inspect": ("per-dimension RoPE wavelengths of a model under a scaling method (table, --plot PNG)", inspect_cli.add_arguments, inspect_cli.run),
+    "inspect": ("per-dimension RoPE wavelengths of a model under a scaling method (table, --plot PNG)", inspect_command.add_arguments, inspect_command.run),
 }
 
 

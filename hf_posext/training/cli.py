@@ -9,13 +9,15 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
+import time
 from pathlib import Path
+from typing import Mapping
 
-from hf_posext.core.errors import run_reporting_errors
+from hf_posext.core.errors import USAGE_EXIT_CODE, exit_code_for, one_line_message, run_reporting_errors, show_traceback
 
-
-__all__ = ["add_train_arguments", "run_train", "main"]
+__all__ = ["add_train_arguments", "run_train", "main", "launched_local_rank", "report_launched_error"]
 
 
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,22 +32,102 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stop-at-step", type=int, help="stop after this step without the final save (time-boxed runs)")
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    # argparse matches a positional once: overrides after a flag that follows earlier overrides
+    # (`a=1 --no-progress b=2`) come back as extra arguments, which _overrides() takes in.
+    parser.set_defaults(accepts_extra=True)
 
 
 def run_train(args: argparse.Namespace) -> int:
-    """Run ``hf-posext train`` with parsed ``args``; returns the exit code (2 on bad input)."""
+    """Run ``hf-posext train`` with parsed ``args``; returns the exit code (2 on bad input).
+
+    Under a launcher (``accelerate launch``, ``torchrun``: ``LOCAL_RANK`` is set) a refusal is reported by
+    :func:`report_launched_error`: once, not once per process.
+    """
+    prog = getattr(args, "prog_name", "hf-posext train")
     try:
         return _run_train(args)
-    except (FileExistsError, ImportError) as error:  # hf_posext.cli reports ValueError/FileNotFoundError itself
-        print(f"hf-posext train: error: {error}", file=sys.stderr)
-        return 2
+    except Exception as error:
+        local_rank = launched_local_rank()
+        if local_rank is not None and not show_traceback():
+            return report_launched_error(prog, error, local_rank)
+        if not isinstance(error, (FileExistsError, ImportError)):
+            raise  # hf_posext.cli reports ValueError/FileNotFoundError itself
+        print(f"{prog}: error: {error}", file=sys.stderr)
+        return USAGE_EXIT_CODE
+
+
+def launched_local_rank(environ: Mapping[str, str] | None = None) -> int | None:
+    """This process's rank on its machine when a launcher started several (``LOCAL_RANK``), else None."""
+    environ = os.environ if environ is None else environ
+    if int(environ.get("WORLD_SIZE", "1") or 1) <= 1:
+        return None
+    value = environ.get("LOCAL_RANK", "")
+    return int(value) if value.isdigit() else None
+
+
+def report_launched_error(prog: str, error: BaseException, local_rank: int) -> int:
+    """Report a refused run of a launched process once per launch; returns the process's exit code.
+
+    Local rank 0 prints the one line. Every rank writes it to torch elastic's error file
+    (``TORCHELASTIC_ERROR_FILE``), so the failure report that ``accelerate launch``/``torchrun`` prints
+    for any process that exits non-zero names the refusal instead of "To enable traceback see ...". That
+    report cannot be avoided for a failed launch (torch elastic raises ``ChildFailedError`` for it), but a
+    refusal made before the processes first talk to one another (the recipe and launch checks) depends only
+    on the recipe and the environment, which every process shares, so the other local ranks leave with
+    exit code 0: the report then lists one failure, not one per process. A failure after that point
+    (where processes may differ) keeps its exit code on every rank.
+    """
+    import torch.distributed
+
+    message = f"{prog}: error: {one_line_message(error)}"
+    code = USAGE_EXIT_CODE if isinstance(error, (FileExistsError, ImportError)) else exit_code_for(error)
+    _write_elastic_error_file(message)
+    communicating = torch.distributed.is_available() and torch.distributed.is_initialized()
+    if local_rank == 0:
+        print(message, file=sys.stderr)
+        if not communicating:
+            _wait_for_local_ranks()
+        return code
+    return code if communicating else 0
+
+
+def _wait_for_local_ranks(timeout: float = 10.0, grace: float = 0.5) -> None:
+    """Give the other local ranks, refusing the same way, time to leave first (briefly, by their error files).
+
+    The launcher stops the processes still running once one fails and lists each as a SIGTERM failure; a
+    rank still importing when rank 0 refused would add one. torch elastic gives each local rank its error
+    file in a folder named by the rank (``.../attempt_N/<local_rank>/error.json``); elsewhere nothing waits.
+    """
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE", "")
+    ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+    folder = Path(path).parent
+    if not path or folder.name != "0" or ranks <= 1:
+        return
+    others = [folder.parent / str(rank) / Path(path).name for rank in range(1, ranks)]
+    deadline = time.monotonic() + timeout
+    while not all(other.is_file() for other in others) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(grace)  # from writing its error file to leaving, a rank only returns
+
+
+def _write_elastic_error_file(message: str) -> None:
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    temporary = f"{path}.tmp-{os.getpid()}"
+    try:
+        with open(temporary, "w") as file:
+            json.dump({"message": message, "timestamp": int(time.time())}, file)
+        os.replace(temporary, path)
+    except OSError:
+        pass  # the report then says "To enable traceback see ..."; local rank 0 printed the line anyway
 
 
 def _run_train(args: argparse.Namespace) -> int:
     from hf_posext.training.config import load_config
     from hf_posext.training.trainer import load_run_config, train
 
-    overrides = list(args.overrides or [])
+    overrides = _overrides(args)
     resume = args.resume
     if isinstance(resume, str) and "=" in resume and not Path(resume).exists():
         overrides.append(resume)  # `--resume key=value`: the flag took an override as its value
@@ -72,10 +154,26 @@ def _run_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _overrides(args: argparse.Namespace) -> list[str]:
+    """The ``key=value`` overrides wherever they stood on the command line (before, between or after flags).
+
+    Raises:
+        ValueError: an argument that is neither a known flag nor a ``key=value`` override.
+    """
+    extra = list(getattr(args, "extra", None) or [])
+    unknown = [item for item in extra if item.startswith("-") or "=" not in item]
+    if unknown:
+        raise ValueError(f"unrecognized arguments: {' '.join(unknown)} (overrides are key=value, e.g. train.max_steps=10; "
+                         "see --help for the flags)")
+    return [*(args.overrides or []), *extra]
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point for ``recipes/finetune.py`` (same arguments as ``hf-posext train``)."""
     parser = argparse.ArgumentParser(prog="finetune.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_train_arguments(parser)
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    args.extra = extra
+    args.prog_name = "finetune"
     return run_reporting_errors("finetune", lambda: run_train(args))
 

@@ -4,6 +4,11 @@ This module only checks a parallelism request and builds accelerate's `Paralleli
 the all-to-all and ring attention are DeepSpeed's and torch's. Every check runs before a model is loaded
 or an output folder is created, and raises a one-line `ValueError` naming the problem and the fix.
 
+Data parallel x sequence parallel (more processes than ``sp_size``): accelerate is given the data-parallel size
+(:func:`accelerate_parallelism_config`), so DeepSpeed's batch arithmetic holds; on CPU such a launch is refused,
+because torch's gloo backward of the differentiable all-gather (``torch.distributed.nn.functional``) addresses
+its scatter by group rank as if it were a global rank and fails in every group but the first.
+
 Known trap (see the project notes): with DeepSpeed ZeRO stage 0, 1 or 2, the Trainer's sequence-parallel
 loss gives gradients `sp_size` times too large (its differentiable all-gather sums over SP ranks); with
 ZeRO-3 they equal the 1-process gradients. Sequence parallelism is therefore only accepted with ZeRO-3.
@@ -72,6 +77,13 @@ def validate_parallelism(
                              "stages 0-2 the Trainer's SP loss scales gradients by sp_size; use "
                              "recipes/accelerate/deepspeed_ulysses_*.yaml")
         _check_divides("sp_size", request.sp_size, num_processes, sequence_length, factor=1)
+        if num_processes > request.sp_size and not cuda_available:
+            raise ValueError(
+                f"parallelism.sp_size={request.sp_size} on {num_processes} processes makes "
+                f"{num_processes // request.sp_size} sequence-parallel groups, which train only on GPUs: on CPU (gloo) "
+                "the backward of torch's all-gather fails in every group but the first; launch exactly "
+                f"{request.sp_size} processes (--num_processes {request.sp_size}) or set parallelism.sp_size={num_processes}"
+            )
 
 
 def _check_divides(name: str, size: int, num_processes: int, sequence_length: int, factor: int) -> None:
@@ -83,12 +95,21 @@ def _check_divides(name: str, size: int, num_processes: int, sequence_length: in
                          f"use a sequence length divisible by {size * factor}")
 
 
-def accelerate_parallelism_config(request: Any, attn_implementation: str = "sdpa"):
+def accelerate_parallelism_config(request: Any, attn_implementation: str = "sdpa", num_processes: int | None = None):
     """accelerate's `ParallelismConfig` for `TrainingArguments(parallelism_config=...)`, or None when off.
+
+    The processes beyond one sequence-parallel (or context-parallel) group are data parallel: a launch of
+    ``num_processes`` processes has ``num_processes / sp_size`` groups, each on its own samples. accelerate
+    must be told so (``dp_shard_size``): it sets DeepSpeed's ``train_batch_size`` to micro-batch x accumulation
+    x ``data_parallel_size``, which DeepSpeed checks against its own count of data-parallel ranks (without it,
+    4 processes at sp_size=2 stop with ``train_batch_size ... 1 != 1 * 1 * 2.0``). Under ZeRO-3 those ranks
+    shard the weights and optimizer, hence ``dp_shard`` rather than ``dp_replicate``; for context parallelism
+    FSDP2 shards over the joint ``dp_shard x cp`` mesh, whose size accelerate checks against the processes.
 
     Args:
         request: a request already checked by `validate_parallelism`.
         attn_implementation: the model's attention, which Ulysses wraps (one of `SHARDABLE_ATTENTION`).
+        num_processes: processes of the launch (default: ``WORLD_SIZE``, else 1 group of sp_size/cp_size).
 
     Returns:
         `accelerate.ParallelismConfig` or None.
@@ -96,12 +117,29 @@ def accelerate_parallelism_config(request: Any, attn_implementation: str = "sdpa
     from accelerate import ParallelismConfig
     from accelerate.utils import DeepSpeedSequenceParallelConfig
 
+    if num_processes is None:
+        num_processes = int(os.environ.get("WORLD_SIZE", "0") or 0) or max(request.sp_size, request.cp_size)
     if request.sp_size > 1:
         handler = DeepSpeedSequenceParallelConfig(sp_seq_length_is_variable=True, sp_attn_implementation=attn_implementation)
-        return ParallelismConfig(sp_size=request.sp_size, sp_backend="deepspeed", sp_handler=handler)
+        return ParallelismConfig(sp_size=request.sp_size, sp_backend="deepspeed", sp_handler=handler,
+                                 dp_shard_size=data_parallel_size(request, num_processes))
     if request.cp_size > 1:
-        return ParallelismConfig(cp_size=request.cp_size, cp_backend="torch")
+        return ParallelismConfig(cp_size=request.cp_size, cp_backend="torch",
+                                 dp_shard_size=data_parallel_size(request, num_processes))
     return None
+
+
+def data_parallel_size(request: Any, num_processes: int) -> int:
+    """The data-parallel groups of a launch: ``num_processes / (sp_size x cp_size)`` (checked to divide).
+
+    Raises:
+        ValueError: the sizes do not divide the processes (`validate_parallelism` refuses that first).
+    """
+    group = request.sp_size * request.cp_size
+    if num_processes < group or num_processes % group:
+        raise ValueError(f"parallelism: {num_processes} processes are not a multiple of sp_size x cp_size = {group}; "
+                         f"launch a multiple of {group} processes")
+    return num_processes // group
 
 
 # accelerate config keys that accelerate refuses beside a DeepSpeed config given by the script (it raises
@@ -121,6 +159,8 @@ def check_launch_environment(request: Any, environ: Mapping[str, str] | None = N
     An accelerate config that asks for another sp/cp size (its ``parallelism_config``) would otherwise
     shard sequences the recipe did not validate, and one that sets DeepSpeed fields of its own
     (``zero_stage``, ``mixed_precision``, ...) is refused by accelerate beside the recipe's DeepSpeed config.
+    The same options given on the command line (``accelerate launch --use_deepspeed --zero_stage 2``) reach
+    the processes as ``ACCELERATE_*`` variables that the recipe's config would silently override: refused too.
 
     Args:
         request: the recipe's parallelism section.
@@ -149,6 +189,40 @@ def check_launch_environment(request: Any, environ: Mapping[str, str] | None = N
                 f"config sets {', '.join(owned)} in deepspeed_config (or mixed_precision); remove them, e.g. launch "
                 "with recipes/accelerate/deepspeed_ulysses_cpu_2proc.yaml or deepspeed_ulysses_8gpu.yaml"
             )
+        _check_deepspeed_command_line(request, environ)
+
+
+# ``accelerate launch --use_deepspeed`` options that reach the processes as environment variables and that the
+# recipe's own DeepSpeed config silently overrides (accelerate's DeepSpeedPlugin ignores them beside a config given
+# by the script): the option, its variable, and the value that agrees with the recipe (None: any value conflicts).
+_DEEPSPEED_COMMAND_LINE = (
+    ("--zero_stage", "ACCELERATE_DEEPSPEED_ZERO_STAGE", str(SP_ZERO_STAGE)),
+    ("--offload_optimizer_device", "ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE", "none"),
+    ("--offload_param_device", "ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_DEVICE", "none"),
+    ("--gradient_accumulation_steps", "ACCELERATE_GRADIENT_ACCUMULATION_STEPS", None),
+    ("--gradient_clipping", "ACCELERATE_GRADIENT_CLIPPING", None),
+    ("--deepspeed_config_file", "ACCELERATE_DEEPSPEED_CONFIG_FILE", None),
+)
+
+
+def _check_deepspeed_command_line(request: Any, environ: Mapping[str, str]) -> None:
+    """Refuse ``accelerate launch --use_deepspeed --zero_stage 2 ...`` (and the like) under sequence parallelism:
+    the recipe's ZeRO-3 config would win without a word, so the run would not be the one launched."""
+    for option, variable, agreeing in _DEEPSPEED_COMMAND_LINE:
+        value = environ.get(variable)
+        if value is None or value == "" or (agreeing is not None and value.lower() == agreeing):
+            continue
+        if option == "--zero_stage":
+            raise ValueError(
+                f"accelerate launch sets DeepSpeed ZeRO stage {value} ({option}) but "
+                f"parallelism.sp_size={request.sp_size} trains with ZeRO stage {SP_ZERO_STAGE} only (at stages 0-2 the "
+                f"Trainer's SP loss scales gradients by sp_size); drop {option} (or pass {SP_ZERO_STAGE})"
+            )
+        raise ValueError(
+            f"accelerate launch sets {option}={value}, which the recipe's DeepSpeed config under "
+            f"parallelism.sp_size={request.sp_size} would silently override; drop {option} and set it in the recipe "
+            "(train.gradient_accumulation_steps, train.max_grad_norm) if it has a key for it"
+        )
 
 
 def deepspeed_config(request: Any) -> dict[str, Any] | None:

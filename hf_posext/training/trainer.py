@@ -41,6 +41,8 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 from hf_posext.adapters import write_adapter_record
 from hf_posext.core.paths import check_output_folder
 from hf_posext.text_sources import check_text_source
+from hf_posext.api import describe, patch
+from hf_posext.core.version import VERSION
 from hf_posext.training.checkpoints import (
     CHECKSUMS_FILE, RUN_FILE, CheckpointError, checkpoint_step, find_latest_checkpoint, read_run_info,
     verify_for_resume, write_checksums, write_json_atomic,
@@ -156,15 +158,19 @@ def check_parallelism(config: TrainConfig, environ: dict[str, str] | None = None
         raise ConfigError(str(error)) from None
 
 
-def parallelism_arguments(config: TrainConfig) -> dict[str, Any]:
-    """``parallelism_config`` (accelerate) and ``deepspeed`` (ZeRO-3 under Ulysses) for ``TrainingArguments``."""
+def parallelism_arguments(config: TrainConfig, num_processes: int | None = None) -> dict[str, Any]:
+    """``parallelism_config`` (accelerate) and ``deepspeed`` (ZeRO-3 under Ulysses) for ``TrainingArguments``.
+
+    ``num_processes`` (default: ``WORLD_SIZE``) beyond one sp/cp group are data parallel: 4 processes at
+    sp_size=2 train 2 groups on different samples (see :func:`~hf_posext.training.parallel.accelerate_parallelism_config`).
+    """
     from hf_posext.training.parallel import accelerate_parallelism_config, deepspeed_config
 
     p = config.parallelism
     if not (p.sequence_parallel or p.context_parallel):
         return {}
     arguments: dict[str, Any] = {
-        "parallelism_config": accelerate_parallelism_config(p, config.model.attn_implementation)}
+        "parallelism_config": accelerate_parallelism_config(p, config.model.attn_implementation, num_processes)}
     if p.sequence_parallel:
         arguments["deepspeed"] = deepspeed_config(p)
         # The Trainer skips the batches of a resumed run with accelerate's skip_first_batches, which cannot
@@ -544,7 +550,6 @@ def _check_trackers(report_to: list[str]) -> None:
 
 
 def _load_and_patch(config: TrainConfig, dtype: torch.dtype):
-    import hf_posext
     from hf_posext.models import load_model
 
     kwargs: dict[str, Any] = {"attn_implementation": config.model.attn_implementation}
@@ -552,7 +557,7 @@ def _load_and_patch(config: TrainConfig, dtype: torch.dtype):
         kwargs["trust_remote_code"] = True
     kwargs.update(config.model.config_overrides)
     model = load_model(config.model.name, dtype=dtype, **kwargs)
-    hf_posext.patch(model, **config.scaling.to_request().patch_kwargs())
+    patch(model, **config.scaling.to_request().patch_kwargs())
     return model
 
 
@@ -590,7 +595,6 @@ def _truncate_log(path: Path, last_step: int) -> None:
 
 def _save_final(config: TrainConfig, accelerator: Any, model: Any, tokenizer: Any, output_dir: Path, dtype: torch.dtype) -> None:
     """Write adapter/, merged/ and scaling.json (each through a temporary folder and a rename)."""
-    import hf_posext
     from safetensors.torch import save_file
 
     from hf_posext.training.lora import EXTRAS_FILE, extra_parameter_names
@@ -619,7 +623,7 @@ def _save_final(config: TrainConfig, accelerator: Any, model: Any, tokenizer: An
         def write_adapter(folder: Path) -> None:
             unwrapped.save_pretrained(str(folder), state_dict=state_dict)
             # what the adapter was trained on, checked whenever it is applied again (hf_posext.adapters)
-            record = write_adapter_record(folder, config.model.name, hf_posext.describe(unwrapped.get_base_model()))
+            record = write_adapter_record(folder, config.model.name, describe(unwrapped.get_base_model()))
             (folder / "README.md").write_text(adapter_model_card(config, json.loads(record.read_text()), output_dir / "log.jsonl"))
             if base_names:
                 prefix = "base_model.model."
@@ -635,7 +639,7 @@ def _save_final(config: TrainConfig, accelerator: Any, model: Any, tokenizer: An
             save_tokenizer_for(unwrapped, tokenizer, folder)
 
         publish("merged", write_full)
-    report = hf_posext.describe(unwrapped.get_base_model() if config.finetune.mode == "lora" else unwrapped)
+    report = describe(unwrapped.get_base_model() if config.finetune.mode == "lora" else unwrapped)
     write_json_atomic(output_dir / "scaling.json", report.to_dict())
     accelerator.wait_for_everyone()
 
@@ -668,9 +672,8 @@ def merge_adapter(config: TrainConfig, adapter_dir: Path, out_dir: Path, dtype: 
 def save_tokenizer_for(model: Any, tokenizer: Any, folder: str | Path) -> None:
     """Save ``tokenizer`` next to ``model`` with ``model_max_length`` = the model's extended window
     (serving runtimes cap their length there; docs/serving.md)."""
-    import hf_posext
 
-    tokenizer.model_max_length = hf_posext.describe(model).current_window
+    tokenizer.model_max_length = describe(model).current_window
     tokenizer.save_pretrained(str(folder))
 
 
@@ -706,7 +709,6 @@ def train(
         FileNotFoundError: missing data or checkpoint.
         LoraTargetError: a LoRA target module the model does not have.
     """
-    import hf_posext
     from hf_posext.models import load_tokenizer
     from hf_posext.training.lora import extra_parameter_names, setup_trainable
 
@@ -740,7 +742,7 @@ def train(
                               getattr(model.config, "num_key_value_heads", None))
         except ValueError as error:
             raise ConfigError(str(error)) from None
-    pose_target = _pose_target(config, hf_posext.describe(model).current_window)
+    pose_target = _pose_target(config, describe(model).current_window)
     model.config.use_cache = False
     extras = extra_parameter_names(model, config.finetune.train_embeddings, config.finetune.train_norms) if config.finetune.mode == "lora" else []
     model = setup_trainable(model, config.finetune, seed=t.seed)
@@ -770,7 +772,7 @@ def train(
     tokens_per_step = samples_per_step * data.sequence_length
     run_info = {
         "num_processes": world, "fingerprint": config.fingerprint(), "config": config.to_dict(),
-        "hf_posext_version": hf_posext.__version__, "samples_per_step": samples_per_step,
+        "hf_posext_version": VERSION, "samples_per_step": samples_per_step,
     }
     log_callback = JsonlLogCallback(output_dir / LOG_FILE, tokens_per_step)
     callbacks: list[TrainerCallback] = [log_callback, CheckpointIntegrityCallback(run_info)]

@@ -62,6 +62,7 @@ __all__ = [
     "METHOD_NAMES",
     "VLLM_CONFIG_KEY",
     "DualChunkSettings",
+    "DualChunkLayerSettings",
     "resolve_settings",
     "vllm_config",
     "dual_chunk_explicit",
@@ -126,7 +127,7 @@ class DualChunkSettings:
 
 
 @dataclass
-class _LayerSettings:
+class DualChunkLayerSettings:
     """What one attention module needs: its rotary frequencies and the chunking (None: plain attention)."""
 
     inv_freq: torch.Tensor  # float64, rotary dim / 2 values
@@ -197,7 +198,7 @@ def _query_offsets_by_distance(positions: torch.Tensor, kv_len: int, chunk_size:
     return target - s * d - inside, distances
 
 
-def _rotate_keys(key: torch.Tensor, key_positions: torch.Tensor, layer: _LayerSettings) -> torch.Tensor:
+def _rotate_keys(key: torch.Tensor, key_positions: torch.Tensor, layer: DualChunkLayerSettings) -> torch.Tensor:
     """Keys ``[B, kv_heads, T, D]`` at positions ``[B, T]`` moved to ``p mod s`` (see ``chunk_step``)."""
     s = chunk_length(layer.chunk_size, layer.local_window)
     chunks = torch.div(key_positions, s, rounding_mode="floor").to(torch.float32)
@@ -205,7 +206,7 @@ def _rotate_keys(key: torch.Tensor, key_positions: torch.Tensor, layer: _LayerSe
     return rotate_with(key, angles.cos(), angles.sin(), layer.rotary_dim, layer.interleaved)
 
 
-def _rotate(states: torch.Tensor, offsets: torch.Tensor, layer: _LayerSettings) -> torch.Tensor:
+def _rotate(states: torch.Tensor, offsets: torch.Tensor, layer: DualChunkLayerSettings) -> torch.Tensor:
     """Rotate ``states`` ``[..., B, heads, T, D]`` by ``offsets`` ``[..., B, T]`` more positions (angles in float64)."""
     angles = offsets.to(dtype=torch.float64).unsqueeze(-1) * layer.frequencies(states.device)
     angles = angles.unsqueeze(-3)  # broadcast over heads
@@ -237,7 +238,7 @@ def dual_chunk_explicit(
     attention_mask: torch.Tensor | None,
     query_positions: torch.Tensor,
     key_positions: torch.Tensor,
-    layer: _LayerSettings,
+    layer: DualChunkLayerSettings,
     scaling: float,
     softcap: float | None = None,
     dropout: float = 0.0,
@@ -325,7 +326,7 @@ def dual_chunk_fused(
     value: torch.Tensor,
     attention_mask: torch.Tensor | None,
     first_query_position: int,
-    layer: _LayerSettings,
+    layer: DualChunkLayerSettings,
     scaling: float,
     block: int = FUSED_QUERY_BLOCK,
 ) -> torch.Tensor:
@@ -435,7 +436,7 @@ class _DecodeTables:
 _DECODE_TABLES = StepTables()
 
 
-def _decode_tables(query_positions: torch.Tensor, kv_len: int, layer: _LayerSettings, head_dim: int, scaling: float) -> _DecodeTables:
+def _decode_tables(query_positions: torch.Tensor, kv_len: int, layer: DualChunkLayerSettings, head_dim: int, scaling: float) -> _DecodeTables:
     """Build :class:`_DecodeTables` for queries at ``query_positions`` ``[B', rows]`` against ``kv_len`` keys
     (consecutive, the last one at the last query's position)."""
     device = query_positions.device
@@ -457,7 +458,7 @@ def _decode_tables(query_positions: torch.Tensor, kv_len: int, layer: _LayerSett
     return _DecodeTables(cos.transpose(0, 1).contiguous(), sin.transpose(0, 1).contiguous(), kind, future, distances)
 
 
-def _cached_decode_tables(position_ids, query: torch.Tensor, key: torch.Tensor, layer: _LayerSettings, scaling: float) -> _DecodeTables:
+def _cached_decode_tables(position_ids, query: torch.Tensor, key: torch.Tensor, layer: DualChunkLayerSettings, scaling: float) -> _DecodeTables:
     """:func:`_decode_tables` for this call, reused across the layers of one step (same position_ids tensor)."""
     return _DECODE_TABLES.for_call(
         query, key, position_ids, scaling, layer.inv_freq,
@@ -477,7 +478,7 @@ def dual_chunk_decode(
     value: torch.Tensor,
     attention_mask: torch.Tensor | None,
     position_ids: torch.Tensor | None,
-    layer: _LayerSettings,
+    layer: DualChunkLayerSettings,
     scaling: float,
     softcap: float | None = None,
 ) -> torch.Tensor:
@@ -555,7 +556,7 @@ def dual_chunk_attention(
     :func:`dual_chunk_fused` where it applies; everything else (eager prefill, logit cap, training
     dropout, per-row positions) runs :func:`dual_chunk_explicit`. Attention weights are not returned.
     """
-    layer: _LayerSettings | None = getattr(module, _LAYER_ATTRIBUTE, None)
+    layer: DualChunkLayerSettings | None = getattr(module, _LAYER_ATTRIBUTE, None)
     if layer is None:
         raise RuntimeError(
             f"{type(module).__name__} is set to Dual Chunk Attention but carries no DCA settings (was the model "
@@ -654,8 +655,8 @@ def _write_config(config, settings: DualChunkSettings, base: str, max_positions:
 
 
 
-def _layer(layer: AttentionLayer, mask_kind: str, settings: DualChunkSettings) -> _LayerSettings:
-    return _LayerSettings(
+def _layer(layer: AttentionLayer, mask_kind: str, settings: DualChunkSettings) -> DualChunkLayerSettings:
+    return DualChunkLayerSettings(
         layer.inv_freq, layer.rotary_dim, layer.interleaved,
         settings.chunk_size if layer.scaled else None, settings.local_window if layer.scaled else None,
         mask_kind, layer.scaled, _scale_length(settings) if layer.scaled else None,

@@ -59,6 +59,7 @@ from hf_posext.methods.attention import check_neighbor_window, default_neighbor_
 __all__ = [
     "METHOD_NAMES",
     "SelfExtendSettings",
+    "SelfExtendLayerSettings",
     "max_extended_length",
     "size_for_target",
     "grouped_attention",
@@ -134,7 +135,7 @@ class SelfExtendSettings:
 
 
 @dataclass
-class _LayerSettings:
+class SelfExtendLayerSettings:
     """What one attention module needs: its rotary frequencies and the grouping (None: plain attention)."""
 
     inv_freq: torch.Tensor  # float64, rotary dim / 2 values
@@ -438,7 +439,7 @@ class _DecodeTables:
 _DECODE_TABLES = StepTables()
 
 
-def _decode_tables(query_positions: torch.Tensor, kv_len: int, settings: _LayerSettings, head_dim: int, scaling: float) -> _DecodeTables:
+def _decode_tables(query_positions: torch.Tensor, kv_len: int, settings: SelfExtendLayerSettings, head_dim: int, scaling: float) -> _DecodeTables:
     """Build :class:`_DecodeTables` for queries at ``query_positions`` ``[B', rows]`` against ``kv_len``
     consecutive keys ending at the last query (angles in float64, as :func:`_grouped_table`)."""
     device = query_positions.device
@@ -460,7 +461,7 @@ def _decode_tables(query_positions: torch.Tensor, kv_len: int, settings: _LayerS
     return _DecodeTables(query_cos, query_sin, key_cos, key_sin, neighbour, future)
 
 
-def _cached_decode_tables(position_ids, query: torch.Tensor, key: torch.Tensor, settings: _LayerSettings, scaling: float) -> _DecodeTables:
+def _cached_decode_tables(position_ids, query: torch.Tensor, key: torch.Tensor, settings: SelfExtendLayerSettings, scaling: float) -> _DecodeTables:
     """:func:`_decode_tables` for this call, reused across the layers of one step (same position_ids tensor)."""
     return _DECODE_TABLES.for_call(
         query, key, position_ids, scaling, settings.inv_freq,
@@ -479,7 +480,7 @@ def self_extend_decode(
     value: torch.Tensor,
     attention_mask: torch.Tensor | None,
     position_ids: torch.Tensor | None,
-    settings: _LayerSettings,
+    settings: SelfExtendLayerSettings,
     scaling: float,
     softcap: float | None = None,
 ) -> torch.Tensor:
@@ -539,7 +540,7 @@ def self_extend_attention(
     :func:`split_grouped_attention` where it applies, else :func:`grouped_attention`. Attention weights
     are not returned.
     """
-    settings: _LayerSettings | None = getattr(module, _LAYER_ATTRIBUTE, None)
+    settings: SelfExtendLayerSettings | None = getattr(module, _LAYER_ATTRIBUTE, None)
     if settings is None:
         raise RuntimeError(
             f"{type(module).__name__} is set to Self-Extend attention but carries no Self-Extend settings "
@@ -596,7 +597,7 @@ def _can_split(settings, attention_mask, query_positions, key_positions, softcap
     return keys.numel() < 2 or bool((keys[1:] >= keys[:-1]).all())
 
 
-def _grouped_keys(settings: _LayerSettings, key: torch.Tensor, key_positions: torch.Tensor, q_len: int) -> torch.Tensor:
+def _grouped_keys(settings: SelfExtendLayerSettings, key: torch.Tensor, key_positions: torch.Tensor, q_len: int) -> torch.Tensor:
     """Keys at their grouped positions, reusing the rotation of keys this layer saw at the previous step.
 
     Reused only when this call continues the previous one: the cache grew by exactly the new queries,
@@ -669,8 +670,8 @@ def _resolve_settings(
 
 
 
-def _layer(layer: AttentionLayer, mask_kind: str, settings: SelfExtendSettings) -> _LayerSettings:
-    return _LayerSettings(
+def _layer(layer: AttentionLayer, mask_kind: str, settings: SelfExtendSettings) -> SelfExtendLayerSettings:
+    return SelfExtendLayerSettings(
         layer.inv_freq, layer.rotary_dim, layer.interleaved, settings.group_size if layer.scaled else None,
         settings.neighbor_window if layer.scaled else None, mask_kind, layer.scaled,
     )

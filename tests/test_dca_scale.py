@@ -19,7 +19,7 @@ import torch
 
 import hf_posext
 from hf_posext.backends.attention import dual_chunk
-from hf_posext.backends.attention.dual_chunk import _LayerSettings, dual_chunk_decode, dual_chunk_explicit, dual_chunk_fused
+from hf_posext.backends.attention.dual_chunk import DualChunkLayerSettings, dual_chunk_decode, dual_chunk_explicit, dual_chunk_fused
 from tests.conftest import assert_close_guarding, logits_of, transformers_major
 from tests.test_dca import CHUNK_SIZE, LOCAL_WINDOW, _ids, _model, _rope64, reference_attention
 
@@ -112,7 +112,7 @@ def test_decode_kernel_folds_the_scale_per_row():
     length = 130
     q, k, v = torch.randn(2, 2, length, 8), torch.randn(2, 2, length, 8), torch.randn(2, 2, length, 8)
     inv_freq = 1.0 / (10000 ** (torch.arange(0, 8, 2).double() / 8))
-    layer = _LayerSettings(inv_freq, 8, False, CHUNK_SIZE, LOCAL_WINDOW, "sdpa", True, WINDOW)
+    layer = DualChunkLayerSettings(inv_freq, 8, False, CHUNK_SIZE, LOCAL_WINDOW, "sdpa", True, WINDOW)
     positions = torch.stack((torch.arange(length), torch.arange(length) - 30))  # row 1: 30 pads in front
     rq = torch.stack([_rope64(q[b : b + 1], positions[b].tolist(), inv_freq)[0] for b in range(2)]).float()
     rk = torch.stack([_rope64(k[b : b + 1], positions[b].tolist(), inv_freq)[0] for b in range(2)]).float()

@@ -19,7 +19,7 @@ import torch
 
 import hf_posext
 from hf_posext.backends.attention import shifted_positions
-from hf_posext.backends.attention.shifted_positions import _LayerSettings, string_explicit, string_split
+from hf_posext.backends.attention.shifted_positions import StringLayerSettings, string_explicit, string_split
 from hf_posext.methods.shifted_positions import REFERENCE_ATTENTION_FACTOR, max_covered_length, relative_distance
 from hf_posext.models import tiny_model
 from tests.conftest import assert_close_guarding, logits_of, transformers_major
@@ -130,7 +130,7 @@ def _cached_logits(model, ids, prefix, step):
 
 def _layer(inv_freq, shift=SHIFT, local=LOCAL, mask_kind="sdpa", rotary_dim=None):
     rotary_dim = inv_freq.numel() * 2 if rotary_dim is None else rotary_dim
-    return _LayerSettings(inv_freq.double(), rotary_dim, False, shift, local, 1.0, mask_kind)
+    return StringLayerSettings(inv_freq.double(), rotary_dim, False, shift, local, 1.0, mask_kind)
 
 
 # --------------------------------------------------------------------------------------------------

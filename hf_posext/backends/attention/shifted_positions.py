@@ -46,6 +46,7 @@ from hf_posext.methods.shifted_positions import (
 )
 
 __all__ = [
+    "StringLayerSettings",
     "METHOD_NAMES",
     "IMPLEMENTATIONS",
     "StringSettings",
@@ -103,7 +104,7 @@ class StringSettings:
 
 
 @dataclass
-class _LayerSettings:
+class StringLayerSettings:
     """What one attention module needs: its rotary layout and the shift (None: plain attention)."""
 
     inv_freq: torch.Tensor  # float64, rotary dim / 2 values
@@ -128,7 +129,7 @@ class _LayerSettings:
         return self._factors[key]
 
 
-def _shifted_query(query: torch.Tensor, layer: _LayerSettings) -> torch.Tensor:
+def _shifted_query(query: torch.Tensor, layer: StringLayerSettings) -> torch.Tensor:
     c, s = layer.shift_factors(query.device, query.shape[-1])
     return rotate_by_factors(query, c, s, layer.rotary_dim, layer.interleaved)
 
@@ -145,7 +146,7 @@ def string_explicit(
     attention_mask: torch.Tensor | None,
     query_positions: torch.Tensor,
     key_positions: torch.Tensor,
-    layer: _LayerSettings,
+    layer: StringLayerSettings,
     scaling: float,
     softcap: float | None = None,
     dropout: float = 0.0,
@@ -226,7 +227,7 @@ def string_split(
     value: torch.Tensor,
     attention_mask: torch.Tensor | None,
     first_query_position: int,
-    layer: _LayerSettings,
+    layer: StringLayerSettings,
     scaling: float,
     block: int = SPLIT_QUERY_BLOCK,
 ) -> torch.Tensor:
@@ -342,7 +343,7 @@ def string_attention(
     :func:`string_split` where it applies; decode steps and everything else (eager, logit cap, training,
     per-row positions) run :func:`string_explicit`. Attention weights are not returned.
     """
-    layer: _LayerSettings | None = getattr(module, _LAYER_ATTRIBUTE, None)
+    layer: StringLayerSettings | None = getattr(module, _LAYER_ATTRIBUTE, None)
     if layer is None:
         raise RuntimeError(
             f"{type(module).__name__} is set to STRING attention but carries no STRING settings (was the model copied "
@@ -422,8 +423,8 @@ def _write_config(config, settings: StringSettings, base: str, max_positions: in
         config.max_position_embeddings = max(settings.target_length, max_positions)
 
 
-def _layer(layer: AttentionLayer, mask_kind: str, settings: StringSettings) -> _LayerSettings:
-    return _LayerSettings(
+def _layer(layer: AttentionLayer, mask_kind: str, settings: StringSettings) -> StringLayerSettings:
+    return StringLayerSettings(
         layer.inv_freq, layer.rotary_dim, layer.interleaved,
         settings.shifted_offset if layer.scaled else None, settings.local_value if layer.scaled else None,
         settings.attention_factor if layer.scaled else 1.0, mask_kind, layer.scaled,

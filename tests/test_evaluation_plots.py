@@ -135,3 +135,14 @@ def test_long_labels_wrap_at_their_parts():
     assert wrap_label(LONG, 44) == "longrope(\nfactors=search_smollm2-135m_32768_gpu.json)"
     assert all(len(line) <= 20 for line in wrap_label(LONG, 20).splitlines())
     assert wrap_label("yarn", 20) == "yarn"
+
+
+def test_rate_plots_count_trials_per_panel_point():
+    # One label in two panels (x2 and x4) at one length: each point holds 3 trials, not 6 pooled across panels.
+    from hf_posext.evaluation.plots import trials_note
+
+    records = [{"method": "yarn", "label": "yarn", "factor": f, "length": 16384, "depth": 0.5, "trials": 3,
+                "greedy_accuracy": 1.0, "greedy_correct": 3} for f in (2.0, 4.0)]
+    assert trials_note(records, "greedy_accuracy") == "n = 3 trials per point, bars: 95 % Wilson interval"
+    records.append({**records[0], "depth": 0.9, "trials": 5, "greedy_accuracy": 0.2, "greedy_correct": 1})
+    assert trials_note(records, "greedy_accuracy").startswith("n = 3-8 trials per point")

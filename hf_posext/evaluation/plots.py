@@ -116,8 +116,8 @@ def _pooled_by_length(records: Iterable[dict[str, Any]], metric: str) -> dict[in
 
 def trials_note(records: Sequence[dict[str, Any]], metric: str) -> str:
     """``n = 50 trials per point`` (or ``n = 15-50 ...`` when the points differ), for a rate plot's title."""
-    counts = sorted({p.trials for label in {_label(r) for r in records}
-                     for p in _pooled_by_length((r for r in records if _label(r) == label), metric).values()})
+    counts = sorted({p.trials for group in panel_groups(records).values() for label in {_label(r) for r in group}
+                     for p in _pooled_by_length((r for r in group if _label(r) == label), metric).values()})
     if not counts:
         return ""
     n = str(counts[0]) if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Issue 26, CPU route: the 200-step LoRA + PoSE fine-tune of SmolLM2-135M (8k -> 32k, yarn x4) on 2 CPU cores,
+# carried across sessions. A session's background jobs end with it, so the run's latest checkpoint is kept
+# in the repository (about 22 MB: LoRA + norms + the optimizer state) and restored by the next session.
+#
+#   bash bench/finetune26_cpu.sh train [BOOKS]   # restore the kept checkpoint if runs/ has none, then train --resume
+#   bash bench/finetune26_cpu.sh keep            # copy the newest intact checkpoint + log into bench/results/finetune26_cpu/run
+#
+# Run `train` in the background (nohup ... &) and `keep` before the session ends, then commit
+# bench/results/finetune26_cpu/. Recipe: recipes/configs/smollm2-135m/8k_to_32k_lora_pose_long_cpu.yaml.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+CONFIG=recipes/configs/smollm2-135m/8k_to_32k_lora_pose_long_cpu.yaml
+RUN=runs/smollm2-135m-8k-32k-lora-pose-long
+KEPT=bench/results/finetune26_cpu/run
+case "${1:?train|keep}" in
+train)
+  BOOKS=${2:-../shared/data/books}
+  if ! compgen -G "$RUN/checkpoint-*" > /dev/null && [ -d "$KEPT" ]; then
+    mkdir -p "$RUN" && cp -r "$KEPT"/. "$RUN"/
+    echo "restored $(ls -d "$RUN"/checkpoint-*) from $KEPT"
+  fi
+  if compgen -G "$RUN/checkpoint-*" > /dev/null; then
+    exec hf-posext train --config "$CONFIG" --resume --no-progress "data.source=$BOOKS"
+  fi
+  exec hf-posext train --config "$CONFIG" --no-progress --overwrite "data.source=$BOOKS"   # a run folder without a checkpoint holds nothing to keep
+  ;;
+keep)
+  latest=$(ls -d "$RUN"/checkpoint-* 2>/dev/null | grep -E 'checkpoint-[0-9]+$' | sort -t- -k2 -n | tail -1)
+  [ -n "$latest" ] || { echo "no checkpoint in $RUN yet" >&2; exit 1; }
+  python - "$latest" <<'PY'
+import sys
+from hf_posext.training.checkpoints import verify_checkpoint
+verify_checkpoint(sys.argv[1])  # a damaged checkpoint is named here, never kept
+PY
+  tmp=$(mktemp -d "$(dirname "$KEPT")/.keep-XXXX")
+  cp -r "$latest" "$tmp/"
+  cp "$RUN"/log.jsonl "$RUN"/train_config.yaml "$tmp/"
+  rm -rf "$KEPT" && mv "$tmp" "$KEPT"
+  du -sh "$KEPT"; echo "kept $(basename "$latest"): commit bench/results/finetune26_cpu/"
+  ;;
+esac

@@ -17,11 +17,19 @@ from hf_posext.backends.attention import dual_chunk
 from hf_posext.backends.attention.dual_chunk import _LayerSettings, dual_chunk_decode, dual_chunk_explicit, dual_chunk_fused
 from hf_posext.methods.dual_chunk import relative_distance
 from tests.conftest import assert_close_guarding, transformers_major
-from tests.test_dca import _rope64
 
 pytestmark = pytest.mark.skipif(transformers_major() < 5, reason="attention registry dispatch as in transformers 5.x")
 
 LENGTH = 61
+
+
+def _rope64(states: torch.Tensor, positions: list[int], inv_freq: torch.Tensor) -> torch.Tensor:
+    """rotate_half RoPE of raw ``states`` [B, H, T, D] at ``positions``, in float64."""
+    angles = torch.tensor(positions, dtype=torch.float64)[:, None] * inv_freq.double()[None]
+    cos, sin = torch.cat((angles.cos(), angles.cos()), -1), torch.cat((angles.sin(), angles.sin()), -1)
+    half = states.shape[-1] // 2
+    x = states.double()
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), -1) * sin
 
 
 def _index_sets(length: int, chunk_size: int, local_window: int, broken: str | None = None):

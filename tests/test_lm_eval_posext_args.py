@@ -18,7 +18,21 @@ import hf_posext  # noqa: E402
 from hf_posext.integrations.lm_eval.model import PosextHFLM  # noqa: E402
 from hf_posext.models import tiny_model  # noqa: E402
 from tests.conftest import transformers_major  # noqa: E402
-from tests.test_lm_eval_plugin import _char_tokenizer  # noqa: E402
+
+def _char_tokenizer():
+    """A character-level tokenizer (76 ids, inside the tiny models' 128-token vocabulary), built offline."""
+    import string
+
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<pad>", "<s>", "</s>", "<unk>"]
+    vocab = {token: i for i, token in enumerate(specials + list(string.ascii_letters + string.digits + " .,:;?!'-\n"))}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<pad>")
+
 
 IDS = torch.randint(4, 76, (1, 150), generator=torch.Generator().manual_seed(0))
 

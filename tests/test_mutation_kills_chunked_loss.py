@@ -85,12 +85,12 @@ def test_mismatched_shapes_and_truncated_heads_are_clear_errors():
     with pytest.raises(ValueError, match="weight has 3 input features but the hidden states have 4"):
         linear_cross_entropy(torch.zeros(6, 4), torch.zeros(9, 3), torch.zeros(6, dtype=torch.long))
     model, batch = _model(), _batch()
-    with pytest.raises(ValueError, match="is `logits_to_keep` set"):
+    with pytest.raises(ValueError, match=r"sent \(2, 1\) hidden states to its head for \(2, 40\) labels; is `logits_to_keep` set"):
         chunked_causal_lm_loss(model, dict(batch, logits_to_keep=1))
     assert "forward" not in vars(model.lm_head)  # put back after an error too
 
 
-@pytest.mark.parametrize("field, value", [("logit_scale", 2.0), ("logits_scaling", 0.5)])
+@pytest.mark.parametrize("field, value", [("logit_scale", 2.0), ("logit_scale", 0.0), ("logits_scaling", 0.5)])
 def test_heads_whose_logits_are_rescaled_are_refused(field, value):
     model = _model()
     setattr(model.config, field, value)

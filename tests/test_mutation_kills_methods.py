@@ -76,3 +76,42 @@ def test_longrope_factor_count_is_checked_against_the_rotary_dim():
     params = ScalingConfig("longrope", 2, 64, {"long_factor": [1.0] * 3, "short_factor": [1.0] * 3}).parsed_params
     with pytest.raises(ValueError, match=r"long_factor needs 4 values \(rotary dim 8 / 2\), got 3"):
         get_method("longrope").compute(RotaryBase(10000.0, 8), 64, 2.0, 100, params)
+
+
+STOCK_CASES = [
+    ("linear", {}), ("ntk", {}), ("dynamic-ntk", {}), ("theta", {"base": 1e6}), ("yarn", {"beta_fast": 16.0}),
+    ("llama3", {}), ("longrope", {"long_factor": LONG}),  # no short_factor: ones inside the window
+]
+
+
+@pytest.mark.parametrize("method, params", STOCK_CASES, ids=[c[0] for c in STOCK_CASES])
+def test_stock_rope_parameters_compute_our_frequencies(method, params):
+    """The rope dict written to config.json for stock transformers gives the frequencies our method computes."""
+    from hf_posext.methods.transformers import stock_rope_parameters
+
+    factor = 4.0
+    scaling = ScalingConfig(method, factor, WINDOW, dict(params))
+    stock = stock_rope_parameters(method, factor, WINDOW, scaling.params, THETA, HEAD)  # identity left at its default
+    assert stock["rope_type"] != "default" or method in ("ntk", "theta")
+    config = tiny_config("llama", max_position_embeddings=WINDOW if method == "dynamic-ntk" else int(WINDOW * factor),
+                         hidden_size=HEAD * 2, num_attention_heads=2, num_key_value_heads=2, head_dim=HEAD)
+    set_rope_parameters(config, stock)
+    for seq_len in (WINDOW // 2, 3 * WINDOW):
+        expected, expected_attention = ROPE_INIT_FUNCTIONS[stock["rope_type"]](config, None, seq_len=seq_len) \
+            if stock["rope_type"] != "default" else (ROPE_INIT_FUNCTIONS_DEFAULT(config), 1.0)
+        got, attention = get_method(method).compute(RotaryBase(THETA, HEAD), WINDOW, factor, seq_len, scaling.parsed_params)
+        torch.testing.assert_close(got, expected.float(), rtol=1e-6, atol=0)
+        assert attention == pytest.approx(expected_attention, rel=1e-7)
+    identity = stock_rope_parameters(method, 1.0, WINDOW, scaling.params, THETA, HEAD, identity=True)
+    assert identity == {"rope_type": "default", "rope_theta": THETA}
+
+
+def ROPE_INIT_FUNCTIONS_DEFAULT(config) -> torch.Tensor:  # noqa: N802 - transformers 5 has no "default" entry
+    theta = config.rope_parameters["rope_theta"] if hasattr(config, "rope_parameters") else config.rope_theta
+    return 1.0 / (theta ** (torch.arange(0, HEAD, 2, dtype=torch.int64).float() / HEAD))
+
+
+@pytest.mark.parametrize("field", ["low_freq_factor", "high_freq_factor"])
+def test_llama3_band_factors_must_be_given(field):
+    with pytest.raises(ValueError, match=f"{field} must be a positive number, got None"):
+        ScalingConfig("llama3", 4, 64, {field: None}).parsed_params

@@ -115,3 +115,11 @@ def ROPE_INIT_FUNCTIONS_DEFAULT(config) -> torch.Tensor:  # noqa: N802 - transfo
 def test_llama3_band_factors_must_be_given(field):
     with pytest.raises(ValueError, match=f"{field} must be a positive number, got None"):
         ScalingConfig("llama3", 4, 64, {field: None}).parsed_params
+
+
+def test_a_method_of_another_kind_is_named_with_its_kind():
+    with pytest.raises(ValueError, match=r"Method 'yarn' applies to rope position encodings, but this model uses relative "
+                                         r"ones\. Methods valid here: linear, none\."):
+        get_method("yarn", "relative")
+    with pytest.raises(ValueError, match=r"Unknown method 'yran'\. Did you mean 'yarn'\?"):
+        get_method("yran", "rope")

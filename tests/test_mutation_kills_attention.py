@@ -34,3 +34,81 @@ def test_rows_without_keys_are_empty_and_the_others_are_softmax_attention(dtype)
     by_mask, by_mask_lse = attention_with_lse(q, k, v, full, 0.5)
     torch.testing.assert_close(causal, by_mask, atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(causal_lse, by_mask_lse, atol=1e-6, rtol=1e-5)
+
+
+def test_decode_masks_per_head_or_with_extra_rows_equal_the_shared_mask():
+    from hf_posext.backends.attention.kernels import finish_decode
+
+    generator = torch.Generator().manual_seed(1)
+    batch, kv_heads, groups, rows, keys = 2, 2, 3, 4, 9
+    scores = torch.randn(batch, kv_heads, groups, rows, keys, generator=generator)
+    value = torch.randn(batch, kv_heads, keys, 5, generator=generator)
+    shared = torch.rand(batch, 1, rows, keys, generator=generator) > 0.3
+    shared[..., 0] = True
+    expected = finish_decode(scores, shared, None, value)
+    per_head = shared.expand(batch, kv_heads * groups, rows, keys).clone()
+    extra_rows = torch.cat([shared, torch.zeros(batch, 1, 2, keys, dtype=torch.bool)], dim=2)
+    for mask in (per_head, extra_rows, torch.zeros(shared.shape).masked_fill(~shared, torch.finfo(torch.float32).min)):
+        torch.testing.assert_close(finish_decode(scores, mask, None, value), expected)
+    assert expected.shape == (batch, rows, kv_heads * groups, 5)
+    assert not torch.allclose(finish_decode(scores, None, None, value), expected)  # the mask mattered
+
+
+def test_dual_chunk_explicit_takes_a_per_head_mask():
+    from hf_posext.backends.attention.dual_chunk import _LayerSettings, dual_chunk_explicit
+
+    generator = torch.Generator().manual_seed(2)
+    q, k, v = torch.randn(2, 4, 30, 8, generator=generator), torch.randn(2, 2, 30, 8, generator=generator), torch.randn(2, 2, 30, 8, generator=generator)
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, 8, 2).double() / 8))
+    layer = _LayerSettings(inv_freq, 8, False, 12, 2, "sdpa")
+    pos = torch.arange(30)[None]
+    shared = torch.ones(2, 1, 30, 30, dtype=torch.bool).tril()
+    shared[1, ..., 4:7] = False
+    expected = dual_chunk_explicit(q, k, v, shared, pos, pos, layer, 8 ** -0.5)
+    per_head = dual_chunk_explicit(q, k, v, shared.expand(2, 4, 30, 30).clone(), pos, pos, layer, 8 ** -0.5)
+    torch.testing.assert_close(per_head, expected)
+    assert not torch.allclose(dual_chunk_explicit(q, k, v, None, pos, pos, layer, 8 ** -0.5), expected)
+
+
+def test_attention_method_parameters_have_their_lower_bounds():
+    from hf_posext.methods.attention import SelfExtendParams, check_neighbor_window
+    from hf_posext.methods.dual_chunk import DualChunkParams, check_chunk_sizes
+
+    assert SelfExtendParams(group_size=1, neighbor_window=1).group_size == 1
+    with pytest.raises(ValueError, match="group_size must be an integer >= 1, got 0"):
+        SelfExtendParams(group_size=0)
+    with pytest.raises(ValueError, match="neighbor_window must be an integer >= 1, got 0"):
+        SelfExtendParams(neighbor_window=0)
+    check_neighbor_window(1, 64)
+    with pytest.raises(ValueError, match="neighbor_window must be an integer >= 1, got 0"):
+        check_neighbor_window(0, 64)
+    assert DualChunkParams(chunk_size=2, local_window=0).local_window == 0
+    with pytest.raises(ValueError, match="chunk_size must be an integer >= 2, got 1"):
+        DualChunkParams(chunk_size=1)
+    with pytest.raises(ValueError, match="local_window must be an integer >= 0, got -1"):
+        DualChunkParams(local_window=-1)
+    check_chunk_sizes(2, 0, 64)
+    with pytest.raises(ValueError, match="local_window must be an integer >= 0, got -1"):
+        check_chunk_sizes(24, -1, 64)
+    with pytest.raises(ValueError, match="chunk_size must be an integer >= 2, got 1"):
+        check_chunk_sizes(1, 0, 64)
+    # A window that does not fit the chunk: the suggestion is a valid window (0 for a chunk of 3).
+    with pytest.raises(ValueError, match=r"Use e\.g\. local_window=0\.$"):
+        check_chunk_sizes(3, 3, 64)
+
+
+def test_step_tables_are_reused_only_for_the_same_positions_and_frequencies():
+    from hf_posext.backends.attention.kernels import StepTables
+
+    tables, built = StepTables(), []
+    positions, frequencies = torch.arange(5)[None], torch.ones(4)
+
+    def build():
+        built.append(1)
+        return len(built)
+
+    assert tables.get(("k",), positions, frequencies, build) == 1
+    assert tables.get(("k",), positions, frequencies, build) == 1  # the next layer of the step: reused
+    assert tables.get(("k",), positions, torch.ones(4), build) == 2  # other frequencies (a re-patch): rebuilt
+    assert tables.get(("k",), positions.clone(), torch.ones(4), build) == 3  # another step: rebuilt
+    assert tables.get(("k",), None, frequencies, build) == 4  # no positions: never reused

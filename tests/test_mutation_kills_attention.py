@@ -112,3 +112,22 @@ def test_step_tables_are_reused_only_for_the_same_positions_and_frequencies():
     assert tables.get(("k",), positions, torch.ones(4), build) == 2  # other frequencies (a re-patch): rebuilt
     assert tables.get(("k",), positions.clone(), torch.ones(4), build) == 3  # another step: rebuilt
     assert tables.get(("k",), None, frequencies, build) == 4  # no positions: never reused
+
+
+def test_dual_chunk_logit_cap_is_the_same_in_the_explicit_pass_and_the_decode_step():
+    """Gemma 2's logit cap: cap * tanh(score / cap), applied alike by both paths; it changes the result."""
+    from hf_posext.backends.attention import dual_chunk
+    from hf_posext.backends.attention.dual_chunk import _LayerSettings, dual_chunk_decode, dual_chunk_explicit
+
+    generator = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 50, 8, generator=generator) * 3 for _ in range(3))
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, 8, 2).double() / 8))
+    layer = _LayerSettings(inv_freq, 8, False, 16, 4, "sdpa")
+    pos = torch.arange(50)[None]
+    capped = dual_chunk_explicit(q[:, :, -3:], k, v, None, pos[:, -3:], pos, layer, 0.5, softcap=2.0)
+    dual_chunk.clear_decode_tables()
+    step = dual_chunk_decode(q[:, :, -3:], k, v, None, pos[:, -3:].clone(), layer, 0.5, softcap=2.0)
+    dual_chunk.clear_decode_tables()
+    torch.testing.assert_close(step, capped, atol=1e-5, rtol=1e-5)
+    uncapped = dual_chunk_explicit(q[:, :, -3:], k, v, None, pos[:, -3:], pos, layer, 0.5)
+    assert (uncapped - capped).abs().max() > 1e-2

@@ -123,3 +123,19 @@ def test_a_method_of_another_kind_is_named_with_its_kind():
         get_method("yarn", "relative")
     with pytest.raises(ValueError, match=r"Unknown method 'yran'\. Did you mean 'yarn'\?"):
         get_method("yran", "rope")
+
+
+def test_identity_at_factor_one_is_declared_for_the_static_methods_only():
+    from hf_posext.methods import available_methods
+
+    identity = {name for name in available_methods("rope") if get_method(name, "rope").identity_at_one}
+    assert identity == {"none", "linear", "ntk", "yarn", "llama3"}  # dynamic ones, theta and longrope are not
+
+
+def test_renamed_parameters_warn_and_refuse_both_names():
+    spec = get_method("self-extend", "attention")
+    with pytest.warns(FutureWarning, match="'window' is now called 'neighbor_window'"):
+        assert spec.canonical_params({"window": 12, "group_size": 3}) == {"neighbor_window": 12, "group_size": 3}
+    with pytest.raises(ValueError, match="give neighbor_window= only"):
+        spec.canonical_params({"window": 12, "neighbor_window": 12})
+    assert spec.canonical_params({"neighbor_window": 12}) == {"neighbor_window": 12}

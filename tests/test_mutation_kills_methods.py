@@ -139,3 +139,9 @@ def test_renamed_parameters_warn_and_refuse_both_names():
     with pytest.raises(ValueError, match="give neighbor_window= only"):
         spec.canonical_params({"window": 12, "neighbor_window": 12})
     assert spec.canonical_params({"neighbor_window": 12}) == {"neighbor_window": 12}
+
+
+@pytest.mark.parametrize("field", ["beta_fast", "beta_slow"])
+def test_yarn_betas_must_be_given(field):
+    with pytest.raises(ValueError, match=f"{field} must be a positive number, got None"):
+        ScalingConfig("yarn", 4, 64, {field: None}).parsed_params

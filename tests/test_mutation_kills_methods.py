@@ -145,3 +145,22 @@ def test_renamed_parameters_warn_and_refuse_both_names():
 def test_yarn_betas_must_be_given(field):
     with pytest.raises(ValueError, match=f"{field} must be a positive number, got None"):
         ScalingConfig("yarn", 4, 64, {field: None}).parsed_params
+
+
+def test_combined_method_names_are_refused_with_the_reason():
+    from hf_posext.methods.registry import check_method_name
+
+    assert check_method_name(" YaRN ") == "yarn"
+    with pytest.raises(ValueError, match=r"Methods cannot be combined in one call \('yarn\+dca'\).*pick one of 'yarn', 'dca'"):
+        check_method_name("yarn+dca")
+    with pytest.raises(ValueError, match=r"Methods cannot be combined in one call \('linear, self-extend'\)"):
+        check_method_name("linear, self-extend")
+    with pytest.raises(ValueError, match="Did you mean 'yarn'") as error:
+        check_method_name("yarnn")
+    assert "cannot be combined" not in str(error.value)
+
+
+def test_default_neighbor_window_is_a_quarter_of_the_window_and_at_least_one():
+    from hf_posext.methods.attention import default_neighbor_window
+
+    assert [default_neighbor_window(n) for n in (2, 3, 4, 7, 8, 64, 4096)] == [1, 1, 1, 1, 2, 16, 1024]

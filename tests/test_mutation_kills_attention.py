@@ -95,6 +95,8 @@ def test_attention_method_parameters_have_their_lower_bounds():
     # A window that does not fit the chunk: the suggestion is a valid window (0 for a chunk of 3).
     with pytest.raises(ValueError, match=r"Use e\.g\. local_window=0\.$"):
         check_chunk_sizes(3, 3, 64)
+    with pytest.raises(ValueError, match=r"Use e\.g\. local_window=10\.$"):  # a quarter of the chunk, below L / 16
+        check_chunk_sizes(40, 40, 4096)
 
 
 def test_step_tables_are_reused_only_for_the_same_positions_and_frequencies():

@@ -90,26 +90,29 @@ def test_sdpa_path_uses_the_split_attention_and_eager_does_not(monkeypatch):
     ids = _ids(100)
     outputs = {}
     for implementation in ("sdpa", "eager"):
-        model = tiny_model("llama")
+        model = tiny_model("llama", initializer_range=0.1)  # position-sensitive: see test_attention_margins.py
         model.set_attn_implementation(implementation)
         hf_posext.patch(model, "self-extend", group_size=3, neighbor_window=10)
         calls.clear()
         outputs[implementation] = logits_of(model, ids)
         assert bool(calls) == (implementation == "sdpa")
-    torch.testing.assert_close(outputs["sdpa"], outputs["eager"], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(outputs["sdpa"], outputs["eager"], atol=1e-5, rtol=1e-5)
     # With gradients (fine-tuning a Self-Extend model) the explicit scores are used: the fused kernel
-    # does not differentiate the log-sum-exp the merge needs. Same gradients as eager.
+    # does not differentiate the log-sum-exp the merge needs. Same gradients as eager. A position-sensitive
+    # model (init 0.1): a neighbour window one off moves this gradient by 9.5e-3, ~7000x the tolerance
+    # (measured; sdpa and eager agree to the bit here). On the default init the whole Self-Extend effect
+    # (7.8e-5) was below the old tolerance (1e-4).
     grads = {}
-    for implementation in ("sdpa", "eager"):
+    for implementation, window in (("sdpa", 10), ("eager", 10), ("one_off", 11)):
         torch.manual_seed(0)
-        model = tiny_model("llama")
-        model.set_attn_implementation(implementation)
-        hf_posext.patch(model, "self-extend", group_size=3, neighbor_window=10)
+        model = tiny_model("llama", initializer_range=0.1)
+        model.set_attn_implementation("eager" if implementation == "one_off" else implementation)
+        hf_posext.patch(model, "self-extend", group_size=3, neighbor_window=window)
         calls.clear()
         model(ids, labels=ids).loss.backward()
         assert not calls
         grads[implementation] = model.model.layers[0].self_attn.q_proj.weight.grad
-    torch.testing.assert_close(grads["sdpa"], grads["eager"], atol=1e-4, rtol=1e-3)
+    assert_close_guarding(grads["sdpa"], grads["eager"], grads["one_off"], atol=1e-6, rtol=1e-5)
 
 
 def _decode_case(rows: int, layout: str, mask: str | None):

@@ -116,4 +116,8 @@ def test_sp_without_deepspeed_is_refused(monkeypatch):
 
 
 def test_good_request_passes():
-    validate_parallelism(ParallelismSection(sp_size=2, sp_backend="deepspeed"), **GOOD)
+    request = ParallelismSection(sp_size=2, sp_backend="deepspeed")
+    assert validate_parallelism(request, **GOOD) is None
+    # A validator that accepted everything would pass the line above: one token less is refused.
+    with pytest.raises(ValueError, match="does not divide the sequence length 255"):
+        validate_parallelism(request, **{**GOOD, "sequence_length": 255})

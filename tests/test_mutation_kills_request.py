@@ -1,0 +1,36 @@
+"""Request parsing on the paths the API tests leave out (found by bench/mutation.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from hf_posext.core.request import ScalingConfig, ScalingRequest
+
+
+def test_lm_eval_errors_name_the_model_argument_and_chain_the_shown_error():
+    with pytest.raises(ValueError, match=r"^posext_factor=0\.5 is below 1: .*\(posext_factor=1 leaves the model "
+                                         r"unchanged\)\. \(method parameters are given as posext_<name>=<value>\)$") as info:
+        ScalingRequest.from_model_args({"posext_method": "linear", "posext_factor": "0.5"})
+    assert str(info.value.__cause__).startswith("factor=0.5 is below 1")
+    # 'linear' exists for several position kinds: the error shown is the first kind's, and so is its cause.
+    with pytest.raises(ValueError, match="has no parameter 'bogus'") as info:
+        ScalingRequest.from_model_args({"posext_method": "linear", "posext_factor": 2, "posext_bogus": 1})
+    inner = info.value.__cause__
+    assert inner.__cause__ is not None and str(inner.__cause__) == str(inner)
+
+
+def test_a_method_that_sizes_itself_lists_its_size_parameter():
+    with pytest.raises(ValueError, match=r"posext_method=self-extend needs its size: exactly one of posext_factor "
+                                         r"\(e\.g\. posext_factor=2\) or posext_target_length \(e\.g\. "
+                                         r"posext_target_length=16384\), or posext_group_size\.$"):
+        ScalingRequest.from_model_args({"posext_method": "self-extend"})
+    with pytest.raises(ValueError, match=r"posext_target_length=16384\)\.$"):  # DCA has no size parameter
+        ScalingRequest.from_model_args({"posext_method": "dca"})
+
+
+def test_original_window_must_be_positive_and_identity_is_factor_one_of_a_static_method():
+    with pytest.raises(ValueError, match="original_max_position_embeddings must be positive, got 0"):
+        ScalingConfig("linear", 2, 0)
+    assert ScalingConfig("linear", 1, 64).is_identity
+    assert not ScalingConfig("linear", 2, 64).is_identity
+    assert not ScalingConfig("dynamic-ntk", 1, 64).is_identity  # dynamic: not the identity past the window

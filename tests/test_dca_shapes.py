@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from hf_posext.backends.attention import dual_chunk
-from hf_posext.backends.attention.dual_chunk import _LayerSettings, dual_chunk_decode, dual_chunk_explicit, dual_chunk_fused
+from hf_posext.backends.attention.dual_chunk import DualChunkLayerSettings, dual_chunk_decode, dual_chunk_explicit, dual_chunk_fused
 from hf_posext.methods.dual_chunk import relative_distance
 from tests.conftest import assert_close_guarding, transformers_major
 
@@ -87,7 +87,7 @@ def test_every_kernel_matches_the_paper_where_the_cap_binds(chunk_size, local_wi
     true = list(range(LENGTH))
     rq, rk = _rope64(q, true, inv_freq).float(), _rope64(k, true, inv_freq).float()
     pos = torch.arange(LENGTH)[None]
-    layer = _LayerSettings(inv_freq, 8, False, chunk_size, local_window, "sdpa")
+    layer = DualChunkLayerSettings(inv_freq, 8, False, chunk_size, local_window, "sdpa")
     scaling = 8 ** -0.5
     explicit = dual_chunk_explicit(rq, rk, v, None, pos, pos, layer, scaling)
     fused = dual_chunk_fused(rq, rk, v, None, 0, layer, scaling, block=7)

@@ -55,12 +55,12 @@ def test_decode_masks_per_head_or_with_extra_rows_equal_the_shared_mask():
 
 
 def test_dual_chunk_explicit_takes_a_per_head_mask():
-    from hf_posext.backends.attention.dual_chunk import _LayerSettings, dual_chunk_explicit
+    from hf_posext.backends.attention.dual_chunk import DualChunkLayerSettings, dual_chunk_explicit
 
     generator = torch.Generator().manual_seed(2)
     q, k, v = torch.randn(2, 4, 30, 8, generator=generator), torch.randn(2, 2, 30, 8, generator=generator), torch.randn(2, 2, 30, 8, generator=generator)
     inv_freq = 1.0 / (10000 ** (torch.arange(0, 8, 2).double() / 8))
-    layer = _LayerSettings(inv_freq, 8, False, 12, 2, "sdpa")
+    layer = DualChunkLayerSettings(inv_freq, 8, False, 12, 2, "sdpa")
     pos = torch.arange(30)[None]
     shared = torch.ones(2, 1, 30, 30, dtype=torch.bool).tril()
     shared[1, ..., 4:7] = False
@@ -119,12 +119,12 @@ def test_step_tables_are_reused_only_for_the_same_positions_and_frequencies():
 def test_dual_chunk_logit_cap_is_the_same_in_the_explicit_pass_and_the_decode_step():
     """Gemma 2's logit cap: cap * tanh(score / cap), applied alike by both paths; it changes the result."""
     from hf_posext.backends.attention import dual_chunk
-    from hf_posext.backends.attention.dual_chunk import _LayerSettings, dual_chunk_decode, dual_chunk_explicit
+    from hf_posext.backends.attention.dual_chunk import DualChunkLayerSettings, dual_chunk_decode, dual_chunk_explicit
 
     generator = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(1, 2, 50, 8, generator=generator) * 3 for _ in range(3))
     inv_freq = 1.0 / (10000 ** (torch.arange(0, 8, 2).double() / 8))
-    layer = _LayerSettings(inv_freq, 8, False, 16, 4, "sdpa")
+    layer = DualChunkLayerSettings(inv_freq, 8, False, 16, 4, "sdpa")
     pos = torch.arange(50)[None]
     capped = dual_chunk_explicit(q[:, :, -3:], k, v, None, pos[:, -3:], pos, layer, 0.5, softcap=2.0)
     dual_chunk.clear_decode_tables()

@@ -44,7 +44,7 @@ from torch import nn
 
 from hf_posext.backends.attention import registration
 from hf_posext.backends.attention.kernels import (
-    StepTables, attention_with_lse, call_positions, finish_decode, head_groups, rotate_by_factors, rotate_with,
+    StepTables, attention_with_lse, call_positions, finish_block, finish_decode, head_groups, rotate_by_factors, rotate_with,
     rotation_factors,
 )
 from hf_posext.backends.attention.registration import AttentionLayer
@@ -295,28 +295,8 @@ def dual_chunk_explicit(
         if chunked:
             kind = (query_chunk[:, start:end, None] - key_chunk[:, None, :]).clamp_(0, kinds - 1)
             scores = scores.gather(3, kind[:, None, None, None].expand(batch, kv_heads, groups, 1, rows, kv_len))
-        scores = scores.squeeze(3) * scaling
-        if softcap is not None:
-            scores = torch.tanh(scores / softcap) * softcap
-        if attention_mask is None:
-            if start + offset + 1 < kv_len:  # some key lies after a query of this block (never when decoding)
-                future = torch.ones(rows, kv_len, dtype=torch.bool, device=scores.device).triu_(start + offset + 1)
-                scores = scores.masked_fill(future, torch.finfo(scores.dtype).min)
-        else:
-            mask = attention_mask[..., start:end, :kv_len] if attention_mask.shape[-2] > 1 else attention_mask[..., :kv_len]
-            if mask.shape[1] == heads and heads != kv_heads:
-                mask = mask.reshape(mask.shape[0], kv_heads, groups, mask.shape[-2], kv_len)
-            else:
-                mask = mask.unsqueeze(2)
-            if mask.dtype == torch.bool:
-                scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-            else:
-                scores = scores + mask
-        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
-        if dropout and training:
-            probs = nn.functional.dropout(probs, p=dropout, training=True)
-        out = torch.matmul(probs.view(batch, kv_heads, groups * rows, kv_len), value)
-        outputs.append(out.view(batch, kv_heads, groups, rows, head_dim).reshape(batch, heads, rows, head_dim))
+        scores = scores.squeeze(3)
+        outputs.append(finish_block(scores, value, attention_mask, start, offset, scaling, softcap, dropout, training))
     return torch.cat(outputs, dim=2).transpose(1, 2).contiguous()
 
 

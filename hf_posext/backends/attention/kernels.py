@@ -13,7 +13,7 @@ import torch
 
 __all__ = [
     "rotate", "rotate_with", "rotation_factors", "partners", "rotate_by_factors", "attention_with_lse", "cuda_attention_with_lse",
-    "call_positions", "StepTables", "finish_decode",
+    "call_positions", "StepTables", "finish_decode", "finish_block",
 ]
 
 
@@ -276,3 +276,59 @@ def finish_decode(
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
     out = torch.matmul(probs.view(batch, kv_heads, groups * q_len, kv_len), value)
     return out.view(batch, kv_heads, groups, q_len, head_dim).reshape(batch, heads, q_len, head_dim).transpose(1, 2).contiguous()
+
+
+def finish_block(
+    scores: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    start: int,
+    offset: int,
+    scaling: float,
+    softcap: float | None,
+    dropout: float,
+    training: bool,
+) -> torch.Tensor:
+    """The tail every written-out (explicit) attention path shares, for one block of query rows.
+
+    Scales and soft-caps the scores, masks them (causally, the queries being the last keys, when there is
+    no mask; else by a bool or additive mask broadcastable to ``[batch, heads, q_len, kv_len]``), takes the
+    softmax in float32 and weights the values.
+
+    Args:
+        scores: ``[batch, kv_heads, groups, rows, kv_len]``, the raw q.k of query rows ``[start, start + rows)``.
+        value: ``[batch, kv_heads, kv_len, head_dim]``.
+        attention_mask: None, bool (True = attend) or additive float.
+        start: the block's first query row. offset: ``kv_len - q_len`` (keys before the first query).
+        scaling: score multiplier. softcap: Gemma 2 logit cap (None: none).
+        dropout, training: attention dropout, applied when training.
+
+    Returns:
+        ``[batch, heads, rows, head_dim]``.
+    """
+    batch, kv_heads, groups, rows, kv_len = scores.shape
+    heads, head_dim = kv_heads * groups, value.shape[-1]
+    scores = scores * scaling
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    if attention_mask is None:
+        if start + offset + 1 < kv_len:  # some key lies after a query of this block (never when decoding)
+            future = torch.ones(rows, kv_len, dtype=torch.bool, device=scores.device).triu_(start + offset + 1)
+            scores = scores.masked_fill(future, torch.finfo(scores.dtype).min)
+    else:
+        end = start + rows
+        mask = attention_mask[..., start:end, :kv_len] if attention_mask.shape[-2] > 1 else attention_mask[..., :kv_len]
+        if mask.shape[1] == heads and heads != kv_heads:
+            mask = mask.reshape(mask.shape[0], kv_heads, groups, mask.shape[-2], kv_len)
+        else:
+            mask = mask.unsqueeze(2)
+        if mask.dtype == torch.bool:
+            scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+        else:
+            scores = scores + mask
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
+    if dropout and training:
+        probs = torch.nn.functional.dropout(probs, p=dropout, training=True)
+    out = torch.matmul(probs.view(batch, kv_heads, groups * rows, kv_len), value)
+    return out.view(batch, kv_heads, groups, rows, head_dim).reshape(batch, heads, rows, head_dim)
+

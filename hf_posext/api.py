@@ -215,8 +215,9 @@ def _detected_kind(backend: Backend, skeleton: nn.Module) -> str | bool | None:
             warnings.simplefilter("ignore")
             return backend.detect(skeleton) or False
     except UnsupportedModelError as error:
-        # a probe that had to call a module (a dynamic rotary's .item()) cannot tell on the meta device
-        return None if "meta" in str(error) else False
+        # a probe that had to call a module and failed (a dynamic rotary's .item(), 4.57's "unsupported
+        # scalarType") cannot tell on the meta device: only a refusal of its own is a definite "none"
+        return None if error.__cause__ is not None else False
     except Exception:  # noqa: BLE001 - a probe that needs real weights cannot tell on the meta device
         return None
 

@@ -44,7 +44,7 @@ from torch import nn
 
 from hf_posext.backends.attention import registration
 from hf_posext.backends.attention.kernels import (
-    StepTables, attention_with_lse, call_positions, finish_block, finish_decode, head_groups, rotate_by_factors, rotate_with,
+    StepTables, attention_with_lse, call_positions, finish_block, fused_start, finish_decode, head_groups, rotate_by_factors, rotate_with,
     rotation_factors,
 )
 from hf_posext.backends.attention.registration import AttentionLayer
@@ -502,22 +502,6 @@ def dual_chunk_decode(
     return finish_decode(scores, attention_mask, tables.future, value, softcap)
 
 
-def _fused_start(layer, attention_mask, query_positions, softcap, dropout, module, tensors) -> int | None:
-    """The first query position when :func:`dual_chunk_fused` applies (SDPA convention, no logit cap,
-    no training dropout, no gradient, one set of consecutive positions for the batch), else None."""
-    if layer.mask_kind != "sdpa" or softcap is not None or (dropout and module.training):
-        return None
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-        return None  # the fused CPU kernel does not differentiate its log-sum-exp
-    if attention_mask is not None and (attention_mask.dtype != torch.bool or attention_mask.dim() != 4 or attention_mask.shape[1] != 1):
-        return None
-    first = query_positions[:1, :1]
-    expected = first + torch.arange(query_positions.shape[-1], device=query_positions.device)[None]
-    if not bool((query_positions == expected).all()):
-        return None
-    return int(first)
-
-
 def dual_chunk_attention(
     module: nn.Module,
     query: torch.Tensor,
@@ -560,7 +544,7 @@ def dual_chunk_attention(
 
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     if not plain and q_len > DECODE_QUERIES:
-        start = _fused_start(layer, attention_mask, query_positions, softcap, dropout, module, (query, key, value))
+        start = fused_start(layer.mask_kind, attention_mask, query_positions, softcap, dropout, module.training, (query, key, value))
         if start is not None:
             if layer.scale_length is not None:
                 scaling = scaling * length_scale(start + q_len, layer.scale_length) ** 2

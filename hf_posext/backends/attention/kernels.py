@@ -13,7 +13,7 @@ import torch
 
 __all__ = [
     "rotate", "rotate_with", "rotation_factors", "partners", "rotate_by_factors", "attention_with_lse", "cuda_attention_with_lse",
-    "call_positions", "StepTables", "finish_decode", "finish_block",
+    "call_positions", "StepTables", "finish_decode", "finish_block", "fused_start",
 ]
 
 
@@ -331,4 +331,25 @@ def finish_block(
         probs = torch.nn.functional.dropout(probs, p=dropout, training=True)
     out = torch.matmul(probs.view(batch, kv_heads, groups * rows, kv_len), value)
     return out.view(batch, kv_heads, groups, rows, head_dim).reshape(batch, heads, rows, head_dim)
+
+
+def fused_start(mask_kind: str, attention_mask: torch.Tensor | None, query_positions: torch.Tensor, softcap: float | None,
+                dropout: float, training: bool, tensors: tuple[torch.Tensor, ...]) -> int | None:
+    """The first query position when a fused (log-sum-exp merged) path applies, else None.
+
+    It applies under the SDPA mask convention, without a logit cap, training dropout or gradient (the fused
+    CPU kernel does not differentiate its log-sum-exp), with a bool 4-d mask shared by the heads (or none),
+    and with one set of consecutive positions for the whole batch.
+    """
+    if mask_kind != "sdpa" or softcap is not None or (dropout and training):
+        return None
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return None
+    if attention_mask is not None and (attention_mask.dtype != torch.bool or attention_mask.dim() != 4 or attention_mask.shape[1] != 1):
+        return None
+    first = query_positions[:1, :1]
+    expected = first + torch.arange(query_positions.shape[-1], device=query_positions.device)[None]
+    if not bool((query_positions == expected).all()):
+        return None
+    return int(first)
 

@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from hf_posext.backends.attention import registration
-from hf_posext.backends.attention.kernels import attention_with_lse, call_positions, finish_block, head_groups, rotate_by_factors, rotation_factors
+from hf_posext.backends.attention.kernels import attention_with_lse, call_positions, finish_block, fused_start, head_groups, rotate_by_factors, rotation_factors
 from hf_posext.backends.attention.registration import AttentionLayer
 from hf_posext.core.record import CONFIG_KEY, ScalingReport, make_record
 from hf_posext.core.request import ScalingRequest
@@ -289,22 +289,6 @@ def string_split(
     return torch.cat(outputs, dim=2).transpose(1, 2).contiguous()
 
 
-def _split_start(layer, attention_mask, query_positions, softcap, dropout, module, tensors) -> int | None:
-    """The first query position when :func:`string_split` applies (SDPA convention, no logit cap, no
-    training dropout, no gradient, one set of consecutive positions for the batch), else None."""
-    if layer.mask_kind != "sdpa" or softcap is not None or (dropout and module.training):
-        return None
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-        return None  # the fused CPU kernel does not differentiate its log-sum-exp
-    if attention_mask is not None and (attention_mask.dtype != torch.bool or attention_mask.dim() != 4 or attention_mask.shape[1] != 1):
-        return None
-    first = query_positions[:1, :1]
-    expected = first + torch.arange(query_positions.shape[-1], device=query_positions.device)[None]
-    if not bool((query_positions == expected).all()):
-        return None
-    return int(first)
-
-
 def string_attention(
     module: nn.Module,
     query: torch.Tensor,
@@ -348,7 +332,7 @@ def string_attention(
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     query_positions, key_positions = positions or call_positions(query, key, kwargs.get("position_ids"), _LABEL)
     if not plain and q_len > DECODE_QUERIES:
-        start = _split_start(layer, attention_mask, query_positions, softcap, dropout, module, (query, key, value))
+        start = fused_start(layer.mask_kind, attention_mask, query_positions, softcap, dropout, module.training, (query, key, value))
         if start is not None:
             return string_split(query, key, value, attention_mask, start, layer, scaling), None
     active = dataclasses.replace(layer, shifted_offset=None) if plain else layer

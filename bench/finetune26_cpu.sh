@@ -5,6 +5,8 @@
 #
 #   bash bench/finetune26_cpu.sh train [BOOKS]   # restore the kept checkpoint if runs/ has none, then train --resume
 #   bash bench/finetune26_cpu.sh keep            # copy the newest intact checkpoint + log into bench/results/finetune26_cpu/run
+#   bash bench/finetune26_cpu.sh floor [BOOKS]   # issue 26 §3's CPU floor, training-free: yarn and dynamic-ntk x4 at 16384,
+#                                                # passkey and needle, 3 trials x 5 depths (15 per task), into bench/results/long4x
 #
 # Run `train` in the background (nohup ... &) and `keep` before the session ends, then commit
 # bench/results/finetune26_cpu/. Recipe: recipes/configs/smollm2-135m/8k_to_32k_lora_pose_long_cpu.yaml.
@@ -24,6 +26,15 @@ train)
     exec hf-posext train --config "$CONFIG" --resume --no-progress "data.source=$BOOKS"
   fi
   exec hf-posext train --config "$CONFIG" --no-progress --overwrite "data.source=$BOOKS"   # a run folder without a checkpoint holds nothing to keep
+  ;;
+floor)
+  # Same trials and texts as every other model in bench/results/long4x; finished cells are skipped, so it resumes.
+  BOOKS=${2:-../shared/data/books}
+  E="--model smollm2-135m --factor 4 --lengths 16384 --depths 0,0.25,0.5,0.75,1 --trials ${TRIALS:-3} --out bench/results/long4x --no-progress"
+  for m in yarn dynamic-ntk; do
+    hf-posext eval passkey --methods $m $E
+    hf-posext eval needle --methods $m --haystack "$BOOKS/melville-moby_dick.txt" $E
+  done
   ;;
 keep)
   latest=$(ls -d "$RUN"/checkpoint-* 2>/dev/null | grep -E 'checkpoint-[0-9]+$' | sort -t- -k2 -n | tail -1)

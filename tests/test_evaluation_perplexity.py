@@ -196,12 +196,13 @@ def test_max_tokens_reads_the_same_leading_tokens_at_every_length(model, tmp_pat
     )
     segments = {c["length"]: c["windows"] for c in store.cells.values()}  # the record keeps its key "windows"
     assert segments == {16: 3, 32: 2, 64: 1}  # 64 // 16 = 4, capped by max_segments=3; 64 // 32 = 2; one of 64
-    with pytest.warns(FutureWarning, match="max_windows= is now called max_segments="):  # the old name, same file
+    with pytest.warns(FutureWarning, match="max_windows= is now called max_segments=") as caught:  # the old name, same file
         again = perplexity.evaluate_perplexity(
             model, AsciiTokenizer(), data=documents, methods=parse_methods("none"), lengths=(16, 32, 64), factor=2.0,
             out_dir=tmp_path, model_name="tiny", max_windows=3, max_tokens=64, bos="no",
         )
     assert again.path == store.path and again.cells == store.cells
+    assert {w.filename for w in caught if w.category is FutureWarning} == {__file__}  # points at the caller's line
     assert json.loads(store.path.read_text())["config"]["max_tokens"] == 64
     with pytest.raises(ValueError, match="max_tokens must be a positive"):
         perplexity.evaluate_perplexity(model, AsciiTokenizer(), data=documents, methods=parse_methods("none"),

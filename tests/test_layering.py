@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[1] / PACKAGE
 
 #: Module-name prefix -> layer (longest prefix wins). Lower layers never import higher ones.
 LAYERS = {
+    "hf_posext.user_warnings": 0,
     "hf_posext.methods": 1,
     "hf_posext.core": 2,
     "hf_posext.backends": 3,

@@ -133,3 +133,34 @@ def test_dual_chunk_logit_cap_is_the_same_in_the_explicit_pass_and_the_decode_st
     torch.testing.assert_close(step, capped, atol=1e-5, rtol=1e-5)
     uncapped = dual_chunk_explicit(q[:, :, -3:], k, v, None, pos[:, -3:], pos, layer, 0.5)
     assert (uncapped - capped).abs().max() > 1e-2
+
+
+def test_a_chunk_as_long_as_the_window_is_accepted():
+    from hf_posext.methods.dual_chunk import check_chunk_sizes
+
+    check_chunk_sizes(64, 16, 64)  # chunk_size == original window: every distance still fits
+    with pytest.raises(ValueError, match=r"chunk_size=65 is larger than the model's original window \(64 tokens\)"):
+        check_chunk_sizes(65, 16, 64)
+
+
+def test_a_self_extend_decode_step_rotates_only_the_new_keys(monkeypatch):
+    """Each decode step reuses the grouped rotation of the keys the layer saw at the previous step: with a
+    cache of n keys it rotates the 1 new key, not all n + 1 again (the cost of a step would grow with n)."""
+    import hf_posext
+    from hf_posext.backends.attention import self_extend
+    from hf_posext.models import tiny_model
+
+    model = tiny_model("llama")
+    model.set_attn_implementation("sdpa")
+    hf_posext.patch(model, "self-extend", group_size=3, neighbor_window=10)
+    ids = torch.randint(3, 128, (1, 48), generator=torch.Generator().manual_seed(0))
+    rotated = []
+    real = self_extend.rotate_with
+    monkeypatch.setattr(self_extend, "rotate_with", lambda states, *a, **kw: rotated.append(states.shape[2]) or real(states, *a, **kw))
+    with torch.no_grad():
+        cache = model(ids[:, :40], use_cache=True).past_key_values
+        prefill, rotated[:] = list(rotated), []
+        for t in range(40, 44):
+            cache = model(ids[:, t : t + 1], past_key_values=cache, use_cache=True).past_key_values
+    assert 40 in prefill  # the prompt's keys are rotated once per layer
+    assert rotated and max(rotated) == 1, rotated  # every step: the new query and the one new key only

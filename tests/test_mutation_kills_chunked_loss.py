@@ -101,3 +101,13 @@ def test_heads_whose_logits_are_rescaled_are_refused(field, value):
     model.lm_head = nn.Sequential(model.lm_head)
     with pytest.raises(ValueError, match="plain nn.Linear output head, found Sequential"):
         check_output_head(model)
+
+
+def test_only_the_tensors_are_positional():
+    """``bias``, ``num_items_in_batch`` and ``chunk_size`` are keyword-only: a positional fourth argument
+    (the bias of another head, a token count) is a TypeError, never silently read as something else."""
+    hidden, weight, targets = torch.randn(6, 4), torch.randn(10, 4), torch.randint(0, 10, (6,))
+    with pytest.raises(TypeError):
+        linear_cross_entropy(hidden, weight, targets, torch.zeros(10))
+    by_name = linear_cross_entropy(hidden=hidden, weight=weight, targets=targets, bias=torch.zeros(10), chunk_size=4)
+    torch.testing.assert_close(by_name, torch.nn.functional.cross_entropy(hidden @ weight.T, targets))

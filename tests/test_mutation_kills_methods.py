@@ -164,3 +164,23 @@ def test_default_neighbor_window_is_a_quarter_of_the_window_and_at_least_one():
     from hf_posext.methods.attention import default_neighbor_window
 
     assert [default_neighbor_window(n) for n in (2, 3, 4, 7, 8, 64, 4096)] == [1, 1, 1, 1, 2, 16, 1024]
+
+
+def test_a_renamed_parameter_warning_points_at_the_users_line():
+    """Whatever the path into the registry (the method spec, a request, ``hf_posext.patch``), the
+    FutureWarning names this file, so the printed ``file:line`` is the line to change."""
+    import hf_posext
+    from hf_posext.core.request import ScalingRequest
+    from hf_posext.models import tiny_model
+
+    spec = get_method("self-extend", "attention")
+    model = tiny_model("llama")
+    calls = [
+        lambda: spec.canonical_params({"window": 12}),
+        lambda: ScalingRequest("self-extend", factor=2, params=(("window", 12),)),
+        lambda: hf_posext.patch(model, "self-extend", group_size=2, window=12),
+    ]
+    for call in calls:
+        with pytest.warns(FutureWarning, match="'window' is now called 'neighbor_window'") as caught:
+            call()
+        assert [w.filename for w in caught if w.category is FutureWarning] == [__file__]

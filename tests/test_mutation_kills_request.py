@@ -34,3 +34,33 @@ def test_original_window_must_be_positive_and_identity_is_factor_one_of_a_static
     assert ScalingConfig("linear", 1, 64).is_identity
     assert not ScalingConfig("linear", 2, 64).is_identity
     assert not ScalingConfig("dynamic-ntk", 1, 64).is_identity  # dynamic: not the identity past the window
+
+
+def test_text_values_read_as_the_cli_means_them():
+    from hf_posext.core.request import parse_value
+
+    assert parse_value(" True ") is True and parse_value("FALSE") is False
+    assert parse_value("none") is None and parse_value("4") == 4 and parse_value("[1, 2]") == [1, 2]
+    assert parse_value("yarn") == "yarn" and parse_value(2.5) == 2.5
+
+
+def test_parameters_without_a_method_are_named_with_their_prefix():
+    with pytest.raises(ValueError, match=r"^posext_factor, posext_beta_fast given without posext_method\. "):
+        ScalingRequest.from_model_args({"posext_factor": 2, "posext_beta_fast": 16, "pretrained": "x"})
+    assert ScalingRequest.from_model_args({"pretrained": "x"}) == (None, {"pretrained": "x"})
+
+
+def test_parameters_are_ordered_by_name_whatever_their_values():
+    """Equal values or values of different types: the request is the same in any given order."""
+    one = ScalingRequest("yarn", factor=2, params={"mscale": 1.0, "mscale_all_dim": 1.0, "truncate": True})
+    two = ScalingRequest("yarn", factor=2, params={"truncate": True, "mscale_all_dim": 1.0, "mscale": 1.0})
+    assert one == two and hash(one) == hash(two)
+    assert [name for name, _ in one.params] == ["mscale", "mscale_all_dim", "truncate"]
+
+
+def test_a_target_equal_to_the_window_is_factor_one():
+    from hf_posext.core.request import resolve_factor
+
+    assert resolve_factor(None, 4096, 4096) == 1.0
+    with pytest.raises(ValueError, match="target_length=4095 is shorter than the model's original window"):
+        resolve_factor(None, 4095, 4096)

@@ -88,8 +88,9 @@ def test_text_calibration_with_a_tokenizer():
 def test_the_old_name_windows_still_sets_the_calibration_segments():
     model = tiny_model("llama")
     settings = dict(population=2, generations=0, parents=1, progress=False)
-    with pytest.warns(FutureWarning, match="windows= is now called segments="):
+    with pytest.warns(FutureWarning, match="windows= is now called segments=") as caught:
         old = search_factors(model, 128, _calibration(), windows=2, **settings)
+    assert {w.filename for w in caught if w.category is FutureWarning} == {__file__}  # points at the caller's line
     new = search_factors(model, 128, _calibration(), segments=2, **settings)
     assert old.settings["windows"] == new.settings["windows"] == 2 and old.best_nll == new.best_nll
     with pytest.raises(ValueError, match="Give segments= only"):

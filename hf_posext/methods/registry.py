@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from hf_posext.methods.transformers import rope_type_for
+from hf_posext.user_warnings import warn_at_caller
 
 __all__ = [
     "Method",
@@ -87,8 +87,8 @@ class Method:
                 continue
             if new in params:
                 raise ValueError(f"Method {self.name!r}: give {new}= only ({old}= is its old name), not both.")
-            warnings.warn(f"Method {self.name!r}: parameter {old!r} is now called {new!r}; the old name will be removed.",
-                          FutureWarning, stacklevel=3)
+            warn_at_caller(f"Method {self.name!r}: parameter {old!r} is now called {new!r}; the old name will be removed.",
+                           FutureWarning)
             params[new] = params.pop(old)
         return params
 

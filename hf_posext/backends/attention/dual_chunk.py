@@ -47,7 +47,7 @@ from hf_posext.backends.attention.kernels import (
     StepTables, attention_with_lse, call_positions, finish_block, fused_start, finish_decode, head_groups, rotate_by_factors, rotate_with,
     rotation_factors,
 )
-from hf_posext.backends.attention.registration import AttentionLayer
+from hf_posext.backends.attention.registration import AttentionLayer, call_settings, plain_attention
 from hf_posext.core.record import CONFIG_KEY, ScalingReport, make_record
 from hf_posext.core.request import ScalingRequest
 from hf_posext.methods.dual_chunk import (
@@ -520,16 +520,8 @@ def dual_chunk_attention(
     :func:`dual_chunk_fused` where it applies; everything else (eager prefill, logit cap, training
     dropout, per-row positions) runs :func:`dual_chunk_explicit`. Attention weights are not returned.
     """
-    layer: DualChunkLayerSettings | None = getattr(module, _LAYER_ATTRIBUTE, None)
-    if layer is None:
-        raise RuntimeError(
-            f"{type(module).__name__} is set to Dual Chunk Attention but carries no DCA settings (was the model "
-            "copied or its config edited by hand?). Call hf_posext.patch(model, 'dca', ...) again."
-        )
-    if kwargs.get("s_aux") is not None:
-        raise ValueError("Dual Chunk Attention does not support attention sinks (s_aux); unpatch this model.")
-    if scaling is None:
-        scaling = query.shape[-1] ** -0.5
+    layer: DualChunkLayerSettings
+    layer, scaling = call_settings(module, query, scaling, kwargs, attribute=_LAYER_ATTRIBUTE, title="Dual Chunk Attention", method="dca")
     softcap = kwargs.get("softcap")
     q_len = query.shape[2]
     if layer.chunk_size is not None and q_len <= DECODE_QUERIES and not (dropout and module.training):
@@ -540,9 +532,7 @@ def dual_chunk_attention(
         # A prefill: one host sync is cheap next to the work, and short prompts stay bit for bit the model's.
         plain = int(query_positions.max()) < chunk_length(layer.chunk_size, layer.local_window)
     if plain and layer.mask_kind == "sdpa" and softcap is None:
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+        return plain_attention(module, query, key, value, attention_mask, dropout, scaling, kwargs)
     if not plain and q_len > DECODE_QUERIES:
         start = fused_start(layer.mask_kind, attention_mask, query_positions, softcap, dropout, module.training, (query, key, value))
         if start is not None:

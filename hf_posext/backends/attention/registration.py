@@ -135,6 +135,38 @@ def register(method: AttentionMethod | None = None) -> None:
     _REGISTERED.add(method.name)
 
 
+def call_settings(module: nn.Module, query: torch.Tensor, scaling: float | None, kwargs: dict[str, Any], *,
+                  attribute: str, title: str, method: str) -> tuple[Any, float]:
+    """What every registered attention function checks first: the settings the patch attached to ``module``,
+    no attention sinks, and the scale (``1/sqrt(head size)`` when the model passes none).
+
+    Args:
+        attribute: the module attribute holding the method's layer settings.
+        title: the method's name in messages ("Dual Chunk Attention"); method: its registry name ("dca").
+
+    Raises:
+        RuntimeError: the module carries no settings (a copied model, a hand-edited config).
+        ValueError: the model passes attention sinks (``s_aux``), which no split or chunked kernel here applies.
+    """
+    settings = getattr(module, attribute, None)
+    if settings is None:
+        raise RuntimeError(
+            f"{type(module).__name__} is set to {title} but carries no {title} settings (was the model copied or "
+            f"its config edited by hand?). Call hf_posext.patch(model, {method!r}, ...) again."
+        )
+    if kwargs.get("s_aux") is not None:
+        raise ValueError(f"{title} does not support attention sinks (s_aux); unpatch this model.")
+    return settings, query.shape[-1] ** -0.5 if scaling is None else scaling
+
+
+def plain_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                    attention_mask: torch.Tensor | None, dropout: float, scaling: float, kwargs: dict[str, Any]):
+    """transformers' own SDPA attention function: the calls a method leaves exactly as the model computes them."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+
+
 # --------------------------------------------------------------------------------------------------
 # Finding the attention modules: does attention go through the registry, with q/k rotated as the
 # rotary module says?

@@ -50,7 +50,7 @@ from hf_posext.backends.attention.kernels import (
     StepTables, attention_with_lse, call_positions, finish_decode, head_groups, rotate, rotate_by_factors, rotate_with,
     rotation_factors,
 )
-from hf_posext.backends.attention.registration import AttentionLayer, find_attention_layers
+from hf_posext.backends.attention.registration import AttentionLayer, call_settings, find_attention_layers, plain_attention
 from hf_posext.core.deprecation import renamed_keyword
 from hf_posext.core.record import CONFIG_KEY, ScalingReport, make_record
 from hf_posext.core.request import ScalingRequest
@@ -540,16 +540,8 @@ def self_extend_attention(
     :func:`split_grouped_attention` where it applies, else :func:`grouped_attention`. Attention weights
     are not returned.
     """
-    settings: SelfExtendLayerSettings | None = getattr(module, _LAYER_ATTRIBUTE, None)
-    if settings is None:
-        raise RuntimeError(
-            f"{type(module).__name__} is set to Self-Extend attention but carries no Self-Extend settings "
-            "(was the model copied or its config edited by hand?). Call hf_posext.patch(model, 'self-extend', ...) again."
-        )
-    if kwargs.get("s_aux") is not None:
-        raise ValueError("Self-Extend does not support attention sinks (s_aux); unpatch this model.")
-    if scaling is None:
-        scaling = query.shape[-1] ** -0.5
+    settings: SelfExtendLayerSettings
+    settings, scaling = call_settings(module, query, scaling, kwargs, attribute=_LAYER_ATTRIBUTE, title="Self-Extend", method="self-extend")
     softcap = kwargs.get("softcap")
     q_len, kv_len = query.shape[2], key.shape[2]
     if (query.device.type in DECODE_DEVICES and settings.group_size is not None and settings.group_size > 1
@@ -560,9 +552,7 @@ def self_extend_attention(
         (query_positions.max() - key_positions.min())
     ) < settings.neighbor_window
     if plain and settings.mask_kind == "sdpa" and softcap is None:
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+        return plain_attention(module, query, key, value, attention_mask, dropout, scaling, kwargs)
     key_grouped = None if plain else _grouped_keys(settings, key, key_positions, query.shape[2])
     if not plain and _can_split(settings, attention_mask, query_positions, key_positions, softcap, dropout, module, (query, key, value)):
         output = split_grouped_attention(

@@ -35,7 +35,7 @@ from torch import nn
 
 from hf_posext.backends.attention import registration
 from hf_posext.backends.attention.kernels import attention_with_lse, call_positions, finish_block, fused_start, head_groups, rotate_by_factors, rotation_factors
-from hf_posext.backends.attention.registration import AttentionLayer
+from hf_posext.backends.attention.registration import AttentionLayer, call_settings, plain_attention
 from hf_posext.core.record import CONFIG_KEY, ScalingReport, make_record
 from hf_posext.core.request import ScalingRequest
 from hf_posext.methods.shifted_positions import (
@@ -306,16 +306,8 @@ def string_attention(
     :func:`string_split` where it applies; decode steps and everything else (eager, logit cap, training,
     per-row positions) run :func:`string_explicit`. Attention weights are not returned.
     """
-    layer: StringLayerSettings | None = getattr(module, _LAYER_ATTRIBUTE, None)
-    if layer is None:
-        raise RuntimeError(
-            f"{type(module).__name__} is set to STRING attention but carries no STRING settings (was the model copied "
-            "or its config edited by hand?). Call hf_posext.patch(model, 'string', ...) again."
-        )
-    if kwargs.get("s_aux") is not None:
-        raise ValueError("STRING does not support attention sinks (s_aux); unpatch this model.")
-    if scaling is None:
-        scaling = query.shape[-1] ** -0.5
+    layer: StringLayerSettings
+    layer, scaling = call_settings(module, query, scaling, kwargs, attribute=_LAYER_ATTRIBUTE, title="STRING attention", method="string")
     if layer.attention_factor != 1.0:
         scaling = scaling * layer.attention_factor ** 2
     softcap = kwargs.get("softcap")
@@ -327,9 +319,7 @@ def string_attention(
         positions = call_positions(query, key, kwargs.get("position_ids"), _LABEL)
         plain = int(positions[0].max()) < layer.shifted_offset
     if plain and layer.mask_kind == "sdpa" and softcap is None:
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+        return plain_attention(module, query, key, value, attention_mask, dropout, scaling, kwargs)
     query_positions, key_positions = positions or call_positions(query, key, kwargs.get("position_ids"), _LABEL)
     if not plain and q_len > DECODE_QUERIES:
         start = fused_start(layer.mask_kind, attention_mask, query_positions, softcap, dropout, module.training, (query, key, value))

@@ -7,6 +7,8 @@
 #   bash bench/finetune26_cpu.sh keep            # copy the newest intact checkpoint + log into bench/results/finetune26_cpu/run
 #   bash bench/finetune26_cpu.sh floor [BOOKS]   # issue 26 §3's CPU floor, training-free: yarn and dynamic-ntk x4 at 16384,
 #                                                # passkey and needle, 3 trials x 5 depths (15 per task), into bench/results/long4x
+#   bash bench/finetune26_cpu.sh eval [BOOKS]    # the finished adapter (yarn x4), same trials and texts, into bench/results/long4x
+#                                                # (TASKS=passkey or needle for one task; LENGTHS, TRIALS as for floor)
 #
 # Run `train` in the background (nohup ... &) and `keep` before the session ends, then commit
 # bench/results/finetune26_cpu/. Recipe: recipes/configs/smollm2-135m/8k_to_32k_lora_pose_long_cpu.yaml.
@@ -18,6 +20,9 @@ KEPT=bench/results/finetune26_cpu/run
 case "${1:?train|keep}" in
 train)
   BOOKS=${2:-../shared/data/books}
+  if [ -f "$RUN/adapter/posext_adapter.json" ] || [ -f "$KEPT/adapter/posext_adapter.json" ]; then
+    echo "the run is finished: its adapter is in $RUN/adapter or $KEPT/adapter (bash $0 eval evaluates it)"; exit 0
+  fi
   if ! compgen -G "$RUN/checkpoint-*" > /dev/null && [ -d "$KEPT" ]; then
     mkdir -p "$RUN" && cp -r "$KEPT"/. "$RUN"/
     echo "restored $(ls -d "$RUN"/checkpoint-*) from $KEPT"
@@ -36,18 +41,36 @@ floor)
     hf-posext eval needle --methods $m --haystack "$BOOKS/melville-moby_dick.txt" $E
   done
   ;;
+eval)
+  BOOKS=${2:-../shared/data/books}
+  ADAPTER=${ADAPTER:-$RUN/adapter}
+  [ -f "$ADAPTER/posext_adapter.json" ] || ADAPTER=$KEPT/adapter   # a fresh clone: the kept one
+  [ -f "$ADAPTER/posext_adapter.json" ] || { echo "no finished adapter in $ADAPTER: train to the last step first" >&2; exit 1; }
+  E="--model smollm2-135m --adapter $ADAPTER --lengths ${LENGTHS:-16384} --depths 0,0.25,0.5,0.75,1 --trials ${TRIALS:-3} --out bench/results/long4x --no-progress"
+  for task in ${TASKS:-passkey needle}; do
+    if [ "$task" = needle ]; then hf-posext eval needle --haystack "$BOOKS/melville-moby_dick.txt" $E; else hf-posext eval passkey $E; fi
+  done
+  ;;
 keep)
-  latest=$(ls -d "$RUN"/checkpoint-* 2>/dev/null | grep -E 'checkpoint-[0-9]+$' | sort -t- -k2 -n | tail -1)
-  [ -n "$latest" ] || { echo "no checkpoint in $RUN yet" >&2; exit 1; }
-  python - "$latest" <<'PY'
+  tmp=$(mktemp -d "$(dirname "$KEPT")/.keep-XXXX")
+  if [ -f "$RUN/adapter/posext_adapter.json" ]; then
+    # The run is finished: keep the adapter (about 7 MB, with its model card), not the optimizer state.
+    cp -r "$RUN/adapter" "$tmp/"
+    cp "$RUN"/log.jsonl "$RUN"/train_config.yaml "$tmp/"; cp "$RUN"/train_result.json "$tmp/" 2>/dev/null || true
+    what="the finished adapter"
+  else
+    latest=$(ls -d "$RUN"/checkpoint-* 2>/dev/null | grep -E 'checkpoint-[0-9]+$' | sort -t- -k2 -n | tail -1)
+    [ -n "$latest" ] || { rm -rf "$tmp"; echo "no checkpoint in $RUN yet" >&2; exit 1; }
+    python - "$latest" <<'PY'
 import sys
 from hf_posext.training.checkpoints import verify_checkpoint
 verify_checkpoint(sys.argv[1])  # a damaged checkpoint is named here, never kept
 PY
-  tmp=$(mktemp -d "$(dirname "$KEPT")/.keep-XXXX")
-  cp -r "$latest" "$tmp/"
-  cp "$RUN"/log.jsonl "$RUN"/train_config.yaml "$tmp/"
+    cp -r "$latest" "$tmp/"
+    cp "$RUN"/log.jsonl "$RUN"/train_config.yaml "$tmp/"
+    what=$(basename "$latest")
+  fi
   chmod 755 "$tmp"; rm -rf "$KEPT" && mv "$tmp" "$KEPT"
-  du -sh "$KEPT"; echo "kept $(basename "$latest"): commit bench/results/finetune26_cpu/"
+  du -sh "$KEPT"; echo "kept $what: commit bench/results/finetune26_cpu/"
   ;;
 esac

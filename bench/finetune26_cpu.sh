@@ -43,9 +43,9 @@ floor)
   ;;
 eval)
   BOOKS=${2:-../shared/data/books}
-  ADAPTER=${ADAPTER:-$RUN/adapter}
-  [ -f "$ADAPTER/posext_adapter.json" ] || ADAPTER=$KEPT/adapter   # a fresh clone: the kept one
-  [ -f "$ADAPTER/posext_adapter.json" ] || { echo "no finished adapter in $ADAPTER: train to the last step first" >&2; exit 1; }
+  # The kept (committed) adapter, so that every clone names the same model in the results and extends its cells.
+  ADAPTER=${ADAPTER:-$KEPT/adapter}
+  [ -f "$ADAPTER/posext_adapter.json" ] || { echo "no finished adapter in $ADAPTER: train to the last step, then run keep" >&2; exit 1; }
   E="--model smollm2-135m --adapter $ADAPTER --methods yarn --factor 4 --lengths ${LENGTHS:-16384} --depths 0,0.25,0.5,0.75,1 --trials ${TRIALS:-3} --out bench/results/long4x --no-progress"
   for task in ${TASKS:-passkey needle}; do
     if [ "$task" = needle ]; then hf-posext eval needle --haystack "$BOOKS/melville-moby_dick.txt" $E; else hf-posext eval passkey $E; fi

@@ -38,7 +38,7 @@ from hf_posext.evaluation.fingerprints import (
 from hf_posext.evaluation.store import ResultStore
 from hf_posext.lm.distributed import Distributed
 
-__all__ = ["Unit", "Cell", "cell_id", "stored_units", "resolve_factor_for", "apply_method", "check_length", "run_grid"]
+__all__ = ["Unit", "Cell", "cell_id", "stored_units", "resolve_factor_for", "apply_method", "check_length", "cell_groups", "run_grid"]
 
 
 def resolve_factor_for(method: ScalingRequest, factor: float | None, lengths: Sequence[int], original_window: int) -> float:
@@ -250,7 +250,11 @@ def _stale_cells(store: ResultStore, ids: list[str], step: _Step) -> list[str]:
 
 
 def _run_step(job: _Job, step: _Step, cells: list[Cell], ids: list[str], memo: dict) -> None:
-    """Compute the cells of one (method, length) that are missing or stale, reusing ``memo`` where allowed."""
+    """Compute the cells of one (method, length) that are missing or stale, reusing ``memo`` where allowed.
+
+    Cells are evaluated and stored group by group (see :func:`cell_groups`), so an evaluation stopped part way
+    keeps every cell it finished: the next run computes only the rest.
+    """
     stale = _stale_cells(job.store, ids, step)
     if stale:
         warnings.warn(f"{step.label} @ {step.length}: {len(stale)} stored cell(s) were computed with another rotary "
@@ -268,29 +272,55 @@ def _run_step(job: _Job, step: _Step, cells: list[Cell], ids: list[str], memo: d
         return
     warning = check_length(step.report, step.length, step.method.label)
     fingerprint = step.fingerprint if job.reuse_identical else None
-    needed = [u for cell in pending for u in cell.units
-              if id(u) not in kept and (fingerprint is None or (fingerprint, u.key) not in memo)]
-    gathered = _evaluate_units(job, needed, f"{job.description}{step.method.label} @ {step.length}")
+    needed = {id(u) for cell in pending for u in cell.units
+              if id(u) not in kept and (fingerprint is None or (fingerprint, u.key) not in memo)}
+    groups = cell_groups(pending, needed, job.dist.world_size * job.batch_size)
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=sum(len(job.dist.shard(units)) for _, units in groups), leave=False,
+               desc=f"{job.description}{step.method.label} @ {step.length}",
+               disable=not (job.progress and job.dist.is_main))
     computed = dict(kept)
-    for i, unit in enumerate(needed):
-        computed[id(unit)] = gathered[i]
-        if fingerprint is not None:
-            memo[(fingerprint, unit.key)] = (gathered[i], step.label)
-    for cell in pending:
-        unit_results, reused_from = _unit_results(cell, computed, memo, fingerprint)
-        record = _cell_record(step, cell, job.aggregate(unit_results), unit_results, reused_from, warning is not None)
-        job.store.put(cell_id(step.method, step.factor, step.length, cell.coords), record)
+    for group, units in groups:
+        gathered = _evaluate_units(job, units, bar)
+        for index, unit in enumerate(units):
+            computed[id(unit)] = gathered[index]
+            if fingerprint is not None:
+                memo[(fingerprint, unit.key)] = (gathered[index], step.label)
+        for cell in group:
+            unit_results, reused_from = _unit_results(cell, computed, memo, fingerprint)
+            record = _cell_record(step, cell, job.aggregate(unit_results), unit_results, reused_from, warning is not None)
+            job.store.put(cell_id(step.method, step.factor, step.length, cell.coords), record)
+    bar.close()
     job.dist.barrier()
 
 
-def _evaluate_units(job: _Job, needed: list[Unit], bar_label: str) -> dict[int, dict[str, Any]]:
-    """This process's share of ``needed``, evaluated in batches; every unit's result (index in ``needed``), from all processes."""
-    from tqdm.auto import tqdm
+def cell_groups(cells: list[Cell], needed: set[int], group_units: int) -> list[tuple[list[Cell], list[Unit]]]:
+    """Consecutive ``cells`` grouped so that each group (but the last) needs at least ``group_units`` units.
 
+    ``needed`` holds ``id(unit)`` of the units to compute (the others are stored or reused). A group is
+    evaluated, then its cells are stored; ``group_units`` = processes x batch size keeps every process busy
+    with full batches, and one cell per group when a cell alone fills them.
+    """
+    groups: list[tuple[list[Cell], list[Unit]]] = []
+    group: list[Cell] = []
+    units: list[Unit] = []
+    for cell in cells:
+        group.append(cell)
+        units.extend(u for u in cell.units if id(u) in needed)
+        if len(units) >= group_units:
+            groups.append((group, units))
+            group, units = [], []
+    if group:
+        groups.append((group, units))
+    return groups
+
+
+def _evaluate_units(job: _Job, needed: list[Unit], bar: Any) -> dict[int, dict[str, Any]]:
+    """This process's share of ``needed``, evaluated in batches; every unit's result (index in ``needed``), from all processes."""
     local = job.dist.shard(needed)
     index_of = {id(u): i for i, u in enumerate(needed)}
     results: list[tuple[int, dict[str, Any]]] = []
-    bar = tqdm(total=len(local), desc=bar_label, disable=not (job.progress and job.dist.is_main), leave=False)
     for start in range(0, len(local), job.batch_size):
         batch = local[start : start + job.batch_size]
         began = time.time()
@@ -298,7 +328,6 @@ def _evaluate_units(job: _Job, needed: list[Unit], bar_label: str) -> dict[int, 
         seconds = (time.time() - began) / len(batch)
         results.extend((index_of[id(unit)], {**output, "seconds": seconds}) for unit, output in zip(batch, outputs))
         bar.update(len(batch))
-    bar.close()
     return dict(job.dist.gather(results))
 
 

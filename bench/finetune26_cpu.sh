@@ -9,6 +9,10 @@
 #                                                # passkey and needle, 3 trials x 5 depths (15 per task), into bench/results/long4x
 #   bash bench/finetune26_cpu.sh eval [BOOKS]    # the finished adapter (yarn x4), same trials and texts, into bench/results/long4x
 #                                                # (TASKS=passkey or needle for one task; LENGTHS, TRIALS as for floor)
+#   bash bench/finetune26_cpu.sh compare [BOOKS] # eval + floor one trial per depth at a time, 1..TRIALS (default 3): a stop
+#                                                # at any point leaves the three models with about the same n
+#   bash bench/finetune26_cpu.sh ppl [BOOKS]     # perplexity on held-apart austen-emma.txt: the adapter at 8192 and 32768,
+#                                                # the original (none) at 8192; same protocol as the README's table
 #
 # Run `train` in the background (nohup ... &) and `keep` before the session ends, then commit
 # bench/results/finetune26_cpu/. Recipe: recipes/configs/smollm2-135m/8k_to_32k_lora_pose_long_cpu.yaml.
@@ -50,6 +54,19 @@ eval)
   for task in ${TASKS:-passkey needle}; do
     if [ "$task" = needle ]; then hf-posext eval needle --haystack "$BOOKS/melville-moby_dick.txt" $E; else hf-posext eval passkey $E; fi
   done
+  ;;
+compare)
+  for t in $(seq 1 "${TRIALS:-3}"); do
+    TRIALS=$t bash "$0" eval "${2:-../shared/data/books}"
+    TRIALS=$t bash "$0" floor "${2:-../shared/data/books}"
+  done
+  ;;
+ppl)
+  BOOKS=${2:-../shared/data/books}
+  ADAPTER=${ADAPTER:-$KEPT/adapter}
+  P="--data $BOOKS/austen-emma.txt --max-tokens 16384 --max-segments 4 --out bench/results/long4x --no-progress"
+  hf-posext eval perplexity --model smollm2-135m --methods none --lengths 8192 $P
+  hf-posext eval perplexity --model smollm2-135m --adapter "$ADAPTER" --methods yarn --factor 4 --lengths 8192,32768 $P
   ;;
 keep)
   tmp=$(mktemp -d "$(dirname "$KEPT")/.keep-XXXX")

@@ -16,7 +16,7 @@ import torch
 
 from hf_posext.core.version import VERSION
 
-__all__ = ["ResultStore", "versions"]
+__all__ = ["ResultStore", "equivalent_run_configs", "versions"]
 
 
 def versions() -> dict[str, str]:
@@ -39,6 +39,27 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", text.strip("/").split("/")[-1]).strip("-") or "model"
 
 
+def equivalent_run_configs(run_config: dict[str, Any]) -> list[dict[str, Any]]:
+    """``run_config`` with each value that names an existing local file or folder written in its other forms.
+
+    A path given relative to the working directory and the same path given absolute name the same text,
+    so they are the same run: the store looks for a results file under each form before starting a new one.
+    Forms: as given, absolute, relative to the working directory (when the path is below it or a few levels up).
+    """
+    alternatives: list[dict[str, Any]] = []
+    for field, value in run_config.items():
+        if field == "model" or not isinstance(value, str) or ":" in value.split("/")[0] or not os.path.exists(value):
+            continue
+        absolute = os.path.abspath(value)
+        forms = {absolute}
+        try:
+            forms.add(os.path.relpath(absolute))
+        except ValueError:  # another drive (Windows)
+            pass
+        alternatives.extend({**run_config, field: form} for form in sorted(forms) if form != value)
+    return alternatives
+
+
 class ResultStore:
     """One JSON file per run (config, versions, per-cell records, timing) and a CSV next to it.
 
@@ -54,8 +75,13 @@ class ResultStore:
         self.out_dir = Path(out_dir)
         self.task = task
         self.write = write
-        key = hashlib.sha1(json.dumps(run_config, sort_keys=True, default=str).encode()).hexdigest()[:8]
-        self.path = self.out_dir / f"{task}-{_slug(str(run_config.get('model', 'model')))}-{key}.json"
+        self.path = self._path_for(task, run_config)
+        if not self.path.exists():
+            # The same file named another way (../data/x.txt here, /abs/data/x.txt before) is the same run.
+            for other in equivalent_run_configs(run_config):
+                if self._path_for(task, other).exists():
+                    self.path, run_config = self._path_for(task, other), other
+                    break
         self.data: dict[str, Any] = {"task": task, "config": run_config, "versions": versions(), "cells": {}, "runs": []}
         if self.path.exists() and not overwrite:
             from hf_posext.evaluation.results_files import read_results_file
@@ -68,6 +94,10 @@ class ResultStore:
         # run keeps its own versions, and each cell the index of the run that computed it.
         self.data["runs"].append({"started": _datetime.datetime.now().isoformat(timespec="seconds"), "seconds": None,
                                   "versions": self.data["versions"]})
+
+    def _path_for(self, task: str, run_config: dict[str, Any]) -> Path:
+        key = hashlib.sha1(json.dumps(run_config, sort_keys=True, default=str).encode()).hexdigest()[:8]
+        return self.out_dir / f"{task}-{_slug(str(run_config.get('model', 'model')))}-{key}.json"
 
     def has(self, cell_id: str) -> bool:
         return cell_id in self.data["cells"]

@@ -1,0 +1,52 @@
+"""The results store: the same text named by another path form is the same run (one file, its cells kept)."""
+
+import os
+
+from hf_posext.evaluation.store import ResultStore, equivalent_run_configs
+
+
+def test_a_relative_and_an_absolute_path_to_the_same_text_share_one_results_file(tmp_path, monkeypatch):
+    # The needle haystack named ../books/emma.txt in one session and /abs/books/emma.txt in the next is the
+    # same run: the second finds the first's file and computes nothing (before, it started a second file).
+    from hf_posext.evaluation import needle
+    from hf_posext.evaluation.arguments import parse_methods
+    from hf_posext.evaluation.loading import AsciiTokenizer
+    from hf_posext.models import tiny_model
+
+    book = tmp_path / "books" / "emma.txt"
+    book.parent.mkdir()
+    book.write_text(" ".join(f"Sentence number {i} of the book is here." for i in range(80)))
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
+    scored = []
+    real = needle.score_retrieval_grouped
+
+    def counting(model, tokenizer, batch, **kwargs):
+        scored.extend(batch)
+        return real(model, tokenizer, batch, **kwargs)
+
+    monkeypatch.setattr(needle, "score_retrieval_grouped", counting)
+    model = tiny_model("llama", seed=0, max_position_embeddings=256)
+    common = dict(methods=parse_methods("none"), lengths=[400], depths=[0.5], trials=1, out_dir=tmp_path / "results",
+                  model_name="tiny", progress=False, generate=False)
+    first = needle.evaluate_needle(model, AsciiTokenizer(), haystack="../books/emma.txt", **common)
+    assert len(scored) == 1
+    again = needle.evaluate_needle(model, AsciiTokenizer(), haystack=str(book), **common)
+    assert len(scored) == 1 and again.path == first.path
+    assert again.data["config"]["haystack"] == "../books/emma.txt"  # the file keeps the form it was written with
+    assert len(list((tmp_path / "results").glob("needle-*.json"))) == 1
+
+
+def test_other_text_or_settings_are_other_runs(tmp_path, monkeypatch):
+    (tmp_path / "a.txt").write_text("a")
+    (tmp_path / "b.txt").write_text("b")
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "results"
+    first = ResultStore(out, "perplexity", {"model": "m", "data": "a.txt", "seed": 0})
+    assert ResultStore(out, "perplexity", {"model": "m", "data": "b.txt", "seed": 0}).path != first.path
+    assert ResultStore(out, "perplexity", {"model": "m", "data": os.path.abspath("a.txt"), "seed": 1}).path != first.path
+    assert {"model": "m", "data": os.path.abspath("a.txt"), "seed": 0} in equivalent_run_configs(
+        {"model": "m", "data": "a.txt", "seed": 0})
+    # a built-in source or a hub dataset name is not a local path: nothing to rewrite
+    assert equivalent_run_configs({"model": "m", "data": "builtin:python-docs"}) == []
+    assert equivalent_run_configs({"model": "a.txt", "data": "missing.txt"}) == []

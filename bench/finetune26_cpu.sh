@@ -16,11 +16,25 @@
 #
 # Run `train` in the background (nohup ... &) and `keep` before the session ends, then commit
 # bench/results/finetune26_cpu/. Recipe: recipes/configs/smollm2-135m/8k_to_32k_lora_pose_long_cpu.yaml.
+#
+# VARIANT=NAME runs one of issue 26's variations of the same recipe (its own run folder, kept folder and
+# results rows): lr6e-4 (learning rate 6e-4 instead of 2e-4), steps400 (400 steps, the schedule stretched
+# to them). Without VARIANT: the base run. docs/training.md records each run and its outcome.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CONFIG=recipes/configs/smollm2-135m/8k_to_32k_lora_pose_long_cpu.yaml
 RUN=runs/smollm2-135m-8k-32k-lora-pose-long
 KEPT=bench/results/finetune26_cpu/run
+OVERRIDES=()
+case "${VARIANT:-}" in
+  "") ;;
+  lr6e-4) OVERRIDES=(train.learning_rate=6.0e-4) ;;
+  steps400) OVERRIDES=(train.max_steps=400) ;;
+  *) echo "unknown VARIANT=$VARIANT: use lr6e-4 or steps400, or leave it unset for the base run" >&2; exit 2 ;;
+esac
+if [ -n "${VARIANT:-}" ]; then
+  RUN=$RUN-$VARIANT; KEPT=$KEPT-$VARIANT; OVERRIDES+=("output.dir=$RUN")
+fi
 case "${1:?train|keep}" in
 train)
   BOOKS=${2:-../shared/data/books}
@@ -32,9 +46,9 @@ train)
     echo "restored $(ls -d "$RUN"/checkpoint-*) from $KEPT"
   fi
   if compgen -G "$RUN/checkpoint-*" > /dev/null; then
-    exec hf-posext train --config "$CONFIG" --resume --no-progress "data.source=$BOOKS"
+    exec hf-posext train --config "$CONFIG" --resume --no-progress "data.source=$BOOKS" "${OVERRIDES[@]}"
   fi
-  exec hf-posext train --config "$CONFIG" --no-progress --overwrite "data.source=$BOOKS"   # a run folder without a checkpoint holds nothing to keep
+  exec hf-posext train --config "$CONFIG" --no-progress --overwrite "data.source=$BOOKS" "${OVERRIDES[@]}"   # a run folder without a checkpoint holds nothing to keep
   ;;
 floor)
   # Same trials and texts as every other model in bench/results/long4x; finished cells are skipped, so it resumes.

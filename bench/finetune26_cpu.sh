@@ -21,6 +21,9 @@
 # results rows): lr6e-4 (learning rate 6e-4 instead of 2e-4), steps400 (400 steps, the schedule stretched
 # to them). Without VARIANT: the base run. docs/training.md records each run and its outcome.
 set -euo pipefail
+# The whole script is one brace group, read before anything runs: bash reads a script as it executes it,
+# so an edit made while a long `compare` runs would otherwise end it mid-way (it happened, 2026-11-27).
+{
 cd "$(dirname "$0")/.."
 CONFIG=recipes/configs/smollm2-135m/8k_to_32k_lora_pose_long_cpu.yaml
 RUN=runs/smollm2-135m-8k-32k-lora-pose-long
@@ -105,3 +108,5 @@ PY
   du -sh "$KEPT"; echo "kept $what: commit bench/results/finetune26_cpu/"
   ;;
 esac
+exit
+}

@@ -89,8 +89,8 @@ GROUPS: dict[str, Group] = {
     "attention": Group(
         ("hf_posext/backends/attention/kernels.py", "hf_posext/methods/attention.py", "hf_posext/methods/dual_chunk.py",
          "hf_posext/backends/attention/dual_chunk.py", "hf_posext/backends/attention/self_extend.py"),
-        ("tests/test_self_extend.py", "tests/test_dca.py", "tests/test_dca_shapes.py", "tests/test_attention_margins.py",
-         "tests/test_mutation_kills_attention.py", "tests/test_mutation_kills_methods.py"),
+        ("tests/test_self_extend.py", "tests/test_dca.py", "tests/test_dca_shapes.py", "tests/test_dca_scale.py",
+         "tests/test_attention_margins.py", "tests/test_mutation_kills_attention.py", "tests/test_mutation_kills_methods.py"),
         functions={"hf_posext/backends/attention/dual_chunk.py": _DCA_POSITIONS,
                    "hf_posext/backends/attention/self_extend.py": _SELF_EXTEND_POSITIONS},
         skip={"hf_posext/backends/attention/kernels.py": {
@@ -403,6 +403,30 @@ def tests_for_lines(cover: dict, module: str, first: int, last: int) -> list[str
     return sorted(tests, key=lambda t: cover["durations"].get(t, 0.0))
 
 
+def statement_lines(source: str, line: int) -> tuple[int, int]:
+    """The lines of the innermost statement holding ``line``; for a ``def`` or ``class`` only its header.
+
+    Coverage records a statement under its first line only, so a mutant on a continuation line (a
+    keyword-only ``*`` in a long signature, the second line of a condition) would find no test; its
+    statement's lines do.
+    """
+    import ast
+
+    best = (line, line)
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.stmt) or not node.lineno <= line <= (node.end_lineno or node.lineno):
+            continue
+        end = node.end_lineno or node.lineno
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            end = node.body[0].lineno - 1
+            start = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+        else:
+            start = node.lineno
+        if start <= line <= end and (best == (line, line) or end - start < best[1] - best[0]):
+            best = (start, end)
+    return best
+
+
 def sampled(mutants: list[dict], sample: int | None) -> list[dict]:
     """The first ``sample`` mutants in a fixed pseudo-random order (sha256 of the key): a larger sample
     extends a smaller one, so runs with growing ``--sample`` resume each other."""
@@ -436,6 +460,8 @@ def run_group(name: str, group: Group, results: dict, work: Path, tree: Path, re
         mutated = mutated_source(source, m["operator"], m["occurrence"])
         entry = dict(m, group=name, diff=short_diff(source, mutated) if mutated else "")
         tests = tests_for_lines(cover, m["module"], m["line"], m["end_line"])
+        if not tests:  # a continuation line: coverage knows its statement by the statement's first line
+            tests = tests_for_lines(cover, m["module"], *statement_lines(source, m["line"]))
         if mutated is None:
             entry.update(status="not_applied", tests=0, seconds=0.0)
         elif not tests:

@@ -176,3 +176,26 @@ def test_bad_attention_scale_is_one_clear_error():
     with pytest.raises(ValueError, match="attention_scale must be true or false") as error:
         hf_posext.patch(model, "dca", factor=4, attention_scale="yes")
     assert "\n" not in str(error.value) and model.config.__dict__ == before
+
+
+def test_decode_kernel_scales_every_query_of_a_step_by_the_calls_length():
+    """A step of several new queries (speculative decoding, a short chunk): one scale for the call, from the
+    length with the last new token, as SGLang takes ``orig_seq_lens``; not each query's own or the first one's."""
+    torch.manual_seed(4)
+    length, new = 130, 16
+    q, k, v = torch.randn(1, 2, length, 8), torch.randn(1, 2, length, 8), torch.randn(1, 2, length, 8)
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, 8, 2).double() / 8))
+    layer = DualChunkLayerSettings(inv_freq, 8, False, CHUNK_SIZE, LOCAL_WINDOW, "sdpa", True, WINDOW)
+    positions = torch.arange(length)[None]
+    rq, rk = _rope64(q, positions[0].tolist(), inv_freq).float(), _rope64(k, positions[0].tolist(), inv_freq).float()
+    dual_chunk.clear_decode_tables()
+    step = dual_chunk_decode(rq[:, :, -new:], rk, v, None, positions[:, -new:].clone(), layer, 8 ** -0.5)
+    dual_chunk.clear_decode_tables()
+    plain = dataclass_replace(layer, scale_length=None)
+
+    def explicit(total):
+        return dual_chunk_explicit(rq[:, :, -new:], rk, v, None, positions[:, -new:], positions, plain,
+                                   8 ** -0.5 * sglang_factor(total) ** 2)
+
+    # Broken: the first new query's length (length - new + 1) instead of the call's.
+    assert_close_guarding(step, explicit(length), explicit(length - new + 1), atol=1e-5, rtol=1e-5)

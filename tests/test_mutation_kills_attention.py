@@ -164,3 +164,24 @@ def test_a_self_extend_decode_step_rotates_only_the_new_keys(monkeypatch):
             cache = model(ids[:, t : t + 1], past_key_values=cache, use_cache=True).past_key_values
     assert 40 in prefill  # the prompt's keys are rotated once per layer
     assert rotated and max(rotated) == 1, rotated  # every step: the new query and the one new key only
+
+
+def test_dca_with_a_score_budget_below_one_row_still_runs_a_row_at_a_time():
+    """block_elements smaller than one query row's scores: one query per block, the same output (not a zero step)."""
+    from hf_posext.backends.attention.dual_chunk import DualChunkLayerSettings, dual_chunk_explicit
+
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 30, 8, generator=generator, dtype=torch.float64) for _ in range(3))
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, 8, 2).double() / 8))
+    layer = DualChunkLayerSettings(inv_freq, 8, False, 12, 3, "sdpa")
+    pos = torch.arange(30)[None]
+    whole = dual_chunk_explicit(q, k, v, None, pos, pos, layer, 8 ** -0.5)
+    by_rows = dual_chunk_explicit(q, k, v, None, pos, pos, layer, 8 ** -0.5, block_elements=1)
+    torch.testing.assert_close(by_rows, whole, atol=1e-12, rtol=0)
+
+
+def test_dca_refusal_suggests_a_whole_local_window():
+    from hf_posext.methods.dual_chunk import DualChunkParams
+
+    with pytest.raises(ValueError, match=r"Use e\.g\. local_window=6\.$"):
+        DualChunkParams(chunk_size=25, local_window=25)

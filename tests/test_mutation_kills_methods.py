@@ -184,3 +184,13 @@ def test_a_renamed_parameter_warning_points_at_the_users_line():
         with pytest.warns(FutureWarning, match="'window' is now called 'neighbor_window'") as caught:
             call()
         assert [w.filename for w in caught if w.category is FutureWarning] == [__file__]
+
+
+def test_one_known_method_between_separators_is_unknown_not_a_combination():
+    """'yarn+' is one part: the did-you-mean error, not the 'cannot be combined' one (which needs two methods)."""
+    from hf_posext.methods.registry import check_method_name
+
+    with pytest.raises(ValueError, match=r"^Unknown method 'yarn\+'\. Did you mean 'yarn'\?"):
+        check_method_name("yarn+")
+    with pytest.raises(ValueError, match=r"^Methods cannot be combined in one call \('yarn\+ntk'\)"):
+        check_method_name("yarn+ntk")

@@ -64,3 +64,48 @@ def test_a_target_equal_to_the_window_is_factor_one():
     assert resolve_factor(None, 4096, 4096) == 1.0
     with pytest.raises(ValueError, match="target_length=4095 is shorter than the model's original window"):
         resolve_factor(None, 4095, 4096)
+
+
+def test_a_target_length_gives_the_exact_ratio_not_its_floor():
+    from hf_posext.core.request import resolve_factor
+
+    assert resolve_factor(None, 12000, 8192) == 12000 / 8192  # 1.46..., not 1
+    assert resolve_factor(2.5, None, 8192) == 2.5
+
+
+def test_resolve_factor_names_the_right_problem_at_each_boundary():
+    from hf_posext.core.request import resolve_factor
+
+    with pytest.raises(ValueError, match=r"^target_length must be a positive integer, got 0\.$"):
+        resolve_factor(None, 0, 8192)
+    with pytest.raises(ValueError, match=r"^target_length=1 is shorter than the model's original window"):
+        resolve_factor(None, 1, 8192)  # positive: the window check, not the positivity check
+    with pytest.raises(ValueError, match=r"^factor=0\.5 is below 1"):
+        resolve_factor(0.5, None, 8192)
+    assert resolve_factor(1, None, 8192) == 1.0
+
+
+def test_a_request_refuses_a_factor_below_one_and_lengths_below_one():
+    with pytest.raises(ValueError, match=r"^factor=0\.5 is below 1"):
+        ScalingRequest("yarn", factor=0.5)
+    with pytest.raises(ValueError, match=r"^factor=0 is below 1"):
+        ScalingRequest("yarn", factor=0)
+    assert ScalingRequest("yarn", factor=1).factor == 1.0
+    for name in ("target_length", "original_max_position_embeddings"):
+        with pytest.raises(ValueError, match=rf"^{name} must be a positive integer, got 0\.$"):
+            ScalingRequest("yarn", **{name: 0})
+        assert getattr(ScalingRequest("yarn", **{name: 1}), name) == 1
+
+
+def test_a_method_at_home_inside_the_window_takes_its_default_factor():
+    """STRING needs no size: require_size fills its registered default factor (1), other methods raise."""
+    request = ScalingRequest("string").require_size()
+    assert request.factor == 1.0 and request.target_length is None
+    assert ScalingRequest("none").require_size().factor == 1.0
+    with pytest.raises(ValueError, match=r"^method=yarn needs its size"):
+        ScalingRequest("yarn").require_size()
+
+
+def test_a_section_with_unknown_fields_names_the_first_one():
+    with pytest.raises(ValueError, match=r"^scaling has no field 'factr'; its fields are: method, params, factor"):
+        ScalingRequest.from_mapping({"method": "yarn", "factr": 2, "zzz": 1})

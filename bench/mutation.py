@@ -102,11 +102,13 @@ GROUPS: dict[str, Group] = {
     ),
     "learned_relative": Group(
         ("hf_posext/methods/learned.py", "hf_posext/methods/relative.py", "hf_posext/backends/relative.py"),
-        ("tests/test_absolute.py", "tests/test_relative.py", "tests/test_relative_scaling.py"),
+        ("tests/test_absolute.py", "tests/test_relative.py", "tests/test_relative_scaling.py",
+         "tests/test_mutation_kills_learned_relative.py"),
     ),
     "fingerprints": Group(
         ("hf_posext/evaluation/fingerprints.py",),
-        ("tests/test_evaluation_fingerprints.py", "tests/test_evaluation_perplexity.py"),
+        ("tests/test_evaluation_fingerprints.py", "tests/test_evaluation_perplexity.py",
+         "tests/test_mutation_kills_fingerprints.py"),
     ),
     "checkpoints": Group(
         ("hf_posext/training/checkpoints.py",),
@@ -192,9 +194,10 @@ def load_equivalent(results: dict) -> dict:
 
 
 def refresh_tree(work: Path) -> Path:
-    """Copy hf_posext/, tests/ and pyproject.toml into ``work/tree`` (the tree mutants are written into)."""
+    """Copy hf_posext/, tests/, recipes/ (the training tests read its configs) and pyproject.toml into
+    ``work/tree`` (the tree mutants are written into)."""
     tree = work / "tree"
-    for name in ("hf_posext", "tests"):
+    for name in ("hf_posext", "tests", "recipes"):
         if (tree / name).exists():
             shutil.rmtree(tree / name)
         shutil.copytree(ROOT / name, tree / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
@@ -367,7 +370,7 @@ def coverage_map(name: str, group: Group, tree: Path, work: Path) -> dict:
     cache = work / f"coverage_{name}.json"
     if cache.exists():
         cached = json.loads(cache.read_text())
-        if cached.get("fingerprint") == fingerprint:
+        if cached.get("fingerprint") == fingerprint and not cached.get("failed"):  # failures: rerun (the tree may be fixed)
             return cached
     print(f"[{name}] clean run under coverage: {' '.join(tests)}", flush=True)
     out = work / "child.json"

@@ -106,8 +106,10 @@ def _remove(sites: list[BiasSite]) -> None:
 
 
 def _probe(sites: list[BiasSite], compute: Callable[..., torch.Tensor], factor: float, params: Any) -> None:
-    """Check that each site's ``compute_bias`` goes through the bucketing we wrap (leaves no trace)."""
+    """Check that each site's ``compute_bias`` goes through the bucketing we wrap (leaves no trace: a patch
+    already installed, when re-patching, is put back as it was, so a failed re-patch keeps it)."""
     for site in sites:
+        installed = site.module.__dict__.pop(_BUCKET_ATTRIBUTE, None)
         calls = _install([site], compute, factor, params)
         try:
             with torch.no_grad():
@@ -116,6 +118,8 @@ def _probe(sites: list[BiasSite], compute: Callable[..., torch.Tensor], factor: 
             raise UnsupportedModelError(f"{site.path}: computing its relative bias failed ({error}).") from error
         finally:
             _remove([site])
+            if installed is not None:
+                site.module.__dict__[_BUCKET_ATTRIBUTE] = installed
         if calls[0] == 0:
             raise UnsupportedModelError(
                 f"{site.path}.compute_bias does not call {_BUCKET_ATTRIBUTE}, so hf_posext cannot scale its relative "

@@ -96,6 +96,10 @@ GROUPS: dict[str, Group] = {
         skip={"hf_posext/backends/attention/kernels.py": {
             "cuda_attention_with_lse": "CUDA only: checked on a GPU by bench/gpu_checks.py, never on CPU"}},
     ),
+    "string": Group(
+        ("hf_posext/methods/shifted_positions.py",),
+        ("tests/test_string.py", "tests/test_mutation_kills_methods.py"),
+    ),
     "request": Group(
         ("hf_posext/core/request.py",),
         ("tests/test_api.py", "tests/test_bad_input.py", "tests/test_mutation_kills_request.py"),
@@ -112,7 +116,7 @@ GROUPS: dict[str, Group] = {
     ),
     "checkpoints": Group(
         ("hf_posext/training/checkpoints.py",),
-        ("tests/test_training_trainer.py",),
+        ("tests/test_training_trainer.py", "tests/test_training_checkpoints.py"),
     ),
 }
 

@@ -7,6 +7,7 @@
 #   bash bench/finetune26_cpu.sh keep            # copy the newest intact checkpoint + log into bench/results/finetune26_cpu/run
 #   bash bench/finetune26_cpu.sh floor [BOOKS]   # issue 26 §3's CPU floor, training-free: yarn and dynamic-ntk x4 at 16384,
 #                                                # passkey and needle, 3 trials x 5 depths (15 per task), into bench/results/long4x
+#                                                # (FLOOR_METHODS, TASKS, LENGTHS, TRIALS narrow or move it)
 #   bash bench/finetune26_cpu.sh eval [BOOKS]    # the finished adapter (yarn x4), same trials and texts, into bench/results/long4x
 #                                                # (TASKS=passkey or needle for one task; LENGTHS, TRIALS as for floor)
 #   bash bench/finetune26_cpu.sh compare [BOOKS] # eval + floor one trial per depth at a time, 1..TRIALS (default 3): a stop
@@ -56,10 +57,11 @@ train)
 floor)
   # Same trials and texts as every other model in bench/results/long4x; finished cells are skipped, so it resumes.
   BOOKS=${2:-../shared/data/books}
-  E="--model smollm2-135m --factor 4 --lengths 16384 --depths 0,0.25,0.5,0.75,1 --trials ${TRIALS:-3} --out bench/results/long4x --no-progress"
-  for m in yarn dynamic-ntk; do
-    hf-posext eval passkey --methods $m $E
-    hf-posext eval needle --methods $m --haystack "$BOOKS/melville-moby_dick.txt" $E
+  E="--model smollm2-135m --factor 4 --lengths ${LENGTHS:-16384} --depths 0,0.25,0.5,0.75,1 --trials ${TRIALS:-3} --out bench/results/long4x --no-progress"
+  for m in ${FLOOR_METHODS:-yarn dynamic-ntk}; do
+    for task in ${TASKS:-passkey needle}; do
+      if [ "$task" = needle ]; then hf-posext eval needle --methods $m --haystack "$BOOKS/melville-moby_dick.txt" $E; else hf-posext eval passkey --methods $m $E; fi
+    done
   done
   ;;
 eval)

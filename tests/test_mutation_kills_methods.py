@@ -194,3 +194,17 @@ def test_one_known_method_between_separators_is_unknown_not_a_combination():
         check_method_name("yarn+")
     with pytest.raises(ValueError, match=r"^Methods cannot be combined in one call \('yarn\+ntk'\)"):
         check_method_name("yarn+ntk")
+
+
+def test_string_reference_factor_and_defaults():
+    """STRING's reference constant is YaRN's attention factor at s = 2 (0.1 ln 2 + 1 = 1.0693...), the default
+    local window is the paper's 128 capped at S // 2, and an infinite or NaN attention factor is refused."""
+    from hf_posext.methods.shifted_positions import REFERENCE_ATTENTION_FACTOR, StringParams, default_local_value
+
+    assert REFERENCE_ATTENTION_FACTOR == pytest.approx(1.0693147, abs=1e-7)
+    assert yarn_attention_factor(2.0) == pytest.approx(REFERENCE_ATTENTION_FACTOR, abs=1e-12)
+    assert (default_local_value(1000), default_local_value(256), default_local_value(100)) == (128, 128, 50)
+    for bad in (float("inf"), float("nan"), 0.0, -1.0):
+        with pytest.raises(ValueError, match=r"attention_factor must be a positive number \(1 = off, the reference code "
+                                             r"uses 1\.0693\)"):
+            StringParams(attention_factor=bad)

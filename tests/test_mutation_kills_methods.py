@@ -208,3 +208,15 @@ def test_string_reference_factor_and_defaults():
         with pytest.raises(ValueError, match=r"attention_factor must be a positive number \(1 = off, the reference code "
                                              r"uses 1\.0693\)"):
             StringParams(attention_factor=bad)
+
+
+def test_string_sizes_accept_a_zero_local_value_and_refuse_a_negative_one():
+    from hf_posext.methods.shifted_positions import StringParams, check_string_sizes
+
+    assert StringParams().attention_factor == 1.0  # the paper's position matrix alone, no q/k factor
+    check_string_sizes(10, 0, 64)  # w = 0: shifted keys start at distance 0 (valid)
+    for check in (lambda: check_string_sizes(10, -1, 64), lambda: StringParams(local_value=-1)):
+        with pytest.raises(ValueError, match=r"^local_value must be an integer >= 0, got -1\.$"):
+            check()
+    with pytest.raises(ValueError, match=r"^shifted_offset must be an integer >= 1, got 0\.$"):
+        check_string_sizes(0, 0, 64)

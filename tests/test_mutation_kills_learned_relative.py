@@ -71,3 +71,27 @@ def test_describe_notes_the_bucket_layout():
     notes = hf_posext.describe(tiny_t5()).notes
     assert notes[0] == ("2 bias table(s), 32 buckets: exact up to distance 8 (encoder) / 16 (decoder), logarithmic "
                         "up to 64, one shared bucket beyond")
+
+
+def test_linear_table_interpolates_whenever_the_factor_is_not_one():
+    """The identity shortcut is for factor 1 at the same length only: factor 2 at the same length compresses,
+    factor 1 at another length pads with the last row."""
+    from hf_posext.methods.learned import linear_table
+
+    table = torch.arange(8.0).reshape(4, 2)
+    squeezed = linear_table(table, 4, Fraction(2))
+    assert squeezed.tolist() == [[0.0, 1.0], [1.0, 2.0], [2.0, 3.0], [3.0, 4.0]]  # rows 0, 0.5, 1, 1.5
+    padded = linear_table(table, 6, Fraction(1))
+    assert padded.tolist() == table.tolist() + [[6.0, 7.0], [6.0, 7.0]]
+
+
+def test_only_models_with_bias_tables_are_relative_and_the_record_has_the_new_window():
+    from hf_posext.backends.relative import RelativeBackend
+    from hf_posext.models import tiny_model
+
+    assert RelativeBackend().detect(tiny_model("llama")) is None
+    model = tiny_t5()
+    assert RelativeBackend().detect(model) == "relative"
+    hf_posext.patch(model, "linear", 2)
+    assert RelativeBackend().detect(model) == "relative"
+    assert model.config.hf_posext["current_window"] == 128  # 64 x 2

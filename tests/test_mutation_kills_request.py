@@ -109,3 +109,11 @@ def test_a_method_at_home_inside_the_window_takes_its_default_factor():
 def test_a_section_with_unknown_fields_names_the_first_one():
     with pytest.raises(ValueError, match=r"^scaling has no field 'factr'; its fields are: method, params, factor"):
         ScalingRequest.from_mapping({"method": "yarn", "factr": 2, "zzz": 1})
+
+
+def test_neither_factor_nor_target_suggests_four_times_the_window():
+    from hf_posext.core.request import resolve_factor
+
+    with pytest.raises(ValueError, match=r"^Give exactly one of factor= \(e\.g\. factor=4\) or target_length= \(e\.g\. "
+                                         r"target_length=32768\); got factor=None, target_length=None\.$"):
+        resolve_factor(None, None, 8192)

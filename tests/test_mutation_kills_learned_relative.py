@@ -95,3 +95,22 @@ def test_only_models_with_bias_tables_are_relative_and_the_record_has_the_new_wi
     hf_posext.patch(model, "linear", 2)
     assert RelativeBackend().detect(model) == "relative"
     assert model.config.hf_posext["current_window"] == 128  # 64 x 2
+
+
+def test_sinusoid_positions_are_divided_by_the_factor():
+    from hf_posext.methods.learned import linear_positions
+
+    assert linear_positions(6, Fraction(2)).tolist() == [0.0, 0.5, 1.0, 1.5, 2.0, 2.5]
+    assert linear_positions(4, Fraction(1)).tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert linear_positions(4, Fraction(4, 3)).tolist() == [0.0, 0.75, 1.5, 2.25]
+
+
+def test_a_table_past_two_to_the_twenty_rows_is_refused_before_it_is_built():
+    from tests.test_absolute import WINDOW, build
+
+    model = build("gpt2")  # WINDOW positions: factor 2^20 // WINDOW + 1 asks for more than 2^20 rows
+    assert WINDOW == 32
+    with pytest.raises(ValueError, match=r"needs 1048608 rows in the table at 'transformer\.wpe', above hf_posext's "
+                                         r"limit of 1048576 \(2\^20\)\. Use a smaller factor \(at most 32768 for this model\)\.$"):
+        hf_posext.patch(model, "linear", 32769)
+    assert hf_posext.describe(model).factor == 1.0

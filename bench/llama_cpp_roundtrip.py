@@ -69,15 +69,19 @@ def install_sentencepiece(cache: Path) -> Path:
     return target
 
 
-def tiny_sentencepiece(folder: Path, vocab_size: int, deps: Path) -> None:
-    """Train a throwaway SentencePiece model of ``vocab_size`` pieces as ``folder/tokenizer.model``."""
+def tiny_sentencepiece(folder: Path, vocab_size: int, deps: Path, byte_fallback: bool = False) -> None:
+    """Train a throwaway SentencePiece model of ``vocab_size`` pieces as ``folder/tokenizer.model``.
+
+    ``byte_fallback`` adds the 256 byte pieces: llama.cpp's vocabulary loader looks up ``<0x0A>`` when it
+    loads a model (bench/llama_cpp_scoring.py needs them; reading metadata back does not).
+    """
     sys.path.insert(0, str(deps))
     import sentencepiece as spm
 
     corpus = folder / "corpus.txt"
     corpus.write_text("\n".join(f"the quick brown fox jumps over the lazy dog {i}" for i in range(300)))
     spm.SentencePieceTrainer.train(input=str(corpus), model_prefix=str(folder / "tokenizer"), vocab_size=vocab_size,
-                                   model_type="bpe", hard_vocab_limit=False, minloglevel=2)
+                                   model_type="bpe", byte_fallback=byte_fallback, hard_vocab_limit=False, minloglevel=2)
     corpus.unlink()
     (folder / "tokenizer.vocab").unlink()
 

@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from llama_cpp_roundtrip import convert, extract_converter, fetch_sdist, install_sentencepiece  # noqa: E402
+from llama_cpp_roundtrip import convert, extract_converter, fetch_sdist, install_sentencepiece, tiny_sentencepiece  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SCORER = REPO / "bench" / "llama_cpp_score.mjs"
@@ -73,23 +73,6 @@ def install_node_llama_cpp(cache: Path) -> Path:
     return home
 
 
-def byte_fallback_sentencepiece(folder: Path, vocab_size: int, deps: Path) -> None:
-    """A throwaway SentencePiece model with byte fallback as ``folder/tokenizer.model``.
-
-    llama.cpp's vocabulary loader looks up the byte token ``<0x0A>`` of a SentencePiece vocabulary, so the
-    pieces must include the 256 byte tokens (the round-trip bench only reads metadata and does without them).
-    """
-    sys.path.insert(0, str(deps))
-    import sentencepiece as spm
-
-    corpus = folder / "corpus.txt"
-    corpus.write_text("\n".join(f"the quick brown fox jumps over the lazy dog {i}" for i in range(300)))
-    spm.SentencePieceTrainer.train(input=str(corpus), model_prefix=str(folder / "tokenizer"), vocab_size=vocab_size,
-                                   model_type="bpe", byte_fallback=True, hard_vocab_limit=False, minloglevel=2)
-    corpus.unlink()
-    (folder / "tokenizer.vocab").unlink()
-
-
 def build_folder(case: str, work: Path, deps: Path) -> Path:
     """Patch the small Llama for ``case``, save it with a tokenizer, write its llama.cpp export folder."""
     import hf_posext
@@ -104,7 +87,7 @@ def build_folder(case: str, work: Path, deps: Path) -> Path:
             hf_posext.patch(model, method, FACTOR, **params)
     saved = work / f"{case}-saved"
     model.save_pretrained(saved)
-    byte_fallback_sentencepiece(saved, model.config.vocab_size, deps)
+    tiny_sentencepiece(saved, model.config.vocab_size, deps, byte_fallback=True)
     out = work / f"{case}-llama.cpp"
     if not refused:
         return export(saved, "llama.cpp", out)

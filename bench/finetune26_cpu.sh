@@ -12,8 +12,9 @@
 #                                                # (TASKS=passkey or needle for one task; LENGTHS, TRIALS as for floor)
 #   bash bench/finetune26_cpu.sh compare [BOOKS] # eval + floor one trial per depth at a time, 1..TRIALS (default 3): a stop
 #                                                # at any point leaves the three models with about the same n
-#   bash bench/finetune26_cpu.sh ppl [BOOKS]     # perplexity on held-apart austen-emma.txt: the adapter at 8192 and 32768,
-#                                                # the original (none) at 8192; same protocol as the README's table
+#   bash bench/finetune26_cpu.sh ppl [BOOKS]     # perplexity on held-apart austen-emma.txt: the adapter at 2048, 8192, 16384
+#                                                # and 32768 (PPL_LENGTHS narrows them), the original (none) at 2048 and 8192;
+#                                                # same protocol as the README's table
 #
 # Run `train` in the background (nohup ... &) and `keep` before the session ends, then commit
 # bench/results/finetune26_cpu/. Recipe: recipes/configs/smollm2-135m/8k_to_32k_lora_pose_long_cpu.yaml.
@@ -84,8 +85,9 @@ ppl)
   BOOKS=${2:-../shared/data/books}
   ADAPTER=${ADAPTER:-$KEPT/adapter}
   P="--data $BOOKS/austen-emma.txt --max-tokens 16384 --max-segments 4 --out bench/results/long4x --no-progress"
-  hf-posext eval perplexity --model smollm2-135m --methods none --lengths 8192 $P
-  hf-posext eval perplexity --model smollm2-135m --adapter "$ADAPTER" --methods yarn --factor 4 --lengths 8192,32768 $P
+  # issue 26 §3's lengths; finished cells are read back, so the older 8192/32768 cells are not recomputed
+  hf-posext eval perplexity --model smollm2-135m --methods none --lengths 2048,8192 $P
+  hf-posext eval perplexity --model smollm2-135m --adapter "$ADAPTER" --methods yarn --factor 4 --lengths ${PPL_LENGTHS:-2048,8192,16384,32768} $P
   ;;
 keep)
   tmp=$(mktemp -d "$(dirname "$KEPT")/.keep-XXXX")

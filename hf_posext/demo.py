@@ -14,6 +14,11 @@ its window, under the unpatched baseline and the methods the README recommends a
   for 16384 tokens (``bench/results/search_smollm2-135m_16384.json``), which both find it. Scored by
   greedy generation and by the teacher-forced argmax check.
 
+* **the fine-tuned model**: the recipe's adapter (``bench/results/finetune26_cpu/run/adapter``: ``yarn`` x4
+  plus LoRA, 200 steps of LoRA + PoSE on 2 CPU cores, ``docs/training.md``), loaded with
+  :func:`hf_posext.adapters.load_adapted_model`, on the same perplexity window and the same passkey trial, so the
+  table shows the fine-tune beside the training-free default (``dynamic-yarn``).
+
 Each method runs only where it is recommended, plus one contrast per task, because one 16384-token
 forward is the cost: six of them took 435 s on 2 idle CPU cores from a fresh clone (7 min 27 s with
 set-up and loading; ``bench/results/demo/time-v-fresh-clone.txt``). The quality table (``bench/quality_table.py``, ``docs/beyond_rescaling.md``) has
@@ -31,8 +36,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["run_demo", "demo_table", "demo_methods", "DEMO_MODEL", "DEMO_FACTOR", "DEMO_LENGTHS", "QUICK_LENGTHS",
-           "PERPLEXITY_METHODS", "RETRIEVAL_METHODS", "PASSKEY_DEPTH", "LONGROPE_FACTORS"]
+__all__ = ["run_demo", "demo_table", "demo_methods", "check_demo_adapter", "DEMO_MODEL", "DEMO_FACTOR", "DEMO_LENGTHS",
+           "QUICK_LENGTHS", "PERPLEXITY_METHODS", "RETRIEVAL_METHODS", "PASSKEY_DEPTH", "LONGROPE_FACTORS", "DEMO_ADAPTER",
+           "FINE_TUNED_ROW"]
 
 DEMO_MODEL = "smollm2-135m"
 DEMO_FACTOR = 2.0  # 16384 / 8192: twice SmolLM2's window
@@ -42,6 +48,9 @@ PASSKEY_DEPTH = 0.1  # the far passkey: ~15k tokens before the question at 16384
 PERPLEXITY_METHODS = ("none", "dynamic-yarn", "self-extend")
 RETRIEVAL_METHODS = ("dynamic-yarn", "dynamic-ntk", "longrope")
 LONGROPE_FACTORS = Path(__file__).resolve().parents[1] / "bench" / "results" / "search_smollm2-135m_16384.json"
+# The recipe's committed adapter (issue 26's CPU run): yarn x4 + LoRA + trained norms, 7 MB.
+DEMO_ADAPTER = Path(__file__).resolve().parents[1] / "bench" / "results" / "finetune26_cpu" / "run" / "adapter"
+FINE_TUNED_ROW = "fine-tuned: {label} + LoRA (200 CPU steps)"
 
 
 def _display_path(path: Path) -> str:
@@ -74,28 +83,57 @@ def demo_methods(names: tuple[str, ...], factors_file: Path = LONGROPE_FACTORS) 
     return requests
 
 
+def check_demo_adapter(folder: Path = DEMO_ADAPTER):
+    """The demo adapter's record, checked against the demo model before anything loads.
+
+    Raises:
+        FileNotFoundError: the folder is missing (the demo runs from a clone of the repository, which holds it).
+        AdapterMismatchError, RecordError: see :func:`hf_posext.adapters.check_adapter`.
+    """
+    from hf_posext.adapters import check_adapter
+
+    if not (folder / "posext_adapter.json").is_file():
+        raise FileNotFoundError(f"The demo's fine-tuned adapter {folder} is missing; run the demo from a clone of the "
+                                "hf-posext repository (bash scripts/demo.sh).")
+    return check_adapter(folder, DEMO_MODEL)
+
+
 def _row_name(record: dict[str, Any]) -> str:
     return record["method"] if record["method"] == "none" else f"{record['method']} x{record['factor']:g}"
 
 
-def demo_table(perplexity_cells: dict, passkey_cells: dict, lengths: tuple[int, ...]) -> str:
-    """The demo's markdown table: one row per method, perplexity and passkey per length (blank: not run)."""
+def demo_table(perplexity_cells: dict, passkey_cells: dict, lengths: tuple[int, ...],
+               fine_tuned_cells: tuple[dict, dict] | None = None) -> str:
+    """The demo's markdown table: one row per method, perplexity and passkey per length (blank: not run).
+
+    ``fine_tuned_cells`` (perplexity, passkey) of the adapted model come last, as one row named
+    :data:`FINE_TUNED_ROW` with the scaling the adapter was trained with.
+    """
     rows: dict[str, dict[str, str]] = {}
-    for record in perplexity_cells.values():
-        rows.setdefault(_row_name(record), {})[f"ppl {record['length']}"] = f"{record['ppl']:.2f}"
-    for record in passkey_cells.values():
-        greedy = record.get("greedy_accuracy")
-        teacher = record["teacher_forced_accuracy"]
-        if record["trials"] == 1:
-            value = f"{'ok' if greedy else 'miss'} / {'ok' if teacher else 'miss'}" if greedy is not None else ('ok' if teacher else 'miss')
-        else:
-            value = f"{greedy:.2f} / {teacher:.2f}" if greedy is not None else f"{teacher:.2f}"
-        rows.setdefault(_row_name(record), {})[f"passkey {record['length']}"] = value
+    named = [(cells, _row_name) for cells in (perplexity_cells, passkey_cells)]
+    if fine_tuned_cells is not None:
+        def fine_tuned_name(record: dict[str, Any]) -> str:
+            return FINE_TUNED_ROW.format(label=_row_name(record))
+
+        named += [(cells, fine_tuned_name) for cells in fine_tuned_cells]
+    for (cells, row_name), kind in zip(named, ("ppl", "passkey") * 2):
+        for record in cells.values():
+            rows.setdefault(row_name(record), {})[f"{kind} {record['length']}"] = (
+                f"{record['ppl']:.2f}" if kind == "ppl" else _passkey_value(record))
     columns = [f"ppl {n}" for n in lengths] + [f"passkey {n}" for n in lengths]
     lines = ["| method | " + " | ".join(columns) + " |", "|---|" + "---:|" * len(columns)]
-    for name in sorted(rows, key=lambda m: (m != "none", m)):
+    for name in sorted(rows, key=lambda m: (m.startswith("fine-tuned"), m != "none", m)):
         lines.append(f"| {name} | " + " | ".join(rows[name].get(c, "") for c in columns) + " |")
     return "\n".join(lines)
+
+
+def _passkey_value(record: dict[str, Any]) -> str:
+    """greedy / teacher-forced: ok or miss for one trial, else the two rates."""
+    greedy = record.get("greedy_accuracy")
+    teacher = record["teacher_forced_accuracy"]
+    if record["trials"] == 1:
+        return f"{'ok' if greedy else 'miss'} / {'ok' if teacher else 'miss'}" if greedy is not None else ('ok' if teacher else 'miss')
+    return f"{greedy:.2f} / {teacher:.2f}" if greedy is not None else f"{teacher:.2f}"
 
 
 def run_demo(quick: bool = False, out_dir: str | Path | None = None) -> int:
@@ -110,6 +148,7 @@ def run_demo(quick: bool = False, out_dir: str | Path | None = None) -> int:
     """
     perplexity_methods = demo_methods(PERPLEXITY_METHODS)  # validated before the model loads
     retrieval_methods = demo_methods(RETRIEVAL_METHODS)
+    adapter = check_demo_adapter()
 
     import torch
 
@@ -138,7 +177,20 @@ def run_demo(quick: bool = False, out_dir: str | Path | None = None) -> int:
         model, tokenizer, methods=retrieval_methods, lengths=lengths, factor=DEMO_FACTOR, depths=(PASSKEY_DEPTH,), trials=1,
         out_dir=out, model_name=DEMO_MODEL, generate=True, extra_config=config,
     )
-    table = demo_table(perplexity.cells, passkey.cells, lengths)
+    del model  # the fine-tuned model next: the same base weights, patched with the adapter's scaling, LoRA merged
+    adapter_methods = demo_methods((adapter.method,))
+    print(f"fine-tuned: {DEMO_MODEL} + {_display_path(DEMO_ADAPTER)} ({adapter.method} x{adapter.factor:g}, LoRA merged)", flush=True)
+    model, tokenizer = load_model_and_tokenizer(DEMO_MODEL, dtype="float32", device=device, adapter=str(DEMO_ADAPTER))
+    adapted_name = f"{DEMO_MODEL}+{_display_path(DEMO_ADAPTER)}"
+    adapted_perplexity = evaluate_perplexity(
+        model, tokenizer, data="builtin:python-docs", methods=adapter_methods, lengths=lengths, factor=adapter.factor,
+        out_dir=out, model_name=adapted_name, max_segments=1, extra_config=config,
+    )
+    adapted_passkey = evaluate_passkey(
+        model, tokenizer, methods=adapter_methods, lengths=lengths, factor=adapter.factor, depths=(PASSKEY_DEPTH,), trials=1,
+        out_dir=out, model_name=adapted_name, generate=True, extra_config=config,
+    )
+    table = demo_table(perplexity.cells, passkey.cells, lengths, (adapted_perplexity.cells, adapted_passkey.cells))
     _, plots = write_report(out)
     (out / "demo.md").write_text(
         f"{DEMO_MODEL} (window 8192), float32, factor {DEMO_FACTOR:g}; perplexity on one window of builtin:python-docs per "
@@ -149,6 +201,6 @@ def run_demo(quick: bool = False, out_dir: str | Path | None = None) -> int:
     print(table)
     print("\nperplexity: lower is better. passkey: greedy generation / teacher-forced argmax (ok = passkey retrieved). "
           "Blank: not run in the demo (see bench/results/quality/ for every method at every depth).")
-    print(f"results: {perplexity.path}, {passkey.path}; report: {out / 'report.html'}; plots: {', '.join(p.name for p in plots)}")
+    print(f"results: {perplexity.path}, {passkey.path}, {adapted_perplexity.path}, {adapted_passkey.path}; report: {out / 'report.html'}; plots: {', '.join(p.name for p in plots)}")
     print(f"done in {time.time() - started:.0f} s")
     return 0

@@ -1,6 +1,7 @@
 """Reports: tables, CSV, plots from results folders; the demo table; the CLI subcommands."""
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -172,6 +173,32 @@ def test_demo_table():
     table = demo_table(perplexity, passkey, (4096,))
     assert "| none | 9.50 | ok / miss |" in table and "| yarn x2 | 9.90 |  |" in table
     assert "| dynamic-ntk x2 |  | miss / ok |" in table  # a method run only for retrieval: blank perplexity
+
+
+def test_demo_table_puts_the_fine_tuned_model_in_its_own_last_row():
+    perplexity = {"1": _record("none", 1.0, 4096, ppl=9.5), "2": _record("yarn", 2.0, 4096, ppl=9.9)}
+    passkey = {"1": _record("yarn", 2.0, 4096, greedy_accuracy=0.0, teacher_forced_accuracy=0.0, trials=1)}
+    fine_tuned = ({"1": _record("yarn", 4.0, 4096, ppl=7.25)},
+                  {"1": _record("yarn", 4.0, 4096, greedy_accuracy=1.0, teacher_forced_accuracy=1.0, trials=1)})
+    lines = demo_table(perplexity, passkey, (4096,), fine_tuned).splitlines()
+    assert lines[2:] == ["| none | 9.50 |  |", "| yarn x2 | 9.90 | miss / miss |",
+                         "| fine-tuned: yarn x4 + LoRA (200 CPU steps) | 7.25 | ok / ok |"]
+
+
+def test_demo_adapter_is_checked_before_anything_loads(tmp_path):
+    from hf_posext.adapters import AdapterMismatchError
+    from hf_posext.demo import DEMO_ADAPTER, check_demo_adapter
+
+    record = check_demo_adapter()  # the committed adapter of the recipe's CPU run
+    assert (record.method, record.factor) == ("yarn", 4.0) and (DEMO_ADAPTER / "adapter_model.safetensors").is_file()
+    with pytest.raises(FileNotFoundError, match="fine-tuned adapter .*missing"):
+        check_demo_adapter(tmp_path / "gone")
+    other = tmp_path / "other"
+    shutil.copytree(DEMO_ADAPTER, other)
+    record_file = other / "posext_adapter.json"
+    record_file.write_text(record_file.read_text().replace('"smollm2-135m"', '"tiny"'))
+    with pytest.raises(AdapterMismatchError, match="trained on base model 'tiny'"):
+        check_demo_adapter(other)
 
 
 def test_demo_methods_use_the_searched_factors_and_check_them_first(tmp_path):

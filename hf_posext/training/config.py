@@ -98,6 +98,9 @@ class FinetuneSection:
     )
     train_embeddings: bool = _help("also train the input embeddings (LongLoRA); tied output head included", False)
     train_norms: bool = _help("also train every normalisation layer (LongLoRA)", False)
+    init_adapter: str | None = _help(
+        "continue from this saved LoRA adapter folder (its LoRA weights and trained norms/embeddings) instead "
+        "of a fresh LoRA; its base model, scaling, rank, alpha and targets must be this recipe's", None)
 
 
 @dataclass
@@ -119,6 +122,12 @@ class DataSection:
     pose_chunks: int = _help("PoSE chunks per sample (the paper uses 2)", 2)
     max_tokens: int | None = _help("use at most this many tokens of the source (after tokenizing)", None)
     max_documents: int | None = _help("use at most this many documents of the source", None)
+    retrieval_records: int = _help(
+        "synthetic key-value records hidden in each retrieval sample, each asked for at its end "
+        "(0: off; hf_posext.training.retrieval_data)", 0)
+    retrieval_fraction: float = _help("share of the samples that carry retrieval records", 1.0)
+    retrieval_labels: str = _help("'answers': a retrieval sample trains on its answers only; 'all': on every token",
+                                  "answers")
 
 
 @dataclass
@@ -225,6 +234,8 @@ class TrainConfig:
             raise ConfigError(f"finetune.dropout must be in [0, 1), got {f.dropout}.")
         if f.mode == "lora" and not f.target_modules:
             raise ConfigError("finetune.target_modules is empty: name the modules to adapt, e.g. [q_proj, v_proj].")
+        if f.init_adapter is not None and f.mode != "lora":
+            raise ConfigError(f"finetune.init_adapter needs finetune.mode=lora (got {f.mode!r}): it continues a LoRA adapter.")
         if not all(isinstance(x, str) for x in f.target_modules):
             raise ConfigError(f"finetune.target_modules must be a list of names, got {f.target_modules!r}.")
         if not d.source:
@@ -247,6 +258,11 @@ class TrainConfig:
                 f"data.sequence_length ({d.sequence_length}) is longer than the target scaling.target_length "
                 f"({s.target_length}). Lower data.sequence_length."
             )
+        if isinstance(d.retrieval_records, bool) or not isinstance(d.retrieval_records, int) or d.retrieval_records < 0:
+            raise ConfigError(f"data.retrieval_records must be an int >= 0 (0: off), got {d.retrieval_records!r}.")
+        if not 0 < d.retrieval_fraction <= 1:
+            raise ConfigError(f"data.retrieval_fraction must be in (0, 1], got {d.retrieval_fraction!r}.")
+        _choice("data.retrieval_labels", d.retrieval_labels, ("answers", "all"))
         for name in ("max_steps", "batch_size", "gradient_accumulation_steps"):
             _positive(f"train.{name}", getattr(t, name))
         if t.learning_rate <= 0:
@@ -334,7 +350,9 @@ def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[s
     defaults = _resume_relevant(TrainConfig().to_dict())
     for section in sorted(set(saved) | set(current)):
         # a section added after the checkpoint was written (e.g. parallelism) counts as its defaults there
-        a, b = saved.get(section, defaults.get(section, {})), current.get(section, defaults.get(section, {}))
+        # and so does a key added to a section after it (e.g. data.retrieval_records)
+        a = {**defaults.get(section, {}), **saved.get(section, {})}
+        b = {**defaults.get(section, {}), **current.get(section, {})}
         for key in sorted(set(a) | set(b)):
             if a.get(key) != b.get(key):
                 out.append(f"{section}.{key}: {a.get(key)!r} -> {b.get(key)!r}")

@@ -10,13 +10,15 @@ extra weights are trained in place (``requires_grad``), saved next to the adapte
 from __future__ import annotations
 
 import difflib
+from pathlib import Path
 from typing import Any
 
 from torch import nn
 
 from hf_posext.adapters import EXTRAS_FILE
 
-__all__ = ["LoraTargetError", "linear_module_names", "setup_trainable", "trainable_state_dict", "extra_parameter_names"]
+__all__ = ["LoraTargetError", "linear_module_names", "setup_trainable", "trainable_state_dict", "extra_parameter_names",
+           "check_init_adapter"]
 
 class LoraTargetError(ValueError):
     """A LoRA target module name that matches no linear layer of the model."""
@@ -64,6 +66,44 @@ def extra_parameter_names(model: nn.Module, train_embeddings: bool, train_norms:
     return names
 
 
+def check_init_adapter(finetune: Any, base_model: str, method: str, factor: float | None) -> None:
+    """Check that ``finetune.init_adapter`` can be continued by this recipe, before any weights load.
+
+    Its record (:mod:`hf_posext.adapters`) must name ``base_model`` and the scaling; its ``adapter_config.json``
+    the recipe's LoRA rank, alpha and target modules; and the trained norms/embeddings it holds must be the
+    ones the recipe trains.
+
+    Raises:
+        AdapterMismatchError: another base model or scaling.
+        FileNotFoundError, RecordError: a missing folder or record.
+        ValueError: another rank, alpha, target modules or trained extras; the message names both.
+    """
+    import json
+
+    from hf_posext.adapters import check_adapter
+
+    folder = Path(finetune.init_adapter)
+    check_adapter(folder, base_model, method, factor)
+    config_file = folder / "adapter_config.json"
+    if not config_file.is_file():
+        raise FileNotFoundError(f"finetune.init_adapter: {config_file} is missing; point it at a folder saved by hf-posext train (runs/NAME/adapter).")
+    saved = json.loads(config_file.read_text())
+    targets = saved.get("target_modules")
+    saved_targets = sorted(targets) if isinstance(targets, list) else targets
+    asked_targets = "all-linear" if list(finetune.target_modules) == ["all-linear"] else sorted(finetune.target_modules)
+    differences = [f"{key}: adapter {a!r}, recipe {b!r}" for key, a, b in (
+        ("finetune.rank", saved.get("r"), finetune.rank), ("finetune.alpha", float(saved.get("lora_alpha", 0)), float(finetune.alpha)),
+        ("finetune.target_modules", saved_targets, asked_targets)) if a != b]
+    has_extras = (folder / EXTRAS_FILE).is_file()
+    if has_extras != bool(finetune.train_norms or finetune.train_embeddings):
+        differences.append(f"trained norms/embeddings ({EXTRAS_FILE}): the adapter {'holds' if has_extras else 'has no'} "
+                           f"them, the recipe {'does not train them' if has_extras else 'trains them'} "
+                           "(finetune.train_norms, finetune.train_embeddings)")
+    if differences:
+        raise ValueError(f"finetune.init_adapter={str(folder)!r} cannot be continued by this recipe: "
+                         + "; ".join(differences) + ". Set the recipe's values to the adapter's.")
+
+
 def setup_trainable(model: nn.Module, finetune: Any, seed: int = 0) -> nn.Module:
     """Make the weights named by ``finetune`` trainable; wrap in PEFT LoRA in ``lora`` mode.
 
@@ -97,7 +137,24 @@ def setup_trainable(model: nn.Module, finetune: Any, seed: int = 0) -> nn.Module
     )
     extras = extra_parameter_names(model, finetune.train_embeddings, finetune.train_norms)
     torch.manual_seed(seed)
-    peft_model = get_peft_model(model, lora_config)
+    if getattr(finetune, "init_adapter", None):
+        # Continue a saved adapter (checked by check_init_adapter): its LoRA weights, trainable, and its extras.
+        from peft import PeftModel
+        from safetensors.torch import load_file
+
+        peft_model = PeftModel.from_pretrained(model, str(finetune.init_adapter), is_trainable=True)
+        extras_file = Path(finetune.init_adapter) / EXTRAS_FILE
+        if extras_file.is_file():
+            parameters = dict(peft_model.get_base_model().named_parameters())
+            saved = load_file(str(extras_file))
+            if set(saved) != set(extras):
+                raise ValueError(f"{extras_file} holds {sorted(set(saved) ^ set(extras))[:3]}... that the recipe does not "
+                                 "train (or misses what it does): set finetune.train_norms/train_embeddings as for that adapter.")
+            with torch.no_grad():
+                for name, value in saved.items():
+                    parameters[name].copy_(value.to(parameters[name].dtype))
+    else:
+        peft_model = get_peft_model(model, lora_config)
     base = peft_model.get_base_model()
     parameters = dict(base.named_parameters())
     for name in extras:

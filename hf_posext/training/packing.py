@@ -24,6 +24,7 @@ import torch
 
 from hf_posext.text_sources import encode_text
 from hf_posext.training.pose import pose_position_ids, sample_generator
+from hf_posext.training.retrieval_data import RetrievalRecords, retrieval_records_for
 
 __all__ = ["tokenize_and_pack", "PackedSequences", "collate_sequences", "load_packed_sequences", "NoDataError"]
 
@@ -84,12 +85,18 @@ class PackedSequences:
         seed: seeds the epoch permutations and PoSE draws.
         pose_target_length: PoSE target T (None: plain positions 0..W-1).
         pose_chunks: PoSE chunks per sample.
+        retrieval: turns a sample into a retrieval sample (None: never); see
+            :mod:`hf_posext.training.retrieval_data`.
+        retrieval_fraction: share of the samples that ``retrieval`` turns (each sample decides with its own
+            seeded draw, so the choice resumes like everything else).
     """
 
     sequences: torch.Tensor
     seed: int = 0
     pose_target_length: int | None = None
     pose_chunks: int = 2
+    retrieval: RetrievalRecords | None = None
+    retrieval_fraction: float = 1.0
 
     def __post_init__(self) -> None:
         self._permutations: dict[int, torch.Tensor] = {}
@@ -119,7 +126,13 @@ class PackedSequences:
             position_ids = pose_position_ids(
                 self.sequence_length, self.pose_target_length, self.pose_chunks, sample_generator(self.seed, epoch, index)
             )
-        return {"input_ids": input_ids, "position_ids": position_ids}
+        sample = {"input_ids": input_ids, "position_ids": position_ids}
+        if self.retrieval is not None:
+            # Its own stream of draws (salted seed), so that turning retrieval on leaves the PoSE draws as they were.
+            generator = sample_generator(self.seed + RETRIEVAL_SEED_SALT, epoch, index)
+            if float(torch.rand(1, generator=generator)) < self.retrieval_fraction:
+                sample["input_ids"], sample["labels"] = self.retrieval.apply(input_ids, generator)
+        return sample
 
     def batch(self, micro_batch: int, rank: int, num_processes: int, batch_size: int) -> dict[str, torch.Tensor]:
         """The batch of process ``rank`` for global micro-batch ``micro_batch``.
@@ -131,8 +144,13 @@ class PackedSequences:
         return collate_sequences([self.sample(first + j) for j in range(batch_size)])
 
 
+#: Added to the run's seed for the retrieval draws of a sample.
+RETRIEVAL_SEED_SALT = 7_777_777
+
+
 def collate_sequences(samples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """Stack samples into a batch: input_ids, position_ids, labels (= input_ids) and an all-ones attention_mask.
+    """Stack samples into a batch: input_ids, position_ids, labels (a sample's own ``labels``, else its
+    input_ids) and an all-ones attention_mask.
 
     The mask is always given: without one, transformers reads position ids that skip (PoSE) as
     boundaries between packed sequences and would block attention across PoSE chunks.
@@ -142,7 +160,7 @@ def collate_sequences(samples: list[dict[str, torch.Tensor]]) -> dict[str, torch
         "input_ids": input_ids,
         "position_ids": torch.stack([s["position_ids"] for s in samples]),
         "attention_mask": torch.ones_like(input_ids),
-        "labels": input_ids.clone(),
+        "labels": torch.stack([s["labels"] if "labels" in s else s["input_ids"] for s in samples]).clone(),
     }
 
 
@@ -192,4 +210,6 @@ def load_packed_sequences(data_config: Any, tokenizer: Any, seed: int, pose_targ
     sequences = tokenize_and_pack(limited(), tokenizer, data_config.sequence_length, data_config.max_tokens,
                                   progress=progress)
     logger.info("packed %d sequences of %d tokens from %s", sequences.shape[0], sequences.shape[1], data_config.source)
-    return PackedSequences(sequences, seed=seed, pose_target_length=pose_target_length, pose_chunks=data_config.pose_chunks)
+    return PackedSequences(sequences, seed=seed, pose_target_length=pose_target_length, pose_chunks=data_config.pose_chunks,
+                           retrieval=retrieval_records_for(data_config, tokenizer),
+                           retrieval_fraction=data_config.retrieval_fraction)

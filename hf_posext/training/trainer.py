@@ -710,10 +710,16 @@ def train(
         LoraTargetError: a LoRA target module the model does not have.
     """
     from hf_posext.models import load_tokenizer
-    from hf_posext.training.lora import extra_parameter_names, setup_trainable
+    from hf_posext.training.lora import check_init_adapter, extra_parameter_names, setup_trainable
+    from hf_posext.training.retrieval_data import retrieval_records_for
 
     config.validate()
     check_parallelism(config)
+    if config.finetune.init_adapter is not None:  # checked before anything loads
+        try:
+            check_init_adapter(config.finetune, config.model.name, config.scaling.method, config.scaling.factor)
+        except ValueError as error:  # AdapterMismatchError, RecordError, another LoRA shape
+            raise ConfigError(f"finetune.init_adapter: {error}") from None
     try:  # a missing path or a file that is not text is refused before the model loads
         check_text_source(config.data.source, exclude=config.data.exclude)
     except FileNotFoundError as error:
@@ -733,6 +739,12 @@ def train(
     t, p = config.train, config.parallelism
     dtype = torch.bfloat16 if (args.bf16 and config.finetune.mode == "lora") else torch.float32
     tokenizer = load_tokenizer(config.model.name)
+    retrieval = retrieval_records_for(config.data, tokenizer)
+    if retrieval is not None:  # before the model loads
+        try:
+            retrieval.check_fits(config.data.sequence_length)
+        except ValueError as error:
+            raise ConfigError(f"data.retrieval_records: {error}") from None
     model = _load_and_patch(config, dtype)
     if p.sequence_parallel:
         from hf_posext.training.parallel import validate_sp_heads

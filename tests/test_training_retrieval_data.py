@@ -1,0 +1,193 @@
+"""Synthetic retrieval samples (hf_posext.training.retrieval_data) and continuing a saved adapter
+(finetune.init_adapter): the sample's layout and labels, its place in the resumable stream, the config
+checks, and a tiny end-to-end run."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+
+from tests.training_helpers import one_thread  # noqa: F401  (autouse fixture)
+from tests.training_helpers import TINY_MODEL, load_safetensors, tiny_config
+
+import hf_posext
+from hf_posext.models import load_model
+
+from hf_posext.training.config import ConfigError, TrainConfig, config_differences, load_config
+from hf_posext.training.packing import PackedSequences, collate_sequences
+from hf_posext.training.retrieval_data import IGNORED, RetrievalRecords
+
+
+def chars(text: str) -> list[int]:
+    """A character-level 'tokenizer' (ids >= 1000 so that they never equal the filler's ids)."""
+    return [1000 + ord(c) for c in text]
+
+
+def text_of(ids) -> str:
+    return "".join(chr(i - 1000) if i >= 1000 else "_" for i in ids)
+
+
+FILLER = torch.arange(1000, dtype=torch.long) % 500  # ids < 1000: shows as "_"
+
+
+def test_a_retrieval_sample_keeps_its_length_and_asks_for_every_record_with_its_own_code():
+    records = RetrievalRecords(chars, records=3)
+    input_ids, labels = records.apply(FILLER, torch.Generator().manual_seed(0))
+    assert input_ids.shape == labels.shape == FILLER.shape
+    text = text_of(input_ids.tolist())
+    stored = dict(re.findall(r"The locker code of (\w+ \w+) is (\d+)\.", text))
+    asked = re.findall(r"Question: What is the locker code of (\w+ \w+)\? Answer: (\d+)\.", text)
+    assert len(stored) == 3 and sorted(name for name, _ in asked) == sorted(stored)
+    assert all(stored[name] == code for name, code in asked)
+    # Every record sits in the first half of the sample; the questions close it.
+    assert all(text.index(f"The locker code of {name}") < len(text) // 2 for name in stored)
+    assert text.rstrip(".0123456789 ").endswith("Answer:")
+    # Trained on: exactly the answers (" CODE."), in the order asked.
+    trained = text_of(labels[labels != IGNORED].tolist())
+    assert trained == "".join(f" {code}." for _, code in asked)
+    # Each answer token is labelled at its own position (the model shifts labels itself).
+    kept = labels != IGNORED
+    assert torch.equal(labels[kept], input_ids[kept])
+    # The book text that remains is the sample's beginning, in order.
+    filler = input_ids[input_ids < 1000]
+    assert torch.equal(filler, FILLER[: filler.numel()])
+
+
+def test_labels_all_trains_on_every_token_and_oversized_records_are_refused():
+    input_ids, labels = RetrievalRecords(chars, records=2, labels="all").apply(FILLER, torch.Generator().manual_seed(1))
+    assert torch.equal(labels, input_ids)
+    with pytest.raises(ValueError, match="more than half of the 1000-token training sequence: lower data.retrieval_records"):
+        RetrievalRecords(chars, records=5).apply(FILLER, torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match="take up to 610 tokens, more than half of the 1000-token training sequence"):
+        RetrievalRecords(chars, records=5).check_fits(1000)
+    RetrievalRecords(chars, records=3).check_fits(1000)
+
+
+def test_the_stream_with_retrieval_is_reproducible_keeps_the_pose_draws_and_turns_about_the_fraction():
+    sequences = FILLER.repeat(40, 1)
+    plain = PackedSequences(sequences, seed=3, pose_target_length=4096)
+    mixed = PackedSequences(sequences, seed=3, pose_target_length=4096, retrieval=RetrievalRecords(chars, 2),
+                            retrieval_fraction=0.5)
+    turned = 0
+    for counter in range(40):
+        a, b, again = plain.sample(counter), mixed.sample(counter), mixed.sample(counter)
+        assert torch.equal(a["position_ids"], b["position_ids"])  # PoSE draws unchanged by retrieval
+        assert torch.equal(b["input_ids"], again["input_ids"])  # a pure function of the counter (resumable)
+        if "labels" in b:
+            turned += 1
+            assert not torch.equal(b["input_ids"], a["input_ids"])
+        else:
+            assert torch.equal(b["input_ids"], a["input_ids"])
+    assert 10 <= turned <= 30, turned
+    batch = collate_sequences([mixed.sample(c) for c in range(4)])
+    for row, counter in enumerate(range(4)):
+        sample = mixed.sample(counter)
+        assert torch.equal(batch["labels"][row], sample.get("labels", sample["input_ids"]))
+
+
+@pytest.mark.parametrize("override, message", [
+    ("data.retrieval_records=-1", "data.retrieval_records must be an int >= 0"),
+    ("data.retrieval_fraction=0", r"data.retrieval_fraction must be in \(0, 1\]"),
+    ("data.retrieval_labels=answer", "data.retrieval_labels='answer' is not one of answers, all. Did you mean 'answers'"),
+    ("finetune.mode=full", "finetune.init_adapter needs finetune.mode=lora"),
+])
+def test_bad_retrieval_and_init_adapter_settings_are_named(tmp_path, override, message):
+    overrides = [override] + (["finetune.init_adapter=somewhere"] if override.startswith("finetune") else [])
+    with pytest.raises(ConfigError, match=message):
+        tiny_config(tmp_path / "run", *overrides).validate()
+
+
+def test_a_key_added_after_a_checkpoint_was_written_counts_as_its_default():
+    saved = TrainConfig().to_dict()
+    del saved["data"]["retrieval_records"], saved["finetune"]["init_adapter"]
+    assert config_differences(saved, TrainConfig().to_dict()) == []
+    current = TrainConfig().to_dict()
+    current["data"]["retrieval_records"] = 4
+    assert config_differences(saved, current) == ["data.retrieval_records: 0 -> 4"]
+
+
+@pytest.fixture(scope="module")
+def tiny_adapter(tmp_path_factory, one_thread):
+    """A finished 12-step tiny run, with retrieval samples (sequences of 256 tokens, one record each)."""
+    from hf_posext.training.trainer import train
+
+    out = tmp_path_factory.mktemp("runs") / "retrieval"
+    result = train(tiny_config(out, "data.sequence_length=256", "data.retrieval_records=1", "data.retrieval_fraction=0.5"),
+                   progress=False)
+    assert result.finished
+    return out
+
+
+def test_a_tiny_run_with_retrieval_samples_trains_on_fewer_tokens_and_finishes(tiny_adapter):
+    log = [json.loads(line) for line in (tiny_adapter / "log.jsonl").read_text().splitlines()]
+    losses = [row["loss"] for row in log if "loss" in row]
+    assert len(losses) == 12 and all(loss == loss for loss in losses)  # no NaN from answer-only batches
+    assert (tiny_adapter / "adapter" / "adapter_model.safetensors").is_file()
+
+
+def test_init_adapter_starts_from_the_saved_weights(tiny_adapter, tmp_path):
+    from hf_posext.training.lora import setup_trainable
+
+    def patched():
+        model = load_model(str(TINY_MODEL))
+        hf_posext.patch(model, "yarn", 4)
+        return model
+
+    config = tiny_config(tmp_path / "next", f"finetune.init_adapter={tiny_adapter / 'adapter'}").validate()
+    model = setup_trainable(patched(), config.finetune)
+    saved = load_safetensors(tiny_adapter / "adapter" / "adapter_model.safetensors")
+    extras = load_safetensors(tiny_adapter / "adapter" / "trainable_extras.safetensors")
+    parameters = dict(model.named_parameters())
+    trainable = {name for name, p in parameters.items() if p.requires_grad}
+    lora = {name: p for name, p in parameters.items() if "lora_" in name}
+    assert lora and all(p.requires_grad for p in lora.values())
+    assert len(saved) == len(lora)
+    for name, value in saved.items():  # PEFT saves without the adapter name
+        live = next(p for n, p in lora.items() if n.replace(".default", "").endswith(name.split("base_model.model.", 1)[1]))
+        assert torch.equal(live.detach(), value)
+    base = dict(model.get_base_model().named_parameters())
+    for name, value in extras.items():
+        assert torch.equal(base[name].detach(), value) and base[name].requires_grad
+    assert trainable == set(lora) | {n for n, p in parameters.items() if p.requires_grad and "lora_" not in n}
+    # A fresh LoRA starts elsewhere (B = 0): the test would see a copy that did not happen.
+    fresh = setup_trainable(patched(), tiny_config(tmp_path / "x").finetune)
+    assert any(not torch.equal(p, 0 * p) for n, p in model.named_parameters() if "lora_B" in n)
+    assert all(torch.equal(p, 0 * p) for n, p in fresh.named_parameters() if "lora_B" in n)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("finetune.rank=8", "finetune.rank: adapter 4, recipe 8"),
+    ("scaling.factor=2", "trained with yarn x4"),
+    ("finetune.train_norms=false", r"the adapter holds them, the recipe does not train them \(finetune.train_norms"),
+    ("data.retrieval_records=3", "data.retrieval_records: 3 retrieval records and their questions take up to"),
+])
+def test_init_adapter_that_this_recipe_cannot_continue_is_refused_before_anything_is_written(tiny_adapter, tmp_path,
+                                                                                            override, message):
+    from hf_posext.training.trainer import train
+
+    out = tmp_path / "next"
+    overrides = [f"finetune.init_adapter={tiny_adapter / 'adapter'}", override]
+    if override == "finetune.train_norms=false":
+        overrides.append("finetune.train_embeddings=false")
+    with pytest.raises(ConfigError, match=message):
+        train(tiny_config(out, *overrides), progress=False)
+    assert not out.exists()
+
+
+def test_init_adapter_continues_training_to_a_new_adapter(tiny_adapter, tmp_path):
+    from hf_posext.training.trainer import train
+
+    out = tmp_path / "next"
+    result = train(tiny_config(out, f"finetune.init_adapter={tiny_adapter / 'adapter'}", "train.max_steps=2",
+                               "data.sequence_length=256", "data.retrieval_records=1"), progress=False)
+    assert result.finished
+    before = load_safetensors(tiny_adapter / "adapter" / "adapter_model.safetensors")
+    after = load_safetensors(out / "adapter" / "adapter_model.safetensors")
+    assert sorted(before) == sorted(after)
+    assert max(float((before[k] - after[k]).abs().max()) for k in before) > 1e-4  # it trained on from there
+    record = json.loads((out / "adapter" / "posext_adapter.json").read_text())
+    assert record["method"] == "yarn" and float(record["factor"]) == 4.0
+    assert load_config(out / "train_config.yaml").finetune.init_adapter == str(tiny_adapter / "adapter")

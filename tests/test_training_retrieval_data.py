@@ -42,8 +42,11 @@ def test_a_retrieval_sample_keeps_its_length_and_asks_for_every_record_with_its_
     asked = re.findall(r"Question: What is the locker code of (\w+ \w+)\? Answer: (\d+)\.", text)
     assert len(stored) == 3 and sorted(name for name, _ in asked) == sorted(stored)
     assert all(stored[name] == code for name, code in asked)
-    # Every record sits in the first half of the sample; the questions close it.
-    assert all(text.index(f"The locker code of {name}") < len(text) // 2 for name in stored)
+    # Every record sits in the first half of the sample (20 draws of 3), the questions close it.
+    for seed in range(20):
+        drawn = text_of(records.apply(FILLER, torch.Generator().manual_seed(seed))[0].tolist())
+        starts = [m.start() for m in re.finditer("The locker code of", drawn)]
+        assert len(starts) == 3 and max(starts) < len(drawn) // 2, (seed, starts)
     assert text.rstrip(".0123456789 ").endswith("Answer:")
     # Trained on: exactly the answers (" CODE."), in the order asked.
     trained = text_of(labels[labels != IGNORED].tolist())
@@ -191,3 +194,7 @@ def test_init_adapter_continues_training_to_a_new_adapter(tiny_adapter, tmp_path
     record = json.loads((out / "adapter" / "posext_adapter.json").read_text())
     assert record["method"] == "yarn" and float(record["factor"]) == 4.0
     assert load_config(out / "train_config.yaml").finetune.init_adapter == str(tiny_adapter / "adapter")
+    card = (out / "adapter" / "README.md").read_text()
+    assert f"- **Started from:** the adapter `{tiny_adapter / 'adapter'}`" in card
+    assert ("- **Retrieval samples:** every sample hides 1 synthetic key-value records and ask for them at the end "
+            "(`hf_posext.training.retrieval_data`), trained on their answers only (the loss below is over answer tokens).") in card

@@ -58,6 +58,18 @@ def adapter_model_card(config: TrainConfig, record: dict[str, Any], log_path: Pa
         "`hf_posext.adapters.load_adapted_model` refuse another base or scaling.",
         f"- **Trained:** {'; '.join(trained)}.",
         f"- **Data:** `{d.source}`" + (f" without {', '.join(d.exclude)}" if d.exclude else "") + f"; {pose}.",
+    ]
+    if d.retrieval_records:
+        every = d.retrieval_fraction == 1
+        share = "every sample hides" if every else f"{d.retrieval_fraction:.0%} of the samples hide"
+        labels = ("every token" if d.retrieval_labels == "all" else
+                  "their answers only" + (" (the loss below is over answer tokens)" if every else ""))
+        lines.append(f"- **Retrieval samples:** {share} {d.retrieval_records} synthetic key-value records and ask for "
+                     f"them at the end (`hf_posext.training.retrieval_data`), trained on {labels}.")
+    if f.init_adapter:
+        lines.append(f"- **Started from:** the adapter `{f.init_adapter}` (its LoRA weights and trained norms/embeddings), "
+                     "not a fresh LoRA.")
+    lines += [
         f"- **Schedule:** {t.max_steps} optimizer steps of {t.batch_size} x {t.gradient_accumulation_steps} sequences per process, "
         f"learning rate {t.learning_rate:g} ({t.lr_schedule}, {t.warmup_steps} warm-up steps), seed {t.seed}, loss `{t.loss}`.",
     ]

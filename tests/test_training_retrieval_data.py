@@ -196,5 +196,5 @@ def test_init_adapter_continues_training_to_a_new_adapter(tiny_adapter, tmp_path
     assert load_config(out / "train_config.yaml").finetune.init_adapter == str(tiny_adapter / "adapter")
     card = (out / "adapter" / "README.md").read_text()
     assert f"- **Started from:** the adapter `{tiny_adapter / 'adapter'}`" in card
-    assert ("- **Retrieval samples:** every sample hides 1 synthetic key-value records and ask for them at the end "
+    assert ("- **Retrieval samples:** every sample hides 1 synthetic key-value records and asks for them at the end "
             "(`hf_posext.training.retrieval_data`), trained on their answers only (the loss below is over answer tokens).") in card

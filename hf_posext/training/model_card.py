@@ -61,11 +61,11 @@ def adapter_model_card(config: TrainConfig, record: dict[str, Any], log_path: Pa
     ]
     if d.retrieval_records:
         every = d.retrieval_fraction == 1
-        share = "every sample hides" if every else f"{d.retrieval_fraction:.0%} of the samples hide"
+        share, ask = ("every sample hides", "asks") if every else (f"{d.retrieval_fraction:.0%} of the samples hide", "ask")
         labels = ("every token" if d.retrieval_labels == "all" else
                   "their answers only" + (" (the loss below is over answer tokens)" if every else ""))
-        lines.append(f"- **Retrieval samples:** {share} {d.retrieval_records} synthetic key-value records and ask for "
-                     f"them at the end (`hf_posext.training.retrieval_data`), trained on {labels}.")
+        lines.append(f"- **Retrieval samples:** {share} {d.retrieval_records} synthetic key-value records and {ask} "
+                     f"for them at the end (`hf_posext.training.retrieval_data`), trained on {labels}.")
     if f.init_adapter:
         lines.append(f"- **Started from:** the adapter `{f.init_adapter}` (its LoRA weights and trained norms/embeddings), "
                      "not a fresh LoRA.")

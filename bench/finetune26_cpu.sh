@@ -21,8 +21,9 @@
 #
 # VARIANT=NAME runs one of issue 26's variations of the same recipe (its own run folder, kept folder and
 # results rows): lr6e-4 (learning rate 6e-4 instead of 2e-4), steps400 (400 steps, the schedule stretched
-# to them), retrieval (continues the finished lr6e-4 adapter for 50 steps on samples that each hide 8 synthetic
-# key-value records and ask for them at their end, trained on the answers only: hf_posext.training.retrieval_data).
+# to them), retrieval (recipes/configs/smollm2-135m/8k_to_32k_retrieval_cpu.yaml: continues the finished lr6e-4
+# adapter for 50 steps on samples that each hide 8 synthetic key-value records and ask for them at their end,
+# trained on the answers only: hf_posext.training.retrieval_data).
 # Without VARIANT: the base run. docs/training.md records each run and its outcome.
 set -euo pipefail
 # The whole script is one brace group, read before anything runs: bash reads a script as it executes it,
@@ -37,8 +38,7 @@ case "${VARIANT:-}" in
   "") ;;
   lr6e-4) OVERRIDES=(train.learning_rate=6.0e-4) ;;
   steps400) OVERRIDES=(train.max_steps=400) ;;
-  retrieval) OVERRIDES=(finetune.init_adapter=bench/results/finetune26_cpu/run-lr6e-4/adapter data.retrieval_records=8
-                        train.max_steps=50 train.warmup_steps=5) ;;
+  retrieval) CONFIG=recipes/configs/smollm2-135m/8k_to_32k_retrieval_cpu.yaml ;;   # stage 2, from the lr6e-4 adapter
   *) echo "unknown VARIANT=$VARIANT: use lr6e-4, steps400 or retrieval, or leave it unset for the base run" >&2; exit 2 ;;
 esac
 if [ -n "${VARIANT:-}" ]; then

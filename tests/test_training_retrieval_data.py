@@ -198,3 +198,43 @@ def test_init_adapter_continues_training_to_a_new_adapter(tiny_adapter, tmp_path
     assert f"- **Started from:** the adapter `{tiny_adapter / 'adapter'}`" in card
     assert ("- **Retrieval samples:** every sample hides 1 synthetic key-value records and asks for them at the end "
             "(`hf_posext.training.retrieval_data`), trained on their answers only (the loss below is over answer tokens).") in card
+
+
+def test_loss_average_sequences_weighs_a_retrieval_sample_as_much_as_a_book_sample(tmp_path):
+    """train.loss_average=sequences: the first logged loss is the mean over the step's four samples of each
+    sample's own mean loss, computed here independently on the starting model; the token mean is far from it."""
+    from hf_posext.models import load_tokenizer
+    from hf_posext.training.packing import load_packed_sequences
+    from hf_posext.training.trainer import train
+
+    overrides = ("data.sequence_length=256", "data.retrieval_records=1", "data.retrieval_fraction=0.5",
+                 "finetune.dropout=0", "train.max_steps=1", "train.warmup_steps=0", "output.checkpoint_every=0", "output.save_merged=false")
+    logged = {}
+    for average in ("sequences", "tokens"):
+        out = tmp_path / average
+        train(tiny_config(out, *overrides, f"train.loss_average={average}"), progress=False)
+        logged[average] = json.loads((out / "log.jsonl").read_text().splitlines()[0])["loss"]
+
+    config = tiny_config(tmp_path / "x", *overrides)
+    model = load_model(str(TINY_MODEL), dtype=torch.float32, attn_implementation="sdpa")
+    hf_posext.patch(model, "yarn", factor=4)
+    tokenizer = load_tokenizer(str(TINY_MODEL))
+    data = load_packed_sequences(config.data, tokenizer, config.train.seed, hf_posext.describe(model).current_window)
+    samples = [collate_sequences([data.sample(counter)]) for counter in range(4)]  # batch 2 x accumulation 2
+    assert 0 < sum("labels" in data.sample(c) for c in range(4)) < 4, "the step should mix both kinds of sample"
+    with torch.no_grad():
+        losses = [model(**sample).loss for sample in samples]
+        counts = [int((sample["labels"][:, 1:] != IGNORED).sum()) for sample in samples]
+    sequence_mean = float(sum(losses) / 4)
+    token_mean = float(sum(loss * n for loss, n in zip(losses, counts)) / sum(counts))
+    assert logged["sequences"] == pytest.approx(sequence_mean, rel=1e-5)
+    assert logged["tokens"] == pytest.approx(token_mean, rel=1e-5)
+    assert abs(sequence_mean - token_mean) > 100 * 1e-5 * sequence_mean
+
+
+def test_loss_average_sequences_is_refused_under_sequence_parallelism(tmp_path):
+    with pytest.raises(ConfigError, match="train.loss_average=sequences under sequence or context parallelism"):
+        tiny_config(tmp_path / "run", "train.loss_average=sequences", "parallelism.sp_backend=deepspeed",
+                    "parallelism.sp_size=2").validate()
+    with pytest.raises(ConfigError, match="train.loss_average='sequence' is not one of tokens, sequences"):
+        tiny_config(tmp_path / "run", "train.loss_average=sequence").validate()

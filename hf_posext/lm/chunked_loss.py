@@ -26,7 +26,8 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-__all__ = ["IGNORE_INDEX", "DEFAULT_CHUNK_SIZE", "linear_cross_entropy", "chunked_causal_lm_loss", "check_output_head"]
+__all__ = ["IGNORE_INDEX", "DEFAULT_CHUNK_SIZE", "linear_cross_entropy", "chunked_causal_lm_loss", "check_output_head",
+           "sequence_mean_weights", "sequence_mean_causal_lm_loss"]
 
 IGNORE_INDEX = -100
 #: Tokens per chunk: 4096 x 49152 (SmolLM2's vocabulary) float32 logits are 768 MiB; 1024 is 192 MiB.
@@ -34,11 +35,12 @@ DEFAULT_CHUNK_SIZE = 1024
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
-    """Sum over tokens of cross-entropy(hidden @ weight.T + bias, target), gradients computed chunk by chunk."""
+    """Sum over tokens of cross-entropy(hidden @ weight.T + bias, target), each token's term times its weight
+    (1 when ``token_weights`` is None), gradients computed chunk by chunk."""
 
     @staticmethod
     def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor,
-                chunk_size: int) -> torch.Tensor:
+                chunk_size: int, token_weights: torch.Tensor | None) -> torch.Tensor:
         want_hidden, want_weight, want_bias = ctx.needs_input_grad[:3]
         grad_hidden = torch.zeros_like(hidden) if want_hidden else None
         grad_weight = torch.zeros_like(weight, dtype=torch.float32) if want_weight else None
@@ -47,7 +49,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
         for start in range(0, hidden.shape[0], chunk_size):
             chunk = hidden[start : start + chunk_size]
             chunk_targets = targets[start : start + chunk_size]
-            counted = chunk_targets != IGNORE_INDEX
+            counted = (chunk_targets != IGNORE_INDEX).float()
+            if token_weights is not None:
+                counted = counted * token_weights[start : start + chunk_size]
             if not bool(counted.any()):
                 continue
             logits = torch.nn.functional.linear(chunk, weight, bias).float()
@@ -60,7 +64,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
             # d(loss)/d(logits) = softmax - one_hot(target), zero on ignored tokens; computed in place.
             logits.sub_(log_normaliser[:, None]).exp_()
             logits[torch.arange(logits.shape[0], device=logits.device), safe_targets] -= 1.0
-            logits.mul_(counted[:, None])
+            logits.mul_(counted[:, None])  # the token's weight (0 where ignored)
             if want_hidden:
                 grad_hidden[start : start + chunk_size] = (logits.to(weight.dtype) @ weight).to(hidden.dtype)
             if want_weight:
@@ -79,7 +83,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         grads = []
         for present, dtype in zip(ctx.present, ctx.dtypes):
             grads.append((next(saved) * grad_output).to(dtype) if present else None)
-        return grads[0], grads[1], grads[2], None, None
+        return grads[0], grads[1], grads[2], None, None, None
 
 
 def linear_cross_entropy(
@@ -90,20 +94,24 @@ def linear_cross_entropy(
     bias: torch.Tensor | None = None,
     num_items_in_batch: int | torch.Tensor | None = None,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
+    token_weights: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Cross-entropy of ``hidden @ weight.T + bias`` against ``targets``, without the full logits.
 
     Formula: loss = Σ_t [logsumexp_v(z_tv) − z_t,y_t] / N over tokens t with y_t ≠ -100, z = h W^T + b,
     where N is the number of counted tokens, or ``num_items_in_batch`` when given (the Trainer passes the
     token count of all accumulated micro-batches so that their losses add up to one mean).
+    With ``token_weights`` w the loss is Σ_t w_t [logsumexp_v(z_tv) − z_t,y_t] over the counted tokens,
+    not divided by anything (the weights carry the normalisation; see :func:`sequence_mean_weights`).
 
     Args:
         hidden: [tokens, hidden] (or [batch, tokens, hidden]) final hidden states.
         weight: [vocabulary, hidden] output projection.
         targets: token ids aligned with ``hidden`` (already shifted), ``-100`` where not counted.
         bias: optional [vocabulary] output bias.
-        num_items_in_batch: the divisor (default: the number of counted tokens).
+        num_items_in_batch: the divisor (default: the number of counted tokens); not allowed with weights.
         chunk_size: tokens per chunk; the only [chunk, vocabulary] tensor alive at once.
+        token_weights: optional float weights aligned with ``targets`` (ignored tokens get none).
 
     Returns:
         A float32 scalar; its gradients flow to ``hidden``, ``weight`` and ``bias``.
@@ -119,7 +127,14 @@ def linear_cross_entropy(
         raise ValueError(f"{targets.shape[0]} targets for {hidden.shape[0]} hidden states: they must be aligned one to one.")
     if weight.shape[-1] != hidden.shape[-1]:
         raise ValueError(f"weight has {weight.shape[-1]} input features but the hidden states have {hidden.shape[-1]}.")
-    total = _LinearCrossEntropy.apply(hidden, weight, bias, targets, int(chunk_size))
+    if token_weights is not None:
+        if num_items_in_batch is not None:
+            raise ValueError("give token_weights or num_items_in_batch, not both: the weights carry the normalisation.")
+        token_weights = token_weights.reshape(-1).to(device=hidden.device, dtype=torch.float32)
+        if token_weights.shape[0] != targets.shape[0]:
+            raise ValueError(f"{token_weights.shape[0]} token weights for {targets.shape[0]} targets: they must be aligned one to one.")
+        return _LinearCrossEntropy.apply(hidden, weight, bias, targets, int(chunk_size), token_weights)
+    total = _LinearCrossEntropy.apply(hidden, weight, bias, targets, int(chunk_size), None)
     divisor = (targets != IGNORE_INDEX).sum() if num_items_in_batch is None else num_items_in_batch
     if isinstance(divisor, torch.Tensor):
         divisor = divisor.to(total.device)
@@ -156,19 +171,43 @@ def check_output_head(model: nn.Module) -> nn.Module:
 
 
 @contextlib.contextmanager
-def _head_returns_loss(head: nn.Module, targets: torch.Tensor, num_items_in_batch: Any, chunk_size: int) -> Iterator[None]:
+def _head_returns_loss(head: nn.Module, targets: torch.Tensor, num_items_in_batch: Any, chunk_size: int,
+                       token_weights: torch.Tensor | None = None) -> Iterator[None]:
     def forward(hidden: torch.Tensor) -> torch.Tensor:
         if hidden.shape[:-1] != targets.shape:
             raise ValueError(f"the model sent {tuple(hidden.shape[:-1])} hidden states to its head for "
                              f"{tuple(targets.shape)} labels; is `logits_to_keep` set?")
         return linear_cross_entropy(hidden, head.weight, targets, bias=head.bias,
-                                    num_items_in_batch=num_items_in_batch, chunk_size=chunk_size)
+                                    num_items_in_batch=num_items_in_batch, chunk_size=chunk_size,
+                                    token_weights=token_weights)
 
     head.forward = forward  # an instance attribute: module hooks (FSDP, DeepSpeed) still run around it
     try:
         yield
     finally:
         del head.forward
+
+
+def _targets_of(inputs: dict[str, Any]) -> tuple[dict[str, Any], torch.Tensor]:
+    """The model inputs without labels, and the targets aligned with the hidden states."""
+    inputs = dict(inputs)
+    labels = inputs.pop("labels", None)
+    targets = inputs.pop("shift_labels", None)
+    if targets is None:
+        if labels is None:
+            raise ValueError("the batch has no `labels` (or `shift_labels`) to compute a loss against.")
+        targets = shift_labels(labels)
+    return inputs, targets
+
+
+def _loss_through_head(model: nn.Module, inputs: dict[str, Any], targets: torch.Tensor, num_items_in_batch: Any,
+                       chunk_size: int, token_weights: torch.Tensor | None) -> torch.Tensor:
+    unwrapped = model
+    while hasattr(unwrapped, "module") and isinstance(unwrapped.module, nn.Module):  # DDP / DeepSpeed engine
+        unwrapped = unwrapped.module
+    head = check_output_head(unwrapped)
+    with _head_returns_loss(head, targets, num_items_in_batch, chunk_size, token_weights):
+        return model(**inputs).logits
 
 
 def chunked_causal_lm_loss(
@@ -193,16 +232,59 @@ def chunked_causal_lm_loss(
     Returns:
         The scalar loss.
     """
-    inputs = dict(inputs)
-    labels = inputs.pop("labels", None)
-    targets = inputs.pop("shift_labels", None)
-    if targets is None:
-        if labels is None:
-            raise ValueError("the batch has no `labels` (or `shift_labels`) to compute a loss against.")
-        targets = shift_labels(labels)
-    unwrapped = model
-    while hasattr(unwrapped, "module") and isinstance(unwrapped.module, nn.Module):  # DDP / DeepSpeed engine
-        unwrapped = unwrapped.module
-    head = check_output_head(unwrapped)
-    with _head_returns_loss(head, targets, num_items_in_batch, chunk_size):
-        return model(**inputs).logits
+    inputs, targets = _targets_of(inputs)
+    return _loss_through_head(model, inputs, targets, num_items_in_batch, chunk_size, None)
+
+
+def sequence_mean_weights(targets: torch.Tensor) -> torch.Tensor:
+    """Per-token weights that make a weighted token sum the mean over sequences of each sequence's mean loss.
+
+    Formula: w_bt = 1 / (n_b · B') for each counted token t of row b, where n_b is the number of counted
+    tokens of row b and B' the number of rows with at least one; 0 elsewhere. A row with 2 answer tokens
+    then weighs as much as a row with 2047 text tokens.
+
+    Args:
+        targets: [batch, tokens] targets (already shifted), ``-100`` where not counted.
+
+    Returns:
+        float32 weights of the same shape.
+    """
+    counted = (targets != IGNORE_INDEX).float()
+    per_row = counted.sum(-1, keepdim=True)
+    rows = (per_row > 0).sum().clamp(min=1)
+    return counted / (per_row.clamp(min=1) * rows)
+
+
+def sequence_mean_causal_lm_loss(
+    model: nn.Module,
+    inputs: dict[str, Any],
+    loss: str = "chunked",
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+) -> torch.Tensor:
+    """The mean over the batch's sequences of each sequence's mean next-token cross-entropy.
+
+    Formula: L = (1/B') Σ_b (1/n_b) Σ_t CE_bt over the counted tokens (see :func:`sequence_mean_weights`).
+    Unlike the token mean (:func:`chunked_causal_lm_loss`, transformers' default), a sequence that trains on
+    few tokens (a retrieval sample's answers) weighs as much as one that trains on all of them.
+
+    Args:
+        model: a causal LM, possibly wrapped by PEFT, DDP, FSDP or DeepSpeed.
+        inputs: the batch, as for :func:`chunked_causal_lm_loss`.
+        loss: ``"chunked"`` (never the full logits) or ``"plain"`` (the model's logits, then the weighted
+            cross-entropy).
+        chunk_size: tokens per chunk of the chunked loss.
+
+    Returns:
+        The scalar loss (float32).
+    """
+    inputs, targets = _targets_of(inputs)
+    weights = sequence_mean_weights(targets)
+    if loss == "chunked":
+        return _loss_through_head(model, inputs, targets, None, chunk_size, weights)
+    if loss != "plain":
+        raise ValueError(f"loss={loss!r}: use 'chunked' or 'plain'.")
+    logits = model(**inputs).logits.float()
+    targets = targets.to(logits.device)
+    per_token = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1).clamp(min=0),
+                                                  reduction="none")
+    return (per_token * weights.reshape(-1).to(logits.device)).sum()

@@ -149,6 +149,10 @@ class TrainSection:
         "'chunked': the output head and cross-entropy run over chunks of tokens, never holding the "
         "[tokens x vocabulary] logits (same loss and gradients); 'plain': model(**batch).loss", "chunked")
     loss_chunk_size: int = _help("tokens per chunk of the chunked loss", 1024)
+    loss_average: str = _help(
+        "'tokens': every predicted token of the accumulated batch weighs the same (transformers' default); "
+        "'sequences': every sequence weighs the same however many tokens it trains on, so a retrieval sample's "
+        "few answer tokens weigh as much as a book sample's text (use with data.retrieval_fraction < 1)", "tokens")
 
 
 @dataclass
@@ -229,6 +233,11 @@ class TrainConfig:
         _choice("finetune.mode", f.mode, ("lora", "full"))
         _choice("train.loss", t.loss, ("chunked", "plain"))
         _positive("train.loss_chunk_size", t.loss_chunk_size)
+        _choice("train.loss_average", t.loss_average, ("tokens", "sequences"))
+        if t.loss_average == "sequences" and (p.sequence_parallel or p.context_parallel):
+            raise ConfigError(
+                "train.loss_average=sequences under sequence or context parallelism: each process holds a shard of "
+                "a sequence, not whole sequences. Use train.loss_average=tokens.")
         _positive("finetune.rank", f.rank)
         if not 0 <= f.dropout < 1:
             raise ConfigError(f"finetune.dropout must be in [0, 1), got {f.dropout}.")

@@ -15,7 +15,7 @@ from typing import Any
 
 from torch import nn
 
-from hf_posext.adapters import EXTRAS_FILE
+from hf_posext.adapters import EXTRAS_FILE, load_trainable_extras
 
 __all__ = ["LoraTargetError", "linear_module_names", "setup_trainable", "trainable_state_dict", "extra_parameter_names",
            "check_init_adapter"]
@@ -140,19 +140,9 @@ def setup_trainable(model: nn.Module, finetune: Any, seed: int = 0) -> nn.Module
     if getattr(finetune, "init_adapter", None):
         # Continue a saved adapter (checked by check_init_adapter): its LoRA weights, trainable, and its extras.
         from peft import PeftModel
-        from safetensors.torch import load_file
 
         peft_model = PeftModel.from_pretrained(model, str(finetune.init_adapter), is_trainable=True)
-        extras_file = Path(finetune.init_adapter) / EXTRAS_FILE
-        if extras_file.is_file():
-            parameters = dict(peft_model.get_base_model().named_parameters())
-            saved = load_file(str(extras_file))
-            if set(saved) != set(extras):
-                raise ValueError(f"{extras_file} holds {sorted(set(saved) ^ set(extras))[:3]}... that the recipe does not "
-                                 "train (or misses what it does): set finetune.train_norms/train_embeddings as for that adapter.")
-            with torch.no_grad():
-                for name, value in saved.items():
-                    parameters[name].copy_(value.to(parameters[name].dtype))
+        load_trainable_extras(peft_model, finetune.init_adapter, expected=extras)
     else:
         peft_model = get_peft_model(model, lora_config)
     base = peft_model.get_base_model()

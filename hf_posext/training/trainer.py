@@ -357,11 +357,32 @@ class PosextTrainer(Trainer):
                 return super().compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
             return sequence_parallel_chunked_loss(self.accelerator, model, inputs, parallelism,
                                                   chunk_size=getattr(t, "loss_chunk_size", None))
+        if getattr(t, "loss_average", "tokens") == "sequences":
+            return self.sequence_mean_loss(model, inputs, divide=num_items_in_batch is not None)
         loss = training_loss(model, inputs, num_items_in_batch, loss=getattr(t, "loss", "plain"),
                              chunk_size=getattr(t, "loss_chunk_size", None))
         if self.args.average_tokens_across_devices and num_items_in_batch is not None:
             loss = loss * self.accelerator.num_processes  # gradients are averaged over processes afterwards
         return loss
+
+    def sequence_mean_loss(self, model: Any, inputs: dict[str, Any], divide: bool = True) -> torch.Tensor:
+        """``train.loss_average=sequences``: this micro-batch's share of the mean over the optimizer step's
+        sequences of each sequence's mean loss.
+
+        The micro-batch's sequence mean is divided by the micro-batches of the step, so the accumulated
+        gradient is that of the step's sequence mean on this process; DDP's gradient average over processes
+        (equal micro-batch sizes) completes it over all processes. ``divide=False`` leaves the division to
+        the Trainer (it divides a loss by the micro-batches itself when it counted no ``num_items_in_batch``).
+        """
+        from hf_posext.lm.chunked_loss import DEFAULT_CHUNK_SIZE, sequence_mean_causal_lm_loss
+
+        t = self.train_section
+        mean = sequence_mean_causal_lm_loss(model, {**inputs, "use_cache": False}, loss=getattr(t, "loss", "plain"),
+                                            chunk_size=getattr(t, "loss_chunk_size", None) or DEFAULT_CHUNK_SIZE)
+        if not divide:
+            return mean
+        steps = getattr(self, "current_gradient_accumulation_steps", None) or self.args.gradient_accumulation_steps
+        return mean / steps
 
     def _extras_base(self) -> Any:
         model = self.accelerator.unwrap_model(self.model)
@@ -381,19 +402,11 @@ class PosextTrainer(Trainer):
             save_file(extras, os.path.join(output_dir or self.args.output_dir, EXTRAS_FILE))
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
-        from safetensors.torch import load_file
-
-        from hf_posext.training.lora import EXTRAS_FILE
+        from hf_posext.adapters import EXTRAS_FILE, load_trainable_extras
 
         super()._load_from_checkpoint(resume_from_checkpoint, model=model)
-        path = Path(resume_from_checkpoint) / EXTRAS_FILE
-        if self.extra_parameter_names:
-            if not path.is_file():
-                raise CheckpointError(f"Checkpoint {resume_from_checkpoint} lacks {EXTRAS_FILE} (the trained embeddings/norms).")
-            parameters = dict(self._extras_base().named_parameters())
-            with torch.no_grad():
-                for name, value in load_file(str(path)).items():
-                    parameters[name].copy_(value.to(parameters[name].device, parameters[name].dtype))
+        if self.extra_parameter_names and not load_trainable_extras(self._extras_base(), resume_from_checkpoint):
+            raise CheckpointError(f"Checkpoint {resume_from_checkpoint} lacks {EXTRAS_FILE} (the trained embeddings/norms).")
 
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
         # A checkpoint of an abandoned continuation (the run was resumed from an earlier one) is kept
@@ -651,18 +664,12 @@ def merge_adapter(config: TrainConfig, adapter_dir: Path, out_dir: Path, dtype: 
     one process, DDP, FSDP or DeepSpeed, and checks that the adapter files are complete.
     """
     from peft import PeftModel
-    from safetensors.torch import load_file
 
-    from hf_posext.training.lora import EXTRAS_FILE
+    from hf_posext.adapters import load_trainable_extras
 
     base = _load_and_patch(config, dtype)
-    extras_file = Path(adapter_dir) / EXTRAS_FILE
     peft_model = PeftModel.from_pretrained(base, str(adapter_dir))
-    if extras_file.is_file():
-        parameters = dict(peft_model.get_base_model().named_parameters())
-        with torch.no_grad():
-            for name, value in load_file(str(extras_file)).items():
-                parameters[name].copy_(value.to(parameters[name].dtype))
+    load_trainable_extras(peft_model, adapter_dir)
     merged = peft_model.merge_and_unload()
     merged.save_pretrained(str(out_dir))
     if tokenizer is not None:

@@ -11,7 +11,7 @@
 #   bash bench/gpu_session.sh string  OUT   # STRING's prefill and decode step against SDPA, bfloat16 (issue 27)
 #   bash bench/gpu_session.sh finetune OUT  # train SmolLM2 8k->32k on full 32768-token sequences (LoRA, bf16, 200
 #                                           # steps), then the issue-26 comparison: 50 trials per length (issue 26)
-#   bash bench/gpu_session.sh adapters OUT  # the committed CPU adapters (retrieval stage, lr6e-4), 50 trials at 32768 (issue 26 §4)
+#   bash bench/gpu_session.sh adapters OUT  # the committed CPU adapters (stage 2 mixed, stage 2, lr6e-4), 50 trials at 32768 (issue 26 §4)
 #   bash bench/gpu_session.sh trainingfree OUT  # STRING, DCA +- scale, Self-Extend, yarn, dynamic-ntk at 8k/16k/32k (issue 27)
 #
 # The device machine reaches nothing outside: the model and the books travel with the calls. Prepare them
@@ -163,16 +163,17 @@ finetune)
   "$PYTHON" -m hf_posext.cli report "$F" > /dev/null; save
   ;;
 adapters)
-  # Issue 26 §4 on the committed CPU adapters (no training): 10 trials x 5 depths at 32768, passkey and needle, the
-  # retrieval stage first (bench/results/finetune26_cpu/run-retrieval: 5/5 passkeys at 32768 on the CPU), then
-  # the stage-1 lr6e-4 adapter it started from, then 16384. Same trials and folder as the finetune stage.
+  # Issue 26 §4 on the committed CPU adapters (no training): 10 trials x 5 depths at 32768, passkey and needle: the
+  # mixed stage 2 first (bench/results/finetune26_cpu/run-retrieval-mixed: the one that keeps perplexity at 32768
+  # under the original's at 8192), then the answers-only stage 2 (run-retrieval), then the stage-1 lr6e-4 adapter
+  # both started from; then 16384. Same trials and folder as the finetune stage.
   inputs
   F=${FINETUNE_RESULTS:-$R/long4x}; HAYSTACK=${HAYSTACK:-$BOOKS/melville-moby_dick.txt}; EVAL_BOOK=${EVAL_BOOK:-$BOOKS/austen-emma.txt}
   TRIALS=${TRIALS:-10}; DTYPE=${DTYPE:-bfloat16}
   E="$G --dtype $DTYPE --depths 0,0.25,0.5,0.75,1 --trials $TRIALS --out $F --no-progress"
   save() { tar czf "$OUT/long4x.tgz" "$F"; }
   for length in "$L4" "$L2"; do
-    for a in ${ADAPTERS:-bench/results/finetune26_cpu/run-retrieval/adapter bench/results/finetune26_cpu/run-lr6e-4/adapter}; do
+    for a in ${ADAPTERS:-bench/results/finetune26_cpu/run-retrieval-mixed/adapter bench/results/finetune26_cpu/run-retrieval/adapter bench/results/finetune26_cpu/run-lr6e-4/adapter}; do
       cli eval passkey --model "$MODEL" --adapter "$a" --methods yarn --factor 4 --lengths "$length" $E; save
       cli eval needle --model "$MODEL" --adapter "$a" --haystack "$HAYSTACK" --methods yarn --factor 4 --lengths "$length" $E; save
     done

@@ -238,3 +238,14 @@ def test_loss_average_sequences_is_refused_under_sequence_parallelism(tmp_path):
                     "parallelism.sp_size=2").validate()
     with pytest.raises(ConfigError, match="train.loss_average='sequence' is not one of tokens, sequences"):
         tiny_config(tmp_path / "run", "train.loss_average=sequence").validate()
+
+
+def test_the_model_card_names_the_sequence_average(tmp_path):
+    from hf_posext.training.model_card import adapter_model_card
+
+    record = {"base_model": "tiny", "method": "yarn", "factor": 4.0, "original_window": 64, "current_window": 256}
+    cards = {average: adapter_model_card(tiny_config(tmp_path / "run", f"train.loss_average={average}").validate(),
+                                         record, tmp_path / "no-log.jsonl")
+             for average in ("tokens", "sequences")}
+    assert "averaged over sequences (each sample weighs the same, `train.loss_average: sequences`)" in cards["sequences"]
+    assert "averaged over sequences" not in cards["tokens"]

@@ -71,7 +71,9 @@ def adapter_model_card(config: TrainConfig, record: dict[str, Any], log_path: Pa
                      "not a fresh LoRA.")
     lines += [
         f"- **Schedule:** {t.max_steps} optimizer steps of {t.batch_size} x {t.gradient_accumulation_steps} sequences per process, "
-        f"learning rate {t.learning_rate:g} ({t.lr_schedule}, {t.warmup_steps} warm-up steps), seed {t.seed}, loss `{t.loss}`.",
+        f"learning rate {t.learning_rate:g} ({t.lr_schedule}, {t.warmup_steps} warm-up steps), seed {t.seed}, loss `{t.loss}`"
+        + (", averaged over sequences (each sample weighs the same, `train.loss_average: sequences`)."
+           if getattr(t, "loss_average", "tokens") == "sequences" else "."),
     ]
     if summary:
         tokens = f", {summary['tokens']:,} tokens" if summary.get("tokens") else ""

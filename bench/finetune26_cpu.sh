@@ -12,6 +12,8 @@
 #                                                # (TASKS=passkey or needle for one task; LENGTHS, TRIALS as for floor)
 #   bash bench/finetune26_cpu.sh compare [BOOKS] # eval + floor one trial per depth at a time, 1..TRIALS (default 3): a stop
 #                                                # at any point leaves the three models with about the same n
+#   bash bench/finetune26_cpu.sh accumulate [BOOKS]  # eval one trial a depth at a time, FROM..TRIALS (1..10): 50 trials
+#                                                # a task and length, gathered across sessions (TASKS, LENGTHS as for eval)
 #   bash bench/finetune26_cpu.sh ppl [BOOKS]     # perplexity on held-apart austen-emma.txt: the adapter at 2048, 8192, 16384
 #                                                # and 32768 (PPL_LENGTHS narrows them), the original (none) at 2048 and 8192;
 #                                                # same protocol as the README's table
@@ -86,6 +88,14 @@ compare)
   for t in $(seq 1 "${TRIALS:-3}"); do
     TRIALS=$t bash "$0" eval "${2:-../shared/data/books}"
     TRIALS=$t bash "$0" floor "${2:-../shared/data/books}"
+  done
+  ;;
+accumulate)
+  # The adapter's cells one trial a depth at a time, FROM..TRIALS (default 1..10: 50 trials a task and length):
+  # a stop loses at most the trial in flight (finished cells are read back, a cell asked for with more
+  # trials computes only the new ones), so the 50 trials of issue 26 §4 can be gathered across CPU sessions.
+  for t in $(seq "${FROM:-1}" "${TRIALS:-10}"); do
+    TRIALS=$t bash "$0" eval "${2:-../shared/data/books}"
   done
   ;;
 ppl)

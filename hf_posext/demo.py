@@ -14,8 +14,9 @@ its window, under the unpatched baseline and the methods the README recommends a
   for 16384 tokens (``bench/results/search_smollm2-135m_16384.json``), which both find it. Scored by
   greedy generation and by the teacher-forced argmax check.
 
-* **the fine-tuned model**: the recipe's adapter (``bench/results/finetune26_cpu/run/adapter``: ``yarn`` x4
-  plus LoRA, 200 steps of LoRA + PoSE on 2 CPU cores, ``docs/training.md``), loaded with
+* **the fine-tuned model**: the recipe's adapter (``bench/results/finetune26_cpu/run-retrieval-mixed/adapter``:
+  ``yarn`` x4 plus LoRA, 200 steps of LoRA + PoSE on books then 50 steps in which half of the samples are
+  retrieval practice, on 2 CPU cores, ``docs/training.md``), loaded with
   :func:`hf_posext.adapters.load_adapted_model`, on the same perplexity window and the same passkey trial, so the
   table shows the fine-tune beside the training-free default (``dynamic-yarn``).
 
@@ -48,9 +49,10 @@ PASSKEY_DEPTH = 0.1  # the far passkey: ~15k tokens before the question at 16384
 PERPLEXITY_METHODS = ("none", "dynamic-yarn", "self-extend")
 RETRIEVAL_METHODS = ("dynamic-yarn", "dynamic-ntk", "longrope")
 LONGROPE_FACTORS = Path(__file__).resolve().parents[1] / "bench" / "results" / "search_smollm2-135m_16384.json"
-# The recipe's committed adapter (issue 26's CPU run): yarn x4 + LoRA + trained norms, 7 MB.
-DEMO_ADAPTER = Path(__file__).resolve().parents[1] / "bench" / "results" / "finetune26_cpu" / "run" / "adapter"
-FINE_TUNED_ROW = "fine-tuned: {label} + LoRA (200 CPU steps)"
+# The recipe's committed adapter (issue 26's CPU runs, stage 2 mixed): yarn x4 + LoRA + trained norms, 7 MB.
+DEMO_ADAPTER = (Path(__file__).resolve().parents[1] / "bench" / "results" / "finetune26_cpu" / "run-retrieval-mixed"
+                / "adapter")
+FINE_TUNED_ROW = "fine-tuned: {label} + LoRA (250 CPU steps)"
 
 
 def _display_path(path: Path) -> str:

@@ -182,7 +182,7 @@ def test_demo_table_puts_the_fine_tuned_model_in_its_own_last_row():
                   {"1": _record("yarn", 4.0, 4096, greedy_accuracy=1.0, teacher_forced_accuracy=1.0, trials=1)})
     lines = demo_table(perplexity, passkey, (4096,), fine_tuned).splitlines()
     assert lines[2:] == ["| none | 9.50 |  |", "| yarn x2 | 9.90 | miss / miss |",
-                         "| fine-tuned: yarn x4 + LoRA (200 CPU steps) | 7.25 | ok / ok |"]
+                         "| fine-tuned: yarn x4 + LoRA (250 CPU steps) | 7.25 | ok / ok |"]
 
 
 def test_demo_adapter_is_checked_before_anything_loads(tmp_path):

@@ -9,7 +9,8 @@
 #                                                # passkey and needle, 3 trials x 5 depths (15 per task), into bench/results/long4x
 #                                                # (FLOOR_METHODS, TASKS, LENGTHS, TRIALS narrow or move it)
 #   bash bench/finetune26_cpu.sh eval [BOOKS]    # the finished adapter (yarn x4), same trials and texts, into bench/results/long4x
-#                                                # (TASKS=passkey or needle for one task; LENGTHS, TRIALS as for floor)
+#                                                # (TASKS=passkey or needle for one task; LENGTHS, TRIALS as for floor;
+#                                                # DEPTHS=0 for one depth, default 0,0.25,0.5,0.75,1)
 #   bash bench/finetune26_cpu.sh compare [BOOKS] # eval + floor one trial per depth at a time, 1..TRIALS (default 3): a stop
 #                                                # at any point leaves the three models with about the same n
 #   bash bench/finetune26_cpu.sh accumulate [BOOKS]  # eval one trial a depth at a time, FROM..TRIALS (1..10): 50 trials
@@ -27,7 +28,9 @@
 # adapter for 50 steps on samples that each hide 8 synthetic key-value records and ask for them at their end,
 # trained on the answers only: hf_posext.training.retrieval_data), retrieval-mixed
 # (recipes/configs/smollm2-135m/8k_to_32k_retrieval_mixed_cpu.yaml: the same with half of the samples plain book
-# text and every sample weighing the same in the loss, train.loss_average=sequences).
+# text and every sample weighing the same in the loss, train.loss_average=sequences), retrieval-far (the same with
+# data.pose_far_fraction=0.25: a quarter of the samples end at position 32767, so the longest distances, a fact at
+# depth 0 of a 32768-token prompt, are trained; uniform PoSE draws almost never hold them).
 # Without VARIANT: the base run. docs/training.md records each run and its outcome.
 set -euo pipefail
 # The whole script is one brace group, read before anything runs: bash reads a script as it executes it,
@@ -44,7 +47,9 @@ case "${VARIANT:-}" in
   steps400) OVERRIDES=(train.max_steps=400) ;;
   retrieval) CONFIG=recipes/configs/smollm2-135m/8k_to_32k_retrieval_cpu.yaml ;;   # stage 2, from the lr6e-4 adapter
   retrieval-mixed) CONFIG=recipes/configs/smollm2-135m/8k_to_32k_retrieval_mixed_cpu.yaml ;;   # stage 2, half book text
-  *) echo "unknown VARIANT=$VARIANT: use lr6e-4, steps400, retrieval or retrieval-mixed, or leave it unset for the base run" >&2; exit 2 ;;
+  retrieval-far) CONFIG=recipes/configs/smollm2-135m/8k_to_32k_retrieval_mixed_cpu.yaml
+    OVERRIDES=(data.pose_far_fraction=0.25) ;;   # stage 2 mixed, a quarter of the samples at the longest distances
+  *) echo "unknown VARIANT=$VARIANT: use lr6e-4, steps400, retrieval, retrieval-mixed or retrieval-far, or leave it unset for the base run" >&2; exit 2 ;;
 esac
 if [ -n "${VARIANT:-}" ]; then
   RUN=$RUN-$VARIANT; KEPT=$KEPT-$VARIANT; OVERRIDES+=("output.dir=$RUN")
@@ -79,7 +84,7 @@ eval)
   # The kept (committed) adapter, so that every clone names the same model in the results and extends its cells.
   ADAPTER=${ADAPTER:-$KEPT/adapter}
   [ -f "$ADAPTER/posext_adapter.json" ] || { echo "no finished adapter in $ADAPTER: train to the last step, then run keep" >&2; exit 1; }
-  E="--model smollm2-135m --adapter $ADAPTER --methods yarn --factor 4 --lengths ${LENGTHS:-16384} --depths 0,0.25,0.5,0.75,1 --trials ${TRIALS:-3} --out bench/results/long4x --no-progress"
+  E="--model smollm2-135m --adapter $ADAPTER --methods yarn --factor 4 --lengths ${LENGTHS:-16384} --depths ${DEPTHS:-0,0.25,0.5,0.75,1} --trials ${TRIALS:-3} --out bench/results/long4x --no-progress"
   for task in ${TASKS:-passkey needle}; do
     if [ "$task" = needle ]; then hf-posext eval needle --haystack "$BOOKS/melville-moby_dick.txt" $E; else hf-posext eval passkey $E; fi
   done

@@ -132,3 +132,15 @@ def test_the_adapter_folder_carries_a_model_card(run):
     assert card.startswith("---\nbase_model: ")
     assert "yarn` x4" in card and "window 256 tokens" in card and "PoSE: 32-token sequences" in card
     assert "4 steps" in card and "training loss" in card and "--adapter ADAPTER_DIR --methods yarn" in card
+
+
+def test_the_model_card_names_far_pose_samples(tmp_path):
+    from hf_posext.training.config import load_config
+    from hf_posext.training.model_card import adapter_model_card
+    from tests.training_helpers import TINY_RECIPE
+
+    record = {"base_model": "tiny", "method": "yarn", "factor": 4.0, "original_window": 64, "current_window": 256}
+    plain = adapter_model_card(load_config(TINY_RECIPE), record, tmp_path / "log.jsonl")
+    far = adapter_model_card(load_config(TINY_RECIPE, ["data.pose_far_fraction=0.25"]), record, tmp_path / "log.jsonl")
+    assert "pose_far_fraction" not in plain
+    assert "25% of them with their last chunk at the end of that span (data.pose_far_fraction)" in far

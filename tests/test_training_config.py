@@ -119,10 +119,18 @@ def test_unknown_key_in_a_yaml_file(tmp_path):
     ("train.warmup_steps=99", "warmup_steps must be in"),
     ("model.attn_implementation=flash_attention_2", "Use model.attn_implementation=sdpa"),
     ("train.max_grad_norm=0", "max_grad_norm must be > 0"),
+    ("data.pose_far_fraction=1.5", r"data.pose_far_fraction must be a number in \[0, 1\], got 1.5"),
+    ("data.pose_far_fraction=true", "data.pose_far_fraction expects a number, got True"),
 ])
 def test_bad_values_are_refused_with_the_fix(override, match):
     with pytest.raises(ConfigError, match=match):
         load_config(TINY_RECIPE, [override])
+
+
+def test_pose_far_fraction_needs_pose():
+    with pytest.raises(ConfigError, match="data.pose_far_fraction=0.25 needs data.pose=true"):
+        load_config(TINY_RECIPE, ["data.pose=false", "data.pose_far_fraction=0.25"])
+    assert load_config(TINY_RECIPE, ["data.pose_far_fraction=0.25"]).data.pose_far_fraction == 0.25
 
 
 def test_missing_config_file_and_malformed_override():

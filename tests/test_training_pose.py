@@ -70,6 +70,51 @@ def test_bad_arguments_raise_clear_errors(args, match):
         pose_position_ids(*args)
 
 
+@pytest.mark.parametrize("window,target,chunks", [(8, 32, 2), (16, 64, 3), (32, 256, 4)])
+def test_a_far_sample_ends_at_the_last_target_position(window, target, chunks):
+    generator = torch.Generator().manual_seed(3)
+    middles = set()
+    for _ in range(300):
+        positions = pose_position_ids(window, target, chunks, generator, far=True)
+        steps = positions[1:] - positions[:-1]
+        assert int(positions[0]) == 0 and int(positions[-1]) == target - 1 and bool((steps >= 1).all())
+        middles.add(tuple(positions.tolist()))
+    assert len(middles) >= window - 1  # the cuts (and earlier biases) are still drawn
+    assert torch.equal(pose_position_ids(8, 8, 2, far=True), torch.arange(8))  # no room to skip: unchanged
+    assert torch.equal(pose_position_ids(8, 100, 1, far=True), torch.arange(8))  # one chunk: unchanged
+
+
+def test_far_samples_train_the_longest_distances_that_uniform_draws_miss():
+    """The share of samples holding a distance above T - W/2 (a fact in the first tokens of a T-token prompt):
+    about W / (2 (T - W)) under the paper's draws, at least the far fraction with them."""
+    window, target = 64, 1024
+    sequences = torch.zeros(400, window, dtype=torch.long)
+
+    def share_far(fraction: float) -> float:
+        data = PackedSequences(sequences, seed=0, pose_target_length=target, pose_far_fraction=fraction)
+        spans = [int(p[-1] - p[0]) for p in (data.sample(i)["position_ids"] for i in range(len(sequences)))]
+        return sum(span > target - window // 2 for span in spans) / len(spans)
+
+    uniform, far = share_far(0.0), share_far(0.5)
+    assert uniform < 0.06 and far > 0.4
+
+
+def test_far_fraction_leaves_the_other_samples_draws_unchanged():
+    sequences = torch.zeros(200, 16, dtype=torch.long)
+    plain = PackedSequences(sequences, seed=4, pose_target_length=128)
+    half = PackedSequences(sequences, seed=4, pose_target_length=128, pose_far_fraction=0.5)
+    every = PackedSequences(sequences, seed=4, pose_target_length=128, pose_far_fraction=1.0)
+    far = 0
+    for i in range(len(sequences)):
+        a, b, c = (d.sample(i)["position_ids"] for d in (plain, half, every))
+        assert int(c[-1]) == 127
+        if torch.equal(a, b):
+            continue
+        far += 1
+        assert int(b[-1]) == 127 and torch.equal(b, c)  # a far sample: the same cut, its last chunk at the end
+    assert 70 < far < 130  # about half
+
+
 def test_pose_chunks_attend_to_each_other_in_the_model():
     """The batch's explicit attention mask keeps transformers from reading PoSE skips as packed-sequence
     boundaries: changing a token of chunk 1 must change the predictions in chunk 2."""

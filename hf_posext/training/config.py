@@ -120,6 +120,9 @@ class DataSection:
     pose: bool = _help("PoSE: position ids skip so each W-token sample spans [0, pose_target_length)", False)
     pose_target_length: int | None = _help("PoSE target T (default: the scaled window)", None)
     pose_chunks: int = _help("PoSE chunks per sample (the paper uses 2)", 2)
+    pose_far_fraction: float = _help(
+        "share of the PoSE samples whose last chunk ends at the target's last position, so that the longest "
+        "distances are trained (0: the paper's uniform draws; hf_posext.training.pose)", 0.0)
     max_tokens: int | None = _help("use at most this many tokens of the source (after tokenizing)", None)
     max_documents: int | None = _help("use at most this many documents of the source", None)
     retrieval_records: int = _help(
@@ -255,6 +258,12 @@ class TrainConfig:
             raise ConfigError(
                 f"data.pose_chunks ({d.pose_chunks}) cannot exceed data.sequence_length ({d.sequence_length})."
             )
+        if isinstance(d.pose_far_fraction, bool) or not isinstance(d.pose_far_fraction, (int, float)) \
+                or not 0 <= d.pose_far_fraction <= 1:
+            raise ConfigError(f"data.pose_far_fraction must be a number in [0, 1], got {d.pose_far_fraction!r}.")
+        if d.pose_far_fraction > 0 and not d.pose:
+            raise ConfigError(f"data.pose_far_fraction={d.pose_far_fraction} needs data.pose=true: it moves PoSE "
+                              "position ids. Set data.pose: true or remove data.pose_far_fraction.")
         if d.pose_target_length is not None and d.pose_target_length < d.sequence_length:
             raise ConfigError(
                 f"data.sequence_length ({d.sequence_length}) is longer than data.pose_target_length "

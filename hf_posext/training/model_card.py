@@ -42,6 +42,8 @@ def adapter_model_card(config: TrainConfig, record: dict[str, Any], log_path: Pa
         trained.append("the input embeddings (and the tied output head)")
     pose = (f"PoSE: {d.sequence_length}-token sequences whose position ids span [0, {d.pose_target_length or record.get('current_window')})"
             if d.pose else f"full-length {d.sequence_length}-token sequences")
+    if d.pose and d.pose_far_fraction:
+        pose += f", {d.pose_far_fraction:.0%} of them with their last chunk at the end of that span (data.pose_far_fraction)"
     lines = [
         "---",
         f"base_model: {record['base_model']}",

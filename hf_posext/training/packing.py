@@ -85,6 +85,8 @@ class PackedSequences:
         seed: seeds the epoch permutations and PoSE draws.
         pose_target_length: PoSE target T (None: plain positions 0..W-1).
         pose_chunks: PoSE chunks per sample.
+        pose_far_fraction: share of the PoSE samples whose last chunk ends at T - 1 (``far`` in
+            :func:`~hf_posext.training.pose.pose_position_ids`), each deciding with its own seeded draw.
         retrieval: turns a sample into a retrieval sample (None: never); see
             :mod:`hf_posext.training.retrieval_data`.
         retrieval_fraction: share of the samples that ``retrieval`` turns (each sample decides with its own
@@ -95,6 +97,7 @@ class PackedSequences:
     seed: int = 0
     pose_target_length: int | None = None
     pose_chunks: int = 2
+    pose_far_fraction: float = 0.0
     retrieval: RetrievalRecords | None = None
     retrieval_fraction: float = 1.0
 
@@ -123,8 +126,13 @@ class PackedSequences:
         if self.pose_target_length is None:
             position_ids = torch.arange(self.sequence_length, dtype=torch.long)
         else:
+            # The far draw has its own stream (salted seed) and is skipped at fraction 0, so runs without it keep
+            # their PoSE draws bit for bit.
+            far = self.pose_far_fraction > 0 and float(
+                torch.rand(1, generator=sample_generator(self.seed + FAR_SEED_SALT, epoch, index))) < self.pose_far_fraction
             position_ids = pose_position_ids(
-                self.sequence_length, self.pose_target_length, self.pose_chunks, sample_generator(self.seed, epoch, index)
+                self.sequence_length, self.pose_target_length, self.pose_chunks, sample_generator(self.seed, epoch, index),
+                far=far,
             )
         sample = {"input_ids": input_ids, "position_ids": position_ids}
         if self.retrieval is not None:
@@ -146,6 +154,8 @@ class PackedSequences:
 
 #: Added to the run's seed for the retrieval draws of a sample.
 RETRIEVAL_SEED_SALT = 7_777_777
+#: Added to the run's seed for the PoSE far draw of a sample.
+FAR_SEED_SALT = 3_333_331
 
 
 def collate_sequences(samples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
@@ -211,5 +221,5 @@ def load_packed_sequences(data_config: Any, tokenizer: Any, seed: int, pose_targ
                                   progress=progress)
     logger.info("packed %d sequences of %d tokens from %s", sequences.shape[0], sequences.shape[1], data_config.source)
     return PackedSequences(sequences, seed=seed, pose_target_length=pose_target_length, pose_chunks=data_config.pose_chunks,
-                           retrieval=retrieval_records_for(data_config, tokenizer),
+                           pose_far_fraction=data_config.pose_far_fraction, retrieval=retrieval_records_for(data_config, tokenizer),
                            retrieval_fraction=data_config.retrieval_fraction)

@@ -10,6 +10,15 @@ gets positions ``s_i + u_i, ..., s_i + u_i + l_i - 1`` with skipping biases
 
 so positions increase strictly, the first token sits at 0 and the last at most at T - 1. Biases and chunk
 lengths are redrawn for every sample. The text itself stays contiguous (the paper's content skip v_i = 0).
+
+A *far* sample (ours, not the paper's) pushes its last chunk to the end of the target,
+
+    u_{N-1} = T - W,
+
+so its last token sits at T - 1 and its longest distances are about T. Uniform biases almost never draw
+those: with N = 2 a distance above T - W/2 needs u_1 > T - 3W/2 or so, a chance of about W/(2(T - W)) (under
+4 % at W = 2048, T = 32768), and a fact must also lie in the first chunk. A retrieval question about the
+first tokens of a T-token prompt (a passkey at depth 0) asks for exactly such a distance.
 """
 
 from __future__ import annotations
@@ -28,7 +37,7 @@ def sample_generator(seed: int, epoch: int, sample_index: int) -> torch.Generato
 
 
 def pose_position_ids(
-    window: int, target_length: int, num_chunks: int = 2, generator: torch.Generator | None = None
+    window: int, target_length: int, num_chunks: int = 2, generator: torch.Generator | None = None, far: bool = False
 ) -> torch.Tensor:
     """Draw the PoSE position ids of one training sample.
 
@@ -38,6 +47,8 @@ def pose_position_ids(
         num_chunks: N, chunks the window is cut into (the paper uses 2). Chunk lengths are a uniform
             random composition of W into N positive parts.
         generator: torch random generator (for reproducible draws).
+        far: push the last chunk to the end of the target (bias T - W, the last position T - 1; see the
+            module docstring). The earlier biases are drawn as usual; with one chunk (or T = W) it changes nothing.
 
     Returns:
         LongTensor of shape [W]: strictly increasing, first element 0, last element <= T - 1.
@@ -71,5 +82,7 @@ def pose_position_ids(
     for index, (start, end) in enumerate(zip(starts.tolist(), ends.tolist())):
         if index > 0:
             bias = int(torch.randint(bias, slack + 1, (1,), generator=generator))
+            if far and index == num_chunks - 1:
+                bias = slack
         positions[start:end] = torch.arange(start, end) + bias
     return positions

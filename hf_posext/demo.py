@@ -21,7 +21,7 @@ its window, under the unpatched baseline and the methods the README recommends a
   table shows the fine-tune beside the training-free default (``dynamic-yarn``).
 
 Each method runs only where it is recommended, plus one contrast per task, because one 16384-token
-forward is the cost: the eight of them took 670 s on 2 idle CPU cores from a fresh clone (11 min 19 s with
+forward is the cost: the demo took 718 s on 2 idle CPU cores from a fresh clone (12 min 7 s with
 set-up and loading; ``bench/results/demo/time-v-fresh-clone.txt``). The quality table (``bench/quality_table.py``, ``docs/beyond_rescaling.md``) has
 every method at every depth.
 
@@ -166,7 +166,7 @@ def run_demo(quick: bool = False, out_dir: str | Path | None = None) -> int:
           f"perplexity: {', '.join(PERPLEXITY_METHODS)}; passkey at depth {PASSKEY_DEPTH}: {', '.join(RETRIEVAL_METHODS)}; "
           f"results in {out}/")
     budget = ("about 2 minutes with set-up" if quick else
-              "about 11 minutes on 2 otherwise idle CPU cores (eight 16384-token forwards; 670 s measured)")
+              "about 12 minutes on 2 otherwise idle CPU cores (eight 16384-token forwards; 718 s measured)")
     print(f"torch threads: {torch.get_num_threads()}; {budget}.", flush=True)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model, tokenizer = load_model_and_tokenizer(DEMO_MODEL, dtype="float32", device=device)

@@ -146,3 +146,17 @@ def test_rate_plots_count_trials_per_panel_point():
     assert trials_note(records, "greedy_accuracy") == "n = 3 trials per point, bars: 95 % Wilson interval"
     records.append({**records[0], "depth": 0.9, "trials": 5, "greedy_accuracy": 0.2, "greedy_correct": 1})
     assert trials_note(records, "greedy_accuracy").startswith("n = 3-8 trials per point")
+
+
+def test_a_panel_pooling_fewer_depths_says_which():
+    # An adapter evaluated at depth 0 only beside one evaluated at every depth: its panel must not read as "all depths".
+    every = [{"method": "yarn", "label": "yarn", "factor": 4.0, "length": 32768, "depth": d, "trials": 4,
+              "greedy_accuracy": 1.0, "greedy_correct": 4, "_model": "mixed"} for d in (0.0, 0.5, 1.0)]
+    one = [{**every[0], "_model": "far", "greedy_accuracy": 0.75, "greedy_correct": 3}]
+    figure = line_figure(every + one, "greedy_accuracy", "accuracy", "Passkey", method_styles(["yarn"]), rate=True)
+    titles = sorted(axis.get_title() for axis in figure.axes if axis.get_visible())
+    plt.close(figure)
+    assert titles == ["far, x4 (depth 0 only)", "mixed, x4"]
+    figure = line_figure(every, "greedy_accuracy", "accuracy", "Passkey", method_styles(["yarn"]), rate=True)
+    assert [axis.get_title() for axis in figure.axes if axis.get_visible()] == ["mixed, x4"]
+    plt.close(figure)

@@ -57,3 +57,12 @@ def test_table_pools_trials_over_depths_not_rates():
     cell = table.rows[0][1][128]
     assert cell.text == "1/10 [0.02, 0.40]" and cell.value == pytest.approx(0.1)
     assert metric_table(records, "greedy_accuracy", ".2f", "t").rows[0][1][128].text == "0.50"
+
+
+def test_a_cell_pooling_fewer_depths_than_the_table_says_which():
+    every = [{"method": "yarn", "label": "yarn", "factor": 4.0, "length": 32768, "depth": d, "trials": 4, "greedy_accuracy": 1.0,
+              "greedy_correct": 4, "_file": "f", "_run": 0} for d in (0.0, 0.5, 1.0)]
+    one = [{**every[0], "method": "dca", "label": "dca", "greedy_accuracy": 0.75, "greedy_correct": 3}]
+    rows = dict(metric_table(every + one, "greedy_accuracy", ".2f", "t", counts=True).rows)
+    assert rows["dca x4"][32768].text == "3/4 [0.30, 0.95] (depth 0 only)"
+    assert rows["yarn x4"][32768].text == "12/12 [0.76, 1.00]"

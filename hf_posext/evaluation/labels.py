@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-__all__ = ["short_label", "series_name", "model_name", "format_length"]
+__all__ = ["short_label", "series_name", "model_name", "format_length", "depths_note"]
 
 _PATH_VALUE = re.compile(r"=([^,()=]*[/\\][^,()=]*)")
 
@@ -36,3 +36,15 @@ def model_name(model: Any) -> str:
 def format_length(tokens: int) -> str:
     """``16384`` -> ``16k``; lengths that are not a multiple of 1024 stay as they are."""
     return f"{tokens // 1024}k" if tokens >= 1024 and tokens % 1024 == 0 else str(tokens)
+
+
+def depths_note(group: list[dict[str, Any]], all_depths: list[float], metric: str) -> str:
+    """``"depth 0 only"`` when ``group`` (a plot panel, a table cell) holds fewer of the depths with a
+    ``metric`` than ``all_depths`` (the figure's or table's), else ``""``.
+
+    A rate pooled over depth 0 alone reads like one pooled over every depth unless it says so.
+    """
+    depths = sorted({float(r["depth"]) for r in group if "depth" in r and r.get(metric) is not None})
+    if not depths or depths == list(all_depths):
+        return ""
+    return f"depth{'s' if len(depths) > 1 else ''} {', '.join(f'{d:g}' for d in depths)} only"

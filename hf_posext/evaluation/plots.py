@@ -12,7 +12,8 @@ it. Conventions, the same in every figure of a report:
 * line plots: the legend below the axes, the original window as a dotted line, and points of
   different methods at one length offset sideways so that equal values (ties) stay visible; a rate
   (retrieval accuracy) pools the trials of all depths at a length, k/n, with its 95 % Wilson interval
-  as an error bar, and the title says how many trials each point holds.
+  as an error bar, and the title says how many trials each point holds (a panel whose points pool fewer
+  depths than the others says which, e.g. "depth 0 only").
 
 :func:`layout_problems` checks a figure's layout from matplotlib's own geometry (legends against
 axes, texts against the figure's edge, tick labels against each other).
@@ -29,7 +30,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from hf_posext.evaluation.labels import format_length, short_label
+from hf_posext.evaluation.labels import depths_note, format_length, short_label
 from hf_posext.evaluation.proportions import Proportion, pooled_proportion
 
 __all__ = ["wrap_label", "method_styles", "panel_groups", "trials_note", "line_figure", "heatmap_figure", "layout_problems", "save_figure"]
@@ -160,6 +161,7 @@ def line_figure(records: Sequence[dict[str, Any]], metric: str, ylabel: str, tit
 
     groups = panel_groups(records)
     lengths = sorted({r["length"] for r in records})
+    all_depths = sorted({float(r["depth"]) for r in records if "depth" in r and r.get(metric) is not None})
     columns = min(len(groups), 3)
     rows = math.ceil(len(groups) / columns)
     panel_width = max(3.4, 0.42 * len(lengths) + 1.2)
@@ -207,7 +209,8 @@ def line_figure(records: Sequence[dict[str, Any]], metric: str, ylabel: str, tit
             axis.yaxis.set_minor_formatter(NullFormatter())
         if rate:
             axis.set_ylim(-0.05, 1.05)
-        axis.set_title(_panel_title(model, factor), fontsize=10)
+        depths = depths_note(group, all_depths, metric) if rate else ""
+        axis.set_title(_panel_title(model, factor) + (f" ({depths})" if depths else ""), fontsize=10)
         axis.set_xlabel("length (tokens)")
         axis.grid(alpha=0.3)
     positive = [v for v in plotted if v > 0 and math.isfinite(v)]

@@ -10,7 +10,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
-from hf_posext.evaluation.labels import model_name, series_name
+from hf_posext.evaluation.labels import depths_note, model_name, series_name
 from hf_posext.evaluation.proportions import pooled_proportion
 
 __all__ = ["TableCell", "Table", "task_records", "models", "metric_table", "report_tables", "markdown_table", "markdown_tables"]
@@ -67,13 +67,15 @@ def metric_table(records: Iterable[dict[str, Any]], metric: str, fmt: str, title
 
     With ``counts`` (a success rate over trials), a cell pools the trials of its records instead:
     ``k/n [low, high]`` with the 95 % Wilson interval (:mod:`hf_posext.evaluation.proportions`), its value
-    the pooled rate k/n.
+    the pooled rate k/n; a cell whose records hold fewer depths than the table's adds e.g. ``(depth 0 only)``.
     """
     grouped: dict[str, dict[int, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
     for record in records:
         if record.get(metric) is not None:
             grouped[series_name(record)][record["length"]].append(record)
     lengths = sorted({length for by_length in grouped.values() for length in by_length})
+    all_depths = sorted({float(r["depth"]) for by_length in grouped.values() for members in by_length.values()
+                         for r in members if "depth" in r})
     table = Table(title, lengths)
     for name in sorted(grouped, key=_order):
         cells = {}
@@ -83,6 +85,8 @@ def metric_table(records: Iterable[dict[str, Any]], metric: str, fmt: str, title
             pooled = pooled_proportion(members, metric) if counts else None
             if pooled is not None:
                 value, text = pooled.rate, pooled.text()
+                fewer = depths_note(members, all_depths, metric)  # a cell pooling fewer depths than the others says so
+                text += f" ({fewer})" if fewer else ""
             sources = tuple(sorted({(r["_file"], r["_run"]) for r in members}, key=lambda s: (s[0], -1 if s[1] is None else s[1])))
             reused = tuple(sorted({origin for r in members for origin in (r.get("reused_from") or [])}))
             cells[length] = TableCell(value, text, sources, reused)

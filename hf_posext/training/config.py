@@ -258,8 +258,7 @@ class TrainConfig:
             raise ConfigError(
                 f"data.pose_chunks ({d.pose_chunks}) cannot exceed data.sequence_length ({d.sequence_length})."
             )
-        if isinstance(d.pose_far_fraction, bool) or not isinstance(d.pose_far_fraction, (int, float)) \
-                or not 0 <= d.pose_far_fraction <= 1:
+        if not 0 <= d.pose_far_fraction <= 1:  # its type is checked when the config loads, like retrieval_fraction's
             raise ConfigError(f"data.pose_far_fraction must be a number in [0, 1], got {d.pose_far_fraction!r}.")
         if d.pose_far_fraction > 0 and not d.pose:
             raise ConfigError(f"data.pose_far_fraction={d.pose_far_fraction} needs data.pose=true: it moves PoSE "

@@ -15,7 +15,7 @@
 #                                                # at any point leaves the three models with about the same n
 #   bash bench/finetune26_cpu.sh accumulate [BOOKS]  # eval one trial a depth at a time, FROM..TRIALS (1..10): 50 trials
 #                                                # a task and length, gathered across sessions (TASKS, LENGTHS as for eval)
-#   bash bench/finetune26_cpu.sh string [BOOKS]  # STRING (S = STRING_S, default 8000) on the adapter merged with its yarn x4:
+#   bash bench/finetune26_cpu.sh string [BOOKS]  # STRING (paper defaults, S = 10813) on the adapter merged with its yarn x4:
 #                                                # TASKS (passkey), LENGTHS (32768), DEPTHS (0), FROM..TRIALS (1..8)
 #   bash bench/finetune26_cpu.sh ppl [BOOKS]     # perplexity on held-apart austen-emma.txt: the adapter at 2048, 8192, 16384
 #                                                # and 32768 (PPL_LENGTHS narrows them), the original (none) at 2048 and 8192;
@@ -109,10 +109,10 @@ string)
   # STRING (An et al. 2025; docs/beyond_rescaling.md, 1c) on the fine-tuned model, passkey and needle at LENGTHS
   # (default 32768) and DEPTHS (default 0), one trial a depth at a time, FROM..TRIALS (default 1..8). The adapter
   # is merged into SmolLM2 and saved with its yarn x4 in config.json (hf_posext.export --for transformers), so
-  # `string` runs on yarn's frequencies; patching `string` after `yarn` would replace yarn. S = STRING_S
-  # (default 8000, the largest round S below the pre-training window 8192 that the method takes), w = 128:
-  # a key d >= S tokens back is seen d - 7872 back, so a fact at depth 0 of 32768 (about 32,700 back) is
-  # seen about 24,800 back, where the adapter finds depth 0.25's facts.
+  # `string` runs on yarn's frequencies; patching `string` after `yarn` would replace yarn. The paper's
+  # defaults on the window the merged model declares (L = 32768): S = 10813, w = 128 (STRING_S=N sets S),
+  # so a key d >= S tokens back is seen d - 10685 back: a fact at depth 0 of 32768 (about 32,700 back) is
+  # seen about 22,000 back, where the adapter finds depth 0.25 and 0.5's facts.
   BOOKS=${2:-../shared/data/books}
   ADAPTER=${ADAPTER:-$KEPT/adapter}
   [ -f "$ADAPTER/posext_adapter.json" ] || { echo "no finished adapter in $ADAPTER: train to the last step, then run keep" >&2; exit 1; }
@@ -128,7 +128,7 @@ load_tokenizer("smollm2-135m").save_pretrained(out)
 PY
   fi
   for t in $(seq "${FROM:-1}" "${TRIALS:-8}"); do
-    E="--model $MERGED --methods string --param shifted_offset=${STRING_S:-8000} --param local_value=128 --lengths ${LENGTHS:-32768} --depths ${DEPTHS:-0} --trials $t --out bench/results/long4x --no-progress"
+    E="--model $MERGED --methods string --factor 1 ${STRING_S:+--param shifted_offset=$STRING_S} --lengths ${LENGTHS:-32768} --depths ${DEPTHS:-0} --trials $t --out bench/results/long4x --no-progress"
     for task in ${TASKS:-passkey}; do
       if [ "$task" = needle ]; then hf-posext eval needle --haystack "$BOOKS/melville-moby_dick.txt" $E; else hf-posext eval passkey $E; fi
     done

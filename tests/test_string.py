@@ -344,6 +344,32 @@ def test_composes_with_a_static_rope_scaling_in_the_models_own_config():
     assert_close_guarding(logits_of(yarn, ids), reference, unpatched, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("rope", [
+    {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": WINDOW, "rope_theta": 10000.0},
+    # llama3 (Llama 3.1's type): the declared window is not original x factor there (8192 x 8 = 65536, not 131072)
+    {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+     "original_max_position_embeddings": WINDOW // 2, "rope_theta": 10000.0},
+], ids=["yarn", "llama3"])
+def test_defaults_follow_the_window_a_scaled_config_declares(rope):
+    """The reference takes L = config.max_position_embeddings (131072 for Llama 3.1, whose llama3 scaling
+    starts from 8192): on a model whose config carries a static scaling, S = int(0.33 L) of that window,
+    and an S between the pre-scaling window and L is taken, not refused."""
+    declared = 2 * WINDOW  # 128 tokens; the pre-scaling window is 64 (yarn) or 32 (llama3)
+    model = _model("sdpa", rope_parameters=rope, max_position_embeddings=declared)
+    ids = _ids(120)
+    unpatched = logits_of(model, ids)
+    hf_posext.patch(model, "string")
+    report = hf_posext.describe(model)
+    assert report.params["shifted_offset"] == int(0.33 * declared) == 42 and report.params["local_value"] == 21
+    assert report.current_window == declared
+    fresh = _model("sdpa", rope_parameters=rope, max_position_embeddings=declared)
+    assert_close_guarding(logits_of(model, ids), _reference_logits(fresh, ids, shift=42, local=21), unpatched, atol=1e-5, rtol=1e-5)
+    hf_posext.patch(model, "string", shifted_offset=100, local_value=8)  # >= the pre-scaling window, < L
+    assert hf_posext.describe(model).params["shifted_offset"] == 100
+    with pytest.raises(ValueError, match="shifted_offset=128 must be smaller"):
+        hf_posext.patch(model, "string", shifted_offset=declared)
+
+
 def test_gradients_flow_through_the_explicit_path():
     model = _model("sdpa")
     hf_posext.patch(model, "string", shifted_offset=SHIFT, local_value=LOCAL)

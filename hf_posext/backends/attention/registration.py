@@ -377,6 +377,17 @@ def original_length(model: nn.Module, method: AttentionMethod, request: ScalingR
     return main.current[main.scaled_layer_types[0]].original_max_position_embeddings
 
 
+def declared_window(model: nn.Module) -> int | None:
+    """The window the model's config declares (``max_position_embeddings`` of the config the main rotary
+    module reads), or None when it declares none. With a static frequency scaling in the config it is the
+    scaled window (131072 for Llama 3.1, whose llama3 scaling starts from 8192), not the original one."""
+    from hf_posext.backends.rope.sites import find_rotary_sites
+
+    main = next(site for site in find_rotary_sites(model) if site.scaled_layer_types)
+    value = getattr(main.config, "max_position_embeddings", None)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
 def install(
     model: nn.Module,
     method: AttentionMethod,

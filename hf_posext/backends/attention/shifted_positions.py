@@ -57,6 +57,7 @@ __all__ = [
     "is_patched",
     "current_settings",
     "current_request",
+    "string_window",
     "patch_string",
     "unpatch_string",
     "describe_string",
@@ -393,6 +394,23 @@ def current_request(model: nn.Module) -> ScalingRequest:
     )
 
 
+def string_window(model: nn.Module, request: ScalingRequest) -> int:
+    """L, the window STRING's defaults and limits refer to: ``original_max_position_embeddings`` when the
+    request gives it, the previous patch's when STRING is installed, else the window the model's config
+    declares (``max_position_embeddings``), as the reference code takes it. For a model whose config
+    carries a static frequency scaling (YaRN, llama3, linear) that is the scaled window it was trained or
+    set up for, not the pre-scaling one: the paper's Llama 3.1 runs use L = 131072, not 8192.
+
+    Raises:
+        ValueError: see :func:`hf_posext.backends.attention.registration.original_length`.
+    """
+    original = registration.original_length(model, METHOD, request)  # also refuses a model carrying hf_posext's scaling
+    if request.original_max_position_embeddings is not None or is_patched(model):
+        return original
+    declared = registration.declared_window(model)
+    return declared if declared is not None and declared > original else original
+
+
 def patch_string(model: nn.Module, request: ScalingRequest) -> nn.Module:
     """Install STRING (use :func:`hf_posext.patch`, which routes here).
 
@@ -401,7 +419,7 @@ def patch_string(model: nn.Module, request: ScalingRequest) -> nn.Module:
         request: method ``"string"``; ``factor`` or ``target_length`` (default factor 1: STRING's home is
             inside the window; a larger one only declares the window, STRING has no length limit and keeps
             every distance below L up to ``L + S - w`` tokens); ``original_max_position_embeddings`` to
-            override L; params ``shifted_offset`` (S, default ``int(0.33 L)``, below L), ``local_value`` (w,
+            override L (default: :func:`string_window`, the config's ``max_position_embeddings``); params ``shifted_offset`` (S, default ``int(0.33 L)``, below L), ``local_value`` (w,
             default 128, at most S / 2 on small windows; below S) and ``attention_factor`` (default 1; the
             reference code's ``0.1 ln 2 + 1`` multiplies q and k).
 
@@ -416,7 +434,7 @@ def patch_string(model: nn.Module, request: ScalingRequest) -> nn.Module:
         >>> hf_posext.patch(model, "string")                               # S = 0.33 L, w = 128
         >>> hf_posext.patch(model, "string", shifted_offset=2048, local_value=256)
     """
-    original = registration.original_length(model, METHOD, request)
+    original = string_window(model, request)
     params = request.params_dict
     settings = resolve_settings(request.factor, request.target_length, original, params.get("shifted_offset"),
                                 params.get("local_value"), params.get("attention_factor", 1.0))
@@ -443,7 +461,7 @@ def describe_string(model: nn.Module) -> ScalingReport:
     notes = [
         f"distances < {s} exact; older keys seen from position i - {s} + {w} (distance d - {s} + {w}); the {s} largest "
         f"distances of the {window}-token window are never used",
-        f"every distance stays below the original window up to {max_covered_length(window, s, w)} tokens (L + S - w)",
+        f"every distance stays below the {window}-token window up to {max_covered_length(window, s, w)} tokens (L + S - w)",
         "cost: past S, up to five attention calls per query block (two small masked triangles) merged by log-sum-exp; a decode step scores the "
         "query twice against the key cache as it is (see bench/string_cost.py)",
     ]

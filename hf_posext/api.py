@@ -19,6 +19,7 @@ from hf_posext.core.loading import check_weight_files, config_kwargs, model_clas
 from hf_posext.core.record import CONFIG_KEY, ScalingReport, text_config, validate_record
 from hf_posext.core.request import ScalingRequest
 from hf_posext.methods import kinds_of
+from hf_posext.user_warnings import warn_at_caller
 from hf_posext.backends.rope.surgery import fixed_length
 
 __all__ = [
@@ -103,10 +104,19 @@ def patch(
     restore = previous.current_request(model)
     previous.unpatch(model)
     try:
-        return backend.patch(model, request, **extras)
+        patched = backend.patch(model, request, **extras)
     except Exception:
         previous.patch(model, restore)
         raise
+    if "rope" in previous.method_kinds and "attention" in backend.method_kinds and restore.method != "none":
+        warn_at_caller(
+            f"{request.method} replaced the {restore.method} x{restore.factor:g} frequency scaling: it runs on the model's "
+            f"original rotary frequencies, not {restore.method}'s (one patch at a time). For {request.method} on "
+            f"{restore.method}'s frequencies, e.g. on a model fine-tuned with {restore.method}, give it a config that carries "
+            f"{restore.method}: save the model and load the folder with AutoModelForCausalLM.from_pretrained (not "
+            f"hf_posext.load), then patch {request.method} (docs/beyond_rescaling.md, STRING, past the window)."
+        )
+    return patched
 
 
 def unpatch(model: nn.Module) -> nn.Module:

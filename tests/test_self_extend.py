@@ -413,7 +413,8 @@ def test_replace_not_compound_and_previous_frequency_patch_is_removed():
     hf_posext.patch(model, "yarn", factor=2)  # a frequency method replaces Self-Extend
     assert hf_posext.describe(model).kind == "rope"
     assert model.config._attn_implementation == "eager"
-    hf_posext.patch(model, "self-extend", group_size=4, neighbor_window=16)  # and the other way round
+    with pytest.warns(UserWarning, match=r"self-extend replaced the yarn x2 frequency scaling: it runs on the model's original"):
+        hf_posext.patch(model, "self-extend", group_size=4, neighbor_window=16)  # and the other way round, said
     assert hf_posext.describe(model).method == "self-extend"
     torch.testing.assert_close(logits_of(model, ids), first, atol=0, rtol=0)
 

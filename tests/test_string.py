@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 
 import pytest
 import torch
@@ -368,6 +369,29 @@ def test_defaults_follow_the_window_a_scaled_config_declares(rope):
     assert hf_posext.describe(model).params["shifted_offset"] == 100
     with pytest.raises(ValueError, match="shifted_offset=128 must be smaller"):
         hf_posext.patch(model, "string", shifted_offset=declared)
+
+
+def test_string_on_a_saved_yarn_model_composes_and_replacing_yarn_is_said(tmp_path):
+    """A model fine-tuned with yarn and saved: loaded with stock from_pretrained its config carries yarn and
+    STRING runs on yarn's frequencies, silently; patched over hf_posext's own yarn (hf_posext.load) it replaces
+    yarn, runs on the original frequencies, and says so."""
+    from transformers import AutoModelForCausalLM
+
+    model = _model("sdpa")
+    hf_posext.patch(model, "yarn", factor=2)
+    model.save_pretrained(tmp_path)
+    ids = _ids(120)
+    stock = AutoModelForCausalLM.from_pretrained(tmp_path)
+    stock.set_attn_implementation("sdpa")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        hf_posext.patch(stock, "string")
+    assert hf_posext.describe(stock).params["shifted_offset"] == int(0.33 * 2 * WINDOW)  # L: the window yarn declares
+    loaded = hf_posext.load(tmp_path)
+    loaded.set_attn_implementation("sdpa")
+    with pytest.warns(UserWarning, match=r"string replaced the yarn x2 frequency scaling: it runs on the model's original rotary"):
+        hf_posext.patch(loaded, "string", shifted_offset=42, local_value=21)
+    assert (logits_of(stock, ids) - logits_of(loaded, ids)).abs().max() > 0.1  # yarn's frequencies against the original ones
 
 
 def test_gradients_flow_through_the_explicit_path():

@@ -15,6 +15,7 @@
 #                                                # at any point leaves the three models with about the same n
 #   bash bench/finetune26_cpu.sh accumulate [BOOKS]  # eval one trial a depth at a time, FROM..TRIALS (1..10): 50 trials
 #                                                # a task and length, gathered across sessions (TASKS, LENGTHS as for eval)
+#   bash bench/finetune26_cpu.sh merge           # the adapter merged, yarn x4 in its config.json: runs/merged-KEPT-yarn4
 #   bash bench/finetune26_cpu.sh string [BOOKS]  # STRING (paper defaults, S = 10813) on the adapter merged with its yarn x4:
 #                                                # TASKS (passkey), LENGTHS (32768), DEPTHS (0), FROM..TRIALS (1..8)
 #   bash bench/finetune26_cpu.sh ppl [BOOKS]     # perplexity on held-apart austen-emma.txt: the adapter at 2048, 8192, 16384
@@ -105,6 +106,24 @@ accumulate)
     TRIALS=$t bash "$0" eval "${2:-../shared/data/books}"
   done
   ;;
+merge)
+  # The adapter merged into SmolLM2 and saved with its yarn x4 in config.json (stock from_pretrained loads it
+  # scaled), in runs/merged-KEPT-yarn4; prints that folder. Written once (about 10 s); the string stages read it.
+  ADAPTER=${ADAPTER:-$KEPT/adapter}
+  [ -f "$ADAPTER/posext_adapter.json" ] || { echo "no finished adapter in $ADAPTER: train to the last step, then run keep" >&2; exit 1; }
+  MERGED=runs/merged-$(basename "$KEPT")-yarn4
+  if [ ! -f "$MERGED/config.json" ]; then
+    "${PYTHON:-python}" - "${MODEL:-smollm2-135m}" "$ADAPTER" "$MERGED" <<'PY'
+import sys
+from hf_posext.adapters import load_adapted_model
+from hf_posext.export import export
+from hf_posext.models import load_tokenizer
+out = export(load_adapted_model(sys.argv[1], sys.argv[2]), "transformers", sys.argv[3], overwrite=True)
+load_tokenizer(sys.argv[1]).save_pretrained(out)
+PY
+  fi
+  echo "$MERGED"
+  ;;
 string)
   # STRING (An et al. 2025; docs/beyond_rescaling.md, 1c) on the fine-tuned model, passkey and needle at LENGTHS
   # (default 32768) and DEPTHS (default 0), one trial a depth at a time, FROM..TRIALS (default 1..8). The adapter
@@ -114,19 +133,7 @@ string)
   # so a key d >= S tokens back is seen d - 10685 back: a fact at depth 0 of 32768 (about 32,700 back) is
   # seen about 22,000 back, where the adapter finds depth 0.25 and 0.5's facts.
   BOOKS=${2:-../shared/data/books}
-  ADAPTER=${ADAPTER:-$KEPT/adapter}
-  [ -f "$ADAPTER/posext_adapter.json" ] || { echo "no finished adapter in $ADAPTER: train to the last step, then run keep" >&2; exit 1; }
-  MERGED=runs/merged-$(basename "$KEPT")-yarn4
-  if [ ! -f "$MERGED/config.json" ]; then
-    python - "$ADAPTER" "$MERGED" <<'PY'
-import sys
-from hf_posext.adapters import load_adapted_model
-from hf_posext.export import export
-from hf_posext.models import load_tokenizer
-out = export(load_adapted_model("smollm2-135m", sys.argv[1]), "transformers", sys.argv[2], overwrite=True)
-load_tokenizer("smollm2-135m").save_pretrained(out)
-PY
-  fi
+  MERGED=$(bash "$0" merge | tail -1)
   for t in $(seq "${FROM:-1}" "${TRIALS:-8}"); do
     E="--model $MERGED --methods string --factor 1 ${STRING_S:+--param shifted_offset=$STRING_S} --lengths ${LENGTHS:-32768} --depths ${DEPTHS:-0} --trials $t --out bench/results/long4x --no-progress"
     for task in ${TASKS:-passkey}; do

@@ -17,7 +17,7 @@
 #                                                # a task and length, gathered across sessions (TASKS, LENGTHS as for eval)
 #   bash bench/finetune26_cpu.sh merge           # the adapter merged, yarn x4 in its config.json: runs/merged-KEPT-yarn4
 #   bash bench/finetune26_cpu.sh string [BOOKS]  # STRING (paper defaults, S = 10813) on the adapter merged with its yarn x4:
-#                                                # TASKS (passkey), LENGTHS (32768), DEPTHS (0), FROM..TRIALS (1..8)
+#                                                # TASKS (passkey; needle, perplexity), LENGTHS (32768), DEPTHS (0), FROM..TRIALS (1..8)
 #   bash bench/finetune26_cpu.sh ppl [BOOKS]     # perplexity on held-apart austen-emma.txt: the adapter at 2048, 8192, 16384
 #                                                # and 32768 (PPL_LENGTHS narrows them), the original (none) at 2048 and 8192;
 #                                                # same protocol as the README's table
@@ -134,10 +134,14 @@ string)
   # seen about 22,000 back, where the adapter finds depth 0.25 and 0.5's facts.
   BOOKS=${2:-../shared/data/books}
   MERGED=$(bash "$0" merge | tail -1)
+  S="--model $MERGED --methods string --factor 1 ${STRING_S:+--param shifted_offset=$STRING_S} --out bench/results/long4x --no-progress"
+  if [[ " ${TASKS:-passkey} " == *" perplexity "* ]]; then   # the ppl protocol (same book, windows and lengths)
+    hf-posext eval perplexity $S --data "$BOOKS/austen-emma.txt" --max-tokens 16384 --max-segments 4 --lengths ${PPL_LENGTHS:-2048,8192,16384,32768}
+  fi
   for t in $(seq "${FROM:-1}" "${TRIALS:-8}"); do
-    E="--model $MERGED --methods string --factor 1 ${STRING_S:+--param shifted_offset=$STRING_S} --lengths ${LENGTHS:-32768} --depths ${DEPTHS:-0} --trials $t --out bench/results/long4x --no-progress"
     for task in ${TASKS:-passkey}; do
-      if [ "$task" = needle ]; then hf-posext eval needle --haystack "$BOOKS/melville-moby_dick.txt" $E; else hf-posext eval passkey $E; fi
+      E="$S --lengths ${LENGTHS:-32768} --depths ${DEPTHS:-0} --trials $t"
+      if [ "$task" = needle ]; then hf-posext eval needle --haystack "$BOOKS/melville-moby_dick.txt" $E; elif [ "$task" = passkey ]; then hf-posext eval passkey $E; fi
     done
   done
   ;;

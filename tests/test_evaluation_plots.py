@@ -148,6 +148,21 @@ def test_rate_plots_count_trials_per_panel_point():
     assert trials_note(records, "greedy_accuracy").startswith("n = 3-8 trials per point")
 
 
+def test_a_method_at_factor_1_is_not_titled_unpatched():
+    # STRING runs at x1 (inside its window): its panel, and the heatmap named after it, must not read "unpatched".
+    from hf_posext.evaluation.plots import panel_scale
+
+    string = [{"method": "string", "label": "string", "factor": 1.0, "length": 32768, "depth": 0.0, "trials": 8,
+               "greedy_accuracy": 1.0, "greedy_correct": 8, "_model": "runs/merged-run-retrieval-mixed-yarn4"}]
+    none = [{**string[0], "method": "none", "label": "none", "_model": "base", "depth": d} for d in (0.0, 0.5)]
+    assert panel_scale(1.0, string) == "x1" and panel_scale(1.0, none) == "unpatched" and panel_scale(4.0, string) == "x4"
+    figure = line_figure(string + none, "greedy_accuracy", "accuracy", "Passkey", method_styles(["string", "none"]), rate=True)
+    titles = sorted(axis.get_title() for axis in figure.axes if axis.get_visible())
+    plt.close(figure)
+    # a long title wraps (at a comma or parenthesis) rather than running off the figure
+    assert titles == ["base, unpatched", "runs/merged-run-retrieval-mixed-yarn4, x1\n(depth 0 only)"]
+
+
 def test_a_panel_pooling_fewer_depths_says_which():
     # An adapter evaluated at depth 0 only beside one evaluated at every depth: its panel must not read as "all depths".
     every = [{"method": "yarn", "label": "yarn", "factor": 4.0, "length": 32768, "depth": d, "trials": 4,

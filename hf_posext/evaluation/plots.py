@@ -33,7 +33,7 @@ from typing import Any, Iterable, Sequence
 from hf_posext.evaluation.labels import depths_note, format_length, short_label
 from hf_posext.evaluation.proportions import Proportion, pooled_proportion
 
-__all__ = ["wrap_label", "method_styles", "panel_groups", "trials_note", "line_figure", "heatmap_figure", "layout_problems", "save_figure"]
+__all__ = ["wrap_label", "method_styles", "panel_groups", "panel_scale", "trials_note", "line_figure", "heatmap_figure", "layout_problems", "save_figure"]
 
 _MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "h", "*", "p")
 _DODGE_OCTAVES = 0.05  # sideways offset between methods at one length, in octaves of the log2 length axis
@@ -82,9 +82,21 @@ def panel_groups(records: Sequence[dict[str, Any]]) -> dict[tuple[str | None, fl
     return groups
 
 
-def _panel_title(model: str | None, factor: float) -> str:
-    scale = "unpatched" if factor == 1 else f"x{factor:g}"
-    return f"{model}, {scale}" if model else scale
+def panel_scale(factor: float, records: Sequence[dict[str, Any]]) -> str:
+    """A panel's scale: ``"unpatched"`` for a factor-1 panel that holds only the unpatched model, else
+    ``"x<factor>"``; a method patched at factor 1 (STRING inside its window) is not unpatched."""
+    if factor == 1 and all(record["method"] == "none" for record in records):
+        return "unpatched"
+    return f"x{factor:g}"
+
+
+def _panel_title(model: str | None, factor: float, records: Sequence[dict[str, Any]], note: str) -> str:
+    scale = panel_scale(factor, records)
+    title = wrap_label(f"{model}, {scale}" if model else scale, PANEL_TITLE_WIDTH)
+    if not note:
+        return title
+    joined = f"{title} ({note})"
+    return joined if len(joined.splitlines()[-1]) <= PANEL_TITLE_WIDTH else f"{title}\n({note})"
 
 
 def _original_window(records: Sequence[dict[str, Any]]) -> int | None:
@@ -135,6 +147,9 @@ def _length_axis(axis, lengths: Sequence[int], window: int | None = None) -> Non
     low, high = min(list(lengths) + ([window] if window else [])), max(list(lengths) + ([window] if window else []))
     axis.set_xlim(low / 2 ** 0.4, high * 2 ** 0.4)
 
+
+#: Characters a panel title holds on one line before it wraps (a results folder named as the model is long).
+PANEL_TITLE_WIDTH = 44
 
 #: The smallest max/min ratio a logarithmic y axis shows (perplexity), so small differences look small.
 MIN_LOG_SPAN = 1.5
@@ -210,7 +225,7 @@ def line_figure(records: Sequence[dict[str, Any]], metric: str, ylabel: str, tit
         if rate:
             axis.set_ylim(-0.05, 1.05)
         depths = depths_note(group, all_depths, metric) if rate else ""
-        axis.set_title(_panel_title(model, factor) + (f" ({depths})" if depths else ""), fontsize=10)
+        axis.set_title(_panel_title(model, factor, group, depths), fontsize=10)
         axis.set_xlabel("length (tokens)")
         axis.grid(alpha=0.3)
     positive = [v for v in plotted if v > 0 and math.isfinite(v)]

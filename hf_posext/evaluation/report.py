@@ -23,7 +23,7 @@ from typing import Any, Sequence
 from hf_posext.core.paths import check_output_folder
 from hf_posext.evaluation.html_report import write_html
 from hf_posext.evaluation.labels import model_name, short_label
-from hf_posext.evaluation.plots import heatmap_figure, line_figure, method_styles, panel_groups, save_figure
+from hf_posext.evaluation.plots import heatmap_figure, line_figure, method_styles, panel_groups, panel_scale, save_figure
 from hf_posext.evaluation.results_files import load_results
 from hf_posext.evaluation.tables import markdown_tables, models, report_tables, task_records
 
@@ -105,7 +105,7 @@ def write_plots(runs: Sequence[dict[str, Any]], out_dir: str | os.PathLike) -> l
             continue
         several = len({r.get("_model") for r in records}) > 1
         for (model, factor), group in panel_groups(records).items():
-            scale = "none" if factor == 1 else f"x{factor:g}"
+            scale = panel_scale(factor, group).replace("unpatched", "none")
             name = f"{task}-heatmap{'-' + _slug(model) if several and model else ''}-{scale}.png"
             subject = model or _subject(group, runs)
             title = f"{_TASK_TITLES[task]} accuracy ({scoring}) by length and depth: {subject}, {scale}"

@@ -419,9 +419,10 @@ def patch_string(model: nn.Module, request: ScalingRequest) -> nn.Module:
         request: method ``"string"``; ``factor`` or ``target_length`` (default factor 1: STRING's home is
             inside the window; a larger one only declares the window, STRING has no length limit and keeps
             every distance below L up to ``L + S - w`` tokens); ``original_max_position_embeddings`` to
-            override L (default: :func:`string_window`, the config's ``max_position_embeddings``); params ``shifted_offset`` (S, default ``int(0.33 L)``, below L), ``local_value`` (w,
-            default 128, at most S / 2 on small windows; below S) and ``attention_factor`` (default 1; the
-            reference code's ``0.1 ln 2 + 1`` multiplies q and k).
+            override L (default: :func:`string_window`, the config's ``max_position_embeddings``); params
+            ``shifted_offset`` (S, default ``int(0.33 L)``, below L), ``local_value`` (w, default 128, at most
+            S / 2 on small windows; below S) and ``attention_factor`` (default 1; the reference code's
+            ``0.1 ln 2 + 1`` multiplies q and k).
 
     Returns:
         The same model. Patching again replaces the previous settings (never compounds).

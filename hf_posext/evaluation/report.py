@@ -105,7 +105,7 @@ def write_plots(runs: Sequence[dict[str, Any]], out_dir: str | os.PathLike) -> l
             continue
         several = len({r.get("_model") for r in records}) > 1
         for (model, factor), group in panel_groups(records).items():
-            scale = panel_scale(factor, group).replace("unpatched", "none")
+            scale = "none" if panel_scale(factor, group) == "unpatched" else f"x{factor:g}"
             name = f"{task}-heatmap{'-' + _slug(model) if several and model else ''}-{scale}.png"
             subject = model or _subject(group, runs)
             title = f"{_TASK_TITLES[task]} accuracy ({scoring}) by length and depth: {subject}, {scale}"

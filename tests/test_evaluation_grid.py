@@ -69,3 +69,27 @@ def test_a_stopped_evaluation_keeps_its_finished_cells(tmp_path, monkeypatch):
     assert sorted(rescored) == sorted(passkey.draw_passkey(0, 400, d, t) for d in (0.5, 1.0) for t in (0, 1))
     assert sorted(r["depth"] for r in again.cells.values()) == [0.0, 0.5, 1.0]
     assert next(iter(again.cells.values()))["units"] == next(iter(stored.values()))["units"]
+
+
+def test_records_carry_the_loaded_models_window_before_scaling(tmp_path):
+    # A model saved with yarn x2 in its config (window 256 -> 512) and evaluated at x1 with STRING: its records
+    # say supported_window 512, and the plot's "original window" line must sit at 256, the window the model had
+    # before yarn. Read from supported_window / factor it sat at 512, on top of the points it is there to frame.
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from hf_posext.evaluation.plots import line_figure, method_styles
+
+    rope = {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 256, "rope_theta": 10000.0}
+    scaled = tiny_model("llama", seed=0, max_position_embeddings=512, rope_parameters=rope)
+    passkey.evaluate_passkey(scaled, TOKENIZER, methods=parse_methods("string"), lengths=[480], factor=1.0, depths=(0.0,),
+                             trials=1, out_dir=tmp_path, progress=False, generate=False)
+    [path] = tmp_path.glob("passkey-*.json")
+    [record] = json.loads(path.read_text())["cells"].values()
+    assert (record["supported_window"], record["original_window"]) == (512, 256)
+    figure = line_figure([record], "teacher_forced_accuracy", "accuracy", "Passkey", method_styles(["string"]), rate=True)
+    dotted = [list(line.get_xdata()) for line in figure.axes[0].lines if line.get_linestyle() == ":"]
+    plt.close(figure)
+    assert dotted == [[256, 256]]

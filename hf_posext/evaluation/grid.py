@@ -147,7 +147,7 @@ def run_grid(
         with apply_method(model, method, method_factor) as report:
             for length in lengths:
                 step = _Step(method, method_factor, length, report, rope_frequencies(model, length),
-                             attention_function(model), weights, sampled_weights)
+                             attention_function(model), weights, sampled_weights, original_window)
                 _run_step(job, step, plans[length], ids[length], memo)
     store.save(world_size=job.dist.world_size)
     return store
@@ -179,6 +179,7 @@ class _Step:
     attention: dict[str, Any] | None = None  # an attention-level method's settings and kernel hash
     weights: str | None = None  # weights_fingerprint of the unpatched model
     sampled_weights: str | None = None  # its sampled_weights_fingerprint, when a stored cell carries one
+    original_window: int | None = None  # the unpatched model's original window (describe), for the plots
 
     @functools.cached_property
     def fingerprint(self) -> str | None:
@@ -364,6 +365,10 @@ def _cell_record(step: _Step, cell: Cell, metrics: dict[str, Any], unit_results:
         "units": unit_results,
         "unit_keys": [json.loads(_unit_key_text(unit.key)) for unit in cell.units],
     }
+    if step.original_window is not None:
+        # The loaded model's window before any scaling: a model saved with yarn x4 in its config and evaluated
+        # at x1 (STRING on it) has supported_window 4x this, which is not the window it was trained at.
+        record["original_window"] = step.original_window
     if reused_from:
         record["reused_from"] = sorted(reused_from)
     if step.fingerprint is not None:

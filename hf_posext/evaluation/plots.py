@@ -100,7 +100,11 @@ def _panel_title(model: str | None, factor: float, records: Sequence[dict[str, A
 
 
 def _original_window(records: Sequence[dict[str, Any]]) -> int | None:
-    """The model's original window: the unpatched run's, else a static run's supported window / factor."""
+    """The model's original window: as recorded (the loaded model's, before any scaling), else the unpatched
+    run's, else a static run's supported window / factor (results files written before records carried it)."""
+    recorded = [int(record["original_window"]) for record in records if record.get("original_window")]
+    if recorded:
+        return min(recorded)
     for record in records:
         if record["method"] == "none" and record.get("supported_window"):
             return int(record["supported_window"])

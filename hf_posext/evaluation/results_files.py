@@ -27,7 +27,7 @@ TASK_METRICS: dict[str, tuple[str, ...]] = {
 }
 #: Counts of correct trials and the rate each must agree with (k/n).
 _COUNTS = (("greedy_correct", "greedy_accuracy"), ("teacher_forced_correct", "teacher_forced_accuracy"))
-_OPTIONAL_NUMBERS = ("greedy_accuracy", "answer_token_accuracy", "seconds", "supported_window", "windows")
+_OPTIONAL_NUMBERS = ("greedy_accuracy", "answer_token_accuracy", "seconds", "supported_window", "original_window", "windows")
 _ACCURACIES = ("teacher_forced_accuracy", "greedy_accuracy", "answer_token_accuracy")
 
 

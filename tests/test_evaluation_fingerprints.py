@@ -47,15 +47,94 @@ def test_a_self_extend_cell_records_its_settings_kernel_and_frequencies(model, t
     assert saved["cells"][next(iter(saved["cells"]))]["attention_function"] == cell["attention_function"]
 
 
+def _edited_sources(monkeypatch, edit):
+    """Make the attention package's files read as ``edit({name: bytes})`` returns them."""
+    real = fingerprints._kernel_package_sources
+    monkeypatch.setattr(fingerprints, "_kernel_package_sources", lambda model: edit(dict(real(model))))
+
+
 def test_a_changed_kernel_recomputes_the_cell_and_the_same_kernel_does_not(model, tmp_path, monkeypatch):
     _run(model, tmp_path)
     calls = _count_forwards(monkeypatch)
     _run(model, tmp_path)
     assert calls == []  # same settings, same code: read back
-    monkeypatch.setattr(fingerprints, "_kernel_source_hash", lambda m: "0" * 64)  # the kernel's code changed
+    # the kernel's code changed: one statement more in one file of the package
+    _edited_sources(monkeypatch, lambda files: {**files, "kernels.py": files["kernels.py"] + b"\nEDITED = 1\n"})
     with pytest.warns(UserWarning, match="attention kernel"):
         (cell,) = _run(model, tmp_path).cells.values()
-    assert calls == [1] and cell["attention_function"]["kernel_sha256"] == "0" * 64
+    assert calls == [1]
+    assert cell["attention_function"] == fingerprints.attention_function(_patched(model))  # the edited code's hashes
+
+
+def _patched(model):
+    import copy
+
+    from hf_posext import patch
+
+    return patch(copy.deepcopy(model), "self-extend", **SELF_EXTEND)
+
+
+def _rewrap_docstrings_and_comment(files):
+    """A docstring reworded and rewrapped, a comment added, blank lines: the code itself is the same."""
+    source = files["kernels.py"].decode()
+    start = source.index('"""') + 3
+    source = source[:start] + "Reworded,\n    and wrapped anew. " + source[start:]
+    return {**files, "kernels.py": ("# a comment\n\n" + source + "\n\n# another\n").encode()}
+
+
+def test_a_docstring_or_comment_edit_keeps_the_cells(model, tmp_path, monkeypatch):
+    """Issue 26: a rewrapped docstring in the attention package recomputed 12 STRING trials (about 90 minutes)."""
+    (before,) = _run(model, tmp_path).cells.values()
+    calls = _count_forwards(monkeypatch)
+    _edited_sources(monkeypatch, _rewrap_docstrings_and_comment)
+    edited = fingerprints.attention_function(_patched(model))
+    assert edited["kernel_sha256"] != before["attention_function"]["kernel_sha256"]  # the files did change
+    assert edited["kernel_code_sha256"] == before["attention_function"]["kernel_code_sha256"]
+    (after,) = _run(model, tmp_path).cells.values()
+    assert calls == [] and after == before
+
+
+def test_cells_without_the_code_hash_are_checked_by_their_source_hash(model, tmp_path, monkeypatch):
+    """Cells written before ``kernel_code_sha256`` was kept: the same files read them back, an edit recomputes."""
+    _run(model, tmp_path)
+    path = next(tmp_path.glob("perplexity-*.json"))
+    saved = json.loads(path.read_text())
+    for cell in saved["cells"].values():
+        del cell["attention_function"]["kernel_code_sha256"]  # as the older release wrote it
+    path.write_text(json.dumps(saved))
+    calls = _count_forwards(monkeypatch)
+    _run(model, tmp_path)
+    assert calls == []
+    _edited_sources(monkeypatch, _rewrap_docstrings_and_comment)  # no code hash to prove the code the same
+    with pytest.warns(UserWarning, match="attention kernel"):
+        _run(model, tmp_path)
+    assert calls == [1]
+
+
+@pytest.mark.parametrize("stored, same", [
+    ({"kernel_sha256": "a", "kernel_code_sha256": "c"}, True),
+    ({"kernel_sha256": "a"}, True),
+    ({"kernel_sha256": "b", "kernel_code_sha256": "c"}, True),  # other files, same code (a docstring edit)
+    ({"kernel_sha256": "a", "kernel_code_sha256": "d"}, True),  # same files, another Python's ast.dump
+    ({"kernel_sha256": "b", "kernel_code_sha256": "d"}, False),
+    ({"kernel_sha256": "b"}, False),
+    ({"kernel_sha256": None, "kernel_code_sha256": None}, False),
+])
+def test_same_attention_function_needs_equal_settings_and_equal_files_or_code(stored, same):
+    current = {"method": "string", "params": {"w": 1}, "kernel_sha256": "a", "kernel_code_sha256": "c"}
+    assert fingerprints.same_attention_function({"method": "string", "params": {"w": 1}, **stored}, current) is same
+    assert not fingerprints.same_attention_function({**current, "params": {"w": 2}}, current)
+    assert not fingerprints.same_attention_function({**current, "method": "dca"}, current)
+
+
+def test_the_code_hash_sees_a_changed_constant_and_not_a_docstring():
+    files = {"k.py": b'def f(x):\n    """Twice."""\n    return 2 * x\n'}
+    assert fingerprints.kernel_code_hash(files) == fingerprints.kernel_code_hash(
+        {"k.py": b'def f(x):\n    """Twice x,\n    reworded."""\n\n    return 2 * x  # doubled\n'})
+    assert fingerprints.kernel_code_hash(files) != fingerprints.kernel_code_hash(
+        {"k.py": b'def f(x):\n    """Twice."""\n    return 3 * x\n'})
+    assert fingerprints.kernel_code_hash(files) != fingerprints.kernel_code_hash({"j.py": files["k.py"]})  # renamed
+    assert fingerprints.kernel_code_hash({"k.py": b"def f(:\n"}) is None
 
 
 @pytest.mark.parametrize("sibling", ["kernels.py", "registration.py", "dual_chunk.py"])
@@ -67,14 +146,16 @@ def test_the_kernel_hash_covers_the_modules_the_kernel_imports_its_math_from(mod
     from hf_posext import patch
 
     patched = patch(copy.deepcopy(model), "self-extend", **SELF_EXTEND)
-    before = fingerprints.attention_function(patched)["kernel_sha256"]
+    before = fingerprints.attention_function(patched)
     real_read_bytes = pathlib.Path.read_bytes
 
     def edited(path):
-        return real_read_bytes(path) + (b"# edited\n" if path.name == sibling else b"")
+        return real_read_bytes(path) + (b"\nEDITED = 1\n" if path.name == sibling else b"")
 
     monkeypatch.setattr(pathlib.Path, "read_bytes", edited)
-    assert fingerprints.attention_function(patched)["kernel_sha256"] != before
+    after = fingerprints.attention_function(patched)
+    assert after["kernel_sha256"] != before["kernel_sha256"]
+    assert after["kernel_code_sha256"] != before["kernel_code_sha256"]
 
 
 def test_a_changed_rope_under_self_extend_recomputes_the_cell(model, tmp_path, monkeypatch):

@@ -5,7 +5,8 @@ The grid compares them to decide whether a stored cell is stale and whether two 
 same function at a length (then one result serves both). A RoPE method is pinned down by its rotary
 frequencies; an attention-level method also changes how positions enter the attention scores, so
 :func:`attention_function` records its settings and a hash of its kernel's code: a cell computed with
-other settings or another version of the kernel is recomputed, not reused.
+other settings or another version of the kernel is recomputed, not reused. A docstring or comment edit
+is not another version (:func:`kernel_code_hash`, :func:`same_attention_function`).
 
 A results file is keyed by the model's name or path, not its weights: :func:`weights_fingerprint` pins
 down the weights a cell was computed on (a sha256 over every element of every parameter), so a model
@@ -16,6 +17,7 @@ against that.
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import inspect
 import json
@@ -33,6 +35,9 @@ __all__ = [
     "rope_frequencies",
     "same_frequencies",
     "attention_function",
+    "same_attention_function",
+    "kernel_source_hash",
+    "kernel_code_hash",
     "function_fingerprint",
     "weights_fingerprint",
     "sampled_weights_fingerprint",
@@ -131,13 +136,8 @@ def same_frequencies(a: list[dict[str, Any]], b: list[dict[str, Any]], rtol: flo
     return True
 
 
-def _kernel_source_hash(model: torch.nn.Module) -> str | None:
-    """sha256 over the package that defines the attention function the model's config names (None: not found).
-
-    The registered function's module imports its math from sibling modules (the shared kernels, the
-    registration flow, another method's helpers), so the hash covers every ``.py`` file of that package,
-    in name order: an edit to any of them recomputes the cells.
-    """
+def _kernel_package_sources(model: torch.nn.Module) -> dict[str, bytes] | None:
+    """The ``.py`` files of the package that defines the attention function the config names, by file name."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     name = getattr(model.config, "_attn_implementation", None)
@@ -146,9 +146,38 @@ def _kernel_source_hash(model: torch.nn.Module) -> str | None:
     source_file = getattr(module, "__file__", None)
     if source_file is None:
         return None
+    return {path.name: path.read_bytes() for path in sorted(Path(source_file).parent.glob("*.py"))}
+
+
+def kernel_source_hash(sources: dict[str, bytes]) -> str:
+    """sha256 over a package's files (``{file name: bytes}``) in name order: any edit changes it, a comment too."""
     digest = hashlib.sha256()
-    for path in sorted(Path(source_file).parent.glob("*.py")):
-        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    for name in sorted(sources):
+        digest.update(name.encode() + b"\0" + sources[name] + b"\0")
+    return digest.hexdigest()
+
+
+def kernel_code_hash(sources: dict[str, bytes]) -> str | None:
+    """sha256 over the syntax trees of a package's files, docstrings removed (None: a file does not parse).
+
+    What the code computes, not how it is written: comments, docstrings, line wrapping and blank lines do not
+    change it; any change of a statement, name or constant does. ``ast.dump`` can differ between Python
+    versions, so the hash is compared within one version; :func:`same_attention_function` also accepts an
+    equal :func:`kernel_source_hash`, which holds across versions.
+    """
+    digest = hashlib.sha256()
+    for name in sorted(sources):
+        try:
+            tree = ast.parse(sources[name])
+        except (SyntaxError, ValueError):
+            return None
+        for node in ast.walk(tree):
+            body = getattr(node, "body", None)
+            if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body
+                    and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                    and isinstance(body[0].value.value, str)):
+                node.body = body[1:] or [ast.Pass()]
+        digest.update(name.encode() + b"\0" + ast.dump(tree, include_attributes=False).encode() + b"\0")
     return digest.hexdigest()
 
 
@@ -166,7 +195,26 @@ def attention_function(model: torch.nn.Module) -> dict[str, Any] | None:
     if report.kind != "attention":
         return None
     params = {key: value for key, value in sorted(report.params.items()) if key not in KERNEL_INDEPENDENT_PARAMS}
-    return {"method": report.method, "params": params, "kernel_sha256": _kernel_source_hash(model)}
+    sources = _kernel_package_sources(model)
+    return {"method": report.method, "params": params,
+            "kernel_sha256": kernel_source_hash(sources) if sources is not None else None,
+            "kernel_code_sha256": kernel_code_hash(sources) if sources is not None else None}
+
+
+def same_attention_function(stored: dict[str, Any] | None, current: dict[str, Any] | None) -> bool:
+    """Whether a stored cell's :func:`attention_function` computes what the model computes now.
+
+    The method and settings must be equal, and the kernel's code the same: the same source files
+    (``kernel_sha256``), or the same syntax trees without docstrings (``kernel_code_sha256``, absent from
+    cells written before it was kept), so a docstring or comment edit does not throw away hours of results.
+    """
+    if stored is None or current is None:
+        return stored is current
+    if (stored.get("method"), stored.get("params")) != (current.get("method"), current.get("params")):
+        return False
+    same_source = stored.get("kernel_sha256") is not None and stored.get("kernel_sha256") == current.get("kernel_sha256")
+    code = stored.get("kernel_code_sha256")
+    return same_source or (code is not None and code == current.get("kernel_code_sha256"))
 
 
 def function_fingerprint(frequencies: list[dict[str, Any]] | None, attention: dict[str, Any] | None) -> str | None:

@@ -31,6 +31,7 @@ from hf_posext.evaluation.fingerprints import (
     function_fingerprint,
     rope_frequencies,
     is_full_weights_fingerprint,
+    same_attention_function,
     same_frequencies,
     sampled_weights_fingerprint,
     weights_fingerprint,
@@ -241,7 +242,8 @@ def _stale_cells(store: ResultStore, ids: list[str], step: _Step) -> list[str]:
     def stale(record: dict[str, Any]) -> bool:
         other_rope = (step.frequencies is not None and record.get("rope_frequencies") is not None
                       and not same_frequencies(record["rope_frequencies"], step.frequencies))
-        other_attention = "attention_function" in record and record["attention_function"] != step.attention
+        other_attention = ("attention_function" in record
+                           and not same_attention_function(record["attention_function"], step.attention))
         recorded = record.get("model_weights")
         current = step.weights if recorded is None or is_full_weights_fingerprint(recorded) else step.sampled_weights
         other_weights = recorded is not None and current is not None and recorded != current

@@ -140,12 +140,9 @@ def test_the_code_hash_sees_a_changed_constant_and_not_a_docstring():
 @pytest.mark.parametrize("sibling", ["kernels.py", "registration.py", "dual_chunk.py"])
 def test_the_kernel_hash_covers_the_modules_the_kernel_imports_its_math_from(model, monkeypatch, sibling):
     """An edit to the shared kernels or registration (not the method's own file) changes the hash too."""
-    import copy
     import pathlib
 
-    from hf_posext import patch
-
-    patched = patch(copy.deepcopy(model), "self-extend", **SELF_EXTEND)
+    patched = _patched(model)
     before = fingerprints.attention_function(patched)
     real_read_bytes = pathlib.Path.read_bytes
 

@@ -137,7 +137,11 @@ def same_frequencies(a: list[dict[str, Any]], b: list[dict[str, Any]], rtol: flo
 
 
 def _kernel_package_sources(model: torch.nn.Module) -> dict[str, bytes] | None:
-    """The ``.py`` files of the package that defines the attention function the config names, by file name."""
+    """The ``.py`` files of the package that defines the attention function the config names, by file name.
+
+    The registered function's module imports its math from sibling modules (the shared kernels, the
+    registration flow, another method's helpers), so every ``.py`` file of that package counts (None: not found).
+    """
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     name = getattr(model.config, "_attn_implementation", None)

@@ -238,12 +238,15 @@ def run_eval(args: argparse.Namespace) -> int:
 def _add_report_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("folder", help="a results folder written by hf-posext eval / eval/*.py")
     parser.add_argument("--out", help="where to write report.md and the plots (default: the results folder)")
+    parser.add_argument("--compare", nargs=2, action="append", default=[], metavar=("FIRST", "SECOND"),
+                        help="add a table of the passkey and needle trials that only one of two series found, with the "
+                             "exact sign test; series names as the report's tables show them (repeatable)")
 
 
 def _run_report(args: argparse.Namespace) -> int:
     from hf_posext.evaluation.report import write_report
 
-    markdown, plots = write_report(args.folder, args.out)
+    markdown, plots = write_report(args.folder, args.out, [tuple(pair) for pair in args.compare])
     print(markdown)
     print("\nplots: " + ", ".join(str(p) for p in plots))
     print(f"HTML report (self-contained, opens offline): {Path(args.out or args.folder) / 'report.html'}")

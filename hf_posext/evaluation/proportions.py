@@ -8,6 +8,9 @@ interval (Wilson 1927, "Probable inference, the law of succession, and statistic
 with z = 1.96 for 95 %. Unlike the normal approximation p ± z·sqrt(p(1-p)/n) it stays inside [0, 1] and is
 not zero-width at k = 0 or k = n (3/3 gives [0.44, 1.00], 50/50 gives [0.93, 1.00]): two methods whose
 intervals overlap widely are not told apart by the trials run.
+
+Two methods run on the *same* trials are compared more sharply by their discordant trials, those that one
+found and the other missed (:func:`sign_test_p_value`, the exact McNemar test).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-__all__ = ["Z_95", "wilson_interval", "Proportion", "correct_count", "pooled_proportion"]
+__all__ = ["Z_95", "wilson_interval", "sign_test_p_value", "Proportion", "correct_count", "pooled_proportion"]
 
 #: The two-sided 95 % quantile of the standard normal distribution.
 Z_95 = 1.959963984540054
@@ -54,6 +57,41 @@ def wilson_interval(successes: int, trials: int, z: float = Z_95) -> tuple[float
     low = 0.0 if successes == 0 else max(0.0, centre - half)
     high = 1.0 if successes == trials else min(1.0, centre + half)
     return low, high
+
+
+def sign_test_p_value(only_first: int, only_second: int) -> float:
+    """The exact two-sided sign test on paired trials (McNemar's exact test; McNemar 1947, Psychometrika 12).
+
+    Of ``n = b + c`` discordant trials (``b`` found only by the first method, ``c`` only by the second),
+    under "the two methods are equally good" each is the first's with probability 1/2, so
+
+        p = min(1, 2 · sum_{i <= min(b, c)} C(n, i) / 2^n)
+
+    Trials both found or both missed say nothing about which is better and do not enter. With no discordant
+    trial, p = 1.
+
+    Args:
+        only_first: b >= 0.
+        only_second: c >= 0.
+
+    Returns:
+        The p-value in (0, 1].
+
+    Raises:
+        ValueError: a count that is negative or not a whole number.
+
+    Example:
+        >>> sign_test_p_value(4, 0)   # 4 discordant trials, all one way
+        0.125
+    """
+    for name, count in (("only_first", only_first), ("only_second", only_second)):
+        if isinstance(count, bool) or int(count) != count or count < 0:
+            raise ValueError(f"{name} must be a whole number >= 0, got {count!r}.")
+    n, fewer = int(only_first) + int(only_second), min(int(only_first), int(only_second))
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, i) for i in range(fewer + 1)) / 2**n
+    return min(1.0, 2 * tail)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,8 @@ a file that cannot be used stops the report with its name, see
 * ``passkey-heatmap[-MODEL]-xF.png``, ``needle-heatmap[-MODEL]-xF.png``: accuracy heatmaps, lengths x
   depths, one panel per method side by side, one colour scale (``-none`` for an unpatched-only group);
 * ``report.md``: the tables in markdown; ``report.html``: tables, plots and per-cell provenance in one
-  file that opens offline.
+  file that opens offline. Pairs of series given as ``comparisons`` add a table per retrieval task of the
+  trials only one of them found, with the exact sign test (:mod:`hf_posext.evaluation.paired`).
 """
 
 from __future__ import annotations
@@ -18,14 +19,15 @@ import csv
 import os
 import re
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 from hf_posext.core.paths import check_output_folder
 from hf_posext.evaluation.html_report import write_html
 from hf_posext.evaluation.labels import model_name, short_label
+from hf_posext.evaluation.paired import comparison_tables
 from hf_posext.evaluation.plots import heatmap_figure, line_figure, method_styles, panel_groups, panel_scale, save_figure
 from hf_posext.evaluation.results_files import load_results
-from hf_posext.evaluation.tables import markdown_tables, models, report_tables, task_records
+from hf_posext.evaluation.tables import markdown_table, markdown_tables, models, report_tables, task_records
 
 __all__ = ["load_results", "write_csv", "markdown_tables", "write_plots", "write_report"]
 
@@ -113,22 +115,29 @@ def write_plots(runs: Sequence[dict[str, Any]], out_dir: str | os.PathLike) -> l
     return written
 
 
-def write_report(folder: str | os.PathLike, out_dir: str | os.PathLike | None = None) -> tuple[str, list[Path]]:
+def write_report(folder: str | os.PathLike, out_dir: str | os.PathLike | None = None,
+                 comparisons: Iterable[tuple[str, str]] = ()) -> tuple[str, list[Path]]:
     """Tables (returned, and in ``report.md``), plots and ``report.html`` for the results in ``folder``.
 
-    Every results file is read and checked before anything is written.
+    Every results file is read and checked, and every comparison resolved, before anything is written.
+
+    Args:
+        folder: a results folder.
+        out_dir: where to write (default: ``folder``).
+        comparisons: pairs of series names, as the tables show them, to compare on the trials both ran.
 
     Returns:
         ``(markdown, plot paths)``.
     """
     runs = load_results(folder)
+    tables = report_tables(runs) + comparison_tables(runs, list(comparisons))
     out = Path(out_dir) if out_dir else Path(folder)
     check_output_folder(out, "--out", "the report")
-    markdown = markdown_tables(runs)
+    markdown = "\n\n".join(markdown_table(table) for table in tables)
     plots = write_plots(runs, out)
     temporary = out / "report.md.tmp"
     temporary.write_text(markdown + "\n")
     temporary.replace(out / "report.md")
     title = f"hf-posext results: {Path(folder).resolve().name} ({', '.join(model_name(m) for m in models(runs))})"
-    write_html(out / "report.html", title, runs, report_tables(runs), plots)
+    write_html(out / "report.html", title, runs, tables, plots)
     return markdown, plots

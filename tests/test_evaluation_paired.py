@@ -97,6 +97,15 @@ def test_paired_counts_refuse_different_trials(tmp_path):
         paired_counts(load_results(other), "needle", "yarn x4", "ntk x4")
 
 
+def test_paired_counts_refuse_a_series_with_one_trial_twice(tmp_path):
+    # Two seeds of one method in one folder share trial keys but not prompts: pairing them would be a guess.
+    _write(tmp_path, "a", [_cell("yarn", 128, 0.0, [1])], seed=0)
+    _write(tmp_path, "a2", [_cell("yarn", 128, 0.0, [0])], seed=1)
+    _write(tmp_path, "b", [_cell("ntk", 128, 0.0, [1])], seed=0)
+    with pytest.raises(ValueError, match=r"'yarn x4' holds trial 1 at length 128, depth 0 twice, with different seed"):
+        paired_counts(load_results(tmp_path), "needle", "yarn x4", "ntk x4")
+
+
 def test_paired_counts_name_the_series_there_are(tmp_path):
     _write(tmp_path, "a", [_cell("yarn", 128, 0.0, [1])])
     with pytest.raises(ValueError, match=r"no series 'yarn' in the needle results; the series are: yarn x4\."):

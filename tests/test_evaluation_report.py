@@ -73,6 +73,22 @@ def test_report_keeps_models_apart(tmp_path):
     assert {"passkey-heatmap-smollm2-135m-x4.png", "passkey-heatmap-smollm2-8k-32k-merged-x4.png"} <= names
 
 
+def test_report_keeps_dtypes_of_one_model_apart(tmp_path):
+    # The same trials in float32 (CPU) and bfloat16 (a GPU session) in one folder are one prompt twice: two rows,
+    # never one pooled cell of 2/4; one dtype alone keeps the plain row name.
+    for dtype, found in (("float32", 1.0), ("bfloat16", 0.0)):
+        (tmp_path / f"passkey-{dtype}.json").write_text(json.dumps({"task": "passkey", "config": {"model": "smollm2-135m", "dtype": dtype},
+            "cells": {depth: _record("yarn", 4.0, 128, depth=depth, greedy_accuracy=found, teacher_forced_accuracy=found, trials=1)
+                      for depth in (0.1, 0.9)}}))
+    tables = markdown_tables(load_results(tmp_path))
+    assert "| smollm2-135m (bfloat16): yarn x4 | 0/2 [0.00, 0.66] |" in tables
+    assert "| smollm2-135m (float32): yarn x4 | 2/2 [0.34, 1.00] |" in tables and "2/4" not in tables
+    _, plots = write_report(tmp_path)
+    assert {"passkey-heatmap-smollm2-135m-bfloat16-x4.png", "passkey-heatmap-smollm2-135m-float32-x4.png"} <= {p.name for p in plots}
+    (tmp_path / "passkey-bfloat16.json").unlink()
+    assert "| yarn x4 | 2/2 [0.34, 1.00] |" in markdown_tables(load_results(tmp_path))
+
+
 def test_report_labels_a_factors_file_by_its_name(tmp_path):
     _write(tmp_path, "perplexity", {"a": {**_record("longrope", 2.0, 128, ppl=9.0, nll=2.2, tokens=127),
                                           "label": "longrope(factors=bench/results/search_m_128.json)"}})

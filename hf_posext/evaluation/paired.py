@@ -72,8 +72,13 @@ def _outcomes(records: Sequence[dict[str, Any]], metric: str, settings: dict[str
             if unit.get(field) is None:
                 continue
             _task, length, depth, trial = key
-            outcomes.setdefault((int(length), float(depth), int(trial)),
-                                (bool(unit[field]), unit.get("value"), settings.get(record["_file"], {}), record["_file"]))
+            entry = (bool(unit[field]), unit.get("value"), settings.get(record["_file"], {}), record["_file"])
+            seen = outcomes.setdefault((int(length), float(depth), int(trial)), entry)
+            differs = [s for s in TRIAL_SETTINGS if seen[2].get(s) != entry[2].get(s)]
+            if differs:
+                raise ValueError(f"{series_name(record)!r} holds trial {int(trial) + 1} at length {length}, depth {float(depth):g} "
+                                 f"twice, with different {differs[0]} ({seen[3]} and {entry[3]}); report them from separate "
+                                 "folders to compare them.")
     return outcomes
 
 

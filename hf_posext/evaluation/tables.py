@@ -40,15 +40,32 @@ def models(runs: Sequence[dict[str, Any]]) -> list[str]:
     return sorted({str(run["config"].get("model", "model")) for run in runs})
 
 
-def task_records(runs: Sequence[dict[str, Any]], task: str) -> list[dict[str, Any]]:
-    """The cells of ``task``, each tagged with ``_file`` and ``_run`` (and ``_model`` when ``runs`` hold
-    several models, so that tables and plots keep the models apart instead of averaging them)."""
+def _model_tags(runs: Sequence[dict[str, Any]]) -> list[str | None]:
+    """Per run, the ``_model`` tag that keeps apart what must not be pooled: the model's name when ``runs``
+    hold several models, and its ``dtype`` too when one model was run in several (the same trial in
+    bfloat16 and in float32 is one prompt twice, not two trials)."""
     several = len(models(runs)) > 1
-    records = []
+    dtypes: dict[str, set] = defaultdict(set)
     for run in runs:
+        dtypes[str(run["config"].get("model", "model"))].add(run["config"].get("dtype"))
+    tags = []
+    for run in runs:
+        model = str(run["config"].get("model", "model"))
+        tag = model_name(model) if several else None
+        if len(dtypes[model]) > 1:
+            tag = f"{tag or model_name(model)} ({run['config'].get('dtype') or 'dtype not recorded'})"
+        tags.append(tag)
+    return tags
+
+
+def task_records(runs: Sequence[dict[str, Any]], task: str) -> list[dict[str, Any]]:
+    """The cells of ``task``, each tagged with ``_file`` and ``_run``, and with ``_model`` when ``runs`` hold
+    several models or one model in several dtypes (:func:`_model_tags`), so that tables and plots keep
+    them apart instead of pooling them."""
+    records = []
+    for run, model in zip(runs, _model_tags(runs)):
         if run["task"] != task:
             continue
-        model = model_name(run["config"].get("model", "model")) if several else None
         for record in run["cells"].values():
             tagged = {**record, "_file": run.get("_file", ""), "_run": record.get("run")}
             if model:

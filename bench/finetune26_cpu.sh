@@ -21,6 +21,9 @@
 #   bash bench/finetune26_cpu.sh ppl [BOOKS]     # perplexity on held-apart austen-emma.txt: the adapter at 2048, 8192, 16384
 #                                                # and 32768 (PPL_LENGTHS narrows them), the original (none) at 2048 and 8192;
 #                                                # same protocol as the README's table
+#   bash bench/finetune26_cpu.sh report          # bench/results/long4x/report.md, plots and report.html, with the paired
+#                                                # comparisons the README quotes (hf-posext report --compare: the trials
+#                                                # only one of two models found, exact sign test)
 #
 # Run `train` in the background (nohup ... &) and `keep` before the session ends, then commit
 # bench/results/finetune26_cpu/. Recipe: recipes/configs/smollm2-135m/8k_to_32k_lora_pose_long_cpu.yaml.
@@ -152,6 +155,16 @@ ppl)
   # issue 26 §3's lengths; finished cells are read back, so the older 8192/32768 cells are not recomputed
   hf-posext eval perplexity --model smollm2-135m --methods none --lengths 2048,8192 $P
   hf-posext eval perplexity --model smollm2-135m --adapter "$ADAPTER" --methods yarn --factor 4 --lengths ${PPL_LENGTHS:-2048,8192,16384,32768} $P
+  ;;
+report)
+  # Each pair: the same trials, same texts; a pair with no shared trial stops the report, so only pairs both sides ran.
+  M=run-retrieval-mixed/adapter; STRING_ON_M=runs/merged-run-retrieval-mixed-yarn4
+  hf-posext report bench/results/long4x \
+    --compare "$STRING_ON_M: string x1" "$M: yarn x4" \
+    --compare "$M: yarn x4" "smollm2-135m: yarn x4" \
+    --compare "$M: yarn x4" "run/adapter: yarn x4" \
+    --compare "run-retrieval-far/adapter: yarn x4" "$M: yarn x4" \
+    --compare "smollm2-135m: string x1" "smollm2-135m: none"
   ;;
 keep)
   tmp=$(mktemp -d "$(dirname "$KEPT")/.keep-XXXX")

@@ -158,6 +158,8 @@ ppl)
   ;;
 report)
   # Each pair: the same trials, same texts; a pair with no shared trial stops the report, so only pairs both sides ran.
+  # Once a GPU session's bfloat16 cells join a model's float32 ones, its rows are named "MODEL (float32): ..." and
+  # "MODEL (bfloat16): ..." (never pooled): the error then lists the names to put here.
   M=run-retrieval-mixed/adapter; STRING_ON_M=runs/merged-run-retrieval-mixed-yarn4
   hf-posext report bench/results/long4x \
     --compare "$STRING_ON_M: string x1" "$M: yarn x4" \

@@ -2,6 +2,7 @@
 
 import itertools
 import json
+from pathlib import Path
 
 import pytest
 
@@ -64,8 +65,12 @@ def _write(folder, name, cells, **config):
 def test_paired_counts_pair_trial_by_trial(tmp_path):
     # yarn: depth 0 found 1,1,0,0; depth 1 found 1,0.  ntk: depth 0 found 1,0,1,0 and one more trial yarn lacks.
     _write(tmp_path, "a", [_cell("yarn", 128, 0.0, [1, 1, 0, 0]), _cell("yarn", 128, 1.0, [1, 0]), _cell("yarn", 256, 0.0, [1])])
-    _write(tmp_path, "b", [_cell("ntk", 128, 0.0, [1, 0, 1, 0, 1]), _cell("ntk", 128, 1.0, [0, 0]), _cell("ntk", 256, 0.0, [0])])
+    _write(tmp_path, "b", [_cell("ntk", 128, 0.0, [1, 0, 1, 0, 1]), _cell("ntk", 128, 1.0, [0, 0])])
+    _write(tmp_path, "c", [_cell("ntk", 256, 0.0, [0])])
     counts = paired_counts(load_results(tmp_path), "needle", "yarn x4", "ntk x4")
+    (_name, cells), = comparison_tables(load_results(tmp_path), [("yarn x4", "ntk x4")])[0].rows
+    assert {n: [Path(s).name for s, _ in cell.sources] for n, cell in cells.items()} == {128: ["needle-a.json", "needle-b.json"],
+                                                                            256: ["needle-a.json", "needle-c.json"]}
     # 128: trial by trial (both, only yarn, only ntk, neither): d0 (1,1) (1,0) (0,1) (0,0); d1 (1,0) (0,0); ntk's 5th unpaired
     assert counts == {128: PairedCount(both=1, only_first=2, only_second=1, neither=2), 256: PairedCount(0, 1, 0, 0)}
     assert counts[128].trials == 6 and counts[128].text() == "2:1 of 6 (both 1, neither 2; p = 1)"
@@ -119,6 +124,7 @@ def test_comparison_tables_and_report(tmp_path):
     assert len(tables) == 1 and tables[0].lengths == [128]
     (name, cells), = tables[0].rows
     assert name == "yarn x4 vs ntk x4 (greedy)" and cells[128].value == pytest.approx(2 / 256)
+    assert [Path(source).name for source, _run in cells[128].sources] == ["needle-a.json", "needle-b.json"]
     markdown, _plots = write_report(tmp_path, comparisons=[("yarn x4", "ntk x4")])
     line = "| yarn x4 vs ntk x4 (greedy) | 8:0 of 8 (both 0, neither 0; p = 0.00781) |"
     assert line in markdown and line in (tmp_path / "report.md").read_text()

@@ -124,6 +124,12 @@ def paired_counts(runs: Sequence[dict[str, Any]], task: str, first: str, second:
     return {length: PairedCount(*c) for length, c in sorted(counts.items())}
 
 
+def _sources(records: Sequence[dict[str, Any]], length: int) -> tuple[tuple[str, int | None], ...]:
+    """The (file, run) pairs that computed ``records``' cells at ``length``, as table cells keep them."""
+    pairs = {(r["_file"], r["_run"]) for r in records if r["length"] == length}
+    return tuple(sorted(pairs, key=lambda s: (s[0], -1 if s[1] is None else s[1])))
+
+
 def comparison_tables(runs: Sequence[dict[str, Any]], pairs: Sequence[tuple[str, str]]) -> list[Table]:
     """One table per retrieval task that both series of some pair ran: a row per pair, a cell per length.
 
@@ -148,10 +154,9 @@ def comparison_tables(runs: Sequence[dict[str, Any]], pairs: Sequence[tuple[str,
             if not counts:
                 continue
             used.add((first, second))
-            sources = tuple(sorted({(r["_file"], r["_run"]) for r in members}, key=lambda s: (s[0], -1 if s[1] is None else s[1])))
             scoring = "greedy" if greedy else "teacher-forced"
             rows.append((f"{first} vs {second} ({scoring})",
-                         {length: TableCell(count.p_value, count.text(), sources) for length, count in counts.items()}))
+                         {length: TableCell(count.p_value, count.text(), _sources(members, length)) for length, count in counts.items()}))
         if rows:
             lengths = sorted({length for _name, cells in rows for length in cells})
             tables.append(Table(f"{title}, the same trials: found by the first only : by the second only, of the trials both ran "

@@ -138,5 +138,7 @@ def test_report_compare_refuses_before_writing(tmp_path, capsys):
     assert "no passkey or needle series 'dca x4'; the series are: ntk x4, yarn x4." in capsys.readouterr().err
     assert main(["report", str(tmp_path), "--compare", "yarn x4", "ntk x4"]) != 0
     assert "share no trial" in capsys.readouterr().err
+    assert main(["report", str(tmp_path), "--compare", "yarn x4", "yarn x4"]) != 0
+    assert "'yarn x4' is compared with itself" in capsys.readouterr().err
     assert not (tmp_path / "report.md").exists() and not (tmp_path / "report.html").exists()
     assert main(["report", str(tmp_path)]) == 0 and (tmp_path / "report.md").exists()

@@ -110,6 +110,8 @@ def paired_counts(runs: Sequence[dict[str, Any]], task: str, first: str, second:
     """
     if metric not in _UNIT_FIELDS:
         raise ValueError(f"metric must be one of {sorted(_UNIT_FIELDS)}, got {metric!r}.")
+    if first == second:
+        raise ValueError(f"--compare: {first!r} is compared with itself; name two different series.")
     grouped = _series(task_records(runs, task))
     for name in (first, second):
         if name not in grouped:
@@ -141,6 +143,9 @@ def comparison_tables(runs: Sequence[dict[str, Any]], pairs: Sequence[tuple[str,
     """
     tables = []
     used: set[tuple[str, str]] = set()
+    for first, second in pairs:
+        if first == second:
+            raise ValueError(f"--compare: {first!r} is compared with itself; name two different series.")
     for task, title in (("passkey", "Passkey"), ("needle", "Needle")):
         grouped = _series(task_records(runs, task))
         rows = []

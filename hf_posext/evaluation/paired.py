@@ -139,13 +139,10 @@ def comparison_tables(runs: Sequence[dict[str, Any]], pairs: Sequence[tuple[str,
 
     Raises:
         ValueError: a series that is in no retrieval task (listing those there are), a pair that shares no
-            trial, or a mismatch found by :func:`paired_counts`.
+            trial, or what :func:`paired_counts` refuses (a series compared with itself, a mismatched trial).
     """
     tables = []
     used: set[tuple[str, str]] = set()
-    for first, second in pairs:
-        if first == second:
-            raise ValueError(f"--compare: {first!r} is compared with itself; name two different series.")
     for task, title in (("passkey", "Passkey"), ("needle", "Needle")):
         grouped = _series(task_records(runs, task))
         rows = []

@@ -36,7 +36,10 @@
 # (recipes/configs/smollm2-135m/8k_to_32k_retrieval_mixed_cpu.yaml: the same with half of the samples plain book
 # text and every sample weighing the same in the loss, train.loss_average=sequences), retrieval-far (the same with
 # data.pose_far_fraction=0.25: a quarter of the samples end at position 32767, so the longest distances, a fact at
-# depth 0 of a 32768-token prompt, are trained; uniform PoSE draws almost never hold them).
+# depth 0 of a 32768-token prompt, are trained; uniform PoSE draws almost never hold them), retrieval-varied (stage 2
+# mixed with data.retrieval_wording=varied: each record and each question drawn from several wordings and attributes,
+# two of the question forms a statement to complete, as the needle prompt is; the mixed adapter's needle misses are
+# prose answers to that form).
 # Without VARIANT: the base run. docs/training.md records each run and its outcome.
 set -euo pipefail
 # The whole script is one brace group, read before anything runs: bash reads a script as it executes it,
@@ -55,7 +58,9 @@ case "${VARIANT:-}" in
   retrieval-mixed) CONFIG=recipes/configs/smollm2-135m/8k_to_32k_retrieval_mixed_cpu.yaml ;;   # stage 2, half book text
   retrieval-far) CONFIG=recipes/configs/smollm2-135m/8k_to_32k_retrieval_mixed_cpu.yaml
     OVERRIDES=(data.pose_far_fraction=0.25) ;;   # stage 2 mixed, a quarter of the samples at the longest distances
-  *) echo "unknown VARIANT=$VARIANT: use lr6e-4, steps400, retrieval, retrieval-mixed or retrieval-far, or leave it unset for the base run" >&2; exit 2 ;;
+  retrieval-varied) CONFIG=recipes/configs/smollm2-135m/8k_to_32k_retrieval_mixed_cpu.yaml
+    OVERRIDES=(data.retrieval_wording=varied) ;;   # stage 2 mixed, records and questions in several wordings
+  *) echo "unknown VARIANT=$VARIANT: use lr6e-4, steps400, retrieval, retrieval-mixed, retrieval-far or retrieval-varied, or leave it unset for the base run" >&2; exit 2 ;;
 esac
 if [ -n "${VARIANT:-}" ]; then
   RUN=$RUN-$VARIANT; KEPT=$KEPT-$VARIANT; OVERRIDES+=("output.dir=$RUN")

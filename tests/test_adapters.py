@@ -144,3 +144,17 @@ def test_the_model_card_names_far_pose_samples(tmp_path):
     far = adapter_model_card(load_config(TINY_RECIPE, ["data.pose_far_fraction=0.25"]), record, tmp_path / "log.jsonl")
     assert "pose_far_fraction" not in plain
     assert "25% of them with their last chunk at the end of that span (data.pose_far_fraction)" in far
+
+
+def test_the_model_card_names_the_varied_retrieval_wording(tmp_path):
+    from hf_posext.training.config import load_config
+    from hf_posext.training.model_card import adapter_model_card
+    from tests.training_helpers import TINY_RECIPE
+
+    record = {"base_model": "tiny", "method": "yarn", "factor": 4.0, "original_window": 64, "current_window": 256}
+    fixed = adapter_model_card(load_config(TINY_RECIPE, ["data.retrieval_records=2"]), record, tmp_path / "log.jsonl")
+    varied = adapter_model_card(load_config(TINY_RECIPE, ["data.retrieval_records=2", "data.retrieval_wording=varied"]),
+                                record, tmp_path / "log.jsonl")
+    assert "Retrieval samples" in fixed and "retrieval_wording" not in fixed
+    assert ("asks for them at the end (`hf_posext.training.retrieval_data`), each record and each question in one of "
+            "several wordings (`data.retrieval_wording: varied`), trained on") in varied

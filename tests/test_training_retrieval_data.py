@@ -18,7 +18,8 @@ from hf_posext.models import load_model
 
 from hf_posext.training.config import ConfigError, TrainConfig, config_differences, load_config
 from hf_posext.training.packing import PackedSequences, collate_sequences
-from hf_posext.training.retrieval_data import IGNORED, RetrievalRecords
+from hf_posext.training.retrieval_data import (ATTRIBUTES, IGNORED, VARIED_QUESTIONS, VARIED_RECORDS,
+                                               RetrievalRecords)
 
 
 def chars(text: str) -> list[int]:
@@ -59,6 +60,70 @@ def test_a_retrieval_sample_keeps_its_length_and_asks_for_every_record_with_its_
     assert torch.equal(filler, FILLER[: filler.numel()])
 
 
+def test_the_fixed_wording_draws_the_samples_of_earlier_versions():
+    """The committed stage-2 runs resume on these draws: the varied wording must not add a draw to the fixed one."""
+    input_ids, _ = RetrievalRecords(chars, records=3).apply(FILLER, torch.Generator().manual_seed(0))
+    with_filler = text_of(input_ids.tolist())
+    assert [m.start() for m in re.finditer(" The locker code", with_filler)] == [47, 96, 375]  # where the records sit
+    assert with_filler.index("\nQuestion") == 796
+    text = with_filler.replace("_", "")
+    assert text == (" The locker code of Bruno Tanaka is 4279657. The locker code of Tamar Ivanova is 83545. The locker code"
+                    " of Rosa Underhill is 958816.\nQuestion: What is the locker code of Bruno Tanaka? Answer: 4279657.\n"
+                    "Question: What is the locker code of Tamar Ivanova? Answer: 83545.\nQuestion: What is the locker code"
+                    " of Rosa Underhill? Answer: 958816.")
+
+
+def form_pattern(form: str) -> str:
+    """A regex for one wording: {name} -> (?P<name>...), {attribute} -> (?P<attribute>...), {code} -> (?P<code>...);
+    a field met again must repeat what it matched first."""
+    pattern = re.escape(form)
+    for field, group in (("name", r"(?P<name>[A-Z]\w+ [A-Z]\w+)"), ("attribute", r"(?P<attribute>[a-z]+ [a-z]+)"),
+                         ("code", r"(?P<code>\d+)")):
+        pattern = pattern.replace(re.escape("{" + field + "}"), group, 1).replace(re.escape("{" + field + "}"), f"(?P={field})")
+    return pattern
+
+
+def test_a_varied_sample_states_each_record_once_and_asks_for_it_in_some_wording_with_its_own_code():
+    records = RetrievalRecords(chars, records=4, wording="varied")
+    long_filler = torch.arange(2000, dtype=torch.long) % 500
+    seen_records, seen_questions, seen_attributes = set(), set(), set()
+    for seed in range(40):
+        input_ids, labels = records.apply(long_filler, torch.Generator().manual_seed(seed))
+        assert input_ids.shape == labels.shape == long_filler.shape
+        text = text_of(input_ids.tolist()).replace("_", "")
+        stated, asked = text.split("\n", 1)[0], "\n" + text.split("\n", 1)[1]
+        facts = {}
+        for index, form in enumerate(VARIED_RECORDS):
+            for match in re.finditer(form_pattern(form), stated):
+                facts[match["name"]] = (match["attribute"], match["code"])
+                seen_records.add(index)
+        assert len(facts) == 4, (seed, stated)
+        answers = []
+        for index, form in enumerate(VARIED_QUESTIONS):
+            for match in re.finditer(form_pattern(form) + r" (?P<answer>\d+)\.", asked):
+                assert facts[match["name"]] == (match["attribute"], match["answer"]), (seed, match.group(0))
+                answers.append((match.start(), match["answer"]))
+                seen_questions.add(index)
+                seen_attributes.add(match["attribute"])
+        assert len(answers) == 4, (seed, asked)
+        # Trained on exactly the answers, in the order asked.
+        assert text_of(labels[labels != IGNORED].tolist()) == "".join(f" {code}." for _, code in sorted(answers))
+        for banned in ("special magic number", "mentioned in the provided text", "pass key"):  # the evaluations' words
+            assert banned not in text
+    assert seen_records == set(range(len(VARIED_RECORDS))) and seen_questions == set(range(len(VARIED_QUESTIONS)))
+    assert seen_attributes == set(ATTRIBUTES)
+
+
+def test_the_varied_wording_bounds_its_own_longest_sample_and_an_unknown_wording_is_refused():
+    varied, fixed = RetrievalRecords(chars, records=3, wording="varied"), RetrievalRecords(chars, records=3)
+    long_filler = torch.arange(4000, dtype=torch.long) % 500
+    inserted = [int((varied.apply(long_filler, torch.Generator().manual_seed(seed))[0] >= 1000).sum()) for seed in range(200)]
+    assert max(inserted) <= varied.most_tokens()
+    assert max(inserted) > fixed.most_tokens()  # the fixed wording's bound would let a varied sample overflow
+    with pytest.raises(ValueError, match="wording='vary' is not one of fixed, varied"):
+        RetrievalRecords(chars, records=1, wording="vary")
+
+
 def test_labels_all_trains_on_every_token_and_oversized_records_are_refused():
     input_ids, labels = RetrievalRecords(chars, records=2, labels="all").apply(FILLER, torch.Generator().manual_seed(1))
     assert torch.equal(labels, input_ids)
@@ -95,6 +160,7 @@ def test_the_stream_with_retrieval_is_reproducible_keeps_the_pose_draws_and_turn
     ("data.retrieval_records=-1", "data.retrieval_records must be an int >= 0"),
     ("data.retrieval_fraction=0", r"data.retrieval_fraction must be in \(0, 1\]"),
     ("data.retrieval_labels=answer", "data.retrieval_labels='answer' is not one of answers, all. Did you mean 'answers'"),
+    ("data.retrieval_wording=vary", "data.retrieval_wording='vary' is not one of fixed, varied. Did you mean 'varied'"),
     ("finetune.mode=full", "finetune.init_adapter needs finetune.mode=lora"),
 ])
 def test_bad_retrieval_and_init_adapter_settings_are_named(tmp_path, override, message):

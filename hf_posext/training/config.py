@@ -131,6 +131,9 @@ class DataSection:
     retrieval_fraction: float = _help("share of the samples that carry retrieval records", 1.0)
     retrieval_labels: str = _help("'answers': a retrieval sample trains on its answers only; 'all': on every token",
                                   "answers")
+    retrieval_wording: str = _help(
+        "'fixed': every record reads 'The locker code of NAME is CODE.'; 'varied': each record and each question "
+        "drawn from several wordings and attributes (hf_posext.training.retrieval_data)", "fixed")
 
 
 @dataclass
@@ -280,6 +283,7 @@ class TrainConfig:
         if not 0 < d.retrieval_fraction <= 1:
             raise ConfigError(f"data.retrieval_fraction must be in (0, 1], got {d.retrieval_fraction!r}.")
         _choice("data.retrieval_labels", d.retrieval_labels, ("answers", "all"))
+        _choice("data.retrieval_wording", d.retrieval_wording, ("fixed", "varied"))
         for name in ("max_steps", "batch_size", "gradient_accumulation_steps"):
             _positive(f"train.{name}", getattr(t, name))
         if t.learning_rate <= 0:

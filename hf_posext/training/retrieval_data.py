@@ -19,6 +19,15 @@ et al. 2024, "From Artificial Needles to Real Haystacks: Improving Retrieval Cap
 Finetuning on Synthetic Data" (arXiv:2406.19292). The wording, names and code lengths here are chosen to
 be unlike the passkey and needle prompts of :mod:`hf_posext.evaluation`, so that those evaluations measure
 transfer, not a memorised format.
+
+``wording="varied"`` draws each record's wording and each question's wording separately, from several of each
+(:data:`VARIED_RECORDS`, :data:`VARIED_QUESTIONS`) and with one of several attributes (:data:`ATTRIBUTES`), so
+that the model practises finding a fact by what it says rather than by one string repeated: a record may read
+``Marek Quist's badge number is 5120.`` and its question ``What is the badge number of Marek Quist? The
+badge number of Marek Quist is``. Two of the question forms end in a statement to complete, as the needle
+prompt of :mod:`hf_posext.evaluation.needle` does; none uses its words ("special magic number", "mentioned in
+the provided text") or the passkey's ("pass key"), and the keys are people's names, never the needle's key
+words. ``wording="fixed"`` (the default) keeps the one wording above, draw for draw as before.
 """
 
 from __future__ import annotations
@@ -28,10 +37,28 @@ from typing import Any, Callable
 
 import torch
 
-__all__ = ["RECORD", "QUESTION", "FIRST_NAMES", "SURNAMES", "RetrievalRecords", "retrieval_records_for"]
+__all__ = ["RECORD", "QUESTION", "ATTRIBUTES", "VARIED_RECORDS", "VARIED_QUESTIONS", "WORDINGS", "FIRST_NAMES", "SURNAMES", "RetrievalRecords", "retrieval_records_for"]
 
 RECORD = " The locker code of {name} is {code}."
 QUESTION = "\nQuestion: What is the locker code of {name}? Answer:"
+#: ``wording="varied"``: the attribute a record states, drawn per record.
+ATTRIBUTES = ("locker code", "badge number", "account number", "room number", "ticket number", "parcel number",
+              "door code", "member number")
+#: ``wording="varied"``: a record's wording, drawn per record.
+VARIED_RECORDS = (
+    " The {attribute} of {name} is {code}.",
+    " {name}'s {attribute} is {code}.",
+    " For the files: {name} was given {attribute} {code}.",
+    " Note that the {attribute} assigned to {name} is {code}.",
+)
+#: ``wording="varied"``: a question's wording, drawn per question, independently of its record's.
+VARIED_QUESTIONS = (
+    "\nQuestion: What is the {attribute} of {name}? Answer:",
+    "\nWhat is the {attribute} of {name}? The {attribute} of {name} is",
+    "\nQ: Which {attribute} was {name} given?\nA:",
+    "\nEarlier in this text, the {attribute} of {name} was stated. It is",
+)
+WORDINGS = ("fixed", "varied")
 FIRST_NAMES = ("Ada", "Bruno", "Clara", "Dmitri", "Elif", "Farid", "Greta", "Hugo", "Ines", "Jonas", "Kaveh",
                "Lotte", "Marek", "Nadia", "Oskar", "Priya", "Quentin", "Rosa", "Stefan", "Tamar", "Umar",
                "Vera", "Wendel", "Yusuf")
@@ -50,18 +77,33 @@ class RetrievalRecords:
         encode: text -> token ids without special tokens.
         records: R, records (and questions) per sample, >= 1.
         labels: ``"answers"`` (loss on the answer tokens only) or ``"all"``.
+        wording: ``"fixed"`` (one record and question wording) or ``"varied"`` (drawn per record and question
+            from :data:`VARIED_RECORDS`, :data:`VARIED_QUESTIONS` and :data:`ATTRIBUTES`).
     """
 
     encode: Callable[[str], list[int]]
     records: int
     labels: str = "answers"
+    wording: str = "fixed"
+
+    def __post_init__(self) -> None:
+        if self.wording not in WORDINGS:
+            raise ValueError(f"wording={self.wording!r} is not one of {', '.join(WORDINGS)}.")
 
     def most_tokens(self) -> int:
-        """The most tokens the records and questions of one sample can take (longest name, 7-digit codes)."""
+        """The most tokens the records and questions of one sample can take (every name and wording, 7-digit codes)."""
         code = "9" * 7
-        per_record = max(len(self.encode(RECORD.format(name=name, code=code))) + len(self.encode(QUESTION.format(name=name)))
-                         for name in (f"{first} {last}" for first in FIRST_NAMES for last in SURNAMES))
-        return self.records * (per_record + len(self.encode(f" {code}.")))
+        names = [f"{first} {last}" for first in FIRST_NAMES for last in SURNAMES]
+        if self.wording == "fixed":
+            record_forms, question_forms = [(RECORD, "")], [(QUESTION, "")]
+        else:
+            record_forms = [(form, attribute) for form in VARIED_RECORDS for attribute in ATTRIBUTES]
+            question_forms = [(form, attribute) for form in VARIED_QUESTIONS for attribute in ATTRIBUTES]
+        longest_record = max(len(self.encode(form.format(name=name, code=code, attribute=attribute)))
+                             for form, attribute in record_forms for name in names)
+        longest_question = max(len(self.encode(form.format(name=name, attribute=attribute)))
+                               for form, attribute in question_forms for name in names)
+        return self.records * (longest_record + longest_question + len(self.encode(f" {code}.")))
 
     def check_fits(self, window: int) -> None:
         """Raise ValueError when the records of a sample could take more than half of a ``window``-token sequence."""
@@ -81,9 +123,20 @@ class RetrievalRecords:
         """
         window = input_ids.numel()
         pairs = _draw_pairs(self.records, generator)
-        record_ids = [self.encode(RECORD.format(name=name, code=code)) for name, code in pairs]
         order = torch.randperm(len(pairs), generator=generator).tolist()
-        questions = [(self.encode(QUESTION.format(name=pairs[i][0])), self.encode(f" {pairs[i][1]}.")) for i in order]
+        if self.wording == "fixed":  # no further draws: the fixed wording's samples are those of earlier versions
+            record_texts = [RECORD.format(name=name, code=code) for name, code in pairs]
+            question_texts = [QUESTION.format(name=pairs[i][0]) for i in order]
+        else:
+            attributes = [ATTRIBUTES[i] for i in _draw_indices(len(ATTRIBUTES), len(pairs), generator)]
+            record_forms = _draw_indices(len(VARIED_RECORDS), len(pairs), generator)
+            question_forms = _draw_indices(len(VARIED_QUESTIONS), len(pairs), generator)
+            record_texts = [VARIED_RECORDS[form].format(name=name, code=code, attribute=attribute)
+                            for (name, code), attribute, form in zip(pairs, attributes, record_forms)]
+            question_texts = [VARIED_QUESTIONS[question_forms[k]].format(name=pairs[i][0], attribute=attributes[i])
+                              for k, i in enumerate(order)]
+        record_ids = [self.encode(text) for text in record_texts]
+        questions = [(self.encode(text), self.encode(f" {pairs[i][1]}.")) for text, i in zip(question_texts, order)]
         inserted = sum(map(len, record_ids)) + sum(len(q) + len(a) for q, a in questions)
         if 2 * inserted > window:
             raise ValueError(
@@ -105,6 +158,11 @@ class RetrievalRecords:
             pieces += question + answer
             labels += (question if train_context else [IGNORED] * len(question)) + answer
         return torch.tensor(pieces, dtype=torch.long), torch.tensor(labels, dtype=torch.long)
+
+
+def _draw_indices(choices: int, count: int, generator: torch.Generator) -> list[int]:
+    """``count`` indices in [0, choices), drawn with replacement."""
+    return torch.randint(0, choices, (count,), generator=generator).tolist()
 
 
 def _draw_pairs(count: int, generator: torch.Generator) -> list[tuple[str, str]]:
@@ -129,4 +187,4 @@ def retrieval_records_for(data_config: Any, tokenizer: Any) -> RetrievalRecords 
     from hf_posext.text_sources import encode_text
 
     return RetrievalRecords(lambda text: encode_text(tokenizer, text), data_config.retrieval_records,
-                            data_config.retrieval_labels)
+                            data_config.retrieval_labels, data_config.retrieval_wording)

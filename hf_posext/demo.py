@@ -5,15 +5,12 @@ its window, under the unpatched baseline and the methods the README recommends a
 
 * **perplexity** (one 16384-token window of ``builtin:python-docs``, the docstrings of the installed
   Python standard library: English prose available offline on any machine) for ``none`` (the
-  baseline, which breaks past its window), ``dynamic-yarn`` (the default pick: the original model
-  inside the window, YaRN's perplexity past it) and ``self-extend`` (the lowest perplexity at 2x in
-  the quality table);
+  baseline, which breaks past its window) and ``dynamic-yarn`` (the default pick: the original model
+  inside the window, YaRN's perplexity past it);
 * **passkey retrieval** (landmark-attention format, one seeded trial with the passkey at depth 0.1,
   about 15k tokens before the question: the case that separates the methods in the quality table)
-  for ``dynamic-yarn`` (which misses it), ``dynamic-ntk`` and ``longrope`` with the factors searched
-  for 16384 tokens (``bench/results/search_smollm2-135m_16384.json``), which both find it. Scored by
-  greedy generation and by the teacher-forced argmax check.
-
+  for ``dynamic-yarn`` (which misses it) and ``dynamic-ntk`` (which finds it). Scored by greedy
+  generation and by the teacher-forced argmax check.
 * **the fine-tuned model**: the recipe's adapter (``bench/results/finetune26_cpu/run-retrieval-mixed/adapter``:
   ``yarn`` x4 plus LoRA, 200 steps of LoRA + PoSE on books then 50 steps in which half of the samples are
   retrieval practice, on 2 CPU cores, ``docs/training.md``), loaded with
@@ -21,9 +18,10 @@ its window, under the unpatched baseline and the methods the README recommends a
   table shows the fine-tune beside the training-free default (``dynamic-yarn``).
 
 Each method runs only where it is recommended, plus one contrast per task, because one 16384-token
-forward is the cost: the demo took 718 s on 2 idle CPU cores from a fresh clone (12 min 7 s with
-set-up and loading; ``bench/results/demo/time-v-fresh-clone.txt``). The quality table (``bench/quality_table.py``, ``docs/beyond_rescaling.md``) has
-every method at every depth.
+forward is the cost (78-182 s on 2 CPU cores, depending on the host's day): six forwards, so that the whole
+demo stays under 15 minutes on 2 cores (the measured time is in ``docs/quality.md``). The quality table
+(``bench/quality_table.py``, ``docs/beyond_rescaling.md``) has every method at every depth, Self-Extend's
+perplexity and the searched LongRoPE factors included.
 
 It prints a table and writes JSON, CSV, PNG plots and an HTML report to ``results/demo``
 (``results/demo-quick`` with ``--quick``: 1024 and 2048 tokens, inside the window, a smoke run of a
@@ -38,17 +36,15 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["run_demo", "demo_table", "demo_methods", "check_demo_adapter", "DEMO_MODEL", "DEMO_FACTOR", "DEMO_LENGTHS",
-           "QUICK_LENGTHS", "PERPLEXITY_METHODS", "RETRIEVAL_METHODS", "PASSKEY_DEPTH", "LONGROPE_FACTORS", "DEMO_ADAPTER",
-           "FINE_TUNED_ROW"]
+           "QUICK_LENGTHS", "PERPLEXITY_METHODS", "RETRIEVAL_METHODS", "PASSKEY_DEPTH", "DEMO_ADAPTER", "FINE_TUNED_ROW"]
 
 DEMO_MODEL = "smollm2-135m"
 DEMO_FACTOR = 2.0  # 16384 / 8192: twice SmolLM2's window
 DEMO_LENGTHS = (16384,)
 QUICK_LENGTHS = (1024, 2048)
 PASSKEY_DEPTH = 0.1  # the far passkey: ~15k tokens before the question at 16384
-PERPLEXITY_METHODS = ("none", "dynamic-yarn", "self-extend")
-RETRIEVAL_METHODS = ("dynamic-yarn", "dynamic-ntk", "longrope")
-LONGROPE_FACTORS = Path(__file__).resolve().parents[1] / "bench" / "results" / "search_smollm2-135m_16384.json"
+PERPLEXITY_METHODS = ("none", "dynamic-yarn")
+RETRIEVAL_METHODS = ("dynamic-yarn", "dynamic-ntk")
 # The recipe's committed adapter (issue 26's CPU runs, stage 2 mixed): yarn x4 + LoRA + trained norms, 7 MB.
 DEMO_ADAPTER = (Path(__file__).resolve().parents[1] / "bench" / "results" / "finetune26_cpu" / "run-retrieval-mixed"
                 / "adapter")
@@ -64,25 +60,11 @@ def _display_path(path: Path) -> str:
         return str(path.resolve())
 
 
-def demo_methods(names: tuple[str, ...], factors_file: Path = LONGROPE_FACTORS) -> list:
-    """Method requests for ``names``; ``longrope`` gets the searched factors file.
+def demo_methods(names: tuple[str, ...]) -> list:
+    """Method requests for ``names``, parsed (and so checked) before the model loads."""
+    from hf_posext.evaluation.arguments import parse_methods
 
-    Raises:
-        FileNotFoundError: ``longrope`` is asked for and ``factors_file`` is missing (the demo runs
-            from a clone of the repository, which holds the file).
-    """
-    from hf_posext.evaluation.arguments import MethodRequest, parse_methods
-
-    requests = []
-    for name in names:
-        if name != "longrope":
-            requests += parse_methods(name)
-            continue
-        if not factors_file.is_file():
-            raise FileNotFoundError(f"The demo's longrope factors file {factors_file} is missing; run the demo from a clone "
-                                    "of the hf-posext repository (bash scripts/demo.sh).")
-        requests.append(MethodRequest("longrope", None, (("factors", _display_path(factors_file)),)))
-    return requests
+    return [request for name in names for request in parse_methods(name)]
 
 
 def check_demo_adapter(folder: Path = DEMO_ADAPTER):
@@ -166,7 +148,7 @@ def run_demo(quick: bool = False, out_dir: str | Path | None = None) -> int:
           f"perplexity: {', '.join(PERPLEXITY_METHODS)}; passkey at depth {PASSKEY_DEPTH}: {', '.join(RETRIEVAL_METHODS)}; "
           f"results in {out}/")
     budget = ("about 2 minutes with set-up" if quick else
-              "about 12 minutes on 2 otherwise idle CPU cores (eight 16384-token forwards; 718 s measured)")
+              "six 16384-token forwards of 78-182 s each on 2 CPU cores, under 15 minutes in all (docs/quality.md)")
     print(f"torch threads: {torch.get_num_threads()}; {budget}.", flush=True)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model, tokenizer = load_model_and_tokenizer(DEMO_MODEL, dtype="float32", device=device)

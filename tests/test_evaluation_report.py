@@ -217,15 +217,13 @@ def test_demo_adapter_is_checked_before_anything_loads(tmp_path):
         check_demo_adapter(other)
 
 
-def test_demo_methods_use_the_searched_factors_and_check_them_first(tmp_path):
-    from hf_posext.demo import LONGROPE_FACTORS, PERPLEXITY_METHODS, RETRIEVAL_METHODS, demo_methods
+def test_demo_methods_are_parsed_before_the_model_loads():
+    from hf_posext.demo import PERPLEXITY_METHODS, RETRIEVAL_METHODS, demo_methods
 
-    requests = demo_methods(RETRIEVAL_METHODS)
-    assert [r.name for r in requests] == ["dynamic-yarn", "dynamic-ntk", "longrope"]
-    assert LONGROPE_FACTORS.is_file() and Path(requests[2].params_dict["factors"]).resolve() == LONGROPE_FACTORS.resolve()
-    assert [r.name for r in demo_methods(PERPLEXITY_METHODS)] == ["none", "dynamic-yarn", "self-extend"]
-    with pytest.raises(FileNotFoundError, match="factors file .*missing"):
-        demo_methods(("longrope",), tmp_path / "gone.json")
+    assert [r.name for r in demo_methods(RETRIEVAL_METHODS)] == ["dynamic-yarn", "dynamic-ntk"]
+    assert [r.name for r in demo_methods(PERPLEXITY_METHODS)] == ["none", "dynamic-yarn"]
+    with pytest.raises(ValueError, match="dynamic-yarm"):
+        demo_methods(("dynamic-yarm",))
 
 
 def test_cli_eval_and_report_end_to_end(tmp_path, capsys):

@@ -168,6 +168,7 @@ report)
   M=run-retrieval-mixed/adapter; STRING_ON_M=runs/merged-run-retrieval-mixed-yarn4
   hf-posext report bench/results/long4x \
     --compare "$STRING_ON_M: string x1" "$M: yarn x4" \
+    --compare "runs/merged-run-retrieval-varied-yarn4: string x1" "$STRING_ON_M: string x1" \
     --compare "$M: yarn x4" "smollm2-135m: yarn x4" \
     --compare "$M: yarn x4" "run/adapter: yarn x4" \
     --compare "run-retrieval-far/adapter: yarn x4" "$M: yarn x4" \

@@ -67,7 +67,7 @@ def adapter_model_card(config: TrainConfig, record: dict[str, Any], log_path: Pa
         labels = ("every token" if d.retrieval_labels == "all" else
                   "their answers only" + (" (the loss below is over answer tokens)" if every else ""))
         wording = (", each record and each question in one of several wordings (`data.retrieval_wording: varied`)"
-                   if getattr(d, "retrieval_wording", "fixed") == "varied" else "")
+                   if d.retrieval_wording == "varied" else "")
         lines.append(f"- **Retrieval samples:** {share} {d.retrieval_records} synthetic key-value records and {ask} "
                      f"for them at the end (`hf_posext.training.retrieval_data`){wording}, trained on {labels}.")
     if f.init_adapter:

@@ -37,7 +37,8 @@ from typing import Any, Callable
 
 import torch
 
-__all__ = ["RECORD", "QUESTION", "ATTRIBUTES", "VARIED_RECORDS", "VARIED_QUESTIONS", "WORDINGS", "FIRST_NAMES", "SURNAMES", "RetrievalRecords", "retrieval_records_for"]
+__all__ = ["RECORD", "QUESTION", "ATTRIBUTES", "VARIED_RECORDS", "VARIED_QUESTIONS", "WORDINGS", "FIRST_NAMES", "SURNAMES",
+           "RetrievalRecords", "retrieval_records_for"]
 
 RECORD = " The locker code of {name} is {code}."
 QUESTION = "\nQuestion: What is the locker code of {name}? Answer:"

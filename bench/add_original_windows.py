@@ -34,12 +34,12 @@ def original_window_of(model_folder: Path) -> int:
     return hf_posext.describe(model).original_window
 
 
-def add_original_windows(path: Path, windows: dict[str, int]) -> tuple[int, str | None]:
-    """Add ``original_window`` to the cells of one results file; (cells changed, why the file was skipped)."""
+def add_original_windows(path: Path, windows: dict[str, int]) -> tuple[int, str]:
+    """Add ``original_window`` to the cells of one results file; (cells changed, the window given or why none was)."""
     data = json.loads(path.read_text())
     missing = [cell for cell in data.get("cells", {}).values() if not cell.get("original_window")]
     if not missing:
-        return 0, None
+        return 0, ""
     model = str(data.get("config", {}).get("model", ""))
     if not (Path(model) / "config.json").is_file():
         return 0, f"{len(missing)} cell(s) lack it, and model {model!r} is not a local folder with a config.json"
@@ -50,7 +50,7 @@ def add_original_windows(path: Path, windows: dict[str, int]) -> tuple[int, str 
     staged = path.with_name(f".{path.name}.tmp")
     staged.write_text(json.dumps(data, indent=1, default=str))
     staged.replace(path)
-    return len(missing), None
+    return len(missing), f"original_window {windows[model]}"
 
 
 def main() -> None:
@@ -61,12 +61,11 @@ def main() -> None:
     skipped: list[str] = []
     for folder in args.folders:
         for path in sorted(folder.glob("*.json")):
-            changed, why = add_original_windows(path, windows)
+            changed, what = add_original_windows(path, windows)
             if changed:
-                model = json.loads(path.read_text())["config"]["model"]
-                print(f"{path}: {changed} cell(s) given original_window {windows[model]}")
-            elif why:
-                skipped.append(f"{path.name} ({why})")
+                print(f"{path}: {changed} cell(s) given {what}")
+            elif what:
+                skipped.append(f"{path.name} ({what})")
     if skipped:
         print(f"{len(skipped)} file(s) left as they are; their plots fall back to supported_window / factor:\n  "
               + "\n  ".join(skipped))

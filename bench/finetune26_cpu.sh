@@ -169,6 +169,7 @@ report)
   hf-posext report bench/results/long4x \
     --compare "$STRING_ON_M: string x1" "$M: yarn x4" \
     --compare "runs/merged-run-retrieval-varied-yarn4: string x1" "$STRING_ON_M: string x1" \
+    --compare "runs/merged-run-retrieval-varied-yarn4: string x1" "run-retrieval-varied/adapter: yarn x4" \
     --compare "$M: yarn x4" "smollm2-135m: yarn x4" \
     --compare "$M: yarn x4" "run/adapter: yarn x4" \
     --compare "run-retrieval-far/adapter: yarn x4" "$M: yarn x4" \

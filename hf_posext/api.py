@@ -16,21 +16,75 @@ from torch import nn
 from hf_posext.backends import BACKENDS, Backend, backend_for_record, primary_backend
 from hf_posext.core.errors import RecordError, UnsupportedModelError, check_model
 from hf_posext.core.loading import check_weight_files, config_kwargs, model_class_for
-from hf_posext.core.record import CONFIG_KEY, ScalingReport, text_config, validate_record
+from hf_posext.core.record import CONFIG_KEY, FREQUENCY_FIELD, ScalingReport, text_config, validate_record
 from hf_posext.core.request import ScalingRequest
 from hf_posext.methods import kinds_of
 from hf_posext.user_warnings import warn_at_caller
 from hf_posext.backends.rope.surgery import fixed_length
 
 __all__ = [
-    "patch", "unpatch", "describe", "load", "fixed_length", "patched_backend", "select_backend", "read_record",
+    "patch", "unpatch", "describe", "load", "fixed_length", "patched_backend", "patched_backends", "select_backend", "read_record",
     "check_record_fits_model",
 ]
 
 
 def patched_backend(model: nn.Module) -> Backend | None:
-    """The backend whose patch ``model`` carries, if any."""
-    return next((backend for backend in BACKENDS if backend.is_patched(model)), None)
+    """The backend whose patch ``model`` carries, if any (of a composition: the attention part's, the outer one)."""
+    backends = patched_backends(model)
+    return backends[-1] if backends else None
+
+
+def patched_backends(model: nn.Module) -> list[Backend]:
+    """Every backend whose patch ``model`` carries, in the order they were applied: one, or a composition's two
+    (the frequency scaling's, then the attention-level method's stacked on it)."""
+    patched = [backend for backend in BACKENDS if backend.is_patched(model)]
+    return sorted(patched, key=lambda backend: bool(backend.applies_over))
+
+
+def _current_patch(model: nn.Module) -> list[tuple[Backend, ScalingRequest]]:
+    """``(backend, request)`` pairs that re-create the model's current patch, in the order to apply them."""
+    return [(backend, backend.current_request(model)) for backend in patched_backends(model)]
+
+
+def _unpatch_all(model: nn.Module) -> None:
+    for backend in reversed(patched_backends(model)):
+        backend.unpatch(model)
+
+
+def _replace_patch(model: nn.Module, apply: Any) -> nn.Module:
+    """Undo the model's current patch (all of a composition), run ``apply()``; on failure put the old one back."""
+    restore = _current_patch(model)
+    _unpatch_all(model)
+    try:
+        return apply()
+    except Exception:
+        _unpatch_all(model)
+        for backend, request in restore:
+            backend.patch(model, request)
+        raise
+
+
+def _patch_composed(model: nn.Module, request: ScalingRequest, extras: dict[str, Any]) -> nn.Module:
+    """A frequency scaling with an attention-level method stacked on it (``yarn+string``), as one patch."""
+    frequency, attention = request.parts
+    primary = primary_backend(model)
+    if "rope" not in primary.method_kinds:
+        raise ValueError(
+            f"{request.method}: {attention.method} is an attention-level method for rotary (RoPE) positions, and this "
+            f"{type(model).__name__} has {primary.name} positions; patch {frequency.method!r} alone."
+        )
+    overlay = next(backend for backend in BACKENDS if primary.name in backend.applies_over
+                   and "attention" in backend.method_kinds)
+    try:
+        attention = attention.require_size()
+    except ValueError as error:
+        raise ValueError(f"{request.method}: the attention part {error}") from None
+
+    def apply() -> nn.Module:
+        primary.patch(model, frequency, **extras)
+        return overlay.patch(model, attention)
+
+    return _replace_patch(model, apply)
 
 
 def select_backend(model: nn.Module, method: str) -> Backend:
@@ -96,7 +150,11 @@ def patch(
         original_max_position_embeddings=original_max_position_embeddings, **method_params,
     ).require_size()  # "none" needs no factor; any other method needs a size
     extras = {} if tokenizer is None else {"tokenizer": tokenizer}
+    if request.is_composed:
+        return _patch_composed(model, request, extras)
     backend = select_backend(model, request.method)
+    if len(patched_backends(model)) > 1:  # a composition is replaced as a whole
+        return _replace_patch(model, lambda: backend.patch(model, request, **extras))
     previous = patched_backend(model)
     if previous is None or previous is backend:
         return backend.patch(model, request, **extras)
@@ -112,9 +170,8 @@ def patch(
         warn_at_caller(
             f"{request.method} replaced the {restore.method} x{restore.factor:g} frequency scaling: it runs on the model's "
             f"original rotary frequencies, not {restore.method}'s (one patch at a time). For {request.method} on "
-            f"{restore.method}'s frequencies, e.g. on a model fine-tuned with {restore.method}, give it a config that carries "
-            f"{restore.method}: save the model and load the folder with AutoModelForCausalLM.from_pretrained (not "
-            f"hf_posext.load), then patch {request.method} (docs/beyond_rescaling.md, STRING, past the window)."
+            f"{restore.method}'s frequencies, e.g. on a model fine-tuned with {restore.method}, patch both in one call: "
+            f"hf_posext.patch(model, \"{restore.method}+{request.method}\", factor={restore.factor:g})."
         )
     return patched
 
@@ -127,10 +184,10 @@ def unpatch(model: nn.Module) -> nn.Module:
         ValueError: the model is not patched.
     """
     check_model(model)
-    backend = patched_backend(model)
-    if backend is None:
+    if not patched_backends(model):
         raise ValueError("This model is not patched by hf_posext (nothing to unpatch).")
-    return backend.unpatch(model)
+    _unpatch_all(model)
+    return model
 
 
 def describe(model: nn.Module) -> ScalingReport:
@@ -142,8 +199,28 @@ def describe(model: nn.Module) -> ScalingReport:
         UnsupportedModelError: no backend recognises the model's positions.
     """
     check_model(model)
-    backend = patched_backend(model) or primary_backend(model)
+    backends = patched_backends(model)
+    if len(backends) > 1:
+        return _composed_report(model, backends)
+    backend = backends[0] if backends else primary_backend(model)
     return backend.describe(model)
+
+
+def _composed_report(model: nn.Module, backends: list[Backend]) -> ScalingReport:
+    """One report of a composition: its window is the attention part's, its factor the frequency part's,
+    its parameters qualified by their part (``string.shifted_offset``), both parts' reports in ``parts``."""
+    frequency, attention = (backend.describe(model) for backend in backends)
+    return ScalingReport(
+        family=frequency.family, kind=f"{frequency.kind}+{attention.kind}",
+        method=f"{frequency.method}+{attention.method}", factor=frequency.factor,
+        original_window=frequency.original_window, current_window=max(frequency.current_window, attention.current_window),
+        dynamic=frequency.dynamic, sites=[*frequency.sites, *attention.sites],
+        params={f"{part.method}.{key}": value for part in (frequency, attention) for key, value in part.params.items()},
+        stock_loadable=False,
+        notes=[f"{attention.method} on {frequency.method}'s frequencies, sized on its {frequency.current_window}-token window"]
+        + [f"{part.method}: {note}" for part in (frequency, attention) for note in part.notes],
+        parts=[frequency, attention],
+    )
 
 
 def read_record(path: str, config: Any) -> dict[str, Any] | None:
@@ -163,7 +240,26 @@ def read_record(path: str, config: Any) -> dict[str, Any] | None:
         )
     if record is not None:
         _check_record_params(record, source)
+        record = _check_frequency_part(record, source)
     return record
+
+
+
+def _check_frequency_part(record: dict[str, Any], source: str) -> dict[str, Any]:
+    """A composition's record with its frequency part validated as a record of its own (named as its field)."""
+    frequency = record.get(FREQUENCY_FIELD)
+    if frequency is None:
+        return record
+    where = f"{source} (field {CONFIG_KEY!r}.{FREQUENCY_FIELD})"
+    if record.get("kind") != "attention":
+        raise RecordError(f"{where}: only an attention-level method is stacked on a frequency scaling, but the record is "
+                          f"of kind {record.get('kind')!r}; re-save the model with hf_posext, or remove {CONFIG_KEY!r} to load it unscaled.")
+    frequency = validate_record(frequency, where)
+    if frequency["kind"] != "rope" or not isinstance(frequency.get("original_config"), dict):
+        raise RecordError(f"{where}: a frequency scaling is a 'rope' record with its original_config, got kind "
+                          f"{frequency['kind']!r}; re-save the model with hf_posext, or remove {CONFIG_KEY!r} to load it unscaled.")
+    _check_record_params(frequency, where)
+    return {**record, FREQUENCY_FIELD: frequency}
 
 
 def _check_record_params(record: dict[str, Any], source: str) -> None:

@@ -11,6 +11,7 @@ Subcommands:
     lm-eval, lm-eval-compare      lm-evaluation-harness (hf_posext.integrations.lm_eval.cli)
     inspect MODEL --method M      per-dimension RoPE wavelengths (hf_posext.cli.inspect_command)
     export DIR --for T --out D    a saved model re-configured for vllm / sglang / llama.cpp (hf_posext.export)
+    adapter convert|verify DIR    rewrite an adapter in the current format / check its files (hf_posext.adapters)
 
 Each command module only defines ``add_arguments(parser)`` and ``run(args) -> exit code``; this table
 is the one place that names them (nothing registers itself on import).
@@ -27,7 +28,7 @@ import sys
 import tempfile
 from typing import Any, Callable, Iterator
 
-from hf_posext import export
+from hf_posext import adapters, export
 from hf_posext.api import describe, load, patch
 from hf_posext.cli import inspect_command
 from hf_posext.core.errors import run_reporting_errors
@@ -35,7 +36,7 @@ from hf_posext.core.paths import check_output_folder
 from hf_posext.core.request import ScalingRequest, parse_param_items
 from hf_posext.evaluation import cli as evaluation_cli
 from hf_posext.integrations.lm_eval import cli as lm_eval_cli
-from hf_posext.methods import available_methods
+from hf_posext.methods import available_methods, get_method
 from hf_posext.training import cli as training_cli
 
 __all__ = ["main", "build_parser", "SUBCOMMANDS", "parse_method_params"]
@@ -62,6 +63,11 @@ def _run_methods(args: argparse.Namespace) -> int:
     width = max(map(len, methods))
     for name, summary in methods.items():
         print(f"{name:<{width}}  {summary}")
+    frequency = ", ".join(name for name in available_methods("rope") if name != "none" and not get_method(name).dynamic)
+    attention = ", ".join(available_methods("attention"))
+    print(f"\nCompose one frequency scaling ({frequency}) with one attention-level method ({attention}) by joining "
+          "them with '+': --method yarn+string --factor 4 (the factor sizes the frequency part; the attention part is "
+          "sized on the window it gives; a parameter both declare is written string.attention_factor=...).")
     return 0
 
 
@@ -168,6 +174,8 @@ SUBCOMMANDS: dict[str, Command] = {
     "lm-eval-compare": ("compare scaling methods on lm-eval tasks (tasks built once)", lm_eval_cli.add_compare_arguments, lm_eval_cli.run_compare),
     "export": ("copy a saved model with a config that vLLM, SGLang or llama.cpp serves like transformers",
                export.add_export_arguments, export.run_export),
+    "adapter": ("convert an adapter folder to PEFT's format with checksums, or verify its files",
+                adapters.add_adapter_arguments, adapters.run_adapter),
     "inspect": ("per-dimension RoPE wavelengths of a model under a scaling method (table, --plot PNG)", inspect_command.add_arguments, inspect_command.run),
 }
 

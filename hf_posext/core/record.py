@@ -23,6 +23,7 @@ from hf_posext.methods import METHODS, kinds_of
 
 __all__ = [
     "CONFIG_KEY",
+    "FREQUENCY_FIELD",
     "RECORD_VERSION",
     "ABSENT",
     "ScalingReport",
@@ -37,6 +38,9 @@ __all__ = [
 
 #: Name of the config attribute (and config.json key) holding hf_posext's record of a scaling.
 CONFIG_KEY = "hf_posext"
+#: The field of a composition's record (an attention-level method, kind ``attention``) that holds the record
+#: of the frequency scaling it is stacked on (``yarn+string``): ``config.hf_posext`` holds one record.
+FREQUENCY_FIELD = "frequency_scaling"
 #: Version of the record layout written by this release.
 RECORD_VERSION = 1
 #: Marks a config field that did not exist (in snapshots; survives a JSON round trip as this text).
@@ -59,9 +63,13 @@ class ScalingReport:
     params: dict[str, Any] = field(default_factory=dict)
     stock_loadable: bool | None = None
     notes: list[str] = field(default_factory=list)
+    #: A composition's parts (``yarn+string``: the frequency scaling's report, then the attention method's).
+    parts: list["ScalingReport"] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        data = dict(self.__dict__)
+        data["parts"] = [part.to_dict() for part in self.parts]
+        return data
 
     def __str__(self) -> str:
         lines = [
@@ -79,6 +87,10 @@ class ScalingReport:
                 + ("loads with stock transformers" if self.stock_loadable else "needs hf_posext.load (stock loads it unscaled)")
             )
         lines += [f"note:            {note}" for note in self.notes]
+        for part in self.parts:
+            lines.append(f"part {part.method}:" + " " * max(1, 11 - len(part.method))
+                         + f"{part.kind}, x{part.factor:g}, window {part.original_window} -> {part.current_window}"
+                         + (f" {part.params}" if part.params else ""))
         return "\n".join(lines)
 
 

@@ -23,6 +23,7 @@ the request resolved to a group size, a neighbor window and L.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import math
 import re
@@ -30,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from hf_posext.core.record import make_record
-from hf_posext.methods import Method, check_method_name, get_method, kinds_of
+from hf_posext.methods import COMPOSITION_SEPARATOR, Method, check_method_name, get_method, kinds_of, split_composition
 
 __all__ = [
     "ScalingRequest", "ScalingConfig", "resolve_factor", "parse_value", "parse_param_items", "plain_number", "MODEL_ARGS_PREFIX",
@@ -112,14 +113,74 @@ def _check_length(value: Any, name: str) -> int | None:
     return value
 
 
+def _declared_params(method: str) -> set[str]:
+    """Every parameter name some kind of ``method`` declares, renamed (old) names included."""
+    names: set[str] = set()
+    for kind in kinds_of(method):
+        spec = get_method(method, kind)
+        names.update(f.name for f in dataclasses.fields(spec.params_cls))
+        names.update(old for old, _ in spec.renamed_params)
+    return names
+
+
+def _split_composed_params(method: str, params: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """A composition's parameters, each under the part that declares it: ``{"yarn": {...}, "string": {...}}``.
+
+    A name may be qualified by its part (``string.attention_factor``); an unqualified one goes to the one part
+    that declares it.
+
+    Raises:
+        ValueError: a name both parts declare, given unqualified (the message says how to qualify it); a
+            name neither declares; a qualifier that is not a part.
+    """
+    parts = split_composition(method)
+    assert parts is not None
+    split: dict[str, dict[str, Any]] = {part: {} for part in parts}
+    for key, value in params.items():
+        part, dot, name = str(key).partition(".")
+        if dot:
+            if part not in split:
+                raise ValueError(f"Parameter {key!r} names part {part!r}, which {method!r} does not have; qualify it with "
+                                 f"{' or '.join(repr(p + '.') for p in parts)}.")
+        else:
+            name = part
+            owners = [p for p in parts if name in _declared_params(p)]
+            if len(owners) == 2:
+                raise ValueError(
+                    f"Parameter {name!r} is declared by both {parts[0]!r} and {parts[1]!r} in {method!r}: say which part it "
+                    f"is for, {parts[0]}.{name}= or {parts[1]}.{name}= (CLI: --param {parts[1]}.{name}=VALUE; lm-eval: "
+                    f"posext_{parts[1]}.{name}=VALUE)."
+                )
+            if not owners:
+                known = sorted(_declared_params(parts[0]) | _declared_params(parts[1]))
+                close = difflib.get_close_matches(name, known, n=1)
+                hint = f" Did you mean {close[0]!r}?" if close else ""
+                raise ValueError(f"Neither part of {method!r} has a parameter {name!r}.{hint} Their parameters are: "
+                                 f"{', '.join(known) or 'none'}.")
+            part = owners[0]
+        if name in split[part]:
+            raise ValueError(f"Parameter {name!r} of {part!r} is given twice in {method!r}; give it once.")
+        split[part][name] = value
+    return split
+
+
 def _canonical_params(method: str, params: dict[str, Any]) -> dict[str, Any]:
-    """``params`` with renamed parameters under their current names (the first kind that has ``method`` decides)."""
+    """``params`` with renamed parameters under their current names (the first kind that has ``method`` decides).
+
+    A composition's parameters come back qualified by their part (``string.shifted_offset``)."""
+    if split_composition(method) is not None:
+        return {f"{part}.{name}": value for part, values in _split_composed_params(method, params).items()
+                for name, value in _canonical_params(part, values).items()}
     kinds = kinds_of(method)
     return get_method(method, kinds[0]).canonical_params(params) if kinds else dict(params)
 
 
 def _check_params(method: str, params: dict[str, Any]) -> None:
     """Accept ``params`` if some kind that has ``method`` accepts them; else raise that kind's error."""
+    if split_composition(method) is not None:
+        for part, values in _split_composed_params(method, params).items():
+            _check_params(part, values)
+        return
     errors = []
     for kind in kinds_of(method):
         try:
@@ -164,6 +225,7 @@ class ScalingRequest:
                 f"Give exactly one of factor= or target_length=, not both; got factor={self.factor!r}, target_length={self.target_length!r}."
             )
         params = dict(self.params.items() if isinstance(self.params, Mapping) else self.params)
+        params = {key: plain_number(value) for key, value in params.items()}  # np.int64(40) -> 40, as factor takes it
         params = _canonical_params(method, params)
         _check_params(method, params)
         object.__setattr__(self, "params", tuple(sorted(params.items(), key=lambda item: item[0])))
@@ -293,12 +355,35 @@ class ScalingRequest:
         return dict(self.params)
 
     @property
+    def is_composed(self) -> bool:
+        """True for a composition such as ``yarn+string`` (a frequency scaling with an attention-level method)."""
+        return split_composition(self.method) is not None
+
+    @property
+    def parts(self) -> tuple["ScalingRequest", "ScalingRequest"] | None:
+        """``(frequency part, attention part)`` of a composition, None for one method.
+
+        The frequency part carries ``factor``, ``target_length`` and ``original_max_position_embeddings``; the
+        attention part only its parameters: it is sized on the window the frequency part gives.
+        """
+        names = split_composition(self.method)
+        if names is None:
+            return None
+        split = _split_composed_params(self.method, self.params_dict)
+        frequency = ScalingRequest(names[0], self.factor, self.target_length, self.original_max_position_embeddings,
+                                   tuple(split[names[0]].items()))
+        return frequency, ScalingRequest(names[1], params=tuple(split[names[1]].items()))
+
+    @property
     def label(self) -> str:
         """``yarn`` or ``yarn(beta_fast=16)``: the name of this request in tables and result cells."""
         return self.method + ("" if not self.params else "(" + ",".join(f"{k}={v}" for k, v in self.params) + ")")
 
     def sizes_itself(self) -> bool:
-        """True when a parameter sizes the extension (e.g. Self-Extend's ``group_size``)."""
+        """True when a parameter sizes the extension (e.g. Self-Extend's ``group_size``); a composition is
+        sized by its frequency part."""
+        if self.is_composed:
+            return self.parts[0].sizes_itself()
         return any(
             name in dict(self.params) and dict(self.params)[name] is not None
             for kind in kinds_of(self.method)
@@ -315,6 +400,13 @@ class ScalingRequest:
             return self
         if self.method == "none":
             return dataclasses.replace(self, factor=1.0)
+        if self.is_composed:
+            frequency = self.parts[0].method
+            raise ValueError(
+                f"{prefix}method={self.method} needs the size of its frequency part ({frequency}): exactly one of "
+                f"{prefix}factor (e.g. {prefix}factor=4) or {prefix}target_length (e.g. {prefix}target_length=32768); "
+                f"the attention part is sized on the window {frequency} gives."
+            )
         defaults = {get_method(self.method, kind).default_factor for kind in kinds_of(self.method)}
         if len(defaults) == 1 and None not in defaults:  # a method at home inside the window (STRING)
             return dataclasses.replace(self, factor=defaults.pop())

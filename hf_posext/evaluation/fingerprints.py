@@ -85,7 +85,7 @@ def rope_frequencies(model: torch.nn.Module, length: int) -> list[dict[str, Any]
     from hf_posext.backends.rope.module import ScaledRotaryEmbedding
 
     try:
-        if describe(model).kind not in ("rope", "attention"):  # an attention-level method keeps the model's RoPE
+        if describe(model).kind not in ("rope", "attention", "rope+attention"):  # an attention-level method keeps RoPE
             return None
     except Exception:
         return None
@@ -196,9 +196,10 @@ def attention_function(model: torch.nn.Module) -> dict[str, Any] | None:
         report = describe(model)
     except Exception:
         return None
-    if report.kind != "attention":
+    attention = report.parts[-1] if report.parts else report  # a composition (yarn+string): its attention part
+    if attention.kind != "attention":
         return None
-    params = {key: value for key, value in sorted(report.params.items()) if key not in KERNEL_INDEPENDENT_PARAMS}
+    params = {key: value for key, value in sorted(attention.params.items()) if key not in KERNEL_INDEPENDENT_PARAMS}
     sources = _kernel_package_sources(model)
     return {"method": report.method, "params": params,
             "kernel_sha256": kernel_source_hash(sources) if sources is not None else None,

@@ -15,6 +15,7 @@ from hf_posext.methods import shifted_positions  # noqa: F401
 from hf_posext.methods import relative  # noqa: F401
 from hf_posext.methods.registry import (
     BASELINE,
+    COMPOSITION_SEPARATOR,
     METHODS,
     Method,
     available_methods,
@@ -24,7 +25,8 @@ from hf_posext.methods.registry import (
     register_alias,
     register_method,
     resolve_method,
+    split_composition,
 )
 
 __all__ = ["Method", "register_method", "register_alias", "get_method", "resolve_method", "available_methods", "kinds_of",
-           "check_method_name", "METHODS", "BASELINE"]
+           "check_method_name", "split_composition", "COMPOSITION_SEPARATOR", "METHODS", "BASELINE"]

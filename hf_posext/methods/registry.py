@@ -26,12 +26,18 @@ __all__ = [
     "available_methods",
     "kinds_of",
     "check_method_name",
+    "split_composition",
+    "COMPOSITION_SEPARATOR",
     "METHODS",
     "BASELINE",
 ]
 
 #: The name every kind gives its unscaled baseline: the model's own positions, factor 1.
 BASELINE = "none"
+#: Joins a frequency scaling and an attention-level method into one composed name (``"yarn+string"``).
+COMPOSITION_SEPARATOR = "+"
+#: The kind of a composition's frequency part, and of its attention part.
+FREQUENCY_KIND, ATTENTION_KIND = "rope", "attention"
 
 
 @dataclass(frozen=True)
@@ -206,24 +212,95 @@ def kinds_of(name: str) -> list[str]:
     return [kind for kind, methods in METHODS.items() if key in methods]
 
 
-def check_method_name(name: str) -> str:
-    """The normalised name of a method registered for some kind.
+def _normalise(name: str) -> str:
+    return name.strip().lower().replace("_", "-")
+
+
+def split_composition(name: str) -> tuple[str, str] | None:
+    """``(frequency method, attention method)`` of a composed name such as ``"yarn+string"``; None for one method.
+
+    A composition stacks one frequency scaling (a ``rope`` method: it changes the rotary frequencies) and one
+    attention-level method (``self-extend``, ``dca``, ``string``: it changes which positions attention sees),
+    in either order of writing; the frequency part runs first and sets the window the attention part is sized
+    on. Anything else stacked is refused.
 
     Raises:
         TypeError: ``name`` is not a string.
-        ValueError: no kind has it (with the closest known name and the full list).
+        ValueError: an unknown part (with the closest known name), two frequency scalings, two attention
+            methods, ``none`` as a part, or more than two parts; the message says what to write instead.
     """
     if not isinstance(name, str):
         raise TypeError(f"The method must be a name (str), got {type(name).__name__}.")
-    key = name.strip().lower().replace("_", "-")
+    key = _normalise(name)
+    if COMPOSITION_SEPARATOR not in key:
+        return None
+    parts = [part.strip() for part in key.split(COMPOSITION_SEPARATOR)]
+    if any(not part for part in parts):
+        raise ValueError(f"Method {name!r} has an empty part: write one frequency scaling and one attention-level method, "
+                         "e.g. 'yarn+string'.")
+    for part in parts:
+        if not kinds_of(part):
+            try:
+                check_method_name(part)  # the unknown-method error, with its "did you mean"
+            except ValueError as error:
+                raise ValueError(f"In {name!r}: {error}") from None
+    if len(parts) > 2:
+        raise ValueError(f"Method {name!r} stacks {len(parts)} methods: a composition is one frequency scaling and one "
+                         "attention-level method, e.g. 'yarn+string'.")
+    if BASELINE in parts:
+        other = next(part for part in parts if part != BASELINE)
+        raise ValueError(f"Method {name!r}: {BASELINE!r} adds nothing to a composition; write {other!r} alone.")
+    frequency = [part for part in parts if FREQUENCY_KIND in kinds_of(part)]
+    attention = [part for part in parts if ATTENTION_KIND in kinds_of(part)]
+    if len(frequency) == 2:
+        raise ValueError(
+            f"Method {name!r} stacks two frequency scalings ({frequency[0]!r} and {frequency[1]!r}): they would compound. "
+            f"Pick one, and stack at most an attention-level method on it ({', '.join(sorted(METHODS[ATTENTION_KIND]))}), "
+            f"e.g. '{frequency[0]}+string'."
+        )
+    if len(attention) == 2:
+        raise ValueError(
+            f"Method {name!r} stacks two attention-level methods ({attention[0]!r} and {attention[1]!r}): each replaces the "
+            f"model's attention function. Pick one, on at most one frequency scaling, e.g. 'yarn+{attention[0]}'."
+        )
+    if len(frequency) != 1 or len(attention) != 1:
+        odd = next(part for part in parts if part not in frequency and part not in attention)
+        raise ValueError(
+            f"Method {name!r}: {odd!r} is a {'/'.join(kinds_of(odd))} method; a composition is one RoPE frequency scaling "
+            "and one attention-level method, e.g. 'yarn+string'."
+        )
+    if get_method(frequency[0], FREQUENCY_KIND).dynamic:
+        raise ValueError(
+            f"Method {name!r}: {frequency[0]!r} is dynamic (its frequencies change with the sequence length), so "
+            f"{attention[0]!r} could not re-rotate cached keys consistently; stack it on a static scaling, e.g. "
+            f"'{frequency[0].removeprefix('dynamic-') if frequency[0].startswith('dynamic-') else 'yarn'}+{attention[0]}'."
+        )
+    return frequency[0], attention[0]
+
+
+def check_method_name(name: str) -> str:
+    """The normalised name of a method registered for some kind, or of a composition (``"yarn+string"``,
+    frequency part first: ``"string+yarn"`` becomes ``"yarn+string"``; see :func:`split_composition`).
+
+    Raises:
+        TypeError: ``name`` is not a string.
+        ValueError: no kind has it (with the closest known name and the full list), or a composition that
+            cannot be stacked.
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"The method must be a name (str), got {type(name).__name__}.")
+    key = _normalise(name)
     if kinds_of(key):
         return key
-    parts = [part.strip() for part in key.replace(",", "+").split("+") if part.strip()]
+    composition = split_composition(key)
+    if composition is not None:
+        return COMPOSITION_SEPARATOR.join(composition)
+    parts = [part.strip() for part in key.split(",") if part.strip()]
     if len(parts) > 1 and all(kinds_of(part) for part in parts):
         raise ValueError(
-            f"Methods cannot be combined in one call ({name!r}): patch applies one method, and patching again "
-            f"replaces it. Attention-level methods (self-extend, dca, string) run on the model's own rotary frequencies; "
-            f"pick one of {', '.join(repr(p) for p in parts)}."
+            f"Methods are not listed with commas in one call ({name!r}): patch applies one method, and patching again "
+            f"replaces it. To stack an attention-level method on a frequency scaling, join them with '+' (e.g. "
+            f"'yarn+string'); otherwise pick one of {', '.join(repr(p) for p in parts)}."
         )
     known = sorted({n for methods in METHODS.values() for n in methods})
     close = difflib.get_close_matches(key, known, n=1)
@@ -239,6 +316,13 @@ def available_methods(kind: str | None = None) -> dict[str, str]:
             to list only those; by default every method of every kind: RoPE methods by their name, a
             name that only one other kind has (``self-extend``) by its name too, and names that several
             kinds share as ``"name (kind)"``.
+
+    Composition: one frequency scaling and one attention-level method may be stacked in one call by joining
+    their names with ``+`` (``hf_posext.patch(model, "yarn+string", factor=4)``): the frequency part takes
+    ``factor`` / ``target_length``, the attention part is sized on the window the frequency part gives
+    (STRING's S = 0.33 of the scaled window), and each method parameter goes to the part that declares it
+    (a name both declare is written ``string.attention_factor=...``). Compositions are not listed here;
+    every pair of a ``rope`` and an ``attention`` method is one (:func:`split_composition`).
 
     Example:
         >>> import hf_posext

@@ -24,8 +24,9 @@ import torch
 from torch import nn
 
 from hf_posext.backends.attention.kernels import rotate
+from hf_posext.backends.rope import surgery as rope_surgery
 from hf_posext.core.loading import config_kwargs, model_class_for
-from hf_posext.core.record import CONFIG_KEY, ScalingReport, restore_config, snapshot_config, text_config
+from hf_posext.core.record import CONFIG_KEY, FREQUENCY_FIELD, ScalingReport, restore_config, snapshot_config, text_config
 from hf_posext.core.request import ScalingRequest
 
 __all__ = [
@@ -321,7 +322,8 @@ def find_attention_layers(model: nn.Module, label: str) -> tuple[list[AttentionL
     from hf_posext.backends.rope.sites import build_rotary_module, find_rotary_sites
     from hf_posext.core.request import ScalingConfig
 
-    sites = find_rotary_sites(model)
+    stacked = rope_surgery.patched_sites(model)  # a composition: the frequencies of hf_posext's own rotary modules
+    sites = stacked if stacked is not None else find_rotary_sites(model)
     rotary = _rotary_per_module(model, sites, label)
     names = {id(module): path for path, module in model.named_modules()}
     register()  # the probe's attention function
@@ -333,7 +335,7 @@ def find_attention_layers(model: nn.Module, label: str) -> tuple[list[AttentionL
     # A fixed sin/cos table (GPT-J's embed_positions) stops at the original window; attention-level
     # methods keep true positions, so those modules are swapped for our identical, length-free rotary module.
     swaps = []
-    for site in (site for site in sites if site.layout == "sin_cos_half"):
+    for site in (site for site in sites if site.layout == "sin_cos_half" and stacked is None):
         window = site.current[site.scaled_layer_types[0]].original_max_position_embeddings
         swaps.append((site, build_rotary_module(site, ScalingConfig("none", 1.0, window))))
     return layers, swaps
@@ -355,17 +357,17 @@ def current_settings(model: nn.Module, method: AttentionMethod) -> Any:
 
 
 def original_length(model: nn.Module, method: AttentionMethod, request: ScalingRequest) -> int:
-    """The pre-training window L for ``request``: its override, the previous patch's, or the rotary module's.
+    """The window L ``request`` is sized on: its override, the previous patch's, the window of hf_posext's
+    frequency scaling the method is stacked on (a composition such as ``yarn+string``), or the rotary module's
+    pre-training window.
 
     Raises:
-        ValueError: ``request`` is not for ``method``; the model carries a frequency scaling; a bad override.
+        ValueError: ``request`` is not for ``method``; a bad override.
     """
     from hf_posext.backends.rope.sites import find_rotary_sites
 
     if request.method != method.name:
         raise ValueError(f"{method.label} handles method {method.name!r}, got {request.method!r}.")
-    if "_hf_posext_state" in model.__dict__:
-        raise ValueError("The model carries a frequency scaling; call hf_posext.unpatch(model) first (hf_posext.patch does).")
     override = request.original_max_position_embeddings
     if override is not None:
         if isinstance(override, bool) or not isinstance(override, int) or override < 2:
@@ -373,6 +375,10 @@ def original_length(model: nn.Module, method: AttentionMethod, request: ScalingR
         return override
     if is_patched(model, method):
         return current_settings(model, method).original_max_position_embeddings
+    frequency = rope_surgery.patched_sites(model)
+    if frequency is not None:  # stacked on hf_posext's frequency scaling: sized on the window it gives
+        main = next(site for site in frequency if site.scaled_layer_types)
+        return main.current[main.scaled_layer_types[0]].target_length
     main = next(site for site in find_rotary_sites(model) if site.scaled_layer_types)
     return main.current[main.scaled_layer_types[0]].original_max_position_embeddings
 
@@ -383,7 +389,8 @@ def declared_window(model: nn.Module) -> int | None:
     scaled window (131072 for Llama 3.1, whose llama3 scaling starts from 8192), not the original one."""
     from hf_posext.backends.rope.sites import find_rotary_sites
 
-    main = next(site for site in find_rotary_sites(model) if site.scaled_layer_types)
+    sites = rope_surgery.patched_sites(model) or find_rotary_sites(model)
+    main = next(site for site in sites if site.scaled_layer_types)
     value = getattr(main.config, "max_position_embeddings", None)
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
@@ -420,7 +427,9 @@ def install(
         setattr(site.parent, site.attribute, replacement)
     max_positions = getattr(config, "max_position_embeddings", None)
     max_positions = max_positions if isinstance(max_positions, int) and not isinstance(max_positions, bool) else None
+    frequency = rope_surgery.patch_record(model)  # read before the method's own record replaces it
     write_config(config, settings, base, max_positions)
+    _attach_frequency_record(config, frequency)
     model.__dict__[method.state_attribute] = AttentionState(
         settings, base, [(layer.path, layer.module) for layer in layers], snapshot, [site for site, _ in swaps], max_positions,
     )
@@ -444,8 +453,20 @@ def update(
         if layer.scaled:
             setattr(module, method.layer_attribute, retune(layer))
     state.settings = settings
+    frequency = (getattr(model.config, CONFIG_KEY, None) or {}).get(FREQUENCY_FIELD)
     write_config(model.config, settings, state.base_implementation, state.max_positions)
+    _attach_frequency_record(model.config, frequency)
     return model
+
+
+
+def _attach_frequency_record(config: Any, frequency: dict[str, Any] | None) -> None:
+    """Keep the record of hf_posext's frequency scaling under the attention method's own (a composition):
+    ``config.hf_posext`` holds one record, so the stacked method's carries the other in :data:`FREQUENCY_FIELD`."""
+    record = getattr(config, CONFIG_KEY, None)
+    if frequency is not None and isinstance(record, dict):
+        frequency.pop(FREQUENCY_FIELD, None)
+        record[FREQUENCY_FIELD] = frequency
 
 
 def uninstall(model: nn.Module, method: AttentionMethod) -> nn.Module:
@@ -520,5 +541,8 @@ def load_unpatched(
     if isinstance(before, int) and hasattr(target, "max_position_embeddings"):
         target.max_position_embeddings = before
     from_pretrained_kwargs.setdefault("attn_implementation", record.get("attn_implementation") or "sdpa")
+    frequency = record.get(FREQUENCY_FIELD)
+    if frequency is not None:  # a composition: the frequency scaling first, exactly as it was saved
+        return rope_surgery.load_rope(path, frequency, config=config, **from_pretrained_kwargs), saved
     model = model_class_for(config).from_pretrained(path, config=config, **from_pretrained_kwargs)
     return model, saved

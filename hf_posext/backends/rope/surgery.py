@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import functools
 import json
 import os
@@ -399,15 +400,46 @@ def current_scaling(model: nn.Module) -> ScalingConfig:
     return model.__dict__[_STATE_ATTRIBUTE].scaling
 
 
-def load_rope(path: str, record: dict[str, Any], **from_pretrained_kwargs: Any) -> nn.Module:
+def patched_sites(model: nn.Module) -> list[RotarySite] | None:
+    """The rotary sites of a model this backend patched, each describing what its module computes now (the
+    patch's scaling on the scaled layer types), for a method stacked on the patch; None when not patched.
+
+    The sites' ``module`` is the replacement module in place; ``parent``/``attribute`` say where it sits.
+    """
+    state = _state(model)
+    if state is None:
+        return None
+    return [
+        dataclasses.replace(site, module=module, current={
+            layer_type: state.scaling if layer_type in site.scaled_layer_types else scaling
+            for layer_type, scaling in site.current.items()
+        })
+        for site, module in zip(state.sites, state.new_modules)
+    ]
+
+
+def patch_record(model: nn.Module) -> dict[str, Any] | None:
+    """The saved record (``config.hf_posext``) this backend's patch wrote on the main config; None when not patched."""
+    state = _state(model)
+    if state is None:
+        return None
+    config = next(site.config for site in state.sites if site.scaled_layer_types)
+    record = getattr(config, CONFIG_KEY, None)
+    return copy.deepcopy(record) if isinstance(record, dict) else None
+
+
+def load_rope(path: str, record: dict[str, Any], config: Any = None, **from_pretrained_kwargs: Any) -> nn.Module:
     """Load a RoPE model saved after :func:`patch_rope` (``record``: its validated ``hf_posext`` record).
 
     The config's RoPE fields are reset to the pre-patch values kept in the record, the weights are
     loaded, and the scaling is re-applied by :func:`patch_rope`, so the model equals the one that was saved.
+    ``config``: the folder's config, already read (and cleared of the fields of a method stacked on this
+    scaling); None reads it from ``path``.
     """
     from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(path, **config_kwargs(from_pretrained_kwargs))
+    if config is None:
+        config = AutoConfig.from_pretrained(path, **config_kwargs(from_pretrained_kwargs))
     target = text_config(config)
     restore_config(target, dict(record.get("original_config", {})))
     target.__dict__.pop(CONFIG_KEY, None)

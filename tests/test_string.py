@@ -308,6 +308,41 @@ def test_save_and_load_round_trip(tmp_path):
     assert loaded.config.max_position_embeddings == WINDOW
 
 
+@pytest.mark.parametrize("edit, message", [
+    (lambda params: params.update(shifted_offset=WINDOW), r"config.json: field 'hf_posext'.params: shifted_offset=64 must be smaller"),
+    (lambda params: params.update(shifted_offset=30, local_value=40), r"field 'hf_posext'.params: local_value=40 must be smaller"),
+    (lambda params: params.pop("local_value"), r"field 'hf_posext'.params has no 'local_value'"),
+    (lambda params: params.update(shifted_offset="24"), r"field 'hf_posext'.params: shifted_offset must be an integer >= 1, got '24'"),
+], ids=["offset-beyond-window", "local-above-offset", "missing-field", "text"])
+def test_an_impossible_saved_record_is_refused_naming_the_file_and_field_before_the_weights_load(tmp_path, monkeypatch, edit, message):
+    from hf_posext.core.errors import RecordError
+
+    model = _model("sdpa")
+    hf_posext.patch(model, "string", shifted_offset=SHIFT, local_value=LOCAL)
+    model.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    edit(config["hf_posext"]["params"])
+    (tmp_path / "config.json").write_text(json.dumps(config))
+
+    def weights_load(*args, **kwargs):
+        raise AssertionError("the weights were loaded before the record was checked")
+
+    monkeypatch.setattr(shifted_positions.registration, "load_unpatched", weights_load)
+    with pytest.raises(RecordError, match=message) as error:
+        hf_posext.load(tmp_path)
+    assert "\n" not in str(error.value) and "{" not in str(error.value)  # the field is named, the record not dumped
+
+
+def test_sizes_that_need_no_model_are_refused_where_the_request_is_parsed():
+    """lm-eval's model args (and the CLI) refuse w >= S before the harness builds a model, as DCA's sizes are."""
+    from hf_posext.core.request import ScalingRequest
+
+    with pytest.raises(ValueError, match="local_value=8 must be smaller than shifted_offset=8"):
+        ScalingRequest.from_model_args({"posext_method": "string", "posext_shifted_offset": "8", "posext_local_value": "8"})
+    assert ScalingRequest.from_model_args({"posext_method": "string", "posext_shifted_offset": "9",
+                                           "posext_local_value": "8"})[0].params_dict == {"local_value": 8, "shifted_offset": 9}
+
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [

@@ -68,6 +68,9 @@ class StringParams:
             _check_int("shifted_offset", self.shifted_offset, 1)
         if self.local_value is not None:
             _check_int("local_value", self.local_value, 0)
+        if self.shifted_offset is not None and self.local_value is not None and self.local_value >= self.shifted_offset:
+            # checkable without a model: refused where the request is parsed (a CLI flag, lm-eval's model args)
+            check_string_sizes(self.shifted_offset, self.local_value, self.shifted_offset + 1)
         factor = self.attention_factor
         if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not math.isfinite(factor) or factor <= 0:
             raise ValueError(f"attention_factor must be a positive number (1 = off, the reference code uses "

@@ -479,12 +479,21 @@ def load_string(path: str, record: dict[str, Any], **from_pretrained_kwargs: Any
     from hf_posext.core.errors import RecordError
 
     params = dict(record.get("params", {}))
-    try:
-        original = int(record["original_max_position_embeddings"])
-        shifted_offset, local_value = int(params["shifted_offset"]), int(params["local_value"])
-        attention_factor = float(params.get("attention_factor", 1.0))
-    except (KeyError, TypeError, ValueError) as error:
-        raise RecordError(f"{path}/config.json: a STRING record needs shifted_offset and local_value; got {record!r}.") from error
+    source = f"{path}/config.json: field {CONFIG_KEY!r}"
+    fix = f"re-save the model with hf_posext, or remove {CONFIG_KEY!r} to load it unscaled"
+    for name in ("shifted_offset", "local_value"):
+        value = params.get(name)
+        if value is None:
+            raise RecordError(f"{source}.params has no {name!r} (a STRING record needs shifted_offset and local_value); {fix}.")
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise RecordError(f"{source}.params.{name} must be an integer, got {value!r}; {fix}.")
+    original = record["original_max_position_embeddings"]  # validated by hf_posext.core.record.validate_record
+    shifted_offset, local_value = params["shifted_offset"], params["local_value"]
+    attention_factor = float(params.get("attention_factor", 1.0))
+    try:  # checked before any weight loads
+        check_string_sizes(shifted_offset, local_value, original)
+    except ValueError as error:
+        raise RecordError(f"{source}.params: {error} The record cannot have been written by hf_posext; {fix}.") from None
     model, _ = registration.load_unpatched(path, record, METHOD, lambda config: None, **from_pretrained_kwargs)
     factor = float(record.get("factor") or 1.0)
     return patch_string(model, ScalingRequest.from_kwargs(

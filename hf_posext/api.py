@@ -18,7 +18,7 @@ from hf_posext.core.errors import RecordError, UnsupportedModelError, check_mode
 from hf_posext.core.loading import check_weight_files, config_kwargs, model_class_for
 from hf_posext.core.record import CONFIG_KEY, FREQUENCY_FIELD, ScalingReport, text_config, validate_record
 from hf_posext.core.request import ScalingRequest
-from hf_posext.methods import kinds_of
+from hf_posext.methods import get_method, kinds_of
 from hf_posext.user_warnings import warn_at_caller
 from hf_posext.backends.rope.surgery import fixed_length
 
@@ -206,6 +206,12 @@ def describe(model: nn.Module) -> ScalingReport:
     return backend.describe(model)
 
 
+def _parameter_names(report: ScalingReport) -> set[str]:
+    import dataclasses
+
+    return {f.name for f in dataclasses.fields(get_method(report.method, report.kind).params_cls)}
+
+
 def _composed_report(model: nn.Module, backends: list[Backend]) -> ScalingReport:
     """One report of a composition: its window is the attention part's, its factor the frequency part's,
     its parameters qualified by their part (``string.shifted_offset``), both parts' reports in ``parts``."""
@@ -215,7 +221,8 @@ def _composed_report(model: nn.Module, backends: list[Backend]) -> ScalingReport
         method=f"{frequency.method}+{attention.method}", factor=frequency.factor,
         original_window=frequency.original_window, current_window=max(frequency.current_window, attention.current_window),
         dynamic=frequency.dynamic, sites=[*frequency.sites, *attention.sites],
-        params={f"{part.method}.{key}": value for part in (frequency, attention) for key, value in part.params.items()},
+        params={f"{part.method}.{key}": value for part in (frequency, attention) for key, value in part.params.items()
+                if key in _parameter_names(part)},  # the methods' parameters: what re-creates the patch
         stock_loadable=False,
         notes=[f"{attention.method} on {frequency.method}'s frequencies, sized on its {frequency.current_window}-token window"]
         + [f"{part.method}: {note}" for part in (frequency, attention) for note in part.notes],

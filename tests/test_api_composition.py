@@ -82,6 +82,10 @@ def test_describe_reports_both_parts_and_string_is_sized_on_the_composed_window(
     assert report.params["yarn.beta_fast"] == 32.0
     assert "part yarn" in str(report) and "part string" in str(report)
     assert report.to_dict()["parts"][1]["method"] == "string"
+    # the report's parameters re-create the patch (what an adapter's record and an evaluation cell keep)
+    again = _model()
+    hf_posext.patch(again, report.method, report.factor, **report.params)
+    assert torch.equal(logits_of(again, _ids()), logits_of(model, _ids()))
     # linear keeps L = 64 in the config it writes (transformers' linear type never reads it): STRING is still sized
     # on the composed 128-token window, not on what the config declares
     linear = _model()

@@ -14,10 +14,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import threading
 import time
 
-import torch
+HELP_ONLY = __name__ == "__main__" and any(arg in ("-h", "--help") for arg in sys.argv[1:])
+if not HELP_ONLY:  # `--help` answers without loading torch (tests/test_bench_help.py)
+    import torch
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 

@@ -16,7 +16,7 @@ chunks of 5632 tokens). For each length n it times, interleaved, median of ``--r
 Usage:
     python bench/dca_cost.py                                    # CPU, 8192,16384,32768
     python bench/dca_cost.py --device cuda --repeats 10         # a GPU
-Results: bench/results/dca_cost_<device>.json and .md.
+Results: bench/results/dca_cost/dca_cost_<device>.json and .md.
 """
 
 from __future__ import annotations
@@ -29,18 +29,15 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-import torch
+HELP_ONLY = __name__ == "__main__" and any(arg in ("-h", "--help") for arg in sys.argv[1:])
+if not HELP_ONLY:  # `--help` answers without loading torch (tests/test_bench_help.py)
+    import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from timing import count_operations, sync, timed  # noqa: E402  (bench/timing.py)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from timing import count_operations, sync, timed  # noqa: E402  (bench/timing.py)
 
 
 def main(argv: list[str] | None = None) -> int:
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-    from transformers.models.llama.modeling_llama import eager_attention_forward
-
-    from hf_posext.backends.attention import dual_chunk, self_extend
-
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", default="8192,16384,32768")
     parser.add_argument("--chunk-size", type=int, default=6144)
@@ -52,8 +49,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps-only", action="store_true", help="time the decode steps only (many repeats are cheap)")
     parser.add_argument("--threads", type=int, help="CPU threads (default: torch's); 1 keeps a busy shared machine's "
                         "thread scheduling out of the many small kernels of a decode step")
-    parser.add_argument("--out", help="JSON path (default bench/results/dca_cost_<device>.json)")
+    parser.add_argument("--out", help="JSON path (default bench/results/dca_cost/dca_cost_<device>.json)")
     args = parser.parse_args(argv)
+    # after parse_args: `--help` answers without loading torch (tests/test_bench_help.py)
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.models.llama.modeling_llama import eager_attention_forward
+    from hf_posext.backends.attention import dual_chunk, self_extend
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -139,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         "threads": torch.get_num_threads(), "torch": torch.__version__, "transformers": transformers.__version__,
         "rows": rows, "command": command,
     }
-    out = Path(args.out or f"bench/results/dca_cost_{args.device.split(':')[0]}.json")
+    out = Path(args.out or f"bench/results/dca_cost/dca_cost_{args.device.split(':')[0]}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
     lines = [

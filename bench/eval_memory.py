@@ -6,7 +6,7 @@ model-only RSS (weights loaded, no forward) is measured the same way and reporte
 a JSON file; re-running skips the measurements already in it (``--overwrite`` redoes them).
 
     python bench/eval_memory.py --lengths 8192,16384                 # the issue's lengths (~6 min on 2 cores)
-    python bench/eval_memory.py --lengths 2048,4096 --out bench/results/eval_memory_cpu.json
+    python bench/eval_memory.py --lengths 2048,4096 --out bench/results/eval_memory/eval_memory_cpu.json
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def main() -> int:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--lengths", default="8192,16384")
     parser.add_argument("--chunk-size", type=int, default=2048)
-    parser.add_argument("--out", default="bench/results/eval_memory.json")
+    parser.add_argument("--out", default="bench/results/eval_memory/eval_memory.json")
     parser.add_argument("--overwrite", action="store_true")
     args = parser.parse_args()
     out = Path(args.out)

@@ -17,14 +17,12 @@ import sys
 import time
 from pathlib import Path
 
-import torch
+HELP_ONLY = __name__ == "__main__" and any(arg in ("-h", "--help") for arg in sys.argv[1:])
+if not HELP_ONLY:  # `--help` answers without loading torch (tests/test_bench_help.py)
+    import torch
 
 
 def main() -> int:
-    from hf_posext.evaluation.perplexity import chunked_nll
-    from hf_posext.evaluation.loading import load_model_and_tokenizer
-    from hf_posext.evaluation.store import versions
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--lengths", default="2048,4096")
@@ -32,9 +30,13 @@ def main() -> int:
     parser.add_argument("--chunk-size", type=int, default=2048)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--out", default="bench/results/eval_throughput.json")
+    parser.add_argument("--out", default="bench/results/eval_throughput/eval_throughput.json")
     parser.add_argument("--overwrite", action="store_true")
     args = parser.parse_args()
+    # after parse_args: `--help` answers without loading torch (tests/test_bench_help.py)
+    from hf_posext.evaluation.perplexity import chunked_nll
+    from hf_posext.evaluation.loading import load_model_and_tokenizer
+    from hf_posext.evaluation.store import versions
     out = Path(args.out)
     results = json.loads(out.read_text()) if out.exists() and not args.overwrite else {}
     results.setdefault("config", {k: v for k, v in vars(args).items() if k != "overwrite"} | {"command": " ".join(["python"] + sys.argv)})

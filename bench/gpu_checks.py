@@ -38,10 +38,12 @@ import json
 import sys
 from typing import Any
 
-import torch
+HELP_ONLY = __name__ == "__main__" and any(arg in ("-h", "--help") for arg in sys.argv[1:])
+if not HELP_ONLY:  # `--help` answers without loading torch (tests/test_bench_help.py)
+    import torch
 
-import hf_posext
-from hf_posext.models import tiny_model
+    import hf_posext
+    from hf_posext.models import tiny_model
 
 #: Initializer range of the tiny models: 0.1 makes yarn x4 move their logits by ~0.5 (0.02 gives 2e-3).
 POSITION_SENSITIVE_INIT = 0.1

@@ -21,7 +21,10 @@
 # (the first also .gpu_carry/books); parts already on the machine stay while it is warm (30 s after a call).
 # Stages that need the model assemble it from .gpu_carry/ once the last part is there.
 #
-# The next GPU session (15 device minutes, 10 per call), in this order; commit what comes back after each call:
+# The next GPU session (15 device minutes, 10 per call), in this order; commit what comes back after each call
+# (each file beside its benchmark's results, bench/results/<script>/: OUT/gpu_checks_cuda.json into
+# bench/results/gpu_checks/, OUT/dca_cost_cuda.json into bench/results/dca_cost/, OUT/train_*_cuda.json into
+# bench/results/train_gpu_loss/, ...; the evaluation folders quality/, quality_65k/, long4x/ are written in place):
 #   1. carry p1 + books:  bash bench/gpu_session.sh string $OUT/s            (no weights needed)
 #   2. carry p2:          bash bench/gpu_session.sh checks $OUT/k            (no weights needed)
 #   3. (p3 ...) the last part, timeout 300:  bash bench/gpu_session.sh adapters $OUT/a   (issue 26 §4, no training)
@@ -178,8 +181,8 @@ adapters)
     for a in ${ADAPTERS:-bench/results/finetune26_cpu/run-retrieval-mixed/adapter string:retrieval-mixed string:retrieval-varied bench/results/finetune26_cpu/run-retrieval-far/adapter bench/results/finetune26_cpu/run-retrieval/adapter bench/results/finetune26_cpu/run-lr6e-4/adapter}; do
       if [ "${a#string:}" != "$a" ]; then
         # string:VARIANT: STRING (the paper's defaults on the 32768 window) on that adapter merged with yarn x4 in its
-        # config (bench/finetune26_cpu.sh merge, the same folder name as the CPU runs, so the cells add up)
-        merged=$(VARIANT=${a#string:} PYTHON=$PYTHON MODEL=$MODEL bash bench/finetune26_cpu.sh merge | tail -1)
+        # config (bench/finetune_retrieval_cpu.sh merge, the same folder name as the CPU runs, so the cells add up)
+        merged=$(VARIANT=${a#string:} PYTHON=$PYTHON MODEL=$MODEL bash bench/finetune_retrieval_cpu.sh merge | tail -1)
         cli eval passkey --model "$merged" --methods string --factor 1 --lengths "$length" $E; save
         cli eval needle --model "$merged" --haystack "$HAYSTACK" --methods string --factor 1 --lengths "$length" $E; save
         continue

@@ -18,12 +18,14 @@ import json
 import sys
 from pathlib import Path
 
-import torch
-from transformers import AutoConfig, AutoModelForCausalLM
+HELP_ONLY = __name__ == "__main__" and any(arg in ("-h", "--help") for arg in sys.argv[1:])
+if not HELP_ONLY:  # `--help` answers without loading torch (tests/test_bench_help.py)
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
 
-import hf_posext
-from hf_posext.backends.rope.sites import rope_parameters, set_rope_parameters
-from hf_posext.models import load_model
+    import hf_posext
+    from hf_posext.backends.rope.sites import rope_parameters, set_rope_parameters
+    from hf_posext.models import load_model
 
 
 def _max_step_difference(model, prompt: torch.Tensor, new_tokens: int) -> float:
@@ -46,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt", type=int, default=8000, help="prompt tokens (inside the window)")
     parser.add_argument("--new", type=int, default=400, help="generated tokens (crossing the window)")
     parser.add_argument("--factor", type=float, default=2.0)
-    parser.add_argument("--out", default="bench/results/kv_cache_consistency.json")
+    parser.add_argument("--out", default="bench/results/kv_cache_consistency/kv_cache_consistency.json")
     args = parser.parse_args(argv)
 
     if args.random_weights:

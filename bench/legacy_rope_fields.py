@@ -11,7 +11,7 @@ copy of the folder and read by:
 Usage::
 
     python bench/legacy_rope_fields.py --tf457-python .venv-tf457/bin/python \
-        --json bench/results/legacy_rope_fields.json
+        --json bench/results/legacy_rope_fields/legacy_rope_fields.json
 """
 
 from __future__ import annotations
@@ -22,11 +22,14 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import warnings
 from pathlib import Path
 
-import torch
+HELP_ONLY = __name__ == "__main__" and any(arg in ("-h", "--help") for arg in sys.argv[1:])
+if not HELP_ONLY:  # `--help` answers without loading torch (tests/test_bench_help.py)
+    import torch
 
 L, FACTOR, SEQ, TOLERANCE = 64, 4.0, 200, 1e-4
 METHODS = {"linear": {}, "ntk": {}, "dynamic-ntk": {}, "yarn": {}, "llama3": {},
@@ -94,14 +97,14 @@ def logits_of(model) -> torch.Tensor:
 
 
 def main() -> None:
-    import hf_posext
-    from hf_posext.models import tiny_model
-    from transformers import AutoModelForCausalLM
-
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tf457-python", required=True, help="a python with transformers 4.57 (and torch)")
     parser.add_argument("--json", help="write the table here")
     args = parser.parse_args()
+    # after parse_args: `--help` answers without loading torch (tests/test_bench_help.py)
+    import hf_posext
+    from hf_posext.models import tiny_model
+    from transformers import AutoModelForCausalLM
     root = Path(tempfile.mkdtemp(prefix="legacy_rope_fields."))
     rows, expected = [], {}
     for theta in THETAS:

@@ -4,7 +4,7 @@ Uses llama.cpp's own Python converter (``convert_hf_to_gguf.py``, ``conversion/`
 llama-cpp-python sdist, plus ``sentencepiece`` (a converter requirement: the ``serve`` extra, which scripts/setup.sh
 installs; without it the script installs it into the cache directory).
 
-    python bench/llama_cpp_roundtrip.py [--sdist llama_cpp_python-0.3.36.tar.gz] [--json bench/results/llama_cpp_roundtrip.json]
+    python bench/llama_cpp_roundtrip.py [--sdist llama_cpp_python-0.3.36.tar.gz] [--json bench/results/llama_cpp_roundtrip/llama_cpp_roundtrip.json]
 
 Without ``--sdist`` it runs ``pip download --no-deps --no-binary :all: llama-cpp-python==0.3.36`` into the cache.
 It asserts the metadata against tests/data/serving/llama_cpp_expected.json (``--write-expected`` rewrites it).

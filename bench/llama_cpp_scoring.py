@@ -12,7 +12,7 @@ Cases: none (the control), linear, ntk and yarn x2, and yarn x2 with beta_fast=1
 the export would write without the refusal. That case is also compared with transformers' yarn at the default
 betas 32/1, the model llama.cpp is expected to build instead (docs/serving.md, C2).
 
-    python bench/llama_cpp_scoring.py [--json bench/results/llama_cpp_scoring.json] [--threads 1]
+    python bench/llama_cpp_scoring.py [--json bench/results/llama_cpp_scoring/llama_cpp_scoring.json] [--threads 1]
 
 Needs ``node`` (>= 20) and ``npm`` on PATH; installs node-llama-cpp into ``--cache`` on first use.
 """
@@ -31,10 +31,12 @@ import time
 import warnings
 from pathlib import Path
 
-import torch
+HELP_ONLY = __name__ == "__main__" and any(arg in ("-h", "--help") for arg in sys.argv[1:])
+if not HELP_ONLY:  # `--help` answers without loading torch (tests/test_bench_help.py)
+    import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from llama_cpp_roundtrip import convert, extract_converter, fetch_sdist, install_sentencepiece, tiny_sentencepiece  # noqa: E402
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from llama_cpp_roundtrip import convert, extract_converter, fetch_sdist, install_sentencepiece, tiny_sentencepiece  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SCORER = REPO / "bench" / "llama_cpp_score.mjs"

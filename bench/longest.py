@@ -45,3 +45,9 @@ def bounds(lo: int, hi: int, step: int, known: dict[int, bool]) -> tuple[int, in
     low = max([lo // step] + [n // step for n, ok in known.items() if ok])
     failing = [n // step for n, ok in known.items() if not ok and n // step <= hi // step]
     return low * step, (min(failing) * step if failing else None)
+
+
+if __name__ == "__main__":  # a helper module, imported by the benchmarks above; `--help` says so
+    import argparse
+
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()

@@ -9,8 +9,8 @@ coverage, per test, over the module's test files in ``GROUPS`` below), fastest f
 first failure.
 
 A bench script, never CI: it takes hours on 2 shared cores. Results are kept per mutant in
-``bench/results/mutation.json`` (written after every mutant) and a run skips the mutants already
-there, so it can be stopped and resumed at will. ``bench/results/mutation_survivors.md`` lists the
+``bench/results/mutation/mutation.json`` (written after every mutant) and a run skips the mutants already
+there, so it can be stopped and resumed at will. ``bench/results/mutation/mutation_survivors.md`` lists the
 kill rate per module and every surviving mutant. Mutants judged equivalent (no input can tell them
 from the original) are listed with the reason in ``bench/mutation_equivalent.json``.
 
@@ -41,8 +41,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "bench" / "results" / "mutation.json"
-SURVIVORS = ROOT / "bench" / "results" / "mutation_survivors.md"
+RESULTS = ROOT / "bench" / "results" / "mutation" / "mutation.json"
+SURVIVORS = ROOT / "bench" / "results" / "mutation" / "mutation_survivors.md"
 EQUIVALENT = ROOT / "bench" / "mutation_equivalent.json"
 DEFAULT_VENV = Path.home() / ".cache" / "hf-posext-mutation-venv"
 DEFAULT_WORK = Path(os.environ.get("TMPDIR", "/tmp")) / "hf-posext-mutation"

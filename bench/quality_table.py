@@ -40,11 +40,6 @@ def winners(cells: dict, metric: str, lower_is_better: bool) -> dict[int, tuple[
 
 
 def main() -> int:
-    from hf_posext.evaluation import evaluate_passkey, evaluate_perplexity, parse_lengths, parse_methods
-    from hf_posext.evaluation.report import load_results, markdown_tables, write_plots
-    from hf_posext.evaluation.loading import load_model_and_tokenizer
-    from hf_posext.lm.distributed import Distributed
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--methods", default=METHODS)
@@ -69,6 +64,11 @@ def main() -> int:
     parser.add_argument("--overwrite", action="store_true",
                         help="recompute every cell of this command's results files instead of continuing them")
     args = parser.parse_args()
+    # after parse_args: `--help` answers without loading torch (tests/test_bench_help.py)
+    from hf_posext.evaluation import evaluate_passkey, evaluate_perplexity, parse_lengths, parse_methods
+    from hf_posext.evaluation.report import load_results, markdown_tables, write_plots
+    from hf_posext.evaluation.loading import load_model_and_tokenizer
+    from hf_posext.lm.distributed import Distributed
 
     dist = Distributed()
     model, tokenizer = load_model_and_tokenizer(args.model, dtype=args.dtype, device=args.device or dist.default_device())

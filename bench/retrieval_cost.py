@@ -15,7 +15,7 @@ For each method it times, with the model patched and warmed up (median of ``--re
 Usage (GPU)::
 
     python bench/retrieval_cost.py --device cuda --dtype bfloat16 --lengths 32768 \
-        --methods none,yarn,self-extend,dca --out bench/results/retrieval_cost_cuda.json
+        --methods none,yarn,self-extend,dca --out bench/results/retrieval_cost/retrieval_cost_cuda.json
 
 CPU smoke run on a tiny random model (seconds)::
 
@@ -30,15 +30,17 @@ import statistics
 import sys
 from pathlib import Path
 
-import torch
+HELP_ONLY = __name__ == "__main__" and any(arg in ("-h", "--help") for arg in sys.argv[1:])
+if not HELP_ONLY:  # `--help` answers without loading torch (tests/test_bench_help.py)
+    import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import hf_posext  # noqa: E402
-from hf_posext.evaluation.passkey import build_passkey_prompt, draw_passkey  # noqa: E402
-from hf_posext.evaluation.retrieval import score_retrieval  # noqa: E402
-from hf_posext.lm.scoring import base_model, head_logits  # noqa: E402
-from timing import sync, timed  # noqa: E402
+    import hf_posext  # noqa: E402
+    from hf_posext.evaluation.passkey import build_passkey_prompt, draw_passkey  # noqa: E402
+    from hf_posext.evaluation.retrieval import score_retrieval  # noqa: E402
+    from hf_posext.lm.scoring import base_model, head_logits  # noqa: E402
+    from timing import sync, timed  # noqa: E402
 
 
 def load(model_name: str, device: str, dtype: torch.dtype):
@@ -88,7 +90,7 @@ def measure(model, tokenizer, method: str, length: int, factor: float, device: s
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m", help="model name, or 'tiny' for a CPU smoke run")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--device", help="default: cuda when available, else cpu")
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     parser.add_argument("--lengths", default="32768", help="comma-separated prompt lengths (tokens)")
     parser.add_argument("--methods", default="none,yarn,self-extend,dca", help="comma-separated methods")
@@ -97,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=10, help="greedy steps per trial (passkey's default)")
     parser.add_argument("--out", required=True, help="JSON file (rewritten after every measurement)")
     args = parser.parse_args(argv)
+    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = getattr(torch, args.dtype)
     if args.device == "cpu" and dtype != torch.float32:
         print("note: bfloat16 on CPU is slow and not what the target is about; use --dtype float32 there", file=sys.stderr)

@@ -16,7 +16,7 @@ Usage:
     python bench/self_extend_cost.py --attention-only --lengths 2048,4096 --window 512 --group-size 4
     python bench/self_extend_cost.py --lengths 1024,2048 --window 256 --group-size 4 --repeats 2   # small
     python bench/self_extend_cost.py --device cuda --lengths 8192,16384,32768
-Results: bench/results/self_extend_cost_<device>.json and .md (the table printed at the end).
+Results: bench/results/self_extend_cost/self_extend_cost_<device>.json and .md (the table printed at the end).
 """
 
 from __future__ import annotations
@@ -28,14 +28,16 @@ import statistics
 import sys
 from pathlib import Path
 
-import torch
+HELP_ONLY = __name__ == "__main__" and any(arg in ("-h", "--help") for arg in sys.argv[1:])
+if not HELP_ONLY:  # `--help` answers without loading torch (tests/test_bench_help.py)
+    import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from timing import count_operations, sync, timed  # noqa: E402  (bench/timing.py)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from timing import count_operations, sync, timed  # noqa: E402  (bench/timing.py)
 
-import hf_posext
-from hf_posext.backends.attention import self_extend
-from hf_posext.evaluation.retrieval import _cache_argument, _returned_cache
+    import hf_posext
+    from hf_posext.backends.attention import self_extend
+    from hf_posext.evaluation.retrieval import _cache_argument, _returned_cache
 
 
 def _set(model, patched: bool, group_size: int, window: int) -> None:
@@ -57,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-decode", dest="decode", action="store_false", help="skip the decode-step timing")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--out", help="JSON path (default bench/results/self_extend_cost_<device>.json)")
+    parser.add_argument("--out", help="JSON path (default bench/results/self_extend_cost/self_extend_cost_<device>.json)")
     parser.add_argument("--attention-only", action="store_true", help="time one attention call (SmolLM2 shapes), not the model")
     args = parser.parse_args(argv)
     if args.attention_only:
@@ -114,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         "torch": torch.__version__, "transformers": transformers.__version__, "rows": rows,
         "command": "python bench/self_extend_cost.py " + " ".join(argv if argv is not None else sys.argv[1:]),
     }
-    out = Path(args.out or f"bench/results/self_extend_cost_{args.device.split(':')[0]}.json")
+    out = Path(args.out or f"bench/results/self_extend_cost/self_extend_cost_{args.device.split(':')[0]}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
     lines = [
@@ -207,7 +209,7 @@ def _attention_only(args: argparse.Namespace, argv: list[str] | None) -> int:
         "threads": torch.get_num_threads(), "torch": torch.__version__, "transformers": transformers.__version__,
         "rows": rows, "command": command,
     }
-    out = Path(args.out or f"bench/results/self_extend_cost_attention_{args.device.split(':')[0]}.json")
+    out = Path(args.out or f"bench/results/self_extend_cost/self_extend_cost_attention_{args.device.split(':')[0]}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
     lines = [

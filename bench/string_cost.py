@@ -20,7 +20,7 @@ Usage:
     python bench/string_cost.py                                     # CPU, 8192,16384,32768
     python bench/string_cost.py --device cuda --no-eager --repeats 5 --dtype bfloat16
     python bench/string_cost.py --lengths 512,1024 --shifted-offset 168 --local-value 32 --repeats 1   # smoke
-Results: bench/results/string_cost_<device>.json and .md.
+Results: bench/results/string_cost/string_cost_<device>.json and .md.
 """
 
 from __future__ import annotations
@@ -33,11 +33,13 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-import torch
+HELP_ONLY = __name__ == "__main__" and any(arg in ("-h", "--help") for arg in sys.argv[1:])
+if not HELP_ONLY:  # `--help` answers without loading torch (tests/test_bench_help.py)
+    import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # this checkout's hf_posext, not an installed one
-from timing import count_operations, timed  # noqa: E402  (bench/timing.py)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # this checkout's hf_posext, not an installed one
+    from timing import count_operations, timed  # noqa: E402  (bench/timing.py)
 
 
 def _settings(args) -> dict:
@@ -46,11 +48,6 @@ def _settings(args) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-    from transformers.models.llama.modeling_llama import eager_attention_forward
-
-    from hf_posext.backends.attention import shifted_positions
-
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", default="8192,16384,32768")
     parser.add_argument("--shifted-offset", type=int, default=int(0.33 * 8192))
@@ -61,8 +58,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-eager", dest="eager", action="store_false", help="skip eager prefill (its n x n scores)")
     parser.add_argument("--threads", type=int, help="CPU threads (default: torch's)")
     parser.add_argument("--fresh", action="store_true", help="ignore the lengths already in --out")
-    parser.add_argument("--out", help="JSON path (default bench/results/string_cost_<device>.json)")
+    parser.add_argument("--out", help="JSON path (default bench/results/string_cost/string_cost_<device>.json)")
     args = parser.parse_args(argv)
+    # after parse_args: `--help` answers without loading torch (tests/test_bench_help.py)
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.models.llama.modeling_llama import eager_attention_forward
+    from hf_posext.backends.attention import shifted_positions
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -70,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 <= args.local_value < args.shifted_offset:
         parser.error(f"--local-value {args.local_value} must be >= 0 and below --shifted-offset {args.shifted_offset}")
     lengths = [int(v) for v in args.lengths.split(",") if v]
-    out = Path(args.out or f"bench/results/string_cost_{args.device.split(':')[0]}.json")
+    out = Path(args.out or f"bench/results/string_cost/string_cost_{args.device.split(':')[0]}.json")
 
     import transformers
 
@@ -94,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     scaling = dim ** -0.5
     inv_freq = 1.0 / (1e5 ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
     module = SimpleNamespace(num_key_value_groups=heads // kv_heads, is_causal=True, training=False)
-    module._hf_posext_string = shifted_positions._LayerSettings(
+    module._hf_posext_string = shifted_positions.StringLayerSettings(
         inv_freq, dim, False, args.shifted_offset, args.local_value, 1.0, "sdpa")
     generator = torch.Generator().manual_seed(0)
     for n in lengths:

@@ -12,7 +12,7 @@ rewritten after every run, so an interrupted measurement keeps what it finished.
 
 Example:
     python3 bench/suite_time.py --old-tree /tmp/hf_posext_a62e044 --new-tree . \\
-        --out bench/results/suite_time_a62e044.json
+        --out bench/results/suite_time/suite_time_a62e044.json
 """
 
 from __future__ import annotations

@@ -5,11 +5,14 @@ bench/self_extend_cost.py). Run those scripts as ``python bench/<name>.py``: thi
 
 from __future__ import annotations
 
+import sys
 import time
 from collections import Counter
 from typing import Any, Callable
 
-import torch
+HELP_ONLY = __name__ == "__main__" and any(arg in ("-h", "--help") for arg in sys.argv[1:])
+if not HELP_ONLY:  # `--help` answers without loading torch (tests/test_bench_help.py)
+    import torch
 
 __all__ = ["sync", "timed", "count_operations", "METADATA_OPERATIONS"]
 
@@ -77,3 +80,9 @@ def count_operations(function: Callable[[], Any]) -> dict[str, Any]:
         "syncs": sum(1 for event in events if event.name == "aten::_local_scalar_dense"),
         "kernel_names": dict(sorted(leaves.items(), key=lambda item: -item[1])),
     }
+
+
+if __name__ == "__main__":  # a helper module, imported by the benchmarks above; `--help` says so
+    import argparse
+
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()

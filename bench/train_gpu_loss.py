@@ -16,7 +16,7 @@ whole run and the per-step wall time from the run's ``log.jsonl``; tokens/s is t
 after the first (warm-up). Losses of the first step are printed so the variants can be compared.
 
     python bench/train_gpu_loss.py --data ../shared/data/books/austen-emma.txt --lengths 32768 \
-        --out bench/results/train_gpu_loss_cuda.json
+        --out bench/results/train_gpu_loss/train_gpu_loss_cuda.json
     python bench/train_gpu_loss.py --device cpu --precision fp32 --lengths 512 --steps 2   # a smoke run
 
 The longest sequence that trains within a memory limit on one GPU (``--longest``): a bisection over
@@ -27,7 +27,7 @@ that needs more stops with CUDA's out-of-memory error; other errors stop the sea
 
     python bench/train_gpu_loss.py --data ../shared/data/books/austen-emma.txt --longest --limit-gb 20 \
         --variants plain,chunked --modes lora --lo 32768 --hi 1048576 --step 8192 \
-        --out bench/results/train_longest_cuda.json
+        --out bench/results/train_gpu_loss/train_longest_cuda.json
 """
 
 from __future__ import annotations
@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=4, help="optimizer steps per run (the first is warm-up)")
     parser.add_argument("--precision", default="bf16", choices=("bf16", "fp32"))
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
-    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "train_gpu_loss_cuda.json"))
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "train_gpu_loss" / "train_gpu_loss_cuda.json"))
     parser.add_argument("--longest", action="store_true", help="bisect the longest length within --limit-gb")
     parser.add_argument("--limit-gb", type=float, default=20.0, help="--longest: GPU memory limit in GB (1e9 bytes)")
     parser.add_argument("--lo", type=int, default=32768, help="--longest: a length known to fit")

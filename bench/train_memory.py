@@ -16,7 +16,7 @@ says) and reports the ``hf_posext`` folder it imported; the parent refuses a run
 - ``plain``: today's engine (``PosextTrainer``) with ``train.loss=plain`` (``model(**batch).loss``);
 - ``chunked``: today's engine with ``train.loss=chunked`` (the default).
 
-Table (writes ``bench/results/train_memory_cpu.json``, merging with what is there, so lengths can be
+Table (writes ``bench/results/train_memory/train_memory_cpu.json``, merging with what is there, so lengths can be
 added one run at a time)::
 
     nice -n 10 python bench/train_memory.py --lengths 4096,8192,16384,32768 [--variants old,plain,chunked]
@@ -27,7 +27,7 @@ new runs; written under ``estimates``)::
     python bench/train_memory.py --estimate --limit-gb 20 --mmap-threshold 131072
 
 Longest sequence within a limit (bisection over multiples of ``--step``; a probe whose RSS passes the
-limit is killed at once, so the machine never swaps; writes ``bench/results/train_longest_cpu.json``)::
+limit is killed at once, so the machine never swaps; writes ``bench/results/train_memory/train_longest_cpu.json``)::
 
     nice -n 10 python bench/train_memory.py --longest --limit-gb 20 --processes 1 --lo 16384 --hi 65536
     nice -n 10 python bench/train_memory.py --longest --limit-gb 20 --processes 3 --step 12288 --lo 12288 --hi 131072
@@ -359,7 +359,7 @@ def table(results: list[dict], variants: list[str]) -> str:
 def measure_table(args: argparse.Namespace, old_tree: Path) -> int:
     lengths = [int(x) for x in args.lengths.split(",")]
     variants = args.variants.split(",")
-    path = Path(args.out or ROOT / "bench" / "results" / "train_memory_cpu.json")
+    path = Path(args.out or ROOT / "bench" / "results" / "train_memory" / "train_memory_cpu.json")
     results = json.loads(path.read_text())["results"] if path.exists() else []
     allocator = allocator_name(args.mmap_threshold)
 
@@ -384,7 +384,7 @@ def measure_table(args: argparse.Namespace, old_tree: Path) -> int:
 def measure_longest(args: argparse.Namespace, old_tree: Path) -> int:
     """Bisection over multiples of ``args.step`` in [lo, hi] for the longest length that fits the limit."""
     limit = args.limit_gb * 1e9
-    path = Path(args.out or ROOT / "bench" / "results" / "train_longest_cpu.json")
+    path = Path(args.out or ROOT / "bench" / "results" / "train_memory" / "train_longest_cpu.json")
     payload = json.loads(path.read_text()) if path.exists() else {"searches": {}}
     key = f"{args.processes}proc_{args.variant}_{args.limit_gb:g}GB"
     search = payload["searches"].setdefault(key, {"probes": []})
@@ -479,7 +479,7 @@ def estimate(results: list[dict], limit_gb: float, allocator: str = "glibc defau
 
 def write_estimate(args: argparse.Namespace) -> int:
     """Add the linear-fit estimates to the table's JSON (under ``estimates``) and print them."""
-    path = Path(args.out or ROOT / "bench" / "results" / "train_memory_cpu.json")
+    path = Path(args.out or ROOT / "bench" / "results" / "train_memory" / "train_memory_cpu.json")
     payload = json.loads(path.read_text())
     allocator = allocator_name(args.mmap_threshold)
     result = estimate(payload["results"], args.limit_gb, allocator, args.fit_from)
@@ -497,7 +497,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variants", default="old,plain,chunked")
     parser.add_argument("--data", default=str(default_data()))
     parser.add_argument("--old-tree", default=str(Path(tempfile.gettempdir()) / f"hf_posext_{OLD_COMMIT}"))
-    parser.add_argument("--out", default=None, help="result JSON (default bench/results/train_memory_cpu.json, "
+    parser.add_argument("--out", default=None, help="result JSON (default bench/results/train_memory/train_memory_cpu.json, "
                         "or train_longest_cpu.json with --longest)")
     parser.add_argument("--longest", action="store_true", help="bisect the longest length within --limit-gb")
     parser.add_argument("--estimate", action="store_true",

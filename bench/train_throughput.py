@@ -12,7 +12,7 @@ are recorded too (less sensitive to other jobs on a shared machine), and so is t
 average before and after each run. The result is the MEDIAN of the per-pair new/old ratios, with every
 pair's ratio beside it; ``idle`` says whether every run started and ended with the load average under
 the number of cores plus 0.5 (only then is the wall-clock ratio a clean measurement). Writes
-``bench/results/train_throughput_cpu.json`` after every pair (an interrupted run keeps what it measured).
+``bench/results/train_throughput/train_throughput_cpu.json`` after every pair (an interrupted run keeps what it measured).
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--old-tree", type=Path, required=True, help="a checkout of the hand-written loop (a62e044)")
     parser.add_argument("--pairs", "--repeats", dest="pairs", type=int, default=8, help="old/new pairs (order alternates)")
     parser.add_argument("--recipe", default=DEFAULT_RECIPE)
-    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "train_throughput_cpu.json")
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "train_throughput" / "train_throughput_cpu.json")
     parser.add_argument("overrides", nargs="*", help="recipe overrides (default: a short SmolLM2 LoRA config)")
     args = parser.parse_args(argv)
     overrides = args.overrides or DEFAULT_OVERRIDES

@@ -8,7 +8,7 @@ parameter), best of ``--repeats`` runs, in float32 and bfloat16. Prints JSON and
 
 Run:
 
-    python bench/weights_fingerprint_cost.py --json bench/results/weights_fingerprint_cost.json
+    python bench/weights_fingerprint_cost.py --json bench/results/weights_fingerprint_cost/weights_fingerprint_cost.json
 """
 
 from __future__ import annotations
@@ -20,11 +20,13 @@ import sys
 import time
 from pathlib import Path
 
-import torch
+HELP_ONLY = __name__ == "__main__" and any(arg in ("-h", "--help") for arg in sys.argv[1:])
+if not HELP_ONLY:  # `--help` answers without loading torch (tests/test_bench_help.py)
+    import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hf_posext.evaluation import fingerprints  # noqa: E402
+    from hf_posext.evaluation import fingerprints  # noqa: E402
 
 
 def smollm2_135m_shaped() -> torch.nn.Module:

@@ -10,7 +10,7 @@ import pytest
 from tests.bench_helpers import BENCH, load_bench_script
 from hf_posext.export import serving_problems
 
-RESULTS = BENCH / "results" / "llama_cpp_scoring.json"
+RESULTS = BENCH / "results" / "llama_cpp_scoring" / "llama_cpp_scoring.json"
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,6 @@
-"""Every relative link in README.md and docs/*.md resolves: the file exists and, for ``file.md#anchor``, so
-does a heading with that anchor (GitHub's rule for heading ids). Links inside code are not links.
+"""Every relative link in README.md, docs/*.md, bench/README.md and bench/results/*/HISTORY.md resolves: the file
+exists and, for ``file.md#anchor``, so does a heading with that anchor (GitHub's rule for heading ids). Links inside
+code are not links.
 
 Run ``python tests/test_docs_links.py`` to print every broken link.
 """
@@ -22,8 +23,9 @@ _SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*:")
 
 
 def documentation_files() -> list[Path]:
-    """README.md and every Markdown file under docs/."""
-    return [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    """README.md, every Markdown file under docs/, bench/README.md and the run histories beside the results."""
+    return [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "bench" / "README.md",
+            *sorted((REPO / "bench" / "results").glob("*/HISTORY.md"))]
 
 
 def _without_code(text: str) -> str:

@@ -211,7 +211,7 @@ def test_two_processes_find_what_one_finds(tmp_path):
             "--population", "4", "--generations", "1", "--parents", "2", "--no-progress"]
     (tmp_path / "text.txt").write_text("Ordinary words make a calibration text for the search test. " * 20)
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
-    script = str(ROOT / "bench" / "search_smollm2.py")
+    script = str(ROOT / "bench" / "longrope_search.py")
     for processes, command in ((1, [sys.executable, script]), (2, [launcher, "--nproc_per_node", "2", script])):
         result = subprocess.run(command + args + ["--out", str(tmp_path / f"p{processes}.json")], capture_output=True,
                                 text=True, timeout=600, cwd=ROOT, env=env)

@@ -13,7 +13,7 @@ _PATH_VALUE = re.compile(r"=([^,()=]*[/\\][^,()=]*)")
 def short_label(label: str) -> str:
     """A method label with every file-path parameter shortened to its file name.
 
-    ``longrope(factors=bench/results/search_smollm2-135m_16384.json)`` becomes
+    ``longrope(factors=bench/results/longrope_search/search_smollm2-135m_16384.json)`` becomes
     ``longrope(factors=search_smollm2-135m_16384.json)``.
     """
     return _PATH_VALUE.sub(lambda match: "=" + re.split(r"[/\\]", match.group(1).rstrip("/\\"))[-1], label)

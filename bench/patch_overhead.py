@@ -1,0 +1,203 @@
+"""Forward-pass overhead of patching: unpatched vs each method, interleaved, median of N repeats.
+
+The target is a ratio <= 1.01: a patched model does no extra work per token (rotary tables are built
+once per forward at the model level, like transformers does, never per layer or per step). Also
+reports the one-time cost of ``hf_posext.patch``.
+
+Usage:
+    python bench/patch_overhead.py                                  # SmolLM2, 2048 and 8192 tokens, CPU
+    python bench/patch_overhead.py --device cuda --lengths 2048,8192,16384 --repeats 7
+Results: bench/results/patch_overhead/overhead_<device>.json and .md (the table printed at the end).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+HELP_ONLY = __name__ == "__main__" and any(arg in ("-h", "--help") for arg in sys.argv[1:])
+if not HELP_ONLY:  # `--help` answers without loading torch (tests/test_bench_help.py)
+    import torch
+
+    import hf_posext
+    from hf_posext.models import load_model
+
+# method -> keyword arguments for patch (factor 2 unless the method needs more).
+METHODS = {
+    "linear": {"factor": 2},
+    "ntk": {"factor": 2},
+    "dynamic-ntk": {"factor": 2},
+    "yarn": {"factor": 2},
+    "dynamic-yarn": {"factor": 2},
+    "theta": {"factor": 2, "base": 1e6},
+    "llama3": {"factor": 2},
+}
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _forward_seconds(model, ids, device: str) -> float:
+    _sync(device)
+    start = time.perf_counter()
+    with torch.no_grad():
+        model.model(ids)  # the decoder: where the rotary tables are built and used
+    _sync(device)
+    return time.perf_counter() - start
+
+
+def _rotary_call_ms(model, length: int, calls: int = 50) -> float:
+    """Mean milliseconds of one call of the decoder's rotary module (the only code patching changes)."""
+    rotary = model.model.rotary_emb
+    hidden = torch.zeros(1, length, model.config.hidden_size, dtype=model.dtype, device=model.device)
+    positions = torch.arange(length, device=model.device)[None]
+    with torch.no_grad():
+        for _ in range(3):
+            rotary(hidden, positions)
+        _sync(str(model.device))
+        start = time.perf_counter()
+        for _ in range(calls):
+            rotary(hidden, positions)
+        _sync(str(model.device))
+    return 1000 * (time.perf_counter() - start) / calls
+
+
+def write_results(out: Path, result: dict, lines: list[str]) -> None:
+    """Write ``result`` as JSON at ``out`` and the markdown ``lines`` next to it; print the table."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def rotary_only(model, methods: list[str], lengths: list[int], args: argparse.Namespace, command: str) -> int:
+    """``--rotary-only``: time the rotary module alone, unpatched vs each method (seconds, not minutes)."""
+    rows = []
+    for n in lengths:
+        _apply(model, None)
+        base = _rotary_call_ms(model, n)
+        for method in methods:
+            _apply(model, method)
+            rows.append({"method": method, "length": n, "unpatched_ms": base, "patched_ms": _rotary_call_ms(model, n)})
+        _apply(model, None)
+    out = Path(args.out or f"bench/results/patch_overhead/overhead_rotary_{args.device.split(':')[0]}.json")
+    result = {"model": args.model, "device": args.device, "dtype": args.dtype, "torch": torch.__version__,
+              "threads": torch.get_num_threads(), "rows": rows, "command": command}
+    lines = [f"Rotary module call, mean of 50 (`{args.model}`, {args.dtype}, {args.device}, {torch.get_num_threads()} threads). "
+             f"Command: `{command}`", "", "| method | length | unpatched (ms) | patched (ms) |", "|---|---|---|---|"]
+    lines += [f"| {r['method']} | {r['length']} | {r['unpatched_ms']:.3f} | {r['patched_ms']:.3f} |" for r in rows]
+    write_results(out, result, lines)
+    return 0
+
+
+def _apply(model, method: str | None) -> float:
+    """Unpatch, then patch with ``method`` (None: leave unpatched); return the patch call's seconds."""
+    if "_hf_posext_state" in model.__dict__:
+        hf_posext.unpatch(model)
+    if method is None:
+        return 0.0
+    start = time.perf_counter()
+    hf_posext.patch(model, method, **METHODS[method])
+    return time.perf_counter() - start
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--lengths", default="2048,8192")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--out", default=None, help="JSON path (default bench/results/patch_overhead/overhead_<device>.json)")
+    parser.add_argument(
+        "--random-weights", metavar="CONFIG_JSON",
+        help="build the architecture from this config.json with random weights (same shapes, same cost: "
+        "for machines without the checkpoint, e.g. bench/configs/smollm2-135m.json)",
+    )
+    parser.add_argument("--rotary-only", action="store_true",
+                        help="time only the rotary module (what patching replaces): robust on a noisy CPU, takes seconds")
+    args = parser.parse_args(argv)
+    command = "python bench/patch_overhead.py " + " ".join(argv if argv is not None else sys.argv[1:])
+
+    methods = [m for m in args.methods.split(",") if m]
+    lengths = [int(n) for n in args.lengths.split(",")]
+    if args.random_weights:
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        config = AutoConfig.from_pretrained(args.random_weights)
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, args.dtype)).to(args.device).eval()
+        args.model = f"{args.model} (random weights from {args.random_weights})"
+    else:
+        model = load_model(args.model, dtype=args.dtype, device=args.device)
+    if args.rotary_only:
+        return rotary_only(model, methods, lengths, args, command)
+    vocab = model.config.vocab_size
+    generator = torch.Generator().manual_seed(0)
+    inputs = {n: torch.randint(0, vocab, (1, n), generator=generator).to(args.device) for n in lengths}
+
+    times: dict[str, dict[int, list[float]]] = {m: {n: [] for n in lengths} for m in ["none", *methods]}
+    patch_seconds: dict[str, list[float]] = {m: [] for m in methods}
+    for n in lengths:  # warm-up: allocator, kernels, thread pools
+        _forward_seconds(model, inputs[n], args.device)
+    order = ["none", *methods]
+    for repeat in range(args.repeats):
+        rotated = order[repeat % len(order):] + order[: repeat % len(order)]
+        for n in lengths:
+            for method in rotated:
+                seconds = _apply(model, None if method == "none" else method)
+                if method != "none":
+                    patch_seconds[method].append(seconds)
+                times[method][n].append(_forward_seconds(model, inputs[n], args.device))
+                print(f"repeat {repeat + 1}/{args.repeats} length {n} {method}: {times[method][n][-1]:.3f}s", file=sys.stderr)
+    if "_hf_posext_state" in model.__dict__:
+        hf_posext.unpatch(model)
+
+    rows = []
+    for method in methods:
+        for n in lengths:
+            base = statistics.median(times["none"][n])
+            median = statistics.median(times[method][n])
+            rows.append({
+                "method": method, "length": n, "median_s": median, "unpatched_median_s": base,
+                "ratio": median / base, "patch_ms": 1000 * statistics.median(patch_seconds[method]),
+                # fastest over fastest: less sensitive to a busy machine's slow runs than the medians
+                "ratio_min": min(times[method][n]) / min(times["none"][n]),
+            })
+    result = {
+        "model": args.model, "device": args.device, "dtype": args.dtype, "repeats": args.repeats,
+        "lengths": lengths, "torch": torch.__version__, "python": platform.python_version(),
+        "device_name": torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor() or platform.machine(),
+        "threads": torch.get_num_threads(), "rows": rows, "raw_seconds": times,
+        "command": command,
+    }
+    import transformers
+
+    result["transformers"] = transformers.__version__
+    out = Path(args.out or f"bench/results/patch_overhead/overhead_{args.device.split(':')[0]}.json")
+    lines = [
+        f"Forward time of `{args.model}` ({args.dtype}, {result['device_name']}), median of {args.repeats} interleaved runs; "
+        f"ratio = patched / unpatched. Command: `{result['command']}`",
+        "",
+        "| method | length | unpatched (s) | patched (s) | ratio | ratio of fastest runs | patch() (ms) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        lines.append(
+            f"| {row['method']} | {row['length']} | {row['unpatched_median_s']:.4f} | {row['median_s']:.4f} | "
+            f"{row['ratio']:.3f} | {row['ratio_min']:.3f} | {row['patch_ms']:.1f} |"
+        )
+    write_results(out, result, lines)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

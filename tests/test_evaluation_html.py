@@ -3,6 +3,7 @@
 import base64
 import json
 from html.parser import HTMLParser
+from math import log
 
 from hf_posext.evaluation.report import write_report
 
@@ -56,9 +57,9 @@ def _folder(tmp_path):
     runs = [{"started": "2026-11-26T05:54:17", "seconds": 12.5, "versions": _versions("cpu", "2.13.0+cpu")},
             {"started": "2026-11-26T09:00:00", "seconds": 3.0, "versions": _versions("NVIDIA H200", "2.13.0+cu128")}]
     (tmp_path / "perplexity-m-1.json").write_text(json.dumps({"task": "perplexity", "config": {"model": "m"}, "runs": runs, "cells": {
-        "a": _record("none", 1.0, 64, 0, ppl=10.0, nll=2.3, tokens=63),
-        "b": _record("yarn", 2.0, 128, 1, ppl=12.5, nll=2.5, tokens=127),
-        "c": {**_record("dynamic-yarn", 2.0, 128, 1, ppl=12.5, nll=2.5, tokens=127), "reused_from": ["yarn x2"]}}}))
+        "a": _record("none", 1.0, 64, 0, ppl=10.0, nll=log(10.0), tokens=63),
+        "b": _record("yarn", 2.0, 128, 1, ppl=12.5, nll=log(12.5), tokens=127),
+        "c": {**_record("dynamic-yarn", 2.0, 128, 1, ppl=12.5, nll=log(12.5), tokens=127), "reused_from": ["yarn x2"]}}}))
     (tmp_path / "passkey-m-2.json").write_text(json.dumps({"task": "passkey", "config": {"model": "m"}, "runs": runs[:1], "cells": {
         f"{d}": {**_record("none", 1.0, 128, None, depth=d, trials=1, teacher_forced_accuracy=1.0, greedy_accuracy=1.0)}
         for d in (0.1, 0.9)}}))
@@ -68,7 +69,7 @@ def _folder(tmp_path):
 def test_html_report_is_self_contained_with_tables_plots_and_provenance(tmp_path):
     folder = _folder(tmp_path)
     data = json.loads((folder / "perplexity-m-1.json").read_text())
-    data["cells"]["d"] = _record("ntk", 2.0, 128, None, ppl=13.0, nll=2.6, tokens=127)  # written before runs were tagged
+    data["cells"]["d"] = _record("ntk", 2.0, 128, None, ppl=13.0, nll=log(13.0), tokens=127)  # written before runs were tagged
     (folder / "perplexity-m-1.json").write_text(json.dumps(data))
     _, plots = write_report(folder)
     page = _Page()

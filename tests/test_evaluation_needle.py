@@ -84,3 +84,33 @@ def test_each_trial_reads_its_own_stretch_of_haystack(tmp_path, monkeypatch):
     same = needle.evaluate_needle(model, TOKENIZER, out_dir=tmp_path / "same", vary_haystack=False, **common)
     assert all(TOKENIZER.decode(list(p)).startswith("Sentence number 0 talks") for p in prompts)
     assert "haystack_start" not in same.data["config"]  # older results files keep their name and cells
+
+
+def test_too_short_a_length_is_refused_before_the_model_loads_with_a_length_that_works(monkeypatch, capsys, tmp_path):
+    # issue 49: the needle suggested no length at all, after the model loaded
+    import re
+
+    from hf_posext.cli import main
+    from hf_posext.evaluation import loading
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(loading, "load_model_and_tokenizer", no_model)
+    argv = ["eval", "needle", "--model", "tiny", "--methods", "none", "--depths", "0,1", "--trials", "3", "--out", str(tmp_path)]
+    assert main(argv + ["--lengths", "64"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Length 64 is too short for a needle prompt" in err
+    suggested = int(re.search(r"use a length of at least (\d+)", err).group(1))
+    tokenizer = AsciiTokenizer()
+    needle.check_needle_lengths(tokenizer, [suggested], [0.0, 1.0], 3, 0, 12)
+    hay = needle.Haystack(tokenizer, ["One sentence here. Another one there."])
+    for depth in (0.0, 1.0):
+        for trial in range(3):
+            key, value = needle.draw_needle(0, suggested, depth, trial)
+            prompt, _answer, _info = needle.build_needle_prompt(tokenizer, hay, suggested - 12, depth, key, value)
+            assert len(prompt) + 12 == suggested
+    with pytest.raises(ValueError, match=r"Length 64 is too short for a needle prompt: .*use a length of at least \d+"):
+        needle.evaluate_needle(tiny_model("llama"), tokenizer, haystack=tmp_path / "missing", methods=parse_methods("none"),
+                               lengths=[64], out_dir=tmp_path / "api")  # before the haystack is read or a file written
+    assert not (tmp_path / "api").exists()

@@ -142,3 +142,38 @@ def test_report_compare_refuses_before_writing(tmp_path, capsys):
     assert "'yarn x4' is compared with itself" in capsys.readouterr().err
     assert not (tmp_path / "report.md").exists() and not (tmp_path / "report.html").exists()
     assert main(["report", str(tmp_path)]) == 0 and (tmp_path / "report.md").exists()
+
+
+def test_report_refuses_per_trial_outcomes_that_contradict_the_counts(tmp_path, capsys):
+    # issue 49: a cell whose counts say 0 of 4 while its per-trial outcomes found 2 was printed both ways
+    # (0/4 in the accuracy table, 2:0 in the comparison); the file is refused, named, before anything is written
+    contradicted = _cell("yarn", 128, 0.0, [1, 1, 0, 0])
+    contradicted.update(greedy_correct=0, greedy_accuracy=0.0, teacher_forced_correct=0, teacher_forced_accuracy=0.0)
+    _write(tmp_path, "a", [contradicted])
+    _write(tmp_path, "b", [_cell("ntk", 128, 0.0, [0, 0, 0, 0])])
+    with pytest.raises(ValueError, match=r"needle-a\.json cell '0' has greedy_correct 0 of 4 trials, but its per-trial "
+                                         r"outcomes \(units\) found 2"):
+        load_results(tmp_path)
+    assert main(["report", str(tmp_path), "--compare", "yarn x4", "ntk x4"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "needle-a.json" in err and "found 2" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["needle-a.json", "needle-b.json"]
+    fewer = _cell("yarn", 128, 0.0, [1, 0, 0, 0])
+    fewer["units"] = fewer["units"][:2]  # fewer outcomes than trials
+    fewer["unit_keys"] = fewer["unit_keys"][:2]
+    _write(tmp_path, "a", [fewer])
+    with pytest.raises(ValueError, match=r"needle-a\.json cell '0' has 4 trials but 2 per-trial greedy outcomes in its units"):
+        load_results(tmp_path)
+
+
+def test_report_compare_on_a_perplexity_only_folder_says_there_is_no_retrieval_result(tmp_path, capsys):
+    # issue 49: "the series are: none" read as the method `none`
+    tmp_path.mkdir(exist_ok=True)
+    cell = {"method": "none", "label": "none", "factor": 1.0, "length": 64, "ppl": 10.0, "nll": 2.302585093, "tokens": 63}
+    (tmp_path / "perplexity-m.json").write_text(json.dumps({"task": "perplexity", "config": {"model": "m"}, "cells": {"a": cell}}))
+    assert main(["report", str(tmp_path), "--compare", "yarn x4", "ntk x4"]) == 2
+    err = capsys.readouterr().err
+    assert "no passkey or needle results to compare 'yarn x4' and 'ntk x4' on (the results hold only perplexity)" in err
+    assert "series are" not in err and "none" not in err
+    with pytest.raises(ValueError, match=r"no series 'yarn x4' in the needle results; they hold no series\.$"):
+        paired_counts(load_results(tmp_path), "needle", "yarn x4", "ntk x4")

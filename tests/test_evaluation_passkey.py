@@ -43,6 +43,42 @@ def test_too_short_a_length_fails_clearly():
         passkey.build_passkey_prompt(TOKENIZER, 100, 0.5, "12345")
 
 
+def test_too_short_a_length_is_refused_before_the_model_loads_with_a_length_that_works(monkeypatch, capsys, tmp_path):
+    # issue 49: refused only after the model loaded, and the suggested minimum (prompt tokens, not the cell's
+    # length: the generated tokens were left out) was itself refused
+    import re
+
+    from hf_posext.cli import main
+    from hf_posext.evaluation import loading
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(loading, "load_model_and_tokenizer", no_model)
+    argv = ["eval", "passkey", "--model", "tiny", "--methods", "none", "--depths", "0,1", "--trials", "2", "--out", str(tmp_path)]
+    assert main(argv + ["--lengths", "40"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Length 40 is too short for a passkey prompt" in err
+    suggested = int(re.search(r"use a length of at least (\d+)", err).group(1))
+    passkey.check_passkey_lengths(TOKENIZER, [suggested], [0.0, 1.0], 2, 0, 10)  # the suggestion fits, generated tokens included
+    for depth in (0.0, 1.0):
+        prompt, _answer = passkey.build_passkey_prompt(TOKENIZER, suggested - 10, depth, "12345")
+        assert len(prompt) + 10 == suggested
+    with pytest.raises(ValueError, match=rf"Length {suggested - 1} is too short .*at least {suggested}"):
+        passkey.check_passkey_lengths(TOKENIZER, [suggested - 1], [0.0, 1.0], 2, 0, 10)
+    with pytest.raises(ValueError, match="Length 40 is too short for a passkey prompt"):  # the API checks before any file
+        passkey.evaluate_passkey(tiny_model("llama"), TOKENIZER, methods=parse_methods("none"), lengths=[40, 4096],
+                                 out_dir=tmp_path / "api")
+    assert not (tmp_path / "api").exists()
+
+
+def test_the_shortest_fitting_length_follows_what_each_length_needs():
+    # hidden values are drawn per length, so each length needs a little more or less; the suggestion must fit its own
+    needs = {100: 120, 120: 123, 123: 122}
+    assert passkey.shortest_fitting_length(lambda n: needs.get(n, 110), 100) == 123
+    assert passkey.shortest_fitting_length(lambda n: 90, 100) == 100
+
+
 def test_passkeys_are_seeded():
     assert passkey.draw_passkey(0, 4096, 0.5, 0) == passkey.draw_passkey(0, 4096, 0.5, 0)
     keys = {passkey.draw_passkey(0, 4096, 0.5, t) for t in range(20)}

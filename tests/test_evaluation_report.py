@@ -2,6 +2,7 @@
 
 import json
 import shutil
+from math import log
 from pathlib import Path
 
 import pytest
@@ -23,9 +24,9 @@ def _write(folder, task, cells):
 
 def test_report_tables_and_plots(tmp_path):
     _write(tmp_path, "perplexity", {
-        "a": _record("none", 1.0, 64, ppl=10.0, nll=2.3, tokens=63),
-        "b": _record("none", 1.0, 128, ppl=90.0, nll=4.5, tokens=127),
-        "c": _record("yarn", 2.0, 128, ppl=12.5, nll=2.5, tokens=127),
+        "a": _record("none", 1.0, 64, ppl=10.0, nll=log(10.0), tokens=63),
+        "b": _record("none", 1.0, 128, ppl=90.0, nll=log(90.0), tokens=127),
+        "c": _record("yarn", 2.0, 128, ppl=12.5, nll=log(12.5), tokens=127),
     })
     _write(tmp_path, "passkey", {
         "a": _record("none", 1.0, 128, depth=0.0, greedy_accuracy=0.0, teacher_forced_accuracy=0.5, trials=2),
@@ -48,9 +49,9 @@ def test_report_tables_and_plots(tmp_path):
 def test_report_token_note_covers_every_method(tmp_path):
     # A length that only some methods reach (the quality table's longest column) still gets its count.
     _write(tmp_path, "perplexity", {
-        "a": _record("none", 1.0, 64, ppl=10.0, nll=2.3, tokens=63),
-        "b": _record("yarn", 4.0, 256, ppl=12.0, nll=2.5, tokens=255),
-        "c": _record("ntk", 4.0, 64, ppl=11.0, nll=2.4, tokens=60),
+        "a": _record("none", 1.0, 64, ppl=10.0, nll=log(10.0), tokens=63),
+        "b": _record("yarn", 4.0, 256, ppl=12.0, nll=log(12.0), tokens=255),
+        "c": _record("ntk", 4.0, 64, ppl=11.0, nll=log(11.0), tokens=60),
     })
     tables = markdown_tables(load_results(tmp_path))
     assert "scored tokens per length 64: 60/63, 256: 255)" in tables
@@ -60,7 +61,7 @@ def test_report_keeps_models_apart(tmp_path):
     # A base model and its fine-tuned copy in one folder (bench/finetune_smollm2.sh): same method, two rows.
     for name, model, ppl in (("base", "smollm2-135m", 28.2), ("tuned", "runs/smollm2-8k-32k/merged", 25.0)):
         (tmp_path / f"perplexity-{name}.json").write_text(json.dumps({"task": "perplexity", "config": {"model": model}, "cells": {
-            "a": _record("yarn", 4.0, 128, ppl=ppl, nll=3.0, tokens=127)}}))
+            "a": _record("yarn", 4.0, 128, ppl=ppl, nll=log(ppl), tokens=127)}}))
         (tmp_path / f"passkey-{name}.json").write_text(json.dumps({"task": "passkey", "config": {"model": model}, "cells": {
             depth: _record("yarn", 4.0, 128, depth=depth, greedy_accuracy=float(name == "tuned"), teacher_forced_accuracy=1.0, trials=1)
             for depth in (0.1, 0.9)}}))
@@ -90,13 +91,13 @@ def test_report_keeps_dtypes_of_one_model_apart(tmp_path):
 
 
 def test_report_labels_a_factors_file_by_its_name(tmp_path):
-    _write(tmp_path, "perplexity", {"a": {**_record("longrope", 2.0, 128, ppl=9.0, nll=2.2, tokens=127),
+    _write(tmp_path, "perplexity", {"a": {**_record("longrope", 2.0, 128, ppl=9.0, nll=log(9.0), tokens=127),
                                           "label": "longrope(factors=bench/results/search_m_128.json)"}})
     tables = markdown_tables(load_results(tmp_path))
     assert "| longrope(factors=search_m_128.json) x2 | 9.00 |" in tables and "bench/results" not in tables
 
 
-_GOOD_CELL = _record("none", 1.0, 64, ppl=10.0, nll=2.3, tokens=63)
+_GOOD_CELL = _record("none", 1.0, 64, ppl=10.0, nll=log(10.0), tokens=63)
 
 
 @pytest.mark.parametrize("content, problem", [
@@ -128,6 +129,12 @@ _GOOD_CELL = _record("none", 1.0, 64, ppl=10.0, nll=2.3, tokens=63)
     (json.dumps({"task": "passkey", "config": {}, "cells": {"a": _record("none", 1.0, 64, depth=0.5, trials=4,
                                                                         teacher_forced_accuracy=1.5)}}).encode(),
      "cell 'a' has teacher_forced_accuracy 1.5, outside [0, 1]"),
+    # issue 49: numbers that contradict the cell's own others were printed as given
+    (json.dumps({"task": "perplexity", "config": {}, "cells": {"a": {**_GOOD_CELL, "ppl": 20.0}}}).encode(),
+     "cell 'a' has ppl 20.0, but its nll 2.302585092994046 gives exp(nll) = 10; the perplexity is exp of the nll"),
+    (json.dumps({"task": "passkey", "config": {}, "cells": {"a": _record("none", 1.0, 64, depth=1.5, trials=4,
+                                                                        teacher_forced_accuracy=0.5)}}).encode(),
+     "cell 'a' has depth 1.5, outside [0, 1]"),
 ])
 def test_report_names_a_corrupt_results_file(tmp_path, capsys, content, problem):
     # issue 17: a damaged file beside good ones stops the report with its name; nothing is written

@@ -173,6 +173,8 @@ def _run_task(task: str, args: argparse.Namespace) -> int:
                                    method.params_dict)
         if args.factor is None:  # not longest length / window: the factor the adapter was trained with
             args.factor = record.factor
+    if task != "perplexity":
+        _check_prompt_lengths(task, args, lengths)
     model, tokenizer = load_model_and_tokenizer(args.model, dtype=args.dtype, device=device, device_map=args.device_map,
                                                 attn_implementation=args.attn_implementation, adapter=adapter)
     model_name = f"{args.model}+{adapter}" if adapter else args.model
@@ -203,6 +205,20 @@ def _run_task(task: str, args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_prompt_lengths(task: str, args: argparse.Namespace, lengths: list[int]) -> None:
+    """Refuse a length too short for the task's prompts before the weights load (only the tokenizer is read)."""
+    from hf_posext.evaluation.arguments import parse_floats
+    from hf_posext.evaluation.loading import AsciiTokenizer
+    from hf_posext.evaluation.needle import check_needle_lengths
+    from hf_posext.evaluation.passkey import check_passkey_lengths
+    from hf_posext.models import load_tokenizer
+
+    tiny = args.model == "tiny" or args.model.startswith("tiny:")  # as load_model_and_tokenizer reads it
+    tokenizer = AsciiTokenizer() if tiny else load_tokenizer(args.model)
+    check = check_passkey_lengths if task == "passkey" else check_needle_lengths
+    check(tokenizer, lengths, parse_floats(args.depths, "depth"), args.trials, args.seed, args.max_new_tokens)
+
+
 def _folder_runs(folder: str, current: dict[str, Any]) -> list[dict[str, Any]]:
     """Every results file in ``folder`` (this run's is written by now); just this run if none can be read."""
     from hf_posext.evaluation.report import load_results
@@ -229,9 +245,16 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="task", required=True)
     for task in TASKS:
         add_task_arguments(sub.add_parser(task, help=f"{task} evaluation"), task)
+    from hf_posext.evaluation.card import add_card_arguments
+
+    add_card_arguments(sub.add_parser("card", help="report card: perplexity, passkey, needle and offline RULER, models x methods x lengths"))
 
 
 def run_eval(args: argparse.Namespace) -> int:
+    if args.task == "card":
+        from hf_posext.integrations.lm_eval.card import run_card
+
+        return run_card(args)
     return run_task(args.task, args)
 
 

@@ -24,12 +24,13 @@ import torch
 from hf_posext.core.request import ScalingRequest
 from hf_posext.text_sources import encode_text, load_documents, split_sentences
 from hf_posext.evaluation.grid import Cell, Unit, run_grid
-from hf_posext.evaluation.passkey import retrieval_metrics
+from hf_posext.evaluation.passkey import retrieval_metrics, shortest_fitting_length
 from hf_posext.evaluation.retrieval import score_retrieval_grouped
 from hf_posext.evaluation.store import ResultStore
 from hf_posext.lm.distributed import Distributed
 
-__all__ = ["NEEDLE", "QUESTION", "KEYS", "Haystack", "draw_needle", "draw_haystack_start", "build_needle_prompt", "evaluate_needle"]
+__all__ = ["NEEDLE", "QUESTION", "KEYS", "Haystack", "draw_needle", "draw_haystack_start", "build_needle_prompt", "evaluate_needle",
+           "needle_tokens_needed", "check_needle_lengths"]
 
 NEEDLE = "The special magic number for {key} is: {value}."
 QUESTION = "What is the special magic number for {key} mentioned in the provided text? The special magic number for {key} mentioned in the provided text is"
@@ -108,7 +109,9 @@ def build_needle_prompt(tokenizer: Any, haystack: Haystack, total_tokens: int, d
     answer = encode(" " + value)
     budget = total_tokens - len(needle) - len(question)
     if budget <= 0:
-        raise ValueError(f"{total_tokens} tokens cannot hold the needle and question ({len(needle) + len(question)} tokens).")
+        raise ValueError(f"A needle prompt of {total_tokens} tokens cannot hold the needle, the question and one haystack token "
+                         f"({len(needle) + len(question) + 1} tokens; the cell's length is the prompt plus the generated tokens); "
+                         "check the lengths first with check_needle_lengths.")
     sentences, cycled = haystack.take(budget, start)
     # Insert at the sentence boundary whose token offset is nearest to depth x haystack tokens.
     offsets = [0]
@@ -125,6 +128,35 @@ def build_needle_prompt(tokenizer: Any, haystack: Haystack, total_tokens: int, d
     assert len(prompt) == total_tokens, (len(prompt), total_tokens)
     info = {"needle_token_offset": offsets[boundary], "haystack_cycled": cycled, "haystack_start": start}
     return prompt, answer, info
+
+
+def needle_tokens_needed(tokenizer: Any, length: int, depths: Sequence[float], trials: int, seed: int, max_new_tokens: int) -> int:
+    """The fewest tokens a needle cell of ``length`` needs: every trial's needle and question with one haystack token,
+    plus the ``max_new_tokens`` generated (the needles are those the cells of ``length`` draw)."""
+    encode = lambda text: len(tokenizer.encode(text, add_special_tokens=False))  # noqa: E731
+    prompts = (draw_needle(seed, length, depth, trial) for depth in depths for trial in range(trials))
+    return max(encode(" " + NEEDLE.format(key=key, value=value)) + encode("\n" + QUESTION.format(key=key))
+               for key, value in prompts) + 1 + max_new_tokens
+
+
+def check_needle_lengths(tokenizer: Any, lengths: Sequence[int], depths: Sequence[float], trials: int, seed: int,
+                         max_new_tokens: int) -> None:
+    """Refuse a length too short for its needle prompts, suggesting one that fits (run before the model loads).
+
+    Raises:
+        ValueError: a length below what its prompts need; the message gives a length that fits.
+    """
+    def needed(length: int) -> int:
+        return needle_tokens_needed(tokenizer, length, depths, trials, seed, max_new_tokens)
+
+    for length in sorted(lengths):
+        need = needed(length)
+        if need > length:
+            raise ValueError(
+                f"Length {length} is too short for a needle prompt: it needs {need} tokens (the needle, the question and one "
+                f"haystack token: {need - max_new_tokens}, plus {max_new_tokens} generated); use a length of at least "
+                f"{shortest_fitting_length(needed, need)}, or fewer --max-new-tokens."
+            )
 
 
 def evaluate_needle(
@@ -163,6 +195,7 @@ def evaluate_needle(
     """
     if trials < 1:
         raise ValueError(f"trials must be >= 1, got {trials}.")
+    check_needle_lengths(tokenizer, lengths, depths, trials, seed, max_new_tokens)  # before the haystack is read
     dist = dist or Distributed()
     hay = Haystack(tokenizer, haystack, text_field)
     run_config = {"task": "needle", "model": model_name, "haystack": hay.source, "seed": seed, "generate": generate,

@@ -115,7 +115,8 @@ def paired_counts(runs: Sequence[dict[str, Any]], task: str, first: str, second:
     grouped = _series(task_records(runs, task))
     for name in (first, second):
         if name not in grouped:
-            raise ValueError(f"no series {name!r} in the {task} results; the series are: {', '.join(sorted(grouped)) or 'none'}.")
+            there = f"the series are: {', '.join(sorted(grouped))}" if grouped else "they hold no series"
+            raise ValueError(f"no series {name!r} in the {task} results; {there}.")
     settings = {run.get("_file", ""): run.get("config", {}) for run in runs}
     a, b = (_outcomes(grouped[name], metric, settings) for name in (first, second))
     counts: dict[int, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
@@ -167,9 +168,14 @@ def comparison_tables(runs: Sequence[dict[str, Any]], pairs: Sequence[tuple[str,
         if (first, second) in used:
             continue
         known = sorted({series_name(r) for task in ("passkey", "needle") for r in task_records(runs, task)})
+        if not known:
+            tasks = ", ".join(sorted({str(run.get("task")) for run in runs}))
+            held = f"the results hold only {tasks}" if tasks else "there are no results"
+            raise ValueError(f"--compare: no passkey or needle results to compare {first!r} and {second!r} on ({held}); "
+                             "compare in a folder with passkey or needle results, or leave out --compare.")
         for name in (first, second):
             if name not in known:
-                raise ValueError(f"--compare: no passkey or needle series {name!r}; the series are: {', '.join(known) or 'none'}.")
+                raise ValueError(f"--compare: no passkey or needle series {name!r}; the series are: {', '.join(known)}.")
         raise ValueError(f"--compare: {first!r} and {second!r} share no trial with a kept outcome; run both on the same "
                          "lengths, depths and trials (cells written before per-trial outcomes were kept cannot be paired).")
     return tables

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import random
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -29,7 +29,8 @@ from hf_posext.evaluation.retrieval import score_retrieval_grouped
 from hf_posext.evaluation.store import ResultStore
 from hf_posext.lm.distributed import Distributed
 
-__all__ = ["TASK_DESCRIPTION", "FILLER", "passkey_line", "QUESTION", "build_passkey_prompt", "evaluate_passkey", "retrieval_metrics"]
+__all__ = ["TASK_DESCRIPTION", "FILLER", "passkey_line", "QUESTION", "build_passkey_prompt", "evaluate_passkey", "retrieval_metrics",
+           "passkey_tokens_needed", "check_passkey_lengths", "shortest_fitting_length"]
 
 TASK_DESCRIPTION = (
     "There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "
@@ -65,7 +66,9 @@ def build_passkey_prompt(tokenizer: Any, total_tokens: int, depth: float, passke
     prefix = [bos] if bos is not None and _adds_bos(tokenizer) else []
     room = total_tokens - len(prefix) - len(head) - len(secret) - len(tail)
     if room < len(filler):
-        raise ValueError(f"{total_tokens} tokens leave no room for the passkey filler; use a length of at least {total_tokens - room + len(filler)}.")
+        raise ValueError(f"A passkey prompt of {total_tokens} tokens leaves no room for the filler: the prompt needs at least "
+                         f"{total_tokens - room + len(filler)} (the cell's length is the prompt plus the generated tokens); "
+                         "check the lengths first with check_passkey_lengths.")
     groups = room // len(filler)
     before_groups = round(depth * groups)
     before = filler * before_groups
@@ -73,6 +76,52 @@ def build_passkey_prompt(tokenizer: Any, total_tokens: int, depth: float, passke
     prompt = prefix + head + before + secret + after + tail
     assert len(prompt) == total_tokens, (len(prompt), total_tokens)
     return prompt, answer
+
+
+def shortest_fitting_length(needed: Callable[[int], int], length: int) -> int:
+    """The first length from ``length`` on, following ``needed``, whose own prompts fit: ``needed(n) <= n``.
+
+    ``needed(n)`` is the tokens the cells of length ``n`` need (their hidden values, drawn per length, can take
+    a token more or less), so the length that fits is found by moving up to what each length needs.
+    """
+    for _ in range(1000):  # needed(n) is bounded (the longest hidden value), so this ends after a few steps
+        need = needed(length)
+        if need <= length:
+            return length
+        length = need
+    return length
+
+
+def passkey_tokens_needed(tokenizer: Any, length: int, depths: Sequence[float], trials: int, seed: int,
+                          max_new_tokens: int) -> int:
+    """The fewest tokens a passkey cell of ``length`` needs: every trial's prompt with one filler group, plus the
+    ``max_new_tokens`` generated (the passkeys are those the cells of ``length`` draw)."""
+    encode = lambda text: len(tokenizer.encode(text, add_special_tokens=False))  # noqa: E731
+    prefix = 1 if getattr(tokenizer, "bos_token_id", None) is not None and _adds_bos(tokenizer) else 0
+    fixed = prefix + encode(TASK_DESCRIPTION + "\n") + encode("\n" + QUESTION) + encode(FILLER)
+    secret = max(encode("\n" + passkey_line(draw_passkey(seed, length, depth, trial)) + "\n")
+                 for depth in depths for trial in range(trials))
+    return fixed + secret + max_new_tokens
+
+
+def check_passkey_lengths(tokenizer: Any, lengths: Sequence[int], depths: Sequence[float], trials: int, seed: int,
+                          max_new_tokens: int) -> None:
+    """Refuse a length too short for its passkey prompts, suggesting one that fits (run before the model loads).
+
+    Raises:
+        ValueError: a length below what its prompts need; the message gives a length that fits.
+    """
+    def needed(length: int) -> int:
+        return passkey_tokens_needed(tokenizer, length, depths, trials, seed, max_new_tokens)
+
+    for length in sorted(lengths):
+        need = needed(length)
+        if need > length:
+            raise ValueError(
+                f"Length {length} is too short for a passkey prompt: it needs {need} tokens (the task text, the pass key line, "
+                f"one filler group and the question: {need - max_new_tokens}, plus {max_new_tokens} generated); use a length of "
+                f"at least {shortest_fitting_length(needed, need)}, or fewer --max-new-tokens."
+            )
 
 
 def _adds_bos(tokenizer: Any) -> bool:
@@ -152,6 +201,7 @@ def evaluate_passkey(
     """
     if trials < 1:
         raise ValueError(f"trials must be >= 1, got {trials}.")
+    check_passkey_lengths(tokenizer, lengths, depths, trials, seed, max_new_tokens)  # before any results file
     dist = dist or Distributed()
     run_config = {"task": "passkey", "model": model_name, "seed": seed, "generate": generate, "max_new_tokens": max_new_tokens,
                   "format": "landmark-attention", **(extra_config or {})}

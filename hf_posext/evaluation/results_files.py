@@ -29,6 +29,9 @@ TASK_METRICS: dict[str, tuple[str, ...]] = {
 _COUNTS = (("greedy_correct", "greedy_accuracy"), ("teacher_forced_correct", "teacher_forced_accuracy"))
 _OPTIONAL_NUMBERS = ("greedy_accuracy", "answer_token_accuracy", "seconds", "supported_window", "original_window", "windows")
 _ACCURACIES = ("teacher_forced_accuracy", "greedy_accuracy", "answer_token_accuracy")
+#: The evaluation stores ppl = exp(min(nll, PPL_NLL_CAP)); a stored ppl further than this (relative) from it is refused.
+PPL_NLL_CAP = 700.0
+PPL_REL_TOLERANCE = 1e-6
 
 
 class ResultsFileError(DamagedFileError):
@@ -88,6 +91,41 @@ def _impossible_value(cell_id: str, record: dict[str, Any]) -> str | None:
     for name in _ACCURACIES:
         if record.get(name) is not None and not 0 <= record[name] <= 1:
             return f"cell {cell_id!r} has {name} {record[name]!r}, outside [0, 1]"
+    if _is_number(record.get("depth")) and not 0 <= record["depth"] <= 1:
+        return f"cell {cell_id!r} has depth {record['depth']!r}, outside [0, 1] (0 puts the needle at the start, 1 at the end)"
+    return _disagreement(cell_id, record)
+
+
+def _disagreement(cell_id: str, record: dict[str, Any]) -> str | None:
+    """Numbers of one record that contradict each other (a perplexity that is not exp of its nll, per-trial outcomes
+    that do not add up to the stored counts), named; None when they agree."""
+    if _is_number(record.get("nll")) and _is_number(record.get("ppl")):
+        expected = math.exp(min(record["nll"], PPL_NLL_CAP))  # the evaluation caps the exponent, so it never overflows
+        if not math.isclose(record["ppl"], expected, rel_tol=PPL_REL_TOLERANCE):
+            return (f"cell {cell_id!r} has ppl {record['ppl']!r}, but its nll {record['nll']!r} gives exp(nll) = {expected:.6g}; "
+                    "the perplexity is exp of the nll")
+    units, keys = record.get("units"), record.get("unit_keys")
+    if units is None:
+        return None  # written before per-trial outcomes were kept
+    if not isinstance(units, list) or not all(isinstance(unit, dict) for unit in units):
+        return f"cell {cell_id!r} has units {reprlib.repr(units)}, not a list of per-trial results"
+    if keys is not None and (not isinstance(keys, list) or len(keys) != len(units)):
+        return f"cell {cell_id!r} has {len(units)} units but unit_keys {reprlib.repr(keys)}, not one key per unit"
+    trials = record.get("trials")
+    for (count, rate), field in zip(_COUNTS, ("greedy", "teacher_forced")):
+        outcomes = [unit[field] for unit in units if unit.get(field) is not None]
+        if not outcomes:
+            continue
+        if len(outcomes) != len(units) or len(units) != trials:
+            return f"cell {cell_id!r} has {trials!r} trials but {len(outcomes)} per-trial {field} outcomes in its units"
+        found = sum(bool(outcome) for outcome in outcomes)
+        name = count if record.get(count) is not None else rate  # records written before counts were kept: the rate
+        if record.get(name) is None:
+            continue
+        stored = record[name] if name == count else round(record[rate] * trials)
+        if found != stored:
+            return (f"cell {cell_id!r} has {name} {record[name]!r} of {trials} trials, but its per-trial outcomes (units) "
+                    f"found {found}")
     return None
 
 

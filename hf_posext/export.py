@@ -17,6 +17,7 @@ import os
 import shutil
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -91,12 +92,27 @@ def yarn_betas_ignored_by_llama_cpp(params: dict[str, Any]) -> bool:
     return betas != DEFAULT_YARN_BETAS
 
 
-def serving_problems(record: dict[str, Any], target: str) -> list[str]:
+def _served_rope(record: dict[str, Any], config: dict[str, Any] | None) -> str:
+    """What a runtime reading only config.json serves of an attention-level record's model: the RoPE scaling the
+    record composes, else the one the config carries (a model saved with yarn x2, patched with STRING), else none."""
+    frequency = record.get("frequency_scaling")
+    if isinstance(frequency, dict) and frequency.get("method", "none") != "none":
+        return f"{frequency['method']} x{float(frequency.get('factor') or 1.0):g}"
+    rope = flat_rope_parameters(config) if config else None
+    rope_type = (rope or {}).get("rope_type", (rope or {}).get("type"))
+    if rope_type not in (None, "default"):
+        factor = rope.get("factor")
+        return f"{rope_type}" + (f" x{float(factor):g}" if factor is not None else "") + " (from config.json)"
+    return ""
+
+
+def serving_problems(record: dict[str, Any], target: str, config: dict[str, Any] | None = None) -> list[str]:
     """Reasons why ``target`` would serve a model with this scaling record differently from transformers.
 
     Args:
         record: an hf_posext scaling record (see :func:`scaling_record`).
         target: one of :data:`TARGETS`.
+        config: the saved ``config.json`` the record is in, to say what a runtime would serve instead.
 
     Returns:
         One-line problems, each naming the method, the target and a fix; empty when the target serves it exactly.
@@ -108,14 +124,22 @@ def serving_problems(record: dict[str, Any], target: str) -> list[str]:
     params = record.get("params") or {}
     problems = []
     if kind == "attention":
-        problems.append(f"{method} is applied in attention, not in config.json: {target} would serve the model "
-                        f"unscaled; serve it with hf_posext.load, or re-patch with yarn or ntk")
+        served = _served_rope(record, config)
+        problems.append(f"{method} is applied in attention, not in config.json: {target} would serve "
+                        f"{served + ' without ' + method if served else 'the model unscaled'}; serve it with "
+                        "hf_posext.load, or re-patch with yarn or ntk")
     elif kind != "rope" and target != "transformers":
         problems.append(f"{method} ({kind} positions) is not a RoPE scaling {target} can read from config.json; "
                         f"serve it with hf_posext.load")
     elif record.get("stock_loadable") is False:
-        problems.append(f"{method}: transformers cannot rebuild this scaling from config.json, so {target} cannot "
-                        f"either; serve it with hf_posext.load, or re-patch with yarn or ntk")
+        repatch = ", or re-patch with yarn or ntk" if kind == "rope" else ""
+        if target == "transformers":
+            problems.append(f"{method}" + (f" ({kind} positions)" if kind != "rope" else "") + ": transformers' "
+                            f"from_pretrained cannot rebuild this scaling from config.json and would load the model "
+                            f"without it; load it with hf_posext.load{repatch}")
+        else:
+            problems.append(f"{method}: transformers cannot rebuild this scaling from config.json, so {target} cannot "
+                            f"either; serve it with hf_posext.load{repatch}")
     elif method in ("dynamic-ntk", "dynamic-yarn") and target != "transformers":
         problems.append(f"{method} is not served like transformers by {target} (no length-dependent base); "
                         f"re-patch with yarn or ntk")
@@ -194,10 +218,11 @@ def check_serving(folder_or_model: Any, target: str) -> list[str]:
         One-line problems (empty when ``target`` serves the model as transformers does).
     """
     if isinstance(folder_or_model, (str, os.PathLike)):
-        record, _ = _record_and_config(Path(folder_or_model))
+        record, config = _record_and_config(Path(folder_or_model))
     else:
-        record = scaling_record(folder_or_model.config.to_dict())
-    return serving_problems(record, target)
+        config = folder_or_model.config.to_dict()
+        record = scaling_record(config)
+    return serving_problems(record, target, config)
 
 
 def _check_destination(source: Path | None, out: Path, overwrite: bool) -> None:
@@ -227,7 +252,24 @@ def _replace_atomically(staged: Path, out: Path) -> None:
         os.replace(staged, out)
 
 
-def export(source: Any, target: str, out: str | os.PathLike, overwrite: bool = False) -> Path:
+#: The warning ``save_pretrained`` of a patched model gives about transformers 4.x readers; :func:`export` writes
+#: the legacy fields it asks for, so it is not shown for the folder export itself saves.
+_LEGACY_FIELDS_WARNING = r"the saved config\.json holds its .* scaling only in rope_parameters"
+
+
+def _resolve_tokenizer(tokenizer: Any) -> Any:
+    """``tokenizer`` as an object: a name or folder is loaded (:func:`hf_posext.models.load_tokenizer`)."""
+    if tokenizer is None or not isinstance(tokenizer, (str, os.PathLike)):
+        return tokenizer
+    from hf_posext.models import load_tokenizer
+
+    try:
+        return load_tokenizer(os.fspath(tokenizer))
+    except (ValueError, FileNotFoundError) as error:
+        raise ExportError(f"tokenizer={os.fspath(tokenizer)!r}: {error}") from None
+
+
+def export(source: Any, target: str, out: str | os.PathLike, overwrite: bool = False, tokenizer: Any = None) -> Path:
     """Write ``out``: a copy of ``source`` whose config ``target`` serves like transformers.
 
     Args:
@@ -235,18 +277,28 @@ def export(source: Any, target: str, out: str | os.PathLike, overwrite: bool = F
         target: one of :data:`TARGETS`.
         out: the new folder (must not exist, be empty, or ``overwrite`` must be set; never the source).
         overwrite: replace an existing non-empty ``out``.
+        tokenizer: the tokenizer to save beside the model (an object, or a model name or folder to load it
+            from), with ``model_max_length`` = the extended window. A source folder's own tokenizer files are
+            copied anyway; a model object has none, and a folder without a tokenizer cannot run lm-eval tasks
+            (``hf-posext lm-eval`` refuses it), so pass it, e.g. ``tokenizer="smollm2-135m"``.
 
     Returns:
         The path of the written folder.
 
     Raises:
-        ExportError: before anything is written, when the target cannot serve the model or ``out`` is bad.
+        ExportError: before anything is written, when the target cannot serve the model, ``out`` is bad or the
+            tokenizer cannot be loaded.
+
+    Example:
+        >>> from hf_posext.adapters import load_adapted_model
+        >>> export(load_adapted_model("smollm2-135m", adapter), "transformers", "merged", tokenizer="smollm2-135m")
     """
     out = Path(out)
     folder = Path(source) if isinstance(source, (str, os.PathLike)) else None
     if folder is not None and not (folder / "config.json").is_file():
         raise ExportError(f"no saved model folder at {folder} (no config.json): pass a folder written by save_pretrained")
     _check_destination(folder, out, overwrite)
+    tokenizer = _resolve_tokenizer(tokenizer)
     if folder is not None:
         check_weight_files(folder)  # a truncated weights file is named, not copied into a served folder
     problems = check_serving(source, target)
@@ -256,9 +308,16 @@ def export(source: Any, target: str, out: str | os.PathLike, overwrite: bool = F
     staged = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
     try:
         if folder is None:
-            source.save_pretrained(staged)
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=_LEGACY_FIELDS_WARNING)
+                source.save_pretrained(staged)
         else:
             shutil.copytree(folder, staged, dirs_exist_ok=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(str(staged))
+        elif folder is None:
+            warnings.warn(f"export wrote {out} without a tokenizer (a model object carries none): lm-eval and serving "
+                          "runtimes need one; pass tokenizer= (e.g. the base model's name)", stacklevel=2)
         record, config = _record_and_config(staged)
         write_json_atomically(staged / "config.json", export_config(config, target))
         if record.get("kind", "rope") == "rope":

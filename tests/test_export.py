@@ -124,6 +124,42 @@ def test_self_extend_is_refused_for_every_runtime(tmp_path):
         assert len(problems) == 1 and "self-extend" in problems[0] and "yarn or ntk" in problems[0]
 
 
+def test_a_t5_linear_model_for_transformers_is_refused_without_a_tautology(tmp_path):
+    # issue 49: "transformers cannot rebuild this scaling from config.json, so transformers cannot either"
+    from tests.test_relative import tiny_t5
+
+    model = tiny_t5()
+    hf_posext.patch(model, "linear", factor=2.0)
+    problem, = check_serving(model, "transformers")
+    assert problem == ("linear (relative positions): transformers' from_pretrained cannot rebuild this scaling from "
+                       "config.json and would load the model without it; load it with hf_posext.load")
+    with pytest.raises(ExportError, match="would load the model without it"):
+        export(model, "transformers", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_attention_method_over_a_rope_scaling_names_what_the_runtime_serves_instead():
+    # issue 49: STRING on a model whose config carries yarn x2 was said to be served "unscaled"
+    native = tiny_model("llama", max_position_embeddings=L, rope_parameters={
+        "rope_type": "yarn", "factor": 2.0, "rope_theta": 10000.0, "original_max_position_embeddings": L})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        hf_posext.patch(native, "string")
+    problem, = check_serving(native, "vllm")
+    assert "vllm would serve yarn x2 (from config.json) without string;" in problem and "unscaled" not in problem
+    composed = tiny_model("llama", max_position_embeddings=L)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        hf_posext.patch(composed, "yarn+string", factor=2.0)
+    problem, = check_serving(composed, "sglang")
+    assert "sglang would serve yarn x2 without string;" in problem
+    plain = tiny_model("llama", max_position_embeddings=L)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        hf_posext.patch(plain, "string")
+    assert "llama.cpp would serve the model unscaled;" in check_serving(plain, "llama.cpp")[0]
+
+
 def test_yarn_with_custom_attention_factor_is_refused_where_it_is_ignored(tmp_path):
     model = tiny_model("llama", initializer_range=0.1, max_position_embeddings=L)
     hf_posext.patch(model, "yarn", FACTOR, attention_factor=1.3)
@@ -160,6 +196,32 @@ def test_tokenizer_max_length_is_raised_to_the_served_length(saved, tmp_path):
     (source / "tokenizer_config.json").write_text(json.dumps({"model_max_length": L}))
     out = export(source, "vllm", tmp_path / "out")
     assert json.loads((out / "tokenizer_config.json").read_text())["model_max_length"] == int(L * FACTOR)
+
+
+def test_exporting_a_model_object_writes_its_tokenizer_without_a_misleading_warning(tmp_path):
+    # export(model, "transformers", out) used to write a folder without tokenizer (lm-eval refuses it) and warn
+    # the user to run `hf-posext export --for transformers`: the call just made
+    from hf_posext.core.loading import check_tokenizer_files
+
+    tokenizer_folder = REPO / "tests" / "data" / "training" / "tiny-llama"
+    # a base frequency other than transformers 4.x's default (SmolLM2's 1e5): a plain save_pretrained warns
+    model = tiny_model("llama", initializer_range=0.1, max_position_embeddings=L, rope_theta=100000.0).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        hf_posext.patch(model, "yarn", FACTOR)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = export(model, "transformers", tmp_path / "out", tokenizer=str(tokenizer_folder))
+    assert not [w for w in caught if "hf-posext export" in str(w.message)]
+    check_tokenizer_files(str(out))  # what `hf-posext lm-eval --model_args pretrained=OUT` checks first
+    assert json.loads((out / "tokenizer_config.json").read_text())["model_max_length"] == int(L * FACTOR)
+    torch.testing.assert_close(_stock_logits(out), _logits(model), atol=1e-5, rtol=1e-5)
+    with pytest.warns(UserWarning, match="without a tokenizer .*pass tokenizer="):
+        bare = export(model, "transformers", tmp_path / "bare")
+    assert not (bare / "tokenizer_config.json").exists()
+    with pytest.raises(ExportError, match="tokenizer="):
+        export(model, "transformers", tmp_path / "bad", tokenizer=str(tmp_path / "no-such-folder"))
+    assert not (tmp_path / "bad").exists()
 
 
 def _cli(*argv: str) -> int:

@@ -98,3 +98,81 @@ def test_each_posext_argument_reaches_the_model(tiny_dir, model_args, same, with
     got, want, other = _logits(lm.model), _logits(expected), _logits(_patched(tiny_dir, without[0], **without[1]))
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     assert (other - want).abs().max() > 1e-2  # >= 1000x the tolerance: the argument changed the model
+
+
+# ---- peft= with an adapter written by hf-posext's recipes ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def recipe_adapter(tmp_path_factory):
+    """A 4-step tiny recipe run: yarn x4, LoRA + trained norms and embeddings (PEFT modules_to_save)."""
+    from hf_posext.training.trainer import train
+    from tests.training_helpers import tiny_config
+
+    out = tmp_path_factory.mktemp("lm-eval-adapter") / "run"
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        train(tiny_config(out, "train.max_steps=4"), progress=False)
+    finally:
+        torch.set_num_threads(threads)
+    return out / "adapter"
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_peft_adapter_gets_its_scaling_and_trained_norms(recipe_adapter):
+    from hf_posext.adapters import load_adapted_model
+    from tests.training_helpers import TINY_MODEL
+
+    lm = PosextHFLM(pretrained=str(TINY_MODEL), peft=str(recipe_adapter), device="cpu", dtype="float32")
+    assert (lm.posext_report["method"], lm.posext_report["factor"]) == ("yarn", 4.0)
+    assert lm.max_length == 256
+    got, want = _logits(lm.model), _logits(load_adapted_model(str(TINY_MODEL), recipe_adapter))
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    without_norms = _logits(_lora_only(str(TINY_MODEL), recipe_adapter))
+    assert (without_norms - want).abs().max() > 1e-2  # the trained norms/embeddings are part of what was compared
+
+
+def _lora_only(base_name, folder):
+    """The adapter's LoRA weights alone on the patched base (the trained norms/embeddings dropped)."""
+    from peft import PeftConfig, PeftModel
+
+    from hf_posext.models import load_model
+
+    config = PeftConfig.from_pretrained(str(folder))
+    config.modules_to_save = None
+    base = hf_posext.patch(load_model(base_name), "yarn", factor=4)
+    model = PeftModel.from_pretrained(base, str(folder), config=config)
+    with torch.no_grad():  # PEFT would copy the saved norms into the base anyway: put the original ones back
+        for name, parameter in load_model(base_name).named_parameters():
+            if "norm" in name or "embed" in name:
+                dict(model.get_base_model().named_parameters())[name].copy_(parameter)
+    return model
+
+
+def test_peft_adapter_refuses_another_factor_before_loading(recipe_adapter, monkeypatch):
+    from hf_posext.adapters import AdapterMismatchError
+    from tests.training_helpers import TINY_MODEL
+
+    monkeypatch.setattr(PosextHFLM, "_create_model", lambda *a, **k: pytest.fail("the model loaded before the check"))
+    with pytest.raises(AdapterMismatchError, match=r"trained with yarn x4 \(posext_adapter.json\), not yarn x8"):
+        PosextHFLM(pretrained=str(TINY_MODEL), peft=str(recipe_adapter), device="cpu", posext_method="yarn", posext_factor=8)
+    with pytest.raises(AdapterMismatchError, match=r"not yarn x8 \(target_length 512\)"):
+        PosextHFLM(pretrained=str(TINY_MODEL), peft=str(recipe_adapter), device="cpu", posext_method="yarn",
+                   posext_target_length=512)
+
+
+def test_peft_adapter_with_a_flipped_byte_is_refused(recipe_adapter, tmp_path, monkeypatch):
+    import shutil
+
+    from hf_posext.adapters import AdapterFileError
+    from tests.training_helpers import TINY_MODEL
+
+    folder = tmp_path / "adapter"
+    shutil.copytree(recipe_adapter, folder)
+    data = bytearray((folder / "adapter_model.safetensors").read_bytes())
+    data[-3] ^= 0x01
+    (folder / "adapter_model.safetensors").write_bytes(bytes(data))
+    monkeypatch.setattr(PosextHFLM, "_create_model", lambda *a, **k: pytest.fail("the model loaded before the check"))
+    with pytest.raises(AdapterFileError, match="adapter_model.safetensors does not match its sha256"):
+        PosextHFLM(pretrained=str(TINY_MODEL), peft=str(folder), device="cpu")

@@ -57,17 +57,20 @@ def load_model_and_tokenizer(
         device: where to put the model (ignored with ``device_map``).
         device_map: e.g. ``"auto"`` to spread a model too big for one device.
         attn_implementation: e.g. ``"sdpa"``, ``"eager"``, ``"flash_attention_2"``.
-        adapter: a LoRA adapter folder written by the recipes: checked against ``name``
-            (:func:`hf_posext.adapters.check_adapter`) before anything loads, then applied with its recorded
-            scaling and merged (:func:`hf_posext.adapters.load_adapted_model`).
+        adapter: a LoRA adapter folder written by the recipes: its files checked against its manifest and its
+            record against ``name`` (:func:`hf_posext.adapters.check_adapter`) before anything loads, the base's
+            weights against the recorded fingerprint once it loads, then applied with its recorded scaling and
+            merged (:func:`hf_posext.adapters.load_adapted_model`).
 
     Returns:
         ``(model, tokenizer)``, the model in eval mode.
 
     Raises:
         FileNotFoundError, ValueError, DamagedFileError: a missing folder, a folder that is not a causal LM,
-            a truncated weights file, a missing or damaged tokenizer. All of these are found before the
-            weights are loaded: the folder is checked, then the tokenizer loaded, and only then the model.
+            a truncated weights file, a missing or damaged tokenizer, a damaged or altered adapter file
+            (:class:`hf_posext.adapters.AdapterFileError`), an adapter for another base or scaling. All of these
+            are found before the weights are loaded: the adapter and the folder are checked, then the tokenizer
+            loaded, and only then the model.
     """
     from hf_posext.core.loading import check_causal_lm_folder
     from hf_posext.models import load_model, load_tokenizer, resolve_model_path, tiny_model

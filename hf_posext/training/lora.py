@@ -3,19 +3,20 @@
 LongLoRA (Chen et al. 2023, "LongLoRA: Efficient Fine-tuning of Long-Context Large Language Models",
 arXiv:2309.12307) found LoRA alone weak for context extension and fixed it by also training the input
 embeddings and the normalisation layers; ``train_embeddings`` / ``train_norms`` switch that on. Those
-extra weights are trained in place (``requires_grad``), saved next to the adapter as
-``trainable_extras.safetensors``, and end up in the merged model.
+extra weights are trained in place (``requires_grad``); the saved adapter holds them as PEFT
+``modules_to_save`` (:mod:`hf_posext.adapters`), so stock PEFT loads them, and they end up in the merged model.
 """
 
 from __future__ import annotations
 
 import difflib
+import json
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
-from hf_posext.adapters import EXTRAS_FILE, load_trainable_extras
+from hf_posext.adapters import apply_adapter, saved_extra_names
 
 __all__ = ["LoraTargetError", "linear_module_names", "setup_trainable", "trainable_state_dict", "extra_parameter_names",
            "check_init_adapter"]
@@ -66,37 +67,49 @@ def extra_parameter_names(model: nn.Module, train_embeddings: bool, train_norms:
     return names
 
 
-def check_init_adapter(finetune: Any, base_model: str, method: str, factor: float | None) -> None:
+def check_init_adapter(finetune: Any, base_model: str, method: str, factor: float | None,
+                       target_length: int | None = None, original_window: int | None = None,
+                       params: dict[str, Any] | None = None) -> None:
     """Check that ``finetune.init_adapter`` can be continued by this recipe, before any weights load.
 
-    Its record (:mod:`hf_posext.adapters`) must name ``base_model`` and the scaling; its ``adapter_config.json``
-    the recipe's LoRA rank, alpha and target modules; and the trained norms/embeddings it holds must be the
-    ones the recipe trains.
+    Its files must match its manifest; its record (:mod:`hf_posext.adapters`) must name ``base_model`` and the
+    scaling (a ``scaling.target_length`` is resolved against the recorded original window); its
+    ``adapter_config.json`` the recipe's LoRA rank, alpha and target modules; and the trained norms/embeddings it
+    holds must be the ones the recipe trains.
+
+    Args:
+        finetune: the recipe's ``finetune`` section.
+        base_model: ``model.name``.
+        method: ``scaling.method``.
+        factor: ``scaling.factor`` (None when the recipe gives ``target_length``).
+        target_length: ``scaling.target_length``.
+        original_window: ``scaling.original_max_position_embeddings``.
+        params: ``scaling.params``.
 
     Raises:
         AdapterMismatchError: another base model or scaling.
+        AdapterFileError: a damaged or altered adapter file.
         FileNotFoundError, RecordError: a missing folder or record.
         ValueError: another rank, alpha, target modules or trained extras; the message names both.
     """
-    import json
-
-    from hf_posext.adapters import check_adapter
+    from hf_posext.adapters import ADAPTER_CONFIG, check_adapter
 
     folder = Path(finetune.init_adapter)
-    check_adapter(folder, base_model, method, factor)
-    config_file = folder / "adapter_config.json"
-    if not config_file.is_file():
-        raise FileNotFoundError(f"finetune.init_adapter: {config_file} is missing; point it at a folder saved by hf-posext train (runs/NAME/adapter).")
-    saved = json.loads(config_file.read_text())
+    if not (folder / ADAPTER_CONFIG).is_file():
+        raise FileNotFoundError(f"finetune.init_adapter: {folder / ADAPTER_CONFIG} is missing; point it at a folder saved by "
+                                "hf-posext train (runs/NAME/adapter).")
+    check_adapter(folder, base_model, method, factor, params, target_length=target_length, original_window=original_window,
+                  suggest="recipe")
+    saved = json.loads((folder / ADAPTER_CONFIG).read_text())  # readable: checked by check_adapter
     targets = saved.get("target_modules")
     saved_targets = sorted(targets) if isinstance(targets, list) else targets
     asked_targets = "all-linear" if list(finetune.target_modules) == ["all-linear"] else sorted(finetune.target_modules)
     differences = [f"{key}: adapter {a!r}, recipe {b!r}" for key, a, b in (
         ("finetune.rank", saved.get("r"), finetune.rank), ("finetune.alpha", float(saved.get("lora_alpha", 0)), float(finetune.alpha)),
         ("finetune.target_modules", saved_targets, asked_targets)) if a != b]
-    has_extras = (folder / EXTRAS_FILE).is_file()
+    has_extras = bool(saved_extra_names(folder))
     if has_extras != bool(finetune.train_norms or finetune.train_embeddings):
-        differences.append(f"trained norms/embeddings ({EXTRAS_FILE}): the adapter {'holds' if has_extras else 'has no'} "
+        differences.append(f"trained norms/embeddings: the adapter {'holds' if has_extras else 'has no'} "
                            f"them, the recipe {'does not train them' if has_extras else 'trains them'} "
                            "(finetune.train_norms, finetune.train_embeddings)")
     if differences:
@@ -138,11 +151,10 @@ def setup_trainable(model: nn.Module, finetune: Any, seed: int = 0) -> nn.Module
     extras = extra_parameter_names(model, finetune.train_embeddings, finetune.train_norms)
     torch.manual_seed(seed)
     if getattr(finetune, "init_adapter", None):
-        # Continue a saved adapter (checked by check_init_adapter): its LoRA weights, trainable, and its extras.
-        from peft import PeftModel
-
-        peft_model = PeftModel.from_pretrained(model, str(finetune.init_adapter), is_trainable=True)
-        load_trainable_extras(peft_model, finetune.init_adapter, expected=extras)
+        # Continue a saved adapter (checked by check_init_adapter): its LoRA weights, trainable, and its extras
+        # copied into the base model's own parameters, which train in place as in a fresh run (same numbers).
+        peft_model = apply_adapter(model, finetune.init_adapter, is_trainable=True, extras_in_place=True,
+                                   expected_extras=extras)
     else:
         peft_model = get_peft_model(model, lora_config)
     base = peft_model.get_base_model()

@@ -1,15 +1,45 @@
-"""The model card (README.md) a recipe writes into its adapter folder: what it is, how it was trained, where
-its measurements are. PEFT's own template is a page of blanks; this one says what the run knows."""
+"""The model card (README.md) a recipe writes into its adapter folder: what it is, how it was trained, how to
+use it, where its measurements are. PEFT's own template is a page of blanks; this one says what the run knows.
+
+It is written for a reader on the hub: the base model is named by its hub id, and no path of the machine that
+trained it appears (a local data folder or adapter is named by its last component).
+"""
 
 from __future__ import annotations
 
 import json
+import os
+import re
 from pathlib import Path
 from typing import Any
 
+from hf_posext.models import EMBEDDED_HUB_IDS, hub_id, looks_like_local_path
 from hf_posext.training.config import TrainConfig
 
-__all__ = ["adapter_model_card"]
+__all__ = ["adapter_model_card", "measured_section"]
+
+#: What a card says under "## Measured" when nothing was measured beyond the training loss.
+NOT_MEASURED = ("The training run measures nothing but its loss. Evaluations of this adapter, with their commands, are\n"
+                "recorded where it is published (hf-posext: `docs/training.md`).")
+
+
+def _public_name(value: str) -> str:
+    """``value`` as a hub reader may see it: a local path shortened to its last component, anything else as given."""
+    text = str(value)
+    if os.path.isabs(text) or text.startswith((".", "~")) or looks_like_local_path(text) or os.path.exists(text):
+        return Path(text.rstrip("/")).name or text
+    return text
+
+
+def measured_section(card: str) -> str | None:
+    """The measurements written under ``## Measured`` of an existing card (without the generated note), issue
+    references reworded for a hub reader; None when it holds none."""
+    if "## Measured" not in card:
+        return None
+    text = card.split("## Measured", 1)[1].replace(NOT_MEASURED, "").strip()
+    text = re.sub(r"issue \d+'s target", "the target set for this adapter", text)
+    text = re.sub(r"\s*\(?(?:see )?issue #?\d+\)?", "", text)
+    return text or None
 
 
 def _log_summary(log_path: Path) -> dict[str, Any]:
@@ -25,15 +55,20 @@ def _log_summary(log_path: Path) -> dict[str, Any]:
             "loss_last": sum(r["loss"] for r in last) / len(last), "last_count": len(last), "loss_first": rows[0]["loss"]}
 
 
-def adapter_model_card(config: TrainConfig, record: dict[str, Any], log_path: Path) -> str:
-    """The adapter's README.md: base model, scaling, recipe, data and training summary.
+def adapter_model_card(config: TrainConfig, record: dict[str, Any], log_path: Path, measured: str | None = None) -> str:
+    """The adapter's README.md: base model, scaling, recipe, data, training summary, use and measurements.
 
     Args:
         config: the run's recipe.
         record: the adapter record (:data:`hf_posext.adapters.ADAPTER_RECORD` contents).
         log_path: the run's ``log.jsonl``.
+        measured: the text of the "Measured" section (None: say that only the loss was measured).
     """
     d, f, t = config.data, config.finetune, config.train
+    name = record["base_model"]
+    hub = hub_id(name)
+    is_hub = not looks_like_local_path(hub) and not os.path.exists(hub) and hub.count("/") == 1
+    shown = hub if is_hub else _public_name(name)
     summary = _log_summary(log_path)
     trained = [f"LoRA r={f.rank}, alpha={f.alpha:g} on {', '.join(f.target_modules)}"]
     if f.train_norms:
@@ -44,22 +79,24 @@ def adapter_model_card(config: TrainConfig, record: dict[str, Any], log_path: Pa
             if d.pose else f"full-length {d.sequence_length}-token sequences")
     if d.pose and d.pose_far_fraction:
         pose += f", {d.pose_far_fraction:.0%} of them with their last chunk at the end of that span (data.pose_far_fraction)"
-    lines = [
-        "---",
-        f"base_model: {record['base_model']}",
+    scaling = f"`{record['method']}` x{record['factor']:g}"
+    lines = ["---"] + ([f"base_model: {hub}"] if is_hub else []) + [
         "library_name: peft",
         "tags: [hf-posext, long-context, lora]",
         "---",
         "",
-        f"# {record['base_model']} with {record['method']} x{record['factor']:g}: a LoRA adapter for a "
+        f"# {shown} with {record['method']} x{record['factor']:g}: a LoRA adapter for a "
         f"{record.get('current_window')}-token window",
         "",
-        f"- **Base model:** `{record['base_model']}` (window {record.get('original_window')} tokens).",
-        f"- **Scaling:** `{record['method']}` x{record['factor']:g} (parameters {record.get('params') or {}}), window "
-        f"{record.get('current_window')} tokens. The adapter only works under this scaling: `hf-posext eval --adapter` and "
-        "`hf_posext.adapters.load_adapted_model` refuse another base or scaling.",
+        f"- **Base model:** `{shown}` (window {record.get('original_window')} tokens)"
+        + (f", as embedded in hf-posext (`{name}`: the model's Q4_1 GGUF dequantised to float32; the hub's own weights are "
+           "close to it but not equal, and hf-posext's loaders, which check the weights fingerprint in `posext_adapter.json`, "
+           "refuse them)." if name.strip().lower() in EMBEDDED_HUB_IDS else "."),
+        f"- **Scaling:** {scaling} (parameters {record.get('params') or {}}), window "
+        f"{record.get('current_window')} tokens. The adapter only works under this scaling: `hf-posext eval --adapter`, "
+        "`hf-posext lm-eval` (`peft=`) and `hf_posext.adapters.load_adapted_model` refuse another base or scaling.",
         f"- **Trained:** {'; '.join(trained)}.",
-        f"- **Data:** `{d.source}`" + (f" without {', '.join(d.exclude)}" if d.exclude else "") + f"; {pose}.",
+        f"- **Data:** `{_public_name(d.source)}`" + (f" without {', '.join(_public_name(e) for e in d.exclude)}" if d.exclude else "") + f"; {pose}.",
     ]
     if d.retrieval_records:
         every = d.retrieval_fraction == 1
@@ -71,7 +108,9 @@ def adapter_model_card(config: TrainConfig, record: dict[str, Any], log_path: Pa
         lines.append(f"- **Retrieval samples:** {share} {d.retrieval_records} synthetic key-value records and {ask} "
                      f"for them at the end (`hf_posext.training.retrieval_data`){wording}, trained on {labels}.")
     if f.init_adapter:
-        lines.append(f"- **Started from:** the adapter `{f.init_adapter}` (its LoRA weights and trained norms/embeddings), "
+        start = Path(str(f.init_adapter).rstrip("/"))
+        start_name = f"{start.parent.name}/{start.name}" if start.name == "adapter" and start.parent.name else start.name
+        lines.append(f"- **Started from:** the adapter `{start_name}` (its LoRA weights and trained norms/embeddings), "
                      "not a fresh LoRA.")
     lines += [
         f"- **Schedule:** {t.max_steps} optimizer steps of {t.batch_size} x {t.gradient_accumulation_steps} sequences per process, "
@@ -83,24 +122,44 @@ def adapter_model_card(config: TrainConfig, record: dict[str, Any], log_path: Pa
         tokens = f", {summary['tokens']:,} tokens" if summary.get("tokens") else ""
         lines.append(f"- **Run:** {summary['steps']} steps{tokens}; training loss {summary['loss_first']:.3f} at the first logged step, "
                      f"{summary['loss_last']:.3f} averaged over the last {summary['last_count']} (`log.jsonl` of the run).")
+    # the name to pass hf-posext: the embedded name, the hub id, or for a local base a placeholder (no machine path)
+    base_arg = name if name.strip().lower() in EMBEDDED_HUB_IDS else hub if is_hub else "BASE_MODEL_DIR"
+    extras = " + the trained norms/embeddings (PEFT `modules_to_save`)" if (f.train_norms or f.train_embeddings) else ""
     lines += [
         "",
         "## Use",
         "",
-        "```bash",
-        f"hf-posext eval passkey --model {record['base_model']} --adapter ADAPTER_DIR --methods {record['method']} "
-        f"--lengths {record.get('current_window')}",
-        "```",
+        "The base model needs the scaling the adapter was trained with before the adapter goes on. With hf-posext (it checks",
+        "the base model, its weights, the scaling and the adapter's files, then merges):",
         "",
         "```python",
-        "from hf_posext.adapters import load_adapted_model",
-        f"model = load_adapted_model({record['base_model']!r}, 'ADAPTER_DIR')   # patched, adapted, merged",
+        "from hf_posext.adapters import load_adapted_model, save_merged",
+        f"model = load_adapted_model({base_arg!r}, 'ADAPTER_DIR')     # {record['method']} x{record['factor']:g}, adapted, merged",
+        f"save_merged({base_arg!r}, 'ADAPTER_DIR', 'merged')          # the merged model + tokenizer, scaling in config.json",
+        "```",
+        "",
+        "```bash",
+        f"hf-posext eval passkey --model {base_arg} --adapter ADAPTER_DIR --methods {record['method']} "
+        f"--lengths {record.get('current_window')}",
+        f"hf-posext lm-eval run --model hf-posext --model_args pretrained={base_arg},peft=ADAPTER_DIR --tasks niah_single_1",
+        "```",
+        "",
+        "With stock transformers and PEFT:",
+        "",
+        "```python",
+        "import hf_posext",
+        "from peft import PeftModel",
+        "from transformers import AutoModelForCausalLM",
+        "",
+        f"base = AutoModelForCausalLM.from_pretrained({(hub if is_hub else 'BASE_MODEL_DIR')!r})",
+        f"hf_posext.patch(base, {record['method']!r}, factor={record['factor']:g})"
+        + ("".join(f", {k}={v!r}" for k, v in sorted((record.get('params') or {}).items())) if record["method"] != "yarn" else ""),
+        f"model = PeftModel.from_pretrained(base, 'ADAPTER_DIR')     # LoRA{extras}",
         "```",
         "",
         "## Measured",
         "",
-        "The training run measures nothing but its loss. Evaluations of this adapter, with their commands, are",
-        "recorded where it is published (hf-posext: `docs/training.md`).",
+        measured or NOT_MEASURED,
         "",
     ]
     return "\n".join(lines)

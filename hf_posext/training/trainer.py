@@ -13,7 +13,8 @@ Output folder layout::
                                  scheduler.pt, rng_state*.pth, trainer_state.json) plus
                                  trainable_extras.safetensors (LoRA with trained embeddings/norms),
                                  posext_run.json (config, processes) and checksums.json (sha256, last)
-    OUT/adapter/                 PEFT adapter (+ trainable_extras.safetensors for LongLoRA extras)
+    OUT/adapter/                 PEFT adapter (LongLoRA norms/embeddings as PEFT modules_to_save), model card,
+                                 posext_adapter.json (base, scaling, base weights) and checksums.json (last)
     OUT/merged/                  merged model + tokenizer (hf_posext.load / from_pretrained)
     OUT/scaling.json             the scaling (hf_posext.describe of the trained model)
     OUT/train_result.json        steps, final loss, tokens/s, wall time
@@ -38,7 +39,11 @@ from typing import Any
 import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
-from hf_posext.adapters import write_adapter_record
+from hf_posext.adapters import (
+    AdapterMismatchError, apply_adapter, base_weights_fingerprints, check_base_weights, finish_adapter_folder,
+    trained_module_names, write_adapter_record, write_trained_modules,
+)
+from hf_posext.core.errors import DamagedFileError
 from hf_posext.core.paths import check_output_folder
 from hf_posext.text_sources import check_text_source
 from hf_posext.api import describe, patch
@@ -54,7 +59,7 @@ from hf_posext.training.packing import collate_sequences, load_packed_sequences
 __all__ = [
     "train", "TrainResult", "find_latest_checkpoint", "training_arguments", "training_loss", "PosextTrainer",
     "SequenceDataset", "collate_sequences", "load_run_config", "merge_adapter", "check_parallelism", "parallelism_arguments",
-    "sequence_parallel_chunked_loss",
+    "sequence_parallel_chunked_loss", "NonFiniteTrainingError",
 ]
 
 logger = logging.getLogger(__name__)
@@ -314,6 +319,16 @@ def sequence_parallel_chunked_loss(accelerator: Any, model: Any, inputs: dict[st
     return deepspeed_sp_compute_loss(accelerator, shard_loss, dict(inputs), False, parallelism)
 
 
+class NonFiniteTrainingError(RuntimeError):
+    """The loss or the gradient norm of a step is not finite (NaN or infinite): training stopped at that step."""
+
+
+def _nonfinite_message(step: int, what: str, value: float, output_dir: str) -> str:
+    return (f"training stopped at step {step}: the {what} is {value} (not finite), so the step was not applied and no "
+            f"adapter or model was saved. Check finetune.init_adapter and the data, lower train.learning_rate, or resume "
+            f"from an earlier checkpoint in {output_dir} (hf-posext train --resume {output_dir}/checkpoint-N).")
+
+
 class PosextTrainer(Trainer):
     """``transformers.Trainer`` with the recipe's data order, loss and LoRA extras.
 
@@ -323,6 +338,8 @@ class PosextTrainer(Trainer):
       accumulated batch on all processes.
     * Checkpoints also hold the embeddings/norms trained in place beside a LoRA adapter
       (``trainable_extras.safetensors``), which PEFT's adapter save would drop; resuming reloads them.
+    * A step whose gradient norm is not finite raises :class:`NonFiniteTrainingError` naming it, before the
+      optimizer applies it (the norm is global, so every process stops at the same step).
     """
 
     def __init__(self, *args: Any, extra_parameter_names: list[str] | None = None, train_section: Any = None,
@@ -342,6 +359,13 @@ class PosextTrainer(Trainer):
             self._load_rng_state(self.rng_state_from)
             self.rng_state_from = None
         return super().training_step(model, inputs, num_items_in_batch)
+
+    def _get_grad_norm(self, model: Any, grad_norm: Any = None) -> Any:
+        grad_norm = super()._get_grad_norm(model, grad_norm=grad_norm)
+        value = float(grad_norm) if grad_norm is not None else 0.0
+        if not torch.isfinite(torch.tensor(value)):
+            raise NonFiniteTrainingError(_nonfinite_message(self.state.global_step + 1, "gradient norm", value, self.args.output_dir))
+        return grad_norm
 
     def _get_train_sampler(self, train_dataset: Any = None) -> torch.utils.data.Sampler:
         return torch.utils.data.SequentialSampler(train_dataset if train_dataset is not None else self.train_dataset)
@@ -391,7 +415,7 @@ class PosextTrainer(Trainer):
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
         from safetensors.torch import save_file
 
-        from hf_posext.training.lora import EXTRAS_FILE
+        from hf_posext.adapters import EXTRAS_FILE
 
         super()._save(output_dir, state_dict=state_dict)
         if self.extra_parameter_names and self.args.should_save:
@@ -461,8 +485,16 @@ class JsonlLogCallback(TrainerCallback):
         if not logs or "loss" not in logs:
             return
         self.last_loss = float(logs["loss"])
-        if not state.is_world_process_zero:
-            return
+        nonfinite = [(k, float(logs[k])) for k in ("loss", "grad_norm") if k in logs and not torch.isfinite(torch.tensor(float(logs[k])))]
+        if state.is_world_process_zero:
+            self.write_row(state, logs)
+        if nonfinite:  # the logged values are gathered over processes: every process stops here
+            what, value = nonfinite[0]
+            raise NonFiniteTrainingError(_nonfinite_message(state.global_step, "logged " + ("loss" if what == "loss" else "gradient norm"),
+                                                            value, args.output_dir))
+
+    def write_row(self, state: Any, logs: dict[str, Any]) -> None:
+        """Append the step's JSON line to ``log.jsonl``."""
         record = {
             "step": state.global_step, "loss": float(logs["loss"]), "lr": float(logs.get("learning_rate", float("nan"))),
             "grad_norm": float(logs.get("grad_norm", float("nan"))),
@@ -562,14 +594,18 @@ def _check_trackers(report_to: list[str]) -> None:
             raise ImportError(f"output.report_to lists {tracker!r} but it is not installed: pip install {modules[tracker]} (or drop it from output.report_to).")
 
 
-def _load_and_patch(config: TrainConfig, dtype: torch.dtype):
+def _load_base(config: TrainConfig, dtype: torch.dtype):
     from hf_posext.models import load_model
 
     kwargs: dict[str, Any] = {"attn_implementation": config.model.attn_implementation}
     if config.model.trust_remote_code:
         kwargs["trust_remote_code"] = True
     kwargs.update(config.model.config_overrides)
-    model = load_model(config.model.name, dtype=dtype, **kwargs)
+    return load_model(config.model.name, dtype=dtype, **kwargs)
+
+
+def _load_and_patch(config: TrainConfig, dtype: torch.dtype):
+    model = _load_base(config, dtype)
     patch(model, **config.scaling.to_request().patch_kwargs())
     return model
 
@@ -606,11 +642,16 @@ def _truncate_log(path: Path, last_step: int) -> None:
     os.replace(temporary, path)
 
 
-def _save_final(config: TrainConfig, accelerator: Any, model: Any, tokenizer: Any, output_dir: Path, dtype: torch.dtype) -> None:
-    """Write adapter/, merged/ and scaling.json (each through a temporary folder and a rename)."""
-    from safetensors.torch import save_file
+def _save_final(config: TrainConfig, accelerator: Any, model: Any, tokenizer: Any, output_dir: Path, dtype: torch.dtype,
+                base_weights: dict[str, str] | None = None) -> None:
+    """Write adapter/, merged/ and scaling.json (each through a temporary folder and a rename).
 
-    from hf_posext.training.lora import EXTRAS_FILE, extra_parameter_names
+    The adapter is PEFT's own save of the LoRA weights, then the norms/embeddings trained in place added as PEFT
+    ``modules_to_save`` (:func:`hf_posext.adapters.write_trained_modules`), the record, the model card and last
+    the manifest; the merged model holds the tokenizer.
+    """
+    from hf_posext.models import hub_id
+    from hf_posext.training.lora import extra_parameter_names
 
     state_dict = accelerator.get_state_dict(model)  # collective under FSDP/DeepSpeed
     if not accelerator.is_main_process:
@@ -635,13 +676,14 @@ def _save_final(config: TrainConfig, accelerator: Any, model: Any, tokenizer: An
 
         def write_adapter(folder: Path) -> None:
             unwrapped.save_pretrained(str(folder), state_dict=state_dict)
+            prefix = "base_model.model."
+            extras = {n: state_dict[prefix + n].detach().cpu().contiguous() for n in base_names if prefix + n in state_dict}
+            modules, tied = trained_module_names(unwrapped.get_base_model(), sorted(extras)) if extras else ([], None)
+            write_trained_modules(folder, extras, modules, tied, hub_id(config.model.name))
             # what the adapter was trained on, checked whenever it is applied again (hf_posext.adapters)
-            record = write_adapter_record(folder, config.model.name, describe(unwrapped.get_base_model()))
+            record = write_adapter_record(folder, config.model.name, describe(unwrapped.get_base_model()), base_weights)
             (folder / "README.md").write_text(adapter_model_card(config, json.loads(record.read_text()), output_dir / "log.jsonl"))
-            if base_names:
-                prefix = "base_model.model."
-                extras = {n: state_dict[prefix + n].detach().cpu().contiguous() for n in base_names if prefix + n in state_dict}
-                save_file(extras, str(folder / EXTRAS_FILE))
+            finish_adapter_folder(folder)
 
         adapter_dir = publish("adapter", write_adapter)
         if config.output.save_merged:
@@ -658,19 +700,14 @@ def _save_final(config: TrainConfig, accelerator: Any, model: Any, tokenizer: An
 
 
 def merge_adapter(config: TrainConfig, adapter_dir: Path, out_dir: Path, dtype: torch.dtype, tokenizer: Any | None = None) -> None:
-    """Rebuild the patched base model, apply a saved adapter (+ extras), merge it, and save to ``out_dir``.
+    """Rebuild the patched base model, apply a saved adapter (+ extras), merge it, and save to ``out_dir``
+    with ``tokenizer`` (``model_max_length`` = the scaled window).
 
     Working from the saved adapter (not the live training model) makes the merged model the same on
     one process, DDP, FSDP or DeepSpeed, and checks that the adapter files are complete.
     """
-    from peft import PeftModel
-
-    from hf_posext.adapters import load_trainable_extras
-
     base = _load_and_patch(config, dtype)
-    peft_model = PeftModel.from_pretrained(base, str(adapter_dir))
-    load_trainable_extras(peft_model, adapter_dir)
-    merged = peft_model.merge_and_unload()
+    merged = apply_adapter(base, adapter_dir).merge_and_unload()
     merged.save_pretrained(str(out_dir))
     if tokenizer is not None:
         save_tokenizer_for(merged, tokenizer, out_dir)
@@ -724,7 +761,11 @@ def train(
     check_parallelism(config)
     if config.finetune.init_adapter is not None:  # checked before anything loads
         try:
-            check_init_adapter(config.finetune, config.model.name, config.scaling.method, config.scaling.factor)
+            s = config.scaling
+            check_init_adapter(config.finetune, config.model.name, s.method, s.factor, s.target_length,
+                               s.original_max_position_embeddings, s.params)
+        except DamagedFileError as error:  # a damaged file stays a runtime error (exit 1), named
+            raise type(error)(f"finetune.init_adapter: {error}") from None
         except ValueError as error:  # AdapterMismatchError, RecordError, another LoRA shape
             raise ConfigError(f"finetune.init_adapter: {error}") from None
     try:  # a missing path or a file that is not text is refused before the model loads
@@ -752,7 +793,15 @@ def train(
             retrieval.check_fits(config.data.sequence_length)
         except ValueError as error:
             raise ConfigError(f"data.retrieval_records: {error}") from None
-    model = _load_and_patch(config, dtype)
+    model = _load_base(config, dtype)
+    # the base weights an adapter is trained on, recorded with it and checked wherever it is applied
+    base_weights = base_weights_fingerprints(model) if config.finetune.mode == "lora" else None
+    if config.finetune.init_adapter is not None:
+        try:
+            check_base_weights(config.finetune.init_adapter, model, config.model.name)
+        except AdapterMismatchError as error:
+            raise ConfigError(f"finetune.init_adapter: {error}") from None
+    patch(model, **config.scaling.to_request().patch_kwargs())
     if p.sequence_parallel:
         from hf_posext.training.parallel import validate_sp_heads
 
@@ -823,7 +872,7 @@ def train(
         resumed_from=str(resume_from) if resume_from else None,
     )
     if finished:
-        _save_final(config, trainer.accelerator, trainer.model_wrapped, tokenizer, output_dir, dtype)
+        _save_final(config, trainer.accelerator, trainer.model_wrapped, tokenizer, output_dir, dtype, base_weights)
         if main:
             write_json_atomic(output_dir / RESULT_FILE, result.__dict__)
     trainer.accelerator.wait_for_everyone()

@@ -19,6 +19,12 @@ Without ``posext_method`` the model is evaluated as saved; a folder written by
 ``save_pretrained`` after ``hf_posext.patch`` gets its scaling re-applied (as :func:`hf_posext.load`
 would). Unknown ``posext_*`` arguments and unknown methods raise ``ValueError`` before anything loads.
 
+``peft=ADAPTER`` with an adapter written by hf-posext's recipes (it holds ``posext_adapter.json``) is checked
+as :func:`hf_posext.adapters.load_adapted_model` checks it: its files against their manifest and its base
+model and scaling before anything loads, the base's weights once loaded. Without ``posext_method`` the
+adapter's recorded scaling is applied; a ``posext_*`` scaling other than the recorded one is refused. Its
+trained norms/embeddings are loaded with it. Any other PEFT adapter is loaded as the ``hf`` model loads it.
+
 When ``max_length`` is not given, the harness's context limit is the scaled window
 (``describe(model).current_window``), not the config's ``max_position_embeddings``, which dynamic
 methods leave at the original window.
@@ -122,6 +128,9 @@ class PosextHFLM(HFLM):
         # Validate before the harness builds anything: a typo must not cost a model download.
         self.posext_request, rest = parse_posext_args(kwargs)
         self.posext_report: dict[str, Any] | None = None
+        self.posext_adapter: str | None = None
+        if isinstance(pretrained, str) and isinstance(rest.get("peft"), str):
+            self._check_posext_adapter(pretrained, rest["peft"])
         if isinstance(pretrained, str):
             pretrained = resolve_model_path(pretrained)
             if isinstance(rest.get("tokenizer"), str):
@@ -137,6 +146,23 @@ class PosextHFLM(HFLM):
             self._apply_posext()
         self._enable_cpu_data_parallel()
 
+    def _check_posext_adapter(self, pretrained: str, folder: str) -> None:
+        """For an adapter written by hf-posext's recipes: check it (files, base, scaling) and take its scaling."""
+        import os
+
+        from hf_posext.adapters import ADAPTER_RECORD, check_adapter
+
+        if not os.path.isfile(os.path.join(folder, ADAPTER_RECORD)):
+            return  # another PEFT adapter: the harness loads it as usual
+        request = self.posext_request
+        if request is None:
+            record = check_adapter(folder, pretrained)
+            self.posext_request = ScalingRequest.from_kwargs(record.method, record.factor, **record.params)
+        else:
+            check_adapter(folder, pretrained, request.method, request.factor, request.params_dict,
+                          target_length=request.target_length, original_window=request.original_max_position_embeddings)
+        self.posext_adapter = folder
+
     def _enable_cpu_data_parallel(self) -> None:
         # The harness shards requests across `accelerate launch` processes only when it counts several
         # GPUs; on CPU (gloo) every process would evaluate everything. Shard there too: the evaluator's
@@ -151,6 +177,19 @@ class PosextHFLM(HFLM):
         logger.info("hf-posext: data parallel on CPU, process %d of %d", self._rank, self._world_size)
 
     def _create_model(self, pretrained: str, **kwargs: Any) -> None:
+        if self.posext_adapter is not None:
+            # An hf-posext adapter: the base loads plainly, its weights are checked, then the adapter (with its
+            # trained norms/embeddings) is applied and merged, as load_adapted_model does (the harness ties the
+            # weights of the model it gets: PEFT's wrapper of a tied, trained embedding does not survive that),
+            # and the scaling is applied below.
+            from hf_posext.adapters import apply_adapter, check_base_weights
+
+            kwargs["peft"] = None
+            super()._create_model(pretrained, **kwargs)
+            check_base_weights(self.posext_adapter, self._model, str(pretrained))
+            self._model = apply_adapter(self._model, self.posext_adapter).merge_and_unload()
+            self._apply_posext()
+            return
         if self.posext_request is None and _saved_record(pretrained) is not None:
             # A folder saved after hf_posext.patch: load it exactly as hf_posext.load does (same backend,
             # same recorded attention implementation), with the harness's own loading arguments.

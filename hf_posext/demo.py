@@ -11,11 +11,12 @@ its window, under the unpatched baseline and the methods the README recommends a
   about 15k tokens before the question: the case that separates the methods in the quality table)
   for ``dynamic-yarn`` (which misses it) and ``dynamic-ntk`` (which finds it). Scored by greedy
   generation and by the teacher-forced argmax check.
-* **the fine-tuned model**: the recipe's adapter (``bench/results/finetune26_cpu/run-retrieval-mixed/adapter``:
-  ``yarn`` x4 plus LoRA, 200 steps of LoRA + PoSE on books then 50 steps in which half of the samples are
-  retrieval practice, on 2 CPU cores, ``docs/training.md``), loaded with
-  :func:`hf_posext.adapters.load_adapted_model`, on the same perplexity window and the same passkey trial, so the
-  table shows the fine-tune beside the training-free default (``dynamic-yarn``).
+* **the fine-tuned model**, the README's headline: the recipe's adapter
+  (``bench/results/finetune26_cpu/run-retrieval-varied/adapter``: ``yarn`` x4 plus LoRA, 200 steps of LoRA + PoSE
+  on books then 50 steps in which half of the samples are retrieval practice in varied wordings, on 2 CPU cores,
+  ``docs/training.md``), loaded with :func:`hf_posext.adapters.load_adapted_model`, with STRING stacked on its
+  yarn x4 (``yarn+string``: S = 0.33 of its 32768-token window), on the same perplexity window and the same
+  passkey trial, so the table shows the fine-tune beside the training-free default (``dynamic-yarn``).
 
 Each method runs only where it is recommended, plus one contrast per task, because one 16384-token
 forward is the cost (78-182 s on 2 CPU cores, depending on the host's day): six forwards, so that the whole
@@ -36,7 +37,8 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["run_demo", "demo_table", "demo_methods", "check_demo_adapter", "DEMO_MODEL", "DEMO_FACTOR", "DEMO_LENGTHS",
-           "QUICK_LENGTHS", "PERPLEXITY_METHODS", "RETRIEVAL_METHODS", "PASSKEY_DEPTH", "DEMO_ADAPTER", "FINE_TUNED_ROW"]
+           "QUICK_LENGTHS", "PERPLEXITY_METHODS", "RETRIEVAL_METHODS", "PASSKEY_DEPTH", "DEMO_ADAPTER", "DEMO_ATTENTION",
+           "FINE_TUNED_ROW"]
 
 DEMO_MODEL = "smollm2-135m"
 DEMO_FACTOR = 2.0  # 16384 / 8192: twice SmolLM2's window
@@ -45,9 +47,11 @@ QUICK_LENGTHS = (1024, 2048)
 PASSKEY_DEPTH = 0.1  # the far passkey: ~15k tokens before the question at 16384
 PERPLEXITY_METHODS = ("none", "dynamic-yarn")
 RETRIEVAL_METHODS = ("dynamic-yarn", "dynamic-ntk")
-# The recipe's committed adapter (issue 26's CPU runs, stage 2 mixed): yarn x4 + LoRA + trained norms, 7 MB.
-DEMO_ADAPTER = (Path(__file__).resolve().parents[1] / "bench" / "results" / "finetune26_cpu" / "run-retrieval-mixed"
+# The recipe's committed adapter (stage 2 in varied wordings): yarn x4 + LoRA + trained norms, 7 MB.
+DEMO_ADAPTER = (Path(__file__).resolve().parents[1] / "bench" / "results" / "finetune26_cpu" / "run-retrieval-varied"
                 / "adapter")
+#: The attention-level method the headline stacks on the adapter's frequency scaling at evaluation (nothing trained).
+DEMO_ATTENTION = "string"
 FINE_TUNED_ROW = "fine-tuned: {label} + LoRA (250 CPU steps)"
 
 
@@ -83,7 +87,11 @@ def check_demo_adapter(folder: Path = DEMO_ADAPTER):
 
 
 def _row_name(record: dict[str, Any]) -> str:
-    return record["method"] if record["method"] == "none" else f"{record['method']} x{record['factor']:g}"
+    """``none``, ``dynamic-yarn x2``, or for a composition ``yarn x4 + string`` (the factor is the frequency part's)."""
+    if record["method"] == "none":
+        return "none"
+    frequency, plus, attention = str(record["method"]).partition("+")
+    return f"{frequency} x{record['factor']:g}" + (f" + {attention}" if plus else "")
 
 
 def demo_table(perplexity_cells: dict, passkey_cells: dict, lengths: tuple[int, ...],
@@ -162,8 +170,9 @@ def run_demo(quick: bool = False, out_dir: str | Path | None = None) -> int:
         out_dir=out, model_name=DEMO_MODEL, generate=True, extra_config=config,
     )
     del model  # the fine-tuned model next: the same base weights, patched with the adapter's scaling, LoRA merged
-    adapter_methods = demo_methods((adapter.method,))
-    print(f"fine-tuned: {DEMO_MODEL} + {_display_path(DEMO_ADAPTER)} ({adapter.method} x{adapter.factor:g}, LoRA merged)", flush=True)
+    adapter_methods = demo_methods((f"{adapter.method}+{DEMO_ATTENTION}",))
+    print(f"fine-tuned: {DEMO_MODEL} + {_display_path(DEMO_ADAPTER)} ({adapter.method} x{adapter.factor:g}, LoRA merged, "
+          f"{DEMO_ATTENTION} stacked on it)", flush=True)
     model, tokenizer = load_model_and_tokenizer(DEMO_MODEL, dtype="float32", device=device, adapter=str(DEMO_ADAPTER))
     adapted_name = f"{DEMO_MODEL}+{_display_path(DEMO_ADAPTER)}"
     adapted_perplexity = evaluate_perplexity(

@@ -209,7 +209,7 @@ def test_demo_table_puts_the_fine_tuned_model_in_its_own_last_row():
 
 
 def test_demo_adapter_is_checked_before_anything_loads(tmp_path):
-    from hf_posext.adapters import AdapterMismatchError
+    from hf_posext.adapters import AdapterMismatchError, finish_adapter_folder
     from hf_posext.demo import DEMO_ADAPTER, check_demo_adapter
 
     record = check_demo_adapter()  # the committed adapter of the recipe's CPU run
@@ -220,6 +220,7 @@ def test_demo_adapter_is_checked_before_anything_loads(tmp_path):
     shutil.copytree(DEMO_ADAPTER, other)
     record_file = other / "posext_adapter.json"
     record_file.write_text(record_file.read_text().replace('"smollm2-135m"', '"tiny"'))
+    finish_adapter_folder(other)  # re-signed: an edit the manifest would otherwise refuse first
     with pytest.raises(AdapterMismatchError, match="trained on base model 'tiny'"):
         check_demo_adapter(other)
 
@@ -271,3 +272,16 @@ def test_eval_names_a_damaged_file_beside_its_results(tmp_path, capsys):
     assert code == 0
     err = capsys.readouterr().err
     assert "warning: plots cover only this run:" in err and "passkey-old.json holds a JSON list" in err
+
+
+def test_demo_shows_the_headline_composition_on_the_fine_tuned_row():
+    """The demo's fine-tuned row is the README's headline: the adapter's yarn x4 with STRING stacked on it."""
+    from hf_posext.demo import DEMO_ATTENTION, check_demo_adapter, demo_methods
+
+    record = check_demo_adapter()
+    assert [r.name for r in demo_methods((f"{record.method}+{DEMO_ATTENTION}",))] == ["yarn+string"]
+    passkey = {"1": _record("dynamic-yarn", 2.0, 4096, greedy_accuracy=0.0, teacher_forced_accuracy=0.0, trials=1)}
+    fine_tuned = ({"1": _record("yarn+string", 4.0, 4096, ppl=7.5)},
+                  {"1": _record("yarn+string", 4.0, 4096, greedy_accuracy=1.0, teacher_forced_accuracy=1.0, trials=1)})
+    lines = demo_table({}, passkey, (4096,), fine_tuned).splitlines()
+    assert lines[-1] == "| fine-tuned: yarn x4 + string + LoRA (250 CPU steps) | 7.50 | ok / ok |"

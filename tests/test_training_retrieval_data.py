@@ -319,3 +319,32 @@ def test_the_model_card_names_the_sequence_average(tmp_path):
              for average in ("tokens", "sequences")}
     assert "averaged over sequences (each sample weighs the same, `train.loss_average: sequences`)" in cards["sequences"]
     assert "averaged over sequences" not in cards["tokens"]
+
+
+#: RULER's templates and key words (lm-eval's ruler tasks: niah "special magic {type}", vt "VAR X = ...", cwe/fwe
+#: "most common words" / "coded text"), and the passkey and needle prompts of hf_posext.evaluation.
+EVALUATION_WORDS = ("special magic", "magic number", "mentioned in the provided text", "VAR ", "variable", "most common",
+                    "frequently", "coded text", "uuid", "pass key", "passkey", "Remember it", "grass is green")
+UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+@pytest.mark.parametrize("wording", ["fixed", "varied"])
+def test_the_practice_data_never_uses_ruler_or_the_evaluation_prompts(wording):
+    """The fine-tune must be measured on tasks it never practised: no RULER template, key word or UUID value, and
+    neither the passkey nor the needle prompt, in any wording of any sample."""
+    from hf_posext.evaluation import needle, passkey
+
+    records = RetrievalRecords(chars, records=8, wording=wording)
+    evaluation_prompts = (needle.NEEDLE.split("{")[0], needle.QUESTION.split("{")[0], passkey.QUESTION,
+                          passkey.passkey_line(12345).split("12345")[0], passkey.FILLER[:40])
+    long_filler = torch.arange(4000, dtype=torch.long) % 500
+    for seed in range(30):
+        input_ids, _ = records.apply(long_filler, torch.Generator().manual_seed(seed))
+        text = text_of(input_ids.tolist()).replace("_", "")
+        assert "Question" in text or "?" in text or "It is" in text  # the sample is really there
+        lowered = text.lower()
+        for word in EVALUATION_WORDS:
+            assert word.lower() not in lowered, (wording, seed, word)
+        for prompt in evaluation_prompts:
+            assert prompt.strip() and prompt.strip() not in text, (wording, seed, prompt)
+        assert not UUID.search(lowered), (wording, seed)

@@ -18,8 +18,10 @@ perplexity would be a number about noise. Every document of at least :data:`MIN_
 characters is judged by the share of its characters that are not text (U+FFFD, which replaces each
 undecodable byte, and control characters other than tab, newline, vertical tab, form feed and carriage
 return): above :data:`NOT_TEXT_REFUSED` it is refused with a ``ValueError`` naming the file and the share,
-above :data:`NOT_TEXT_WARNED` a warning says how much (once per file). :func:`check_text_source` applies
-the refusal to the first :data:`HEAD_BYTES` of each local file before a model is loaded.
+above :data:`NOT_TEXT_WARNED` a warning says how much (once per file). Shorter documents of a source (and the
+short files of a folder) are judged together, so a source cut into many tiny pieces of noise is refused as a whole.
+:func:`check_text_source` applies the refusal to the first :data:`HEAD_BYTES` of each local file before a model
+is loaded.
 """
 
 from __future__ import annotations
@@ -46,6 +48,12 @@ __all__ = [
     "python_docs_text",
     "split_sentences",
     "encode_text",
+    "BOOKS_FOLDER",
+    "PERPLEXITY_BOOK",
+    "HAYSTACK_BOOK",
+    "HELD_APART_BOOKS",
+    "HELD_APART",
+    "expand_held_apart",
 ]
 
 #: File suffixes read from local paths.
@@ -55,6 +63,21 @@ BUILTIN_SOURCES = {
     "builtin:python-docs": "docstrings of the installed Python standard library, one long document",
 }
 _TEXT_FIELDS = ("text", "content", "document", "body")
+
+#: The public-domain books shipped in the repository (data/README.md says what they are and where they come
+#: from), as recipes name the folder: relative to the repository root, where ``hf-posext train`` is run.
+BOOKS_FOLDER = "data/books"
+#: The book of :data:`BOOKS_FOLDER` that perplexity evaluations read (held apart from training).
+PERPLEXITY_BOOK = "austen-emma.txt"
+#: The book of :data:`BOOKS_FOLDER` that needle-in-a-haystack evaluations hide the needle in (held apart too).
+HAYSTACK_BOOK = "melville-moby_dick.txt"
+#: The books that training never reads, so that evaluations score text the model has not seen. This is the one
+#: place they are named: recipes say ``data.exclude: [held-apart]`` (:data:`HELD_APART`) and the evaluation
+#: scripts read :data:`PERPLEXITY_BOOK` and :data:`HAYSTACK_BOOK`.
+HELD_APART_BOOKS = (PERPLEXITY_BOOK, HAYSTACK_BOOK)
+#: In a list of file-name patterns to exclude (a recipe's ``data.exclude``), the entry that stands for
+#: :data:`HELD_APART_BOOKS`.
+HELD_APART = "held-apart"
 
 #: A document with a larger share of characters that are not text is refused (random bytes decode to about
 #: 55 % U+FFFD and control characters, a UTF-16 English file read as UTF-8 to 50 %; prose to 0 %).
@@ -87,6 +110,27 @@ _PYTHON_DOC_MODULES = (
 )
 
 
+def expand_held_apart(patterns: Iterable[str]) -> list[str]:
+    """``patterns`` with each :data:`HELD_APART` entry replaced by the file names of :data:`HELD_APART_BOOKS`.
+
+    Args:
+        patterns: file-name patterns (fnmatch), e.g. a recipe's ``data.exclude``.
+
+    Returns:
+        A new list, in order, each name once.
+
+    Example:
+        >>> expand_held_apart(["held-apart", "notes-*.txt"])
+        ['austen-emma.txt', 'melville-moby_dick.txt', 'notes-*.txt']
+    """
+    expanded: list[str] = []
+    for pattern in patterns:
+        for name in (HELD_APART_BOOKS if pattern == HELD_APART else (pattern,)):
+            if name not in expanded:
+                expanded.append(name)
+    return expanded
+
+
 def _read_text(path: Path) -> str:
     return path.read_text(encoding="utf-8", errors="replace")
 
@@ -106,11 +150,37 @@ def _refusal(share: float, where: str) -> ValueError:
     )
 
 
+class _ShortPieces:
+    """Pieces too short to judge alone, judged together: many tiny pieces of noise are still noise."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what  # e.g. "documents of data.jsonl", "files of the folder data"
+        self.count = self.characters = self.not_text = 0
+
+    def add(self, text: str) -> None:
+        self.count += 1
+        self.characters += len(text)
+        self.not_text += len(text) - len(_NOT_TEXT.sub("", text))
+
+    def check(self) -> None:
+        """Refuse the pool if it is long enough to judge and mostly not text."""
+        if self.characters >= MIN_JUDGED_CHARACTERS and self.not_text / self.characters > NOT_TEXT_REFUSED:
+            raise _refusal(
+                self.not_text / self.characters,
+                f"the {self.count} {self.what} shorter than {MIN_JUDGED_CHARACTERS} characters each (judged together)",
+            )
+
+
 def _judged(documents: Iterable[tuple[str, str]], source: str, several: bool = True) -> Iterator[str]:
-    """The texts of ``(where, text)`` pairs, refusing one that is mostly not text and warning (once) about noise."""
+    """The texts of ``(where, text)`` pairs, refusing one that is mostly not text and warning (once) about noise;
+    documents too short to judge alone are judged together."""
     warned = False
+    short = _ShortPieces(f"documents of {source}")
     for where, document in documents:
-        if len(document) >= MIN_JUDGED_CHARACTERS:
+        if document and len(document) < MIN_JUDGED_CHARACTERS:
+            short.add(document)
+            short.check()  # as read: a streamed source is refused before much of it is used
+        elif len(document) >= MIN_JUDGED_CHARACTERS:
             share = not_text_share(document)
             if share > NOT_TEXT_REFUSED:
                 raise _refusal(share, where)
@@ -184,6 +254,7 @@ def _file_documents(path: Path, text_field: str | None) -> Iterator[str]:
 def _looks_like_path(source: str) -> bool:
     return (
         source.startswith((".", "/", "~"))
+        or source == BOOKS_FOLDER or source.startswith(BOOKS_FOLDER + "/")  # the repository's books, never a dataset
         or os.sep in source and not re.fullmatch(r"[\w.-]+/[\w.-]+(:[\w.-]+)?", source)
         or source.lower().endswith(TEXT_SUFFIXES)
     )
@@ -260,28 +331,35 @@ def check_text_source(source: str | os.PathLike, exclude: Iterable[str] = ()) ->
         files = _text_files(path)
         if not files:
             raise ValueError(f"The folder {path} holds no {'/'.join(TEXT_SUFFIXES)} files to read text from.")
+        short = _ShortPieces(f"files of the folder {path}")
         for file in files:
             if not any(fnmatch.fnmatch(file.name, pattern) for pattern in exclude):
-                _check_head(file)
+                _check_head(file, short)
+        short.check()
     elif path.is_file():
         if path.suffix.lower() not in TEXT_SUFFIXES:
             raise ValueError(f"{path}: unsupported file type {path.suffix!r}; expected one of {', '.join(TEXT_SUFFIXES)}.")
         _check_head(path)
     elif _looks_like_path(text):
+        where = "" if path.is_absolute() else f" (a relative path is read from the current directory, {Path.cwd()})"
         raise FileNotFoundError(
-            f"Text source {text!r} does not exist. Pass an existing .txt/.jsonl/.parquet file or folder, "
-            f"a Hugging Face dataset name, or one of {', '.join(BUILTIN_SOURCES)}."
+            f"Text source {text!r} does not exist{where}. Pass an existing .txt/.jsonl/.parquet file or folder "
+            f"(the repository ships books in {BOOKS_FOLDER}: run from the repository root), a Hugging Face "
+            f"dataset name (e.g. emozilla/pg19), or one of {', '.join(BUILTIN_SOURCES)}."
         )
 
 
-def _check_head(path: Path) -> None:
-    """Refuse a .txt or .jsonl file whose first :data:`HEAD_BYTES` are mostly not text (parquet is binary)."""
+def _check_head(path: Path, short: _ShortPieces | None = None) -> None:
+    """Refuse a .txt or .jsonl file whose first :data:`HEAD_BYTES` are mostly not text (parquet is binary); a file
+    too short to judge alone goes to the folder's pool ``short``, judged together with the other short files."""
     if path.suffix.lower() not in (".txt", ".jsonl"):
         return
     with path.open("rb") as handle:
         raw = handle.read(HEAD_BYTES)
     head = raw.decode("utf-8", errors="replace")
-    if len(head) >= MIN_JUDGED_CHARACTERS and not_text_share(head) > NOT_TEXT_REFUSED:
+    if short is not None and head and len(head) < MIN_JUDGED_CHARACTERS:
+        short.add(head)
+    elif len(head) >= MIN_JUDGED_CHARACTERS and not_text_share(head) > NOT_TEXT_REFUSED:
         where = str(path) if len(raw) < HEAD_BYTES else f"the first {HEAD_BYTES // 1024} KiB of {path}"
         raise _refusal(not_text_share(head), where)
 

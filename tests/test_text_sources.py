@@ -206,3 +206,63 @@ def test_some_undecodable_bytes_are_read_with_a_warning_that_says_how_much(tmp_p
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         text_sources.load_documents(clean)
+
+
+def test_many_tiny_files_of_random_bytes_are_judged_together(tmp_path):
+    # each file is under the minimum size a document is judged at; the source as a whole is noise
+    noise = _random_bytes(40 * 50)
+    for index in range(50):
+        (tmp_path / f"part{index:03}.txt").write_bytes(noise[40 * index:40 * (index + 1)])
+    assert all(len(p.read_text(errors="replace")) < text_sources.MIN_JUDGED_CHARACTERS for p in tmp_path.iterdir())
+    message = rf"^\d+% of the 50 files of the folder {tmp_path} shorter than 64 characters each \(judged together\) is not UTF-8 text"
+    with pytest.raises(ValueError, match=message):
+        text_sources.check_text_source(tmp_path)  # before any model
+    with pytest.raises(ValueError, match=message):
+        text_sources.load_documents(tmp_path)
+    text_sources.check_text_source(tmp_path, exclude=["part*"])  # nothing left to judge
+    jsonl = tmp_path.parent / "tiny.jsonl"  # short records: each too short, the JSON escapes hide the noise from the head
+    jsonl.write_text("\n".join(json.dumps({"text": noise[i:i + 30].decode("utf-8", errors="replace")}) for i in range(0, 600, 30)))
+    text_sources.check_text_source(jsonl)
+    with pytest.raises(ValueError, match=rf"of the \d+ documents of {jsonl} shorter than 64 characters each \(judged together\)"):
+        text_sources.load_documents(jsonl)
+
+
+def test_many_tiny_files_of_prose_are_read(tmp_path):
+    for index in range(50):
+        (tmp_path / f"line{index:03}.txt").write_text(f"Sentence number {index} is short.")
+    text_sources.check_text_source(tmp_path)
+    assert len(text_sources.load_documents(tmp_path)) == 50
+
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_expand_held_apart_replaces_the_entry_by_the_evaluation_books_once_each():
+    assert text_sources.expand_held_apart(["a*.txt", "held-apart", "austen-emma.txt", "held-apart"]) == [
+        "a*.txt", "austen-emma.txt", "melville-moby_dick.txt"]
+    assert text_sources.expand_held_apart(["held-apart-not"]) == ["held-apart-not"]  # only the whole entry
+    assert text_sources.expand_held_apart([]) == []
+
+
+def test_the_repository_ships_its_books_and_its_evaluation_books_are_among_them():
+    books = REPO / text_sources.BOOKS_FOLDER
+    names = sorted(p.name for p in books.glob("*.txt"))
+    assert len(names) == 10 and set(text_sources.HELD_APART_BOOKS) <= set(names)
+    assert (REPO / "data" / "README.md").is_file()
+    text_sources.check_text_source(books)  # every book is UTF-8 text
+    assert (books / text_sources.HAYSTACK_BOOK).read_bytes().count(b"\r\n") > 1000  # kept byte for byte (CRLF)
+
+
+def test_a_missing_relative_source_names_the_current_directory_and_the_shipped_books(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError) as caught:
+        text_sources.check_text_source("./my/books")
+    message = str(caught.value)
+    assert f"(a relative path is read from the current directory, {tmp_path})" in message and "\n" not in message
+    assert "ships books in data/books: run from the repository root" in message and "pg19" in message
+    # the repository's folder is a path even though it reads like a dataset name (owner/name)
+    with pytest.raises(FileNotFoundError, match="'data/books' does not exist"):
+        text_sources.check_text_source(text_sources.BOOKS_FOLDER)
+    with pytest.raises(FileNotFoundError) as caught:
+        text_sources.check_text_source(tmp_path / "nope")
+    assert "current directory" not in str(caught.value)  # an absolute path needs no hint

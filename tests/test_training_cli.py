@@ -6,7 +6,7 @@ import json
 
 import yaml
 
-from tests.training_helpers import TINY_RECIPE
+from tests.training_helpers import REPO, TINY_RECIPE, one_thread  # noqa: F401 (one_thread: autouse fixture)
 
 from hf_posext import cli
 
@@ -95,3 +95,69 @@ def test_train_without_deepspeed_names_the_install_line(capsys, tmp_path, monkey
     assert cli.main(["train", "--config", str(recipe), f"output.dir={out}"]) == 2
     assert "needs DeepSpeed: pip install 'hf-posext[deepspeed]'" in capsys.readouterr().err
     assert not out.exists()
+
+
+TINY_STAGE2 = REPO / "recipes" / "configs" / "tiny" / "retrieval_stage2_cpu.yaml"
+SMOLLM2_STAGE1 = REPO / "recipes" / "configs" / "smollm2-135m" / "8k_to_32k_stage1_books_cpu.yaml"
+SMOLLM2_STAGE2 = REPO / "recipes" / "configs" / "smollm2-135m" / "8k_to_32k_stage2_retrieval_cpu.yaml"
+
+
+def test_the_tiny_two_stage_recipe_runs_end_to_end_and_stage_2_waits_for_stage_1(capsys, tmp_path, monkeypatch):
+    """Stage 2 names stage 1's recipe: refused (with the command) until stage 1 has run, then continues its adapter."""
+    monkeypatch.chdir(REPO)  # the recipes name their model and text relative to the repository root
+    stage1 = tmp_path / "stage1.yaml"  # the tiny stage 1, writing into tmp_path
+    stage1.write_text(TINY_RECIPE.read_text().replace("dir: runs/tiny-lora-pose", f"dir: {tmp_path / 'run1'}"))
+    stage2 = ["train", "--config", str(TINY_STAGE2), f"finetune.init_adapter={stage1}", f"output.dir={tmp_path / 'run2'}",
+              "--no-progress"]
+    assert cli.main(stage2) == 2
+    error = capsys.readouterr().err
+    assert f"the previous stage has not been run: {stage1} writes its adapter to {tmp_path / 'run1' / 'adapter'}" in error
+    assert f"Run `hf-posext train --config {stage1}` first" in error and error.count("\n") == 1
+    assert not (tmp_path / "run2").exists()
+
+    assert cli.main(["train", "--config", str(stage1), "--no-progress"]) == 0
+    assert cli.main(stage2) == 0
+    capsys.readouterr()
+    saved = yaml.safe_load((tmp_path / "run2" / "train_config.yaml").read_text())
+    assert saved["finetune"]["init_adapter"] == str(tmp_path / "run1" / "adapter")  # the adapter continued, by its folder
+    assert saved["data"]["retrieval_fraction"] == 0.5 and saved["train"]["loss_average"] == "sequences"
+    card = (tmp_path / "run2" / "adapter" / "README.md").read_text()
+    assert "**Started from:** the adapter `run1/adapter`" in card
+    steps = [json.loads(line)["step"] for line in (tmp_path / "run2" / "log.jsonl").read_text().splitlines()
+             if "loss" in json.loads(line)]
+    assert steps == list(range(1, 7))
+
+
+def test_printing_stage_2_shows_the_adapter_stage_1_writes_without_needing_it(capsys):
+    assert cli.main(["train", "--config", str(SMOLLM2_STAGE2), "--print-config"]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["finetune"]["init_adapter"] == "runs/smollm2-135m-8k-32k-stage1-books/adapter"
+    assert printed["data"]["exclude"] == ["austen-emma.txt", "melville-moby_dick.txt"]
+
+
+def test_a_missing_data_source_is_refused_with_the_fix_before_anything_loads(capsys, tmp_path, monkeypatch):
+    import hf_posext.models
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("loaded before the data source was checked")
+
+    monkeypatch.setattr(hf_posext.models, "load_tokenizer", no_loading)
+    monkeypatch.setattr(hf_posext.models, "load_model", no_loading, raising=False)
+    out = tmp_path / "run"
+    assert cli.main(["train", "--config", str(SMOLLM2_STAGE1), "data.source=no/such/books", f"output.dir={out}"]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "data.source: Text source 'no/such/books' does not exist" in error
+    assert "the repository ships books in data/books: run from the repository root" in error and "pg19" in error
+    monkeypatch.chdir(tmp_path)  # the recipe's own data/books, from outside the repository
+    assert cli.main(["train", "--config", str(SMOLLM2_STAGE1), f"output.dir={out}"]) == 2
+    assert f"a relative path is read from the current directory, {tmp_path}" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_stop_at_step_is_documented_as_the_first_steps_of_the_recipes_schedule(capsys):
+    import pytest
+
+    with pytest.raises(SystemExit):
+        cli.main(["train", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "--stop-at-step N" in shown and "stop after step N without the final save: the recipe's first N steps" in shown

@@ -116,7 +116,7 @@ def test_unknown_key_in_a_yaml_file(tmp_path):
     ("data.pose_target_length=16", r"data.sequence_length \(32\) is longer than data.pose_target_length \(16\)"),
     ("data.source=null", "data.source is not set"),
     ("finetune.target_modules=[]", "target_modules is empty"),
-    ("train.warmup_steps=99", "warmup_steps must be in"),
+    ("train.warmup_steps=99", "warmup_steps must be in .* keep train.max_steps and pass --stop-at-step N"),
     ("model.attn_implementation=flash_attention_2", "Use model.attn_implementation=sdpa"),
     ("train.max_grad_norm=0", "max_grad_norm must be > 0"),
     ("data.pose_far_fraction=1.5", r"data.pose_far_fraction must be a number in \[0, 1\], got 1.5"),
@@ -131,6 +131,28 @@ def test_pose_far_fraction_needs_pose():
     with pytest.raises(ConfigError, match="data.pose_far_fraction=0.25 needs data.pose=true"):
         load_config(TINY_RECIPE, ["data.pose=false", "data.pose_far_fraction=0.25"])
     assert load_config(TINY_RECIPE, ["data.pose_far_fraction=0.25"]).data.pose_far_fraction == 0.25
+
+
+@pytest.mark.parametrize("overrides, named", [
+    (["data.retrieval_fraction=0.5"], r"^data.retrieval_fraction=0.5 needs data.retrieval_records > 0: .*so it does nothing"),
+    (["data.retrieval_labels=all", "data.retrieval_wording=varied"],
+     r"^data.retrieval_labels='all', data.retrieval_wording='varied' need data.retrieval_records > 0"),
+])
+def test_retrieval_settings_without_retrieval_records_are_refused(overrides, named):
+    # issue 49: accepted with no note that they do nothing
+    with pytest.raises(ConfigError, match=named + r".*Set data.retrieval_records \(e.g. 8\) or remove"):
+        load_config(TINY_RECIPE, overrides)
+    assert load_config(TINY_RECIPE, overrides + ["data.retrieval_records=2"]).data.retrieval_records == 2
+
+
+@pytest.mark.parametrize("body", ["", "# only a comment\n", "{}\n"])
+def test_an_empty_recipe_file_is_named_as_empty(tmp_path, body):
+    # issue 49: an empty recipe was told to "give scaling.factor", as if it were a recipe lacking one key
+    path = tmp_path / "recipe.yaml"
+    path.write_text(body)
+    with pytest.raises(ConfigError, match=rf"^{path} is empty: it sets no section .*copy one from recipes/configs/"):
+        load_config(path)
+    assert load_config(path, ["scaling.factor=4", "data.source=builtin:python-docs"]).scaling.factor == 4  # overrides make a recipe
 
 
 def test_missing_config_file_and_malformed_override():
@@ -217,3 +239,89 @@ def test_a_saved_config_under_the_former_key_counts_as_unchanged_on_resume():
     assert config_differences(saved, current) == []
     saved["data"]["window"] = 16  # the same key with another value is still a difference
     assert config_differences(saved, current) == ["data.sequence_length: 16 -> 32"]
+
+
+SMOLLM2 = REPO / "recipes" / "configs" / "smollm2-135m"
+COMMITTED_RUNS = REPO / "bench" / "results" / "finetune26_cpu"
+#: Settings that name folders: the new recipes write elsewhere and read the books from data/books.
+FOLDER_SETTINGS = ("output.dir", "finetune.init_adapter", "data.source")
+
+
+@pytest.mark.parametrize("recipe, run", [("8k_to_32k_stage1_books_cpu.yaml", "run-lr6e-4"),
+                                         ("8k_to_32k_stage2_retrieval_cpu.yaml", "run-retrieval-varied")])
+def test_the_two_stage_recipe_is_the_committed_runs_setting_for_setting(recipe, run):
+    """The headline adapter's two committed run configs, rebuilt from the recipes: only folders differ."""
+    committed = yaml.safe_load((COMMITTED_RUNS / run / "train_config.yaml").read_text())
+    differences = config_differences(committed, load_config(SMOLLM2 / recipe).to_dict())
+    assert [d for d in differences if not d.startswith(FOLDER_SETTINGS)] == []
+    assert any(d.startswith("data.source: '../shared/data/books' -> 'data/books'") for d in differences)
+
+
+def test_stage_2_names_stage_1_and_reads_the_adapter_its_run_writes():
+    stage1 = load_config(SMOLLM2 / "8k_to_32k_stage1_books_cpu.yaml")
+    stage2 = load_config(SMOLLM2 / "8k_to_32k_stage2_retrieval_cpu.yaml")
+    raw = yaml.safe_load((SMOLLM2 / "8k_to_32k_stage2_retrieval_cpu.yaml").read_text())
+    assert raw["finetune"]["init_adapter"] == "recipes/configs/smollm2-135m/8k_to_32k_stage1_books_cpu.yaml"
+    assert stage2.finetune.init_adapter == f"{stage1.output.dir}/adapter" == "runs/smollm2-135m-8k-32k-stage1-books/adapter"
+    # an adapter folder given as an override is taken as it is
+    folder = "bench/results/finetune26_cpu/run-lr6e-4/adapter"
+    assert load_config(SMOLLM2 / "8k_to_32k_stage2_retrieval_cpu.yaml", [f"finetune.init_adapter={folder}"]).finetune.init_adapter == folder
+
+
+def test_a_previous_stage_not_run_yet_is_refused_with_the_command(tmp_path):
+    from hf_posext.training.config import check_stage_adapter, stage_adapter_folder
+
+    stage1 = tmp_path / "stage1.yaml"
+    stage1.write_text(yaml.safe_dump({"output": {"dir": str(tmp_path / "run1")}}))
+    stage2 = tmp_path / "stage2.yaml"
+    stage2.write_text(TINY_RECIPE.read_text().replace("finetune:\n", f"finetune:\n  init_adapter: {stage1}\n", 1))
+    assert load_config(stage2).finetune.init_adapter == stage_adapter_folder(stage1) == str(tmp_path / "run1" / "adapter")
+    with pytest.raises(ConfigError, match=rf"the previous stage has not been run: .* Run `hf-posext train --config {stage1}` first"):
+        load_config(stage2, require_previous_stage=True)
+    (tmp_path / "run1" / "adapter").mkdir(parents=True)
+    (tmp_path / "run1" / "adapter" / "adapter_config.json").write_text("{}")
+    assert check_stage_adapter(stage1) == load_config(stage2, require_previous_stage=True).finetune.init_adapter
+
+
+def test_a_previous_stage_recipe_that_does_not_exist_or_is_this_recipe_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match="names the recipe 'no/such/stage1.yaml', which does not exist .*repository root"):
+        load_config(TINY_RECIPE, ["finetune.init_adapter=no/such/stage1.yaml"])
+    looped = tmp_path / "looped.yaml"
+    looped.write_text(TINY_RECIPE.read_text().replace("finetune:\n", f"finetune:\n  init_adapter: {looped}\n", 1))
+    with pytest.raises(ConfigError, match="names this recipe itself"):
+        load_config(looped)
+
+
+def test_held_apart_stands_for_the_evaluation_books_and_is_recorded_as_their_names():
+    from hf_posext.text_sources import HAYSTACK_BOOK, HELD_APART_BOOKS, PERPLEXITY_BOOK
+
+    assert HELD_APART_BOOKS == (PERPLEXITY_BOOK, HAYSTACK_BOOK) == ("austen-emma.txt", "melville-moby_dick.txt")
+    config = load_config(TINY_RECIPE, ["data.exclude=[held-apart, notes.txt]"])
+    assert config.data.exclude == [*HELD_APART_BOOKS, "notes.txt"]
+    assert "held-apart" not in config.to_yaml()
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.relative_to(REPO / "recipes" / "configs").as_posix())
+def test_a_recipe_reads_data_a_fresh_clone_has(path):
+    """No recipe needs a folder beside the checkout; a local data.source ships in the repository, and a recipe
+    that reads the repository's books leaves the evaluation books out by the one name for them."""
+    from hf_posext.text_sources import BOOKS_FOLDER, HELD_APART, HELD_APART_BOOKS
+
+    text = path.read_text()
+    assert "../" not in text, f"{path.name} names a path outside the repository"
+    raw = yaml.safe_load(text)["data"]
+    source = raw["source"]
+    local = source.startswith((".", "/")) or "/" in source and (REPO / source.split("/")[0]).is_dir()
+    if local:
+        assert (REPO / source).exists(), f"{path.name}: data.source {source!r} is not in the repository"
+    if source == BOOKS_FOLDER:
+        assert raw.get("exclude") == [HELD_APART], f"{path.name}: exclude the evaluation books with [{HELD_APART}]"
+        assert all((REPO / BOOKS_FOLDER / name).is_file() for name in HELD_APART_BOOKS)
+
+
+def test_the_evaluation_books_are_named_in_one_place_in_the_code():
+    names = ("austen-emma", "melville-moby_dick")
+    found = [p.relative_to(REPO).as_posix() for folder in ("hf_posext", "recipes", "scripts")
+             for p in (REPO / folder).rglob("*") if p.suffix in (".py", ".yaml", ".sh")
+             and any(name in p.read_text() for name in names)]
+    assert found == ["hf_posext/text_sources.py"]

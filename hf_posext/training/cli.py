@@ -1,7 +1,12 @@
 """``hf-posext train``: run a fine-tuning recipe (also the body of ``recipes/finetune.py``).
 
-    hf-posext train --config recipes/configs/tiny/lora_pose.yaml train.max_steps=20
+    hf-posext train --config recipes/configs/tiny/lora_pose_cpu.yaml train.max_steps=20
     accelerate launch --num_processes 2 recipes/finetune.py --config CONFIG [key=value ...] [--resume [DIR]]
+
+A two-stage recipe is two recipes: the second names the first in ``finetune.init_adapter`` and continues the
+adapter its run wrote (``hf-posext train`` refuses it, naming the command, until the first has been run).
+``--stop-at-step N`` runs the first N steps of a recipe exactly as the full run takes them (same learning-rate
+schedule, same samples); ``train.max_steps=N`` would make a shorter run, with its own schedule.
 """
 
 from __future__ import annotations
@@ -29,7 +34,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         help="continue from the latest checkpoint in output.dir, or from DIR (a run folder or a checkpoint)",
     )
     parser.add_argument("--overwrite", action="store_true", help="delete an existing run in output.dir and start over")
-    parser.add_argument("--stop-at-step", type=int, help="stop after this step without the final save (time-boxed runs)")
+    parser.add_argument("--stop-at-step", type=int, metavar="N",
+                        help="stop after step N without the final save: the recipe's first N steps, on its own "
+                             "learning-rate schedule (time-boxed runs; --resume continues)")
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     # argparse matches a positional once: overrides after a flag that follows earlier overrides
@@ -140,8 +147,8 @@ def _run_train(args: argparse.Namespace) -> int:
             from hf_posext.training.config import apply_overrides, config_from_dict
 
             config = config_from_dict(apply_overrides(config.to_dict(), overrides)).validate()
-    else:
-        config = load_config(args.config, overrides)
+    else:  # a previous stage named by finetune.init_adapter must have been run, unless only printing
+        config = load_config(args.config, overrides, require_previous_stage=not args.print_config)
     if args.print_config:
         print(config.to_yaml())
         return 0

@@ -41,7 +41,38 @@ __all__ = [
     "RESUME_IGNORED_KEYS",
     "RENAMED_KEYS",
     "upgrade_renamed_keys",
+    "RECIPE_SUFFIXES",
+    "names_recipe",
+    "stage_adapter_folder",
+    "check_stage_adapter",
 ]
+
+
+def _check_scaling_method(method: str, pose: bool) -> None:
+    """``scaling.method``: a registered method, or a composition (``yarn+string``) whose attention part trains exactly.
+
+    STRING splits near and far keys by their order in the sequence, which equals their distance only when the
+    position ids count up by one: PoSE's skipping ids break that, so a composition is refused under PoSE and
+    kept for evaluation. Self-Extend's and DCA's kernels are not checked for training.
+    """
+    from hf_posext.methods import available_methods, split_composition
+
+    try:
+        parts = split_composition(method) if isinstance(method, str) else None
+    except ValueError as error:
+        raise ConfigError(f"scaling.method: {error}") from None
+    if parts is None:
+        _choice("scaling.method", method, tuple(available_methods()))
+        return
+    frequency, attention = parts
+    evaluation = (f"train with scaling.method: {frequency} and put {attention} on at evaluation (hf-posext eval ... "
+                  f"--methods {frequency}+{attention}, or posext_method={frequency}+{attention} in lm-eval)")
+    if pose:
+        raise ConfigError(
+            f"scaling.method={method} with data.pose=true: {attention} tells near keys from far ones by their order in the "
+            f"sequence, which PoSE's skipping position ids break, so training would not be exact; {evaluation}.")
+    if attention != "string":
+        raise ConfigError(f"scaling.method={method}: {attention}'s kernels are not checked for training; {evaluation}.")
 
 
 class ConfigError(ValueError):
@@ -100,7 +131,8 @@ class FinetuneSection:
     train_norms: bool = _help("also train every normalisation layer (LongLoRA)", False)
     init_adapter: str | None = _help(
         "continue from this saved LoRA adapter folder (its LoRA weights and trained norms/embeddings) instead "
-        "of a fresh LoRA; its base model, scaling, rank, alpha and targets must be this recipe's", None)
+        "of a fresh LoRA; its base model, scaling, rank, alpha and targets must be this recipe's. A recipe YAML "
+        "(stage 1 of a two-stage recipe) stands for the adapter its run writes, <its output.dir>/adapter", None)
 
 
 @dataclass
@@ -110,7 +142,8 @@ class DataSection:
         "or 'builtin:python-docs' (see hf_posext.text_sources)", None
     )
     exclude: list = _help(
-        "file-name patterns (fnmatch) to leave out of a source folder, e.g. held-apart evaluation books", factory=list
+        "file-name patterns (fnmatch) to leave out of a source folder; the entry 'held-apart' stands for the books "
+        "evaluations score (hf_posext.text_sources.HELD_APART_BOOKS) and is recorded as their names", factory=list
     )
     split: str = _help("`datasets` split, for a hub dataset", "train")
     text_field: str | None = _help("field holding the text in .jsonl/.parquet/datasets rows (null: text/content/...)", None)
@@ -135,10 +168,18 @@ class DataSection:
         "'fixed': every record reads 'The locker code of NAME is CODE.'; 'varied': each record and each question "
         "drawn from several wordings and attributes (hf_posext.training.retrieval_data)", "fixed")
 
+    def __post_init__(self) -> None:
+        from hf_posext.text_sources import expand_held_apart
+
+        if isinstance(self.exclude, (list, tuple)):  # another type is reported by the config's type check
+            self.exclude = expand_held_apart(self.exclude)
+
 
 @dataclass
 class TrainSection:
-    max_steps: int = _help("optimizer steps", 100)
+    max_steps: int = _help(
+        "optimizer steps: the run's length, and so its learning-rate schedule's (`hf-posext train --stop-at-step N` "
+        "runs the first N steps of that schedule)", 100)
     batch_size: int = _help("sequences per process per micro-batch", 1)
     gradient_accumulation_steps: int = _help("micro-batches per optimizer step", 1)
     learning_rate: float = _help("peak learning rate", 2e-4)
@@ -218,8 +259,6 @@ class TrainConfig:
 
     def validate(self) -> "TrainConfig":
         """Check values that types alone do not catch. Returns self; raises ConfigError."""
-        from hf_posext.methods import available_methods
-
         m, s, f, d, t, o, p = self.model, self.scaling, self.finetune, self.data, self.train, self.output, self.parallelism
         _choice("model.precision", m.precision, ("auto", "bf16", "fp32"))
         _choice("model.attn_implementation", m.attn_implementation, ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention"))
@@ -229,7 +268,7 @@ class TrainConfig:
                 "read skipping position ids as boundaries between packed sequences, so PoSE chunks would not see "
                 "each other. Use model.attn_implementation=sdpa."
             )
-        _choice("scaling.method", s.method, tuple(available_methods()))
+        _check_scaling_method(s.method, d.pose)
         if s.factor is not None and s.target_length is not None:
             raise ConfigError("Give scaling.factor or scaling.target_length, not both (set the other to null).")
         if s.factor is None and s.target_length is None:
@@ -249,6 +288,10 @@ class TrainConfig:
             raise ConfigError(f"finetune.dropout must be in [0, 1), got {f.dropout}.")
         if f.mode == "lora" and not f.target_modules:
             raise ConfigError("finetune.target_modules is empty: name the modules to adapt, e.g. [q_proj, v_proj].")
+        if f.init_adapter is not None and names_recipe(f.init_adapter):
+            raise ConfigError(
+                f"finetune.init_adapter={f.init_adapter!r} names a recipe, which load_config replaces by the adapter "
+                "folder its run writes; build the config with hf_posext.training.config.load_config.")
         if f.init_adapter is not None and f.mode != "lora":
             raise ConfigError(f"finetune.init_adapter needs finetune.mode=lora (got {f.mode!r}): it continues a LoRA adapter.")
         if not all(isinstance(x, str) for x in f.target_modules):
@@ -284,13 +327,23 @@ class TrainConfig:
             raise ConfigError(f"data.retrieval_fraction must be in (0, 1], got {d.retrieval_fraction!r}.")
         _choice("data.retrieval_labels", d.retrieval_labels, ("answers", "all"))
         _choice("data.retrieval_wording", d.retrieval_wording, ("fixed", "varied"))
+        defaults = {field.name: field.default for field in dataclasses.fields(DataSection)}
+        idle = [f"data.{name}={getattr(d, name)!r}" for name in ("retrieval_fraction", "retrieval_labels", "retrieval_wording")
+                if getattr(d, name) != defaults[name]]
+        if idle and d.retrieval_records == 0:
+            one = len(idle) == 1
+            raise ConfigError(f"{', '.join(idle)} {'needs' if one else 'need'} data.retrieval_records > 0: with 0 records no "
+                              f"sample is a retrieval sample, so {'it does' if one else 'they do'} nothing. Set "
+                              f"data.retrieval_records (e.g. 8) or remove {'it' if one else 'them'}.")
         for name in ("max_steps", "batch_size", "gradient_accumulation_steps"):
             _positive(f"train.{name}", getattr(t, name))
         if t.learning_rate <= 0:
             raise ConfigError(f"train.learning_rate must be > 0, got {t.learning_rate}.")
         _choice("train.lr_schedule", t.lr_schedule, ("cosine", "linear", "constant"))
         if t.warmup_steps < 0 or t.warmup_steps > t.max_steps:
-            raise ConfigError(f"train.warmup_steps must be in [0, max_steps={t.max_steps}], got {t.warmup_steps}.")
+            raise ConfigError(
+                f"train.warmup_steps must be in [0, max_steps={t.max_steps}], got {t.warmup_steps}. To run only the "
+                f"first steps of a recipe with its own schedule, keep train.max_steps and pass --stop-at-step N.")
         if not 0 <= t.min_lr_ratio <= 1:
             raise ConfigError(f"train.min_lr_ratio must be in [0, 1], got {t.min_lr_ratio}.")
         if t.max_grad_norm is not None and t.max_grad_norm <= 0:
@@ -528,32 +581,99 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return data
 
 
-def load_config(path: str | Path | None, overrides: list[str] | None = None, validate: bool = True) -> TrainConfig:
+#: A ``finetune.init_adapter`` ending in one of these names a recipe (the stage before), not an adapter folder.
+RECIPE_SUFFIXES = (".yaml", ".yml")
+
+
+def names_recipe(init_adapter: str) -> bool:
+    """Whether a ``finetune.init_adapter`` value names a recipe YAML (a previous stage) rather than an adapter."""
+    return str(init_adapter).lower().endswith(RECIPE_SUFFIXES)
+
+
+def stage_adapter_folder(recipe: str | Path) -> str:
+    """The adapter folder that a run of ``recipe`` writes when it finishes: ``<its output.dir>/adapter``.
+
+    Only the recipe's ``output.dir`` is read (with its defaults); the recipe is not validated here.
+
+    Args:
+        recipe: a recipe YAML, relative to the current directory (the repository root) or absolute.
+
+    Raises:
+        ConfigError: ``recipe`` does not exist or is not a recipe.
+    """
+    recipe = Path(recipe)
+    if not recipe.is_file():
+        where = "" if recipe.is_absolute() else f" (relative to the current directory, {Path.cwd()}: run from the repository root)"
+        raise ConfigError(f"finetune.init_adapter names the recipe {str(recipe)!r}, which does not exist{where}. "
+                          "Name an existing recipe YAML or an adapter folder.")
+    return str(Path((_read_recipe(recipe).get("output") or {}).get("dir") or OutputSection().dir) / "adapter")
+
+
+def check_stage_adapter(recipe: str | Path) -> str:
+    """The adapter folder of the previous stage ``recipe``, refusing one whose run has not finished yet.
+
+    Returns:
+        The folder, as :func:`stage_adapter_folder` gives it.
+
+    Raises:
+        ConfigError: no adapter there yet; the message gives the command that makes it.
+    """
+    folder = stage_adapter_folder(recipe)
+    if not (Path(folder).is_dir() and any(Path(folder).iterdir())):
+        raise ConfigError(
+            f"finetune.init_adapter: the previous stage has not been run: {recipe} writes its adapter to {folder}, "
+            f"which does not exist yet. Run `hf-posext train --config {recipe}` first (or set "
+            "finetune.init_adapter=PATH to an adapter folder).")
+    return folder
+
+
+def _read_recipe(path: Path) -> dict[str, Any]:
+    """The sections of a recipe YAML as written (no overrides, no type checks), refusing text that is not one."""
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as error:
+        where = getattr(error, "problem_mark", None)
+        line = f" line {where.line + 1}, column {where.column + 1}" if where is not None else ""
+        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+        raise ConfigError(f"{path}:{line}: not valid YAML ({problem}). Fix the recipe file.") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of sections at the top level.")
+    check_sections(data, str(path))
+    return data
+
+
+def load_config(path: str | Path | None, overrides: list[str] | None = None, validate: bool = True,
+                require_previous_stage: bool = False) -> TrainConfig:
     """Read a recipe YAML, apply overrides, check types and (by default) validate.
+
+    A ``finetune.init_adapter`` that names a recipe (stage 1 of a two-stage recipe) is replaced by the adapter
+    folder that recipe's run writes (:func:`stage_adapter_folder`), so the config and the run's saved
+    ``train_config.yaml`` name the adapter actually continued.
 
     Args:
         path: the YAML file (None: start from the defaults).
         overrides: ``section.key=value`` strings.
         validate: run :meth:`TrainConfig.validate`.
+        require_previous_stage: refuse a ``finetune.init_adapter`` recipe whose run has not written its adapter
+            yet, naming the command that does (``hf-posext train`` asks for this; ``--print-config`` does not).
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
-        ConfigError: unknown key (with the closest known one), wrong type, invalid value.
+        ConfigError: unknown key (with the closest known one), wrong type, invalid value, a previous stage not run.
     """
     data: dict[str, Any] = {}
     if path is not None:
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"Recipe config {str(path)!r} not found (see recipes/configs/ for examples).")
-        try:
-            data = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as error:
-            where = getattr(error, "problem_mark", None)
-            line = f" line {where.line + 1}, column {where.column + 1}" if where is not None else ""
-            problem = getattr(error, "problem", None) or str(error).splitlines()[0]
-            raise ConfigError(f"{path}:{line}: not valid YAML ({problem}). Fix the recipe file.") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"{path}: expected a mapping of sections at the top level.")
-        check_sections(data, str(path))
+        data = _read_recipe(path)
+        if not data and not overrides:  # else the first default left unset is named, as if the file were a recipe
+            raise ConfigError(f"{path} is empty: it sets no section (model, scaling, data, ...). Write the recipe in it, "
+                              "or copy one from recipes/configs/.")
     config = config_from_dict(apply_overrides(data, overrides or []))
+    previous = config.finetune.init_adapter
+    if previous is not None and names_recipe(previous):
+        if path is not None and Path(previous).resolve() == path.resolve():
+            raise ConfigError(f"{path}: finetune.init_adapter names this recipe itself; name the previous stage's recipe.")
+        config.finetune.init_adapter = check_stage_adapter(previous) if require_previous_stage else stage_adapter_folder(previous)
     return config.validate() if validate else config

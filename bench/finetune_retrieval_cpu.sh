@@ -1,73 +1,87 @@
 #!/usr/bin/env bash
-# Issue 26, CPU route: the 200-step LoRA + PoSE fine-tune of SmolLM2-135M (8k -> 32k, yarn x4) on 2 CPU cores,
-# carried across sessions. A session's background jobs end with it, so the run's latest checkpoint is kept
-# in the repository (about 22 MB: LoRA + norms + the optimizer state) and restored by the next session.
+# SmolLM2-135M 8k -> 32k (yarn x4) on 2 CPU cores: the runs of docs/training.md's retrieval fine-tune, carried
+# across sessions, and the evaluations that compare them (bench/results/long4x). Training is the recipes'
+# (recipes/configs/smollm2-135m/); this script adds what a session needs around them: restoring a kept
+# checkpoint, keeping the newest one in the repository (a session's background jobs end with it), and the
+# evaluation runs on the committed adapters.
 #
-#   bash bench/finetune26_cpu.sh train [BOOKS]   # restore the kept checkpoint if runs/ has none, then train --resume
-#   bash bench/finetune26_cpu.sh keep            # copy the newest intact checkpoint + log into bench/results/finetune26_cpu/run
-#   bash bench/finetune26_cpu.sh floor [BOOKS]   # issue 26 §3's CPU floor, training-free: yarn and dynamic-ntk x4 at 16384,
+# The headline model needs no script: two commands, from the repository root,
+#   hf-posext train --config recipes/configs/smollm2-135m/8k_to_32k_stage1_books_cpu.yaml
+#   hf-posext train --config recipes/configs/smollm2-135m/8k_to_32k_stage2_retrieval_cpu.yaml
+#
+#   bash bench/finetune_retrieval_cpu.sh train [BOOKS]   # restore the kept checkpoint if runs/ has none, then train --resume
+#   bash bench/finetune_retrieval_cpu.sh keep            # copy the newest intact checkpoint + log into bench/results/finetune26_cpu/run
+#   bash bench/finetune_retrieval_cpu.sh floor [BOOKS]   # the training-free floor: yarn and dynamic-ntk x4 at 16384,
 #                                                # passkey and needle, 3 trials x 5 depths (15 per task), into bench/results/long4x
 #                                                # (FLOOR_METHODS, TASKS, LENGTHS, TRIALS narrow or move it)
-#   bash bench/finetune26_cpu.sh eval [BOOKS]    # the finished adapter (yarn x4), same trials and texts, into bench/results/long4x
+#   bash bench/finetune_retrieval_cpu.sh eval [BOOKS]    # the finished adapter (yarn x4), same trials and texts, into bench/results/long4x
 #                                                # (TASKS=passkey or needle for one task; LENGTHS, TRIALS as for floor;
 #                                                # DEPTHS=0 for one depth, default 0,0.25,0.5,0.75,1)
-#   bash bench/finetune26_cpu.sh compare [BOOKS] # eval + floor one trial per depth at a time, 1..TRIALS (default 3): a stop
+#   bash bench/finetune_retrieval_cpu.sh compare [BOOKS] # eval + floor one trial per depth at a time, 1..TRIALS (default 3): a stop
 #                                                # at any point leaves the three models with about the same n
-#   bash bench/finetune26_cpu.sh accumulate [BOOKS]  # eval one trial a depth at a time, FROM..TRIALS (1..10): 50 trials
+#   bash bench/finetune_retrieval_cpu.sh accumulate [BOOKS]  # eval one trial a depth at a time, FROM..TRIALS (1..10): 50 trials
 #                                                # a task and length, gathered across sessions (TASKS, LENGTHS as for eval)
-#   bash bench/finetune26_cpu.sh merge           # the adapter merged, yarn x4 in its config.json: runs/merged-KEPT-yarn4
-#   bash bench/finetune26_cpu.sh string [BOOKS]  # STRING (paper defaults, S = 10813) on the adapter merged with its yarn x4:
+#   bash bench/finetune_retrieval_cpu.sh merge           # the adapter merged, yarn x4 in its config.json: runs/merged-KEPT-yarn4
+#   bash bench/finetune_retrieval_cpu.sh string [BOOKS]  # STRING (paper defaults, S = 10813) on the adapter merged with its yarn x4:
 #                                                # TASKS (passkey; needle, perplexity), LENGTHS (32768), DEPTHS (0), FROM..TRIALS (1..8)
-#   bash bench/finetune26_cpu.sh ppl [BOOKS]     # perplexity on held-apart austen-emma.txt: the adapter at 2048, 8192, 16384
+#   bash bench/finetune_retrieval_cpu.sh ppl [BOOKS]     # perplexity on the held-apart perplexity book: the adapter at 2048, 8192, 16384
 #                                                # and 32768 (PPL_LENGTHS narrows them), the original (none) at 2048 and 8192;
 #                                                # same protocol as the README's table
-#   bash bench/finetune26_cpu.sh report          # bench/results/long4x/report.md, plots and report.html, with the paired
+#   bash bench/finetune_retrieval_cpu.sh report          # bench/results/long4x/report.md, plots and report.html, with the paired
 #                                                # comparisons the README quotes (hf-posext report --compare: the trials
 #                                                # only one of two models found, exact sign test)
 #
-# Run `train` in the background (nohup ... &) and `keep` before the session ends, then commit
-# bench/results/finetune26_cpu/. Recipe: recipes/configs/smollm2-135m/8k_to_32k_lora_pose_long_cpu.yaml.
+# BOOKS: the books folder, default data/books (shipped in the repository). The held-apart books the evaluations
+# read are hf_posext.text_sources.PERPLEXITY_BOOK and HAYSTACK_BOOK. A result file's key holds the text's path
+# as given: the committed cells of bench/results/long4x were computed with BOOKS=../shared/data/books (the same
+# bytes, from before the books moved into the repository), so pass that folder to extend them, and to resume a
+# checkpoint kept from then (its config names that data.source); data/books starts cells of its own.
 #
-# VARIANT=NAME runs one of issue 26's variations of the same recipe (its own run folder, kept folder and
-# results rows): lr6e-4 (learning rate 6e-4 instead of 2e-4), steps400 (400 steps, the schedule stretched
-# to them), retrieval (recipes/configs/smollm2-135m/8k_to_32k_retrieval_cpu.yaml: continues the finished lr6e-4
-# adapter for 50 steps on samples that each hide 8 synthetic key-value records and ask for them at their end,
-# trained on the answers only: hf_posext.training.retrieval_data), retrieval-mixed
-# (recipes/configs/smollm2-135m/8k_to_32k_retrieval_mixed_cpu.yaml: the same with half of the samples plain book
-# text and every sample weighing the same in the loss, train.loss_average=sequences), retrieval-far (the same with
-# data.pose_far_fraction=0.25: a quarter of the samples end at position 32767, so the longest distances, a fact at
-# depth 0 of a 32768-token prompt, are trained; uniform PoSE draws almost never hold them), retrieval-varied (stage 2
-# mixed with data.retrieval_wording=varied: each record and each question drawn from several wordings and attributes,
-# two of the question forms a statement to complete, as the needle prompt is; the mixed adapter's needle misses are
-# prose answers to that form).
-# Without VARIANT: the base run. docs/training.md records each run and its outcome.
+# Run `train` in the background (nohup ... &) and `keep` before the session ends, then commit
+# bench/results/finetune26_cpu/.
+#
+# VARIANT=NAME picks one run of docs/training.md (its recipe, its run folder in runs/, its kept folder
+# bench/results/finetune26_cpu/run-NAME and its results rows); without VARIANT: the base run
+# (8k_to_32k_lora_pose_long_cpu.yaml, peak learning rate 2e-4).
+#   lr6e-4            stage 1 of the headline recipe: 8k_to_32k_stage1_books_cpu.yaml (the same at 6e-4)
+#   steps400          the base run stretched to 400 steps (train.max_steps=400)
+#   retrieval         8k_to_32k_retrieval_cpu.yaml: 50 steps from the kept lr6e-4 adapter on samples that each hide
+#                     8 synthetic key-value records and ask for them at their end, trained on the answers only
+#   retrieval-mixed   8k_to_32k_retrieval_mixed_cpu.yaml: the same with half of the samples plain book text, every
+#                     sample weighing the same in the loss (train.loss_average=sequences)
+#   retrieval-far     retrieval-mixed with data.pose_far_fraction=0.25 (a quarter of the samples end at position 32767)
+#   retrieval-varied  stage 2 of the headline recipe: 8k_to_32k_stage2_retrieval_cpu.yaml (retrieval-mixed with each
+#                     record and question in several wordings), from the kept lr6e-4 adapter as the committed run was
 set -euo pipefail
 # The whole script is one brace group, read before anything runs: bash reads a script as it executes it,
 # so an edit made while a long `compare` runs would otherwise end it mid-way (it happened, 2026-11-27).
 {
 cd "$(dirname "$0")/.."
-CONFIG=recipes/configs/smollm2-135m/8k_to_32k_lora_pose_long_cpu.yaml
+R=recipes/configs/smollm2-135m
+CONFIG=$R/8k_to_32k_lora_pose_long_cpu.yaml
 RUN=runs/smollm2-135m-8k-32k-lora-pose-long
 KEPT=bench/results/finetune26_cpu/run
+STAGE1_ADAPTER=bench/results/finetune26_cpu/run-lr6e-4/adapter   # what every committed stage 2 started from
 OVERRIDES=()
 case "${VARIANT:-}" in
   "") ;;
-  lr6e-4) OVERRIDES=(train.learning_rate=6.0e-4) ;;
+  lr6e-4) CONFIG=$R/8k_to_32k_stage1_books_cpu.yaml ;;
   steps400) OVERRIDES=(train.max_steps=400) ;;
-  retrieval) CONFIG=recipes/configs/smollm2-135m/8k_to_32k_retrieval_cpu.yaml ;;   # stage 2, from the lr6e-4 adapter
-  retrieval-mixed) CONFIG=recipes/configs/smollm2-135m/8k_to_32k_retrieval_mixed_cpu.yaml ;;   # stage 2, half book text
-  retrieval-far) CONFIG=recipes/configs/smollm2-135m/8k_to_32k_retrieval_mixed_cpu.yaml
-    OVERRIDES=(data.pose_far_fraction=0.25) ;;   # stage 2 mixed, a quarter of the samples at the longest distances
-  retrieval-varied) CONFIG=recipes/configs/smollm2-135m/8k_to_32k_retrieval_mixed_cpu.yaml
-    OVERRIDES=(data.retrieval_wording=varied) ;;   # stage 2 mixed, records and questions in several wordings
+  retrieval) CONFIG=$R/8k_to_32k_retrieval_cpu.yaml ;;
+  retrieval-mixed) CONFIG=$R/8k_to_32k_retrieval_mixed_cpu.yaml ;;
+  retrieval-far) CONFIG=$R/8k_to_32k_retrieval_mixed_cpu.yaml; OVERRIDES=(data.pose_far_fraction=0.25) ;;
+  retrieval-varied) CONFIG=$R/8k_to_32k_stage2_retrieval_cpu.yaml; OVERRIDES=(finetune.init_adapter=$STAGE1_ADAPTER) ;;
   *) echo "unknown VARIANT=$VARIANT: use lr6e-4, steps400, retrieval, retrieval-mixed, retrieval-far or retrieval-varied, or leave it unset for the base run" >&2; exit 2 ;;
 esac
 if [ -n "${VARIANT:-}" ]; then
-  RUN=$RUN-$VARIANT; KEPT=$KEPT-$VARIANT; OVERRIDES+=("output.dir=$RUN")
+  RUN=$RUN-$VARIANT; KEPT=$KEPT-$VARIANT
 fi
+OVERRIDES+=("output.dir=$RUN")   # the run folder names of the committed runs, so that kept checkpoints restore
+# The held-apart books, named once in the library (hf_posext.text_sources).
+read -r PERPLEXITY_BOOK HAYSTACK_BOOK < <("${PYTHON:-python}" -c "from hf_posext.text_sources import PERPLEXITY_BOOK as p, HAYSTACK_BOOK as h; print(p, h)")
 case "${1:?train|keep}" in
 train)
-  BOOKS=${2:-../shared/data/books}
+  if [ -n "${2:-}" ]; then OVERRIDES+=("data.source=$2"); fi   # default: the recipe's data/books
   if [ -f "$RUN/adapter/posext_adapter.json" ] || [ -f "$KEPT/adapter/posext_adapter.json" ]; then
     echo "the run is finished: its adapter is in $RUN/adapter or $KEPT/adapter (bash $0 eval evaluates it)"; exit 0
   fi
@@ -76,42 +90,42 @@ train)
     echo "restored $(ls -d "$RUN"/checkpoint-*) from $KEPT"
   fi
   if compgen -G "$RUN/checkpoint-*" > /dev/null; then
-    exec hf-posext train --config "$CONFIG" --resume --no-progress "data.source=$BOOKS" "${OVERRIDES[@]}"
+    exec hf-posext train --config "$CONFIG" --resume --no-progress "${OVERRIDES[@]}"
   fi
-  exec hf-posext train --config "$CONFIG" --no-progress --overwrite "data.source=$BOOKS" "${OVERRIDES[@]}"   # a run folder without a checkpoint holds nothing to keep
+  exec hf-posext train --config "$CONFIG" --no-progress --overwrite "${OVERRIDES[@]}"   # a run folder without a checkpoint holds nothing to keep
   ;;
 floor)
   # Same trials and texts as every other model in bench/results/long4x; finished cells are skipped, so it resumes.
-  BOOKS=${2:-../shared/data/books}
+  BOOKS=${2:-data/books}
   E="--model smollm2-135m --factor 4 --lengths ${LENGTHS:-16384} --depths 0,0.25,0.5,0.75,1 --trials ${TRIALS:-3} --out bench/results/long4x --no-progress"
   for m in ${FLOOR_METHODS:-yarn dynamic-ntk}; do
     for task in ${TASKS:-passkey needle}; do
-      if [ "$task" = needle ]; then hf-posext eval needle --methods $m --haystack "$BOOKS/melville-moby_dick.txt" $E; else hf-posext eval passkey --methods $m $E; fi
+      if [ "$task" = needle ]; then hf-posext eval needle --methods $m --haystack "$BOOKS/$HAYSTACK_BOOK" $E; else hf-posext eval passkey --methods $m $E; fi
     done
   done
   ;;
 eval)
-  BOOKS=${2:-../shared/data/books}
+  BOOKS=${2:-data/books}
   # The kept (committed) adapter, so that every clone names the same model in the results and extends its cells.
   ADAPTER=${ADAPTER:-$KEPT/adapter}
   [ -f "$ADAPTER/posext_adapter.json" ] || { echo "no finished adapter in $ADAPTER: train to the last step, then run keep" >&2; exit 1; }
   E="--model smollm2-135m --adapter $ADAPTER --methods yarn --factor 4 --lengths ${LENGTHS:-16384} --depths ${DEPTHS:-0,0.25,0.5,0.75,1} --trials ${TRIALS:-3} --out bench/results/long4x --no-progress"
   for task in ${TASKS:-passkey needle}; do
-    if [ "$task" = needle ]; then hf-posext eval needle --haystack "$BOOKS/melville-moby_dick.txt" $E; else hf-posext eval passkey $E; fi
+    if [ "$task" = needle ]; then hf-posext eval needle --haystack "$BOOKS/$HAYSTACK_BOOK" $E; else hf-posext eval passkey $E; fi
   done
   ;;
 compare)
   for t in $(seq 1 "${TRIALS:-3}"); do
-    TRIALS=$t bash "$0" eval "${2:-../shared/data/books}"
-    TRIALS=$t bash "$0" floor "${2:-../shared/data/books}"
+    TRIALS=$t bash "$0" eval "${2:-data/books}"
+    TRIALS=$t bash "$0" floor "${2:-data/books}"
   done
   ;;
 accumulate)
   # The adapter's cells one trial a depth at a time, FROM..TRIALS (default 1..10: 50 trials a task and length):
   # a stop loses at most the trial in flight (finished cells are read back, a cell asked for with more
-  # trials computes only the new ones), so the 50 trials of issue 26 §4 can be gathered across CPU sessions.
+  # trials computes only the new ones), so 50 trials a cell can be gathered across CPU sessions.
   for t in $(seq "${FROM:-1}" "${TRIALS:-10}"); do
-    TRIALS=$t bash "$0" eval "${2:-../shared/data/books}"
+    TRIALS=$t bash "$0" eval "${2:-data/books}"
   done
   ;;
 merge)
@@ -140,24 +154,24 @@ string)
   # defaults on the window the merged model declares (L = 32768): S = 10813, w = 128 (STRING_S=N sets S),
   # so a key d >= S tokens back is seen d - 10685 back: a fact at depth 0 of 32768 (about 32,700 back) is
   # seen about 22,000 back, where the adapter finds depth 0.25 and 0.5's facts.
-  BOOKS=${2:-../shared/data/books}
+  BOOKS=${2:-data/books}
   MERGED=$(bash "$0" merge | tail -1)
   S="--model $MERGED --methods string --factor 1 ${STRING_S:+--param shifted_offset=$STRING_S} --out bench/results/long4x --no-progress"
   if [[ " ${TASKS:-passkey} " == *" perplexity "* ]]; then   # the ppl protocol (same book, windows and lengths)
-    hf-posext eval perplexity $S --data "$BOOKS/austen-emma.txt" --max-tokens 16384 --max-segments 4 --lengths ${PPL_LENGTHS:-2048,8192,16384,32768}
+    hf-posext eval perplexity $S --data "$BOOKS/$PERPLEXITY_BOOK" --max-tokens 16384 --max-segments 4 --lengths ${PPL_LENGTHS:-2048,8192,16384,32768}
   fi
   for t in $(seq "${FROM:-1}" "${TRIALS:-8}"); do
     for task in ${TASKS:-passkey}; do
       E="$S --lengths ${LENGTHS:-32768} --depths ${DEPTHS:-0} --trials $t"
-      if [ "$task" = needle ]; then hf-posext eval needle --haystack "$BOOKS/melville-moby_dick.txt" $E; elif [ "$task" = passkey ]; then hf-posext eval passkey $E; fi
+      if [ "$task" = needle ]; then hf-posext eval needle --haystack "$BOOKS/$HAYSTACK_BOOK" $E; elif [ "$task" = passkey ]; then hf-posext eval passkey $E; fi
     done
   done
   ;;
 ppl)
-  BOOKS=${2:-../shared/data/books}
+  BOOKS=${2:-data/books}
   ADAPTER=${ADAPTER:-$KEPT/adapter}
-  P="--data $BOOKS/austen-emma.txt --max-tokens 16384 --max-segments 4 --out bench/results/long4x --no-progress"
-  # issue 26 §3's lengths; finished cells are read back, so the older 8192/32768 cells are not recomputed
+  P="--data $BOOKS/$PERPLEXITY_BOOK --max-tokens 16384 --max-segments 4 --out bench/results/long4x --no-progress"
+  # the lengths of the README's table; finished cells are read back, so the older 8192/32768 cells are not recomputed
   hf-posext eval perplexity --model smollm2-135m --methods none --lengths 2048,8192 $P
   hf-posext eval perplexity --model smollm2-135m --adapter "$ADAPTER" --methods yarn --factor 4 --lengths ${PPL_LENGTHS:-2048,8192,16384,32768} $P
   ;;

@@ -285,3 +285,12 @@ def test_demo_shows_the_headline_composition_on_the_fine_tuned_row():
                   {"1": _record("yarn+string", 4.0, 4096, greedy_accuracy=1.0, teacher_forced_accuracy=1.0, trials=1)})
     lines = demo_table({}, passkey, (4096,), fine_tuned).splitlines()
     assert lines[-1] == "| fine-tuned: yarn x4 + string + LoRA (250 CPU steps) | 7.50 | ok / ok |"
+
+
+def test_a_composition_is_named_with_its_frequency_parts_factor():
+    from hf_posext.evaluation.labels import series_name
+
+    assert series_name({"method": "yarn+string", "label": "yarn+string", "factor": 4.0}) == "yarn x4 + string"
+    assert series_name({"method": "yarn+string", "label": "yarn+string(string.local_value=64)", "factor": 4.0}) == \
+        "yarn x4 + string(string.local_value=64)"
+    assert series_name({"method": "yarn", "factor": 2.0, "_model": "m"}) == "m: yarn x2"

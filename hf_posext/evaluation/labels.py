@@ -20,9 +20,14 @@ def short_label(label: str) -> str:
 
 
 def series_name(record: dict[str, Any], with_model: bool = True) -> str:
-    """``label xFACTOR`` (``none`` alone), prefixed by ``model: `` when the record is tagged with one."""
+    """``label xFACTOR`` (``none`` alone; a composition ``yarn x4 + string``), prefixed by ``model: `` when the
+    record is tagged with one."""
     label = short_label(record.get("label") or record["method"])
-    name = label if record["method"] == "none" else f"{label} x{record['factor']:g}"
+    frequency, plus, rest = label.partition("+")
+    if plus and "+" in str(record["method"]):  # a composition: the factor is its frequency part's
+        name = f"{frequency} x{record['factor']:g} + {rest}"
+    else:
+        name = label if record["method"] == "none" else f"{label} x{record['factor']:g}"
     model = record.get("_model") if with_model else None
     return f"{model}: {name}" if model else name
 

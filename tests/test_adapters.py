@@ -515,3 +515,23 @@ def test_a_recipe_mismatch_names_recipe_keys_not_evaluation_flags(run):
         check_adapter(run / "adapter", str(TINY_MODEL), "ntk", 4.0, suggest="recipe")
     with pytest.raises(AdapterMismatchError, match=r"set model.name: .*tiny-llama in the recipe"):
         check_adapter(run / "adapter", "other-model", suggest="recipe")
+
+
+def test_the_readme_route_on_the_tiny_model_train_load_in_one_call_evaluate_with_string(run, tmp_path):
+    """README's three steps on the tiny model: the recipe's adapter, ``load_adapted_model(..., method="yarn+string")``
+    and ``hf-posext eval ... --adapter DIR --methods yarn+string`` (the adapter's yarn x4 checked, STRING on top)."""
+    cells = {}
+    for method in ("yarn", "yarn+string"):
+        out = tmp_path / method
+        argv = ["eval", "perplexity", "--model", str(TINY_MODEL), "--adapter", str(run / "adapter"), "--methods", method,
+                "--lengths", "200", "--data", str(TINY_MODEL.parent / "corpus"), "--max-segments", "1", "--out", str(out),
+                "--no-progress"]
+        assert main(argv) == 0
+        (cells[method],) = json.loads(next(out.glob("perplexity-*.json")).read_text())["cells"].values()
+    assert (cells["yarn+string"]["method"], cells["yarn+string"]["factor"]) == ("yarn+string", 4.0)
+    assert cells["yarn+string"]["nll"] != cells["yarn"]["nll"]  # 200 tokens > S = 84: STRING changes the scores
+    one_call = load_adapted_model(str(TINY_MODEL), run / "adapter", method="yarn+string")
+    assert hf_posext.describe(one_call).method == "yarn+string"
+    wrong = ["eval", "perplexity", "--model", str(TINY_MODEL), "--adapter", str(run / "adapter"), "--methods", "ntk+string",
+             "--lengths", "200", "--data", str(TINY_MODEL.parent / "corpus"), "--out", str(tmp_path / "x"), "--no-progress"]
+    assert main(wrong) == 2 and not (tmp_path / "x").exists()  # its frequency part is not the adapter's yarn x4

@@ -411,8 +411,8 @@ def test_checkpoint_with_only_vllms_field_loads_with_dca(tmp_path, qwen2):
         ("dca", {"factor": 4, "chunk_sise": 24}, "Did you mean 'chunk_size'"),
         ("dca", {"factor": 4, "beta_fast": 32}, "has no parameter 'beta_fast'"),
         ("dca", {}, "needs its size"),
-        ("dca+yarn", {"factor": 4}, "cannot be combined in one call"),
-        ("yarn+dca", {"factor": 4}, "cannot be combined in one call"),
+        ("dca+string", {"factor": 4}, "stacks two attention-level methods"),
+        ("yarn+dca", {"factor": 4}, r"yarn\+dca: the attention part method=dca needs its size"),
     ],
 )
 def test_bad_input_is_one_clear_error_and_leaves_the_model_untouched(method, kwargs, message):

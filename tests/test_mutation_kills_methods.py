@@ -147,17 +147,17 @@ def test_yarn_betas_must_be_given(field):
         ScalingConfig("yarn", 4, 64, {field: None}).parsed_params
 
 
-def test_combined_method_names_are_refused_with_the_reason():
+def test_combined_method_names_are_composed_or_refused_with_the_reason():
     from hf_posext.methods.registry import check_method_name
 
     assert check_method_name(" YaRN ") == "yarn"
-    with pytest.raises(ValueError, match=r"Methods cannot be combined in one call \('yarn\+dca'\).*pick one of 'yarn', 'dca'"):
-        check_method_name("yarn+dca")
-    with pytest.raises(ValueError, match=r"Methods cannot be combined in one call \('linear, self-extend'\)"):
+    assert check_method_name("dca+yarn") == "yarn+dca"  # a composition: the frequency part first
+    with pytest.raises(ValueError, match=r"Methods are not listed with commas in one call \('linear, self-extend'\).*"
+                                         r"join them with '\+'.*pick one of 'linear', 'self-extend'"):
         check_method_name("linear, self-extend")
     with pytest.raises(ValueError, match="Did you mean 'yarn'") as error:
         check_method_name("yarnn")
-    assert "cannot be combined" not in str(error.value)
+    assert "commas" not in str(error.value) and "stacks" not in str(error.value)
 
 
 def test_default_neighbor_window_is_a_quarter_of_the_window_and_at_least_one():
@@ -187,12 +187,12 @@ def test_a_renamed_parameter_warning_points_at_the_users_line():
 
 
 def test_one_known_method_between_separators_is_unknown_not_a_combination():
-    """'yarn+' is one part: the did-you-mean error, not the 'cannot be combined' one (which needs two methods)."""
+    """'yarn+' is one part: the did-you-mean error, not a composition's (which needs two methods)."""
     from hf_posext.methods.registry import check_method_name
 
     with pytest.raises(ValueError, match=r"^Unknown method 'yarn\+'\. Did you mean 'yarn'\?"):
         check_method_name("yarn+")
-    with pytest.raises(ValueError, match=r"^Methods cannot be combined in one call \('yarn\+ntk'\)"):
+    with pytest.raises(ValueError, match=r"^Method 'yarn\+ntk' stacks two frequency scalings"):
         check_method_name("yarn+ntk")
 
 

@@ -235,6 +235,8 @@ def split_composition(name: str) -> tuple[str, str] | None:
     if COMPOSITION_SEPARATOR not in key:
         return None
     parts = [part.strip() for part in key.split(COMPOSITION_SEPARATOR)]
+    if sum(1 for part in parts if part) < 2:
+        return None  # 'yarn+' is one (unknown) name, not a composition: check_method_name says "did you mean"
     if any(not part for part in parts):
         raise ValueError(f"Method {name!r} has an empty part: write one frequency scaling and one attention-level method, "
                          "e.g. 'yarn+string'.")

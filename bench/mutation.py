@@ -24,6 +24,17 @@ Run (it re-executes itself with that venv's python; ``--group`` repeats; no grou
     nice -n 10 python bench/mutation.py --group retrieval --group chunked_loss
     nice -n 10 python bench/mutation.py --rerun-survivors --group retrieval   # after adding a test
     python bench/mutation.py --report      # rewrite the survivors list from the JSON only
+
+The boundary pass (issue 49, section 3; ``--boundary``, its own groups ``BOUNDARY_GROUPS`` and results
+``bench/results/mutation/mutation_boundary.json`` / ``mutation_boundary_survivors.md``) mutates where an
+off-by-one or a stale cache hides: ``<`` <-> ``<=`` and ``>`` <-> ``>=`` (cosmic-ray's), the right-hand side of
+every comparison that involves a length, size, window, offset or position moved by +1 and by -1
+(``boundary/AddOneToBound``, ``boundary/SubtractOneFromBound``), and every cache key with one field dropped
+(``boundary/DropCacheKeyField``: a tuple assigned to a ``*key`` name or passed as a decode-step table key, and
+each conjunct of a cache-hit check on ``held`` / ``cached`` values). Each group runs only its own few test files::
+
+    nice -n 10 python bench/mutation.py --boundary --sample 40       # at most 40 mutants per module
+    python bench/mutation.py --boundary --report
 """
 
 from __future__ import annotations
@@ -34,6 +45,7 @@ import difflib
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import sys
@@ -43,6 +55,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "mutation" / "mutation.json"
 SURVIVORS = ROOT / "bench" / "results" / "mutation" / "mutation_survivors.md"
+BOUNDARY_RESULTS = ROOT / "bench" / "results" / "mutation" / "mutation_boundary.json"
+BOUNDARY_SURVIVORS = ROOT / "bench" / "results" / "mutation" / "mutation_boundary_survivors.md"
 EQUIVALENT = ROOT / "bench" / "mutation_equivalent.json"
 DEFAULT_VENV = Path.home() / ".cache" / "hf-posext-mutation-venv"
 DEFAULT_WORK = Path(os.environ.get("TMPDIR", "/tmp")) / "hf-posext-mutation"
@@ -58,12 +72,15 @@ class Group:
         functions: Per module, when given: only mutants inside these functions or classes
             (cosmic-ray's enclosing definition name); the others are out of scope.
         skip: Per module, functions left out, each with the reason (code no CPU test can run).
+        operators: The operators applied (None: ``OPERATORS``; the boundary groups: ``BOUNDARY_OPERATORS``).
     """
 
     sources: tuple[str, ...]
     tests: tuple[str, ...]
     functions: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
     skip: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
+    operators: tuple[str, ...] | None = None
+    unsampled: tuple[str, ...] = ()  # operators whose mutants ``--sample`` keeps all of (cache keys, where they are few)
 
 
 # Order = priority: where a surviving mutant is likeliest to be a real bug. Modules tested by the same
@@ -156,9 +173,61 @@ OPERATORS = (
     "core/ReplaceComparisonOperator_IsNot_Is",
 )
 
+# The boundary pass (issue 49, section 3): comparison boundaries and cache keys, each group against its own few
+# test files (the boundary tests first), so that a mutant costs seconds.
+BOUNDARY_OPERATORS = (
+    "core/ReplaceComparisonOperator_Lt_LtE",
+    "core/ReplaceComparisonOperator_LtE_Lt",
+    "core/ReplaceComparisonOperator_Gt_GtE",
+    "core/ReplaceComparisonOperator_GtE_Gt",
+    "boundary/AddOneToBound",
+    "boundary/SubtractOneFromBound",
+    "boundary/DropCacheKeyField",
+)
+_ATTENTION_TESTS = ("tests/test_attention_boundaries.py", "tests/test_attention_caches.py")
+BOUNDARY_GROUPS: dict[str, Group] = {
+    "boundary_attention": Group(
+        ("hf_posext/backends/attention/shifted_positions.py", "hf_posext/backends/attention/dual_chunk.py",
+         "hf_posext/backends/attention/self_extend.py", "hf_posext/backends/attention/kernels.py",
+         "hf_posext/methods/dual_chunk.py", "hf_posext/backends/rope/module.py"),
+        _ATTENTION_TESTS,
+        functions={
+            "hf_posext/backends/attention/shifted_positions.py": ("shift_factors", "string_explicit", "string_split",
+                                                                  "index", "string_attention"),
+            "hf_posext/backends/attention/dual_chunk.py": ("frequencies", "chunk_step", "_score_scale", "_decode_tables",
+                                                           "_cached_decode_tables", "dual_chunk_attention"),
+            "hf_posext/backends/attention/self_extend.py": ("_grouped_table", "_to_grouped", "grouped_attention",
+                                                            "_decode_tables", "_cached_decode_tables", "self_extend_attention",
+                                                            "_grouped_keys"),
+            "hf_posext/backends/attention/kernels.py": ("get", "for_call", "call_positions"),
+            "hf_posext/methods/dual_chunk.py": ("length_scale",),
+            "hf_posext/backends/rope/module.py": ("frequencies",),
+        },
+        operators=BOUNDARY_OPERATORS, unsampled=("boundary/DropCacheKeyField",),
+    ),
+    "boundary_retrieval": Group(
+        ("hf_posext/evaluation/retrieval.py", "hf_posext/evaluation/passkey.py", "hf_posext/evaluation/needle.py",
+         "hf_posext/evaluation/paired.py"),
+        ("tests/test_evaluation_retrieval_boundaries.py", "tests/test_mutation_kills_retrieval.py",
+         "tests/test_evaluation_passkey.py", "tests/test_evaluation_needle.py", "tests/test_evaluation_paired.py"),
+        operators=BOUNDARY_OPERATORS, unsampled=("boundary/DropCacheKeyField",),
+    ),
+    "boundary_training": Group(
+        ("hf_posext/training/checkpoints.py", "hf_posext/training/retrieval_data.py"),
+        ("tests/test_training_checkpoint_manifest.py", "tests/test_training_checkpoints.py",
+         "tests/test_training_retrieval_wording.py", "tests/test_training_retrieval_data.py"),
+        operators=BOUNDARY_OPERATORS, unsampled=("boundary/DropCacheKeyField",),
+    ),
+    "boundary_fingerprints": Group(
+        ("hf_posext/evaluation/fingerprints.py",),
+        ("tests/test_evaluation_fingerprints_attention_factor.py", "tests/test_evaluation_fingerprints.py"),
+        operators=BOUNDARY_OPERATORS, unsampled=("boundary/DropCacheKeyField",),
+    ),
+}
+
 PYTEST_ARGS = ["-q", "-x", "-p", "no:cacheprovider", "--no-header", "-m", "not real_model and not multiprocess",
                "-W", "ignore"]
-KILLED = ("killed", "timeout")
+KILLED = ("killed", "timeout", "crashed")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -176,10 +245,10 @@ def _write_json_atomic(path: Path, data) -> None:
     os.replace(tmp, path)
 
 
-def load_results() -> dict:
-    if RESULTS.exists():
-        return json.loads(RESULTS.read_text())
-    return {"tool": "cosmic-ray 8.7.0 operators, bench/mutation.py runner", "operators": list(OPERATORS),
+def load_results(path: Path = RESULTS, operators: tuple[str, ...] = OPERATORS) -> dict:
+    if path.exists():
+        return json.loads(path.read_text())
+    return {"tool": "cosmic-ray 8.7.0 operators, bench/mutation.py runner", "operators": list(operators),
             "sources": {}, "mutants": {}}
 
 
@@ -215,15 +284,24 @@ def refresh_tree(work: Path) -> Path:
 
 
 def enumerate_mutants(source_path: Path, relative: str, functions: tuple[str, ...] | None,
-                      skip: dict[str, str] | None = None) -> list[dict]:
-    """Every mutant of one module, as cosmic-ray's ``init`` enumerates them (operator, occurrence)."""
+                      skip: dict[str, str] | None = None, operators: tuple[str, ...] | None = None) -> list[dict]:
+    """Every mutant of one module, as cosmic-ray's ``init`` enumerates them (operator, occurrence); the
+    ``boundary/`` operators are this file's own (:func:`boundary_positions`)."""
     import cosmic_ray.plugins
     from cosmic_ray.ast import ast_nodes, get_ast_from_path
     from cosmic_ray.ast.ast_query import ASTQuery
 
     module_ast = get_ast_from_path(source_path)
     mutants = []
-    for operator_name in OPERATORS:
+    for operator_name in operators or OPERATORS:
+        if operator_name.startswith("boundary/"):
+            for occurrence, position in enumerate(boundary_positions(source_path.read_text(), operator_name)):
+                definition = position["function"]
+                if functions is not None and definition not in functions or definition in (skip or {}):
+                    continue
+                mutants.append({"module": relative, "operator": operator_name, "occurrence": occurrence,
+                                "line": position["line"], "end_line": position["end_line"], "function": definition})
+            continue
         operator = cosmic_ray.plugins.get_operator(operator_name)()
         positions = [(node, start, end) for node in ast_nodes(module_ast) for start, end in operator.mutation_positions(node)]
         for occurrence, (node, start, end) in enumerate(positions):
@@ -236,10 +314,113 @@ def enumerate_mutants(source_path: Path, relative: str, functions: tuple[str, ..
 
 
 def mutated_source(source: str, operator_name: str, occurrence: int) -> str | None:
+    if operator_name.startswith("boundary/"):
+        positions = boundary_positions(source, operator_name)
+        return positions[occurrence]["apply"]() if occurrence < len(positions) else None
     import cosmic_ray.plugins
     from cosmic_ray.mutating import mutate_code
 
     return mutate_code(source, cosmic_ray.plugins.get_operator(operator_name)(), occurrence)
+
+
+# Names that make a comparison a length / offset boundary (a +-1 there is the classic off-by-one).
+_BOUND_WORDS = re.compile(r"len|size|window|offset|shift|position|start|end|count|limit|step|chunk|budget|room|groups|"
+                          r"trials|tokens|index|low|high|depth|distance|kv_|q_|rows|block|done|diagonal|near|edge|"
+                          r"global_step|local", re.IGNORECASE)
+# Values a cache hit is checked against.
+_CACHE_CHECK_WORDS = re.compile(r"\bheld\b|\bcached\b")
+
+
+def _byte_offsets(source: str) -> list[int]:
+    """Byte offset of the start of each line (ast columns count UTF-8 bytes)."""
+    offsets, total = [0], 0
+    for line in source.splitlines(keepends=True):
+        total += len(line.encode())
+        offsets.append(total)
+    return offsets
+
+
+def _span(node, lines: list[int]) -> tuple[int, int]:
+    return lines[node.lineno - 1] + node.col_offset, lines[node.end_lineno - 1] + node.end_col_offset
+
+
+def _enclosing_definitions(tree) -> dict:
+    """node -> name of the innermost function or class around it (``None`` at module level)."""
+    import ast
+
+    names: dict = {}
+
+    def visit(node, name):
+        for child in ast.iter_child_nodes(node):
+            inner = child.name if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) else name
+            names[child] = inner
+            visit(child, inner)
+
+    visit(tree, None)
+    return names
+
+
+def boundary_positions(source: str, operator_name: str) -> list[dict]:
+    """The places ``operator_name`` (a ``boundary/`` operator) mutates in ``source``, in source order: each a dict
+    with ``line``, ``end_line``, ``function`` and ``apply()`` (the mutated source)."""
+    import ast
+
+    tree = ast.parse(source)
+    lines = _byte_offsets(source)
+    encoded = source.encode()
+    definitions = _enclosing_definitions(tree)
+    text = lambda node: ast.get_source_segment(source, node) or ""  # noqa: E731
+
+    def replacing(start: int, end: int, new: str):
+        return lambda: (encoded[:start] + new.encode() + encoded[end:]).decode()
+
+    found = []
+    for node in ast.walk(tree):
+        if operator_name in ("boundary/AddOneToBound", "boundary/SubtractOneFromBound"):
+            if not (isinstance(node, ast.Compare) and len(node.ops) == 1
+                    and isinstance(node.ops[0], (ast.Lt, ast.LtE, ast.Gt, ast.GtE, ast.Eq, ast.NotEq))):
+                continue
+            right = node.comparators[0]
+            sides = (node.left, right)
+            if any(isinstance(side, ast.Constant) and not isinstance(side.value, (int, float)) or
+                   isinstance(side, ast.Constant) and isinstance(side.value, bool) for side in sides):
+                continue  # strings, None, booleans: no boundary
+            if not any(_BOUND_WORDS.search(text(side)) for side in sides):
+                continue
+            start, end = _span(right, lines)
+            sign = "+" if operator_name.endswith("AddOneToBound") else "-"
+            found.append((node, right, replacing(start, end, f"({text(right)} {sign} 1)")))
+        elif operator_name == "boundary/DropCacheKeyField":
+            if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Tuple):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                if not any(isinstance(t, ast.Name) and "key" in t.id.lower() and not t.id.isupper() for t in targets):
+                    continue
+                fields, container = node.value.elts, node.value
+            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "for_call"):
+                tuples = [a for a in node.args if isinstance(a, ast.Tuple)]
+                if not tuples:
+                    continue
+                container = tuples[0]
+                fields = container.elts
+            elif isinstance(node, ast.BoolOp) and isinstance(node.op, ast.And) and _CACHE_CHECK_WORDS.search(text(node)):
+                fields, container = node.values, node
+            else:
+                continue
+            if len(fields) < 2:
+                continue
+            start, end = _span(container, lines)
+            for dropped in range(len(fields)):
+                kept = [text(f) for i, f in enumerate(fields) if i != dropped]
+                if isinstance(container, ast.BoolOp):
+                    new = "(" + " and ".join(kept) + ")"
+                else:
+                    new = "(" + ", ".join(kept) + ("," if len(kept) == 1 else "") + ")"
+                found.append((node, fields[dropped], replacing(start, end, new)))
+        else:
+            raise ValueError(f"unknown boundary operator {operator_name!r}")
+    found.sort(key=lambda item: (item[1].lineno, item[1].col_offset))
+    return [{"line": field.lineno, "end_line": field.end_lineno, "function": definitions.get(node), "apply": apply}
+            for node, field, apply in found]
 
 
 def short_diff(before: str, after: str) -> str:
@@ -443,7 +624,7 @@ def sampled(mutants: list[dict], sample: int | None) -> list[dict]:
 
 
 def run_group(name: str, group: Group, results: dict, work: Path, tree: Path, rerun_survivors: bool, limit: int | None,
-              sample: int | None = None) -> None:
+              sample: int | None = None, results_path: Path = RESULTS) -> None:
     cover = coverage_map(name, group, tree, work)
     equivalent = load_equivalent(results)
     todo = []
@@ -453,8 +634,10 @@ def run_group(name: str, group: Group, results: dict, work: Path, tree: Path, re
         if results["sources"].get(relative) != source_sha:  # module changed: its old results are stale
             results["mutants"] = {k: v for k, v in results["mutants"].items() if v["module"] != relative}
             results["sources"][relative] = source_sha
-        mutants = enumerate_mutants(ROOT / relative, relative, group.functions.get(relative), group.skip.get(relative))
-        chosen = {mutant_key(m) for m in sampled(mutants, sample)}
+        mutants = enumerate_mutants(ROOT / relative, relative, group.functions.get(relative), group.skip.get(relative),
+                                    group.operators)
+        chosen = {mutant_key(m) for m in sampled([m for m in mutants if m["operator"] not in group.unsampled], sample)}
+        chosen |= {mutant_key(m) for m in mutants if m["operator"] in group.unsampled}
         for m in mutants:
             key = mutant_key(m)
             done = results["mutants"].get(key)
@@ -488,6 +671,8 @@ def run_group(name: str, group: Group, results: dict, work: Path, tree: Path, re
                 status = "timeout"
             elif exit_code == 0:
                 status = "survived"
+            elif exit_code < 0:  # the test process died of a signal (e.g. SIGFPE in a kernel): the mutant is seen
+                status = "crashed"
             elif exit_code in (1, 2, 3, 4) or failed:
                 # 2 (collection errors), 3 (the child failed), 4 (conftest import failed): the mutant broke
                 # importing the package, which any test run shows
@@ -496,18 +681,19 @@ def run_group(name: str, group: Group, results: dict, work: Path, tree: Path, re
                 status = f"error_{exit_code}"
             entry.update(status=status, tests=len(tests), killed_by=failed[:1], seconds=round(seconds, 1))
         results["mutants"][key] = entry
-        _write_json_atomic(RESULTS, results)
+        _write_json_atomic(results_path, results)
         print(f"[{name}] {count}/{len(todo)} {entry['status']:<11} {key} ({entry.get('seconds', 0)} s, "
               f"{entry['tests']} tests) {entry['diff'].splitlines()[-1] if entry['diff'] else ''}", flush=True)
 
 
-def write_report(results: dict) -> None:
+def write_report(results: dict, groups: dict[str, Group] | None = None, survivors_path: Path = SURVIVORS) -> None:
+    groups = GROUPS if groups is None else groups
     equivalent = load_equivalent(results)
     rows, survivors, equivalents, skipped = [], [], [], []
-    for name, group in GROUPS.items():
+    for name, group in groups.items():
         for module in group.sources:
             in_scope = {mutant_key(m) for m in enumerate_mutants(ROOT / module, module, group.functions.get(module),
-                                                                 group.skip.get(module))}
+                                                                 group.skip.get(module), group.operators)}
             total = len(in_scope)
             entries = {k: v for k, v in results["mutants"].items() if k in in_scope and v.get("group") == name}
             skipped.extend(f"- `{module}` `{function}`: {reason}" for function, reason in group.skip.get(module, {}).items())
@@ -529,8 +715,9 @@ def write_report(results: dict) -> None:
                 v = entries[k]
                 survivors.append(f"- `{k}` line {v['line']} in `{v['function']}` ({v['status']}):\n"
                                  + "\n".join(f"      {line}" for line in v["diff"].splitlines()))
-    scope = {mutant_key(m) for name, group in GROUPS.items() for module in group.sources
-             for m in enumerate_mutants(ROOT / module, module, group.functions.get(module), group.skip.get(module))}
+    scope = {mutant_key(m) for name, group in groups.items() for module in group.sources
+             for m in enumerate_mutants(ROOT / module, module, group.functions.get(module), group.skip.get(module),
+                                        group.operators)}
     total = [v for k, v in results["mutants"].items() if k in scope]
     killed = sum(v["status"] in KILLED for v in total)
     alive = sum(v["status"] not in KILLED and mutant_key(v) not in equivalent and v["status"] != "not_applied" for v in total)
@@ -538,8 +725,9 @@ def write_report(results: dict) -> None:
         "# Mutation testing: kill rate and survivors",
         "",
         "Written by `bench/mutation.py` (cosmic-ray 8.7.0 operators; see its docstring and docs/testing.md).",
-        "Kill rate = killed / (mutants - equivalent). A timeout counts as killed; `no_tests` (no test",
-        "executes the line) counts as a survivor. Equivalent mutants, with reasons: bench/mutation_equivalent.json.",
+        "Kill rate = killed / (mutants - equivalent). A timeout or a crash (the test process killed by a signal)",
+        "counts as killed; `no_tests` (no test executes the line) counts as a survivor. Equivalent mutants, with",
+        "reasons: bench/mutation_equivalent.json.",
         "",
         "| module | group | state | mutants | killed | equivalent | surviving | kill rate |",
         "|---|---|---|---|---|---|---|---|",
@@ -561,13 +749,16 @@ def write_report(results: dict) -> None:
         *(equivalents or ["None."]),
         "",
     ]
-    SURVIVORS.write_text("\n".join(text))
-    print(f"wrote {SURVIVORS.relative_to(ROOT)}")
+    survivors_path.write_text("\n".join(text))
+    print(f"wrote {survivors_path.relative_to(ROOT)}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--group", action="append", choices=list(GROUPS), help="group to run (repeat; default all)")
+    parser.add_argument("--group", action="append", choices=[*GROUPS, *BOUNDARY_GROUPS],
+                        help="group to run (repeat; default all of the pass)")
+    parser.add_argument("--boundary", action="store_true", help="the boundary pass: BOUNDARY_GROUPS, BOUNDARY_OPERATORS, "
+                        "results in mutation_boundary.json (issue 49, section 3)")
     parser.add_argument("--rerun-survivors", action="store_true", help="test surviving mutants again (after adding tests)")
     parser.add_argument("--limit", type=int, help="stop after this many mutants per group")
     parser.add_argument("--sample", type=int, help="run only this many mutants per module (a fixed pseudo-random "
@@ -577,7 +768,12 @@ def main() -> None:
     parser.add_argument("--venv", type=Path, default=Path(os.environ.get("HF_POSEXT_MUTATION_VENV", DEFAULT_VENV)))
     args = parser.parse_args()
 
-    results = load_results()
+    groups = BOUNDARY_GROUPS if args.boundary else GROUPS
+    results_path, survivors_path = (BOUNDARY_RESULTS, BOUNDARY_SURVIVORS) if args.boundary else (RESULTS, SURVIVORS)
+    unknown = [name for name in args.group or [] if name not in groups]
+    if unknown:
+        parser.error(f"--group {unknown[0]} is not a group of the {'boundary' if args.boundary else 'standard'} pass")
+    results = load_results(results_path, BOUNDARY_OPERATORS if args.boundary else OPERATORS)
     try:
         import cosmic_ray  # noqa: F401
         import coverage  # noqa: F401
@@ -590,7 +786,7 @@ def main() -> None:
         os.execv(str(python), [str(python), *sys.argv])
 
     if args.report:
-        write_report(results)
+        write_report(results, groups, survivors_path)
         return
     # `kill PID` stops like Ctrl-C: the mutated file is restored, the running child killed, results kept.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
@@ -598,12 +794,13 @@ def main() -> None:
     tree = refresh_tree(args.work_dir)
     _preload()
     try:
-        for name in args.group or list(GROUPS):
-            run_group(name, GROUPS[name], results, args.work_dir, tree, args.rerun_survivors, args.limit, args.sample)
-            write_report(results)
+        for name in args.group or list(groups):
+            run_group(name, groups[name], results, args.work_dir, tree, args.rerun_survivors, args.limit, args.sample,
+                      results_path)
+            write_report(results, groups, survivors_path)
     except KeyboardInterrupt:
-        write_report(results)
-        raise SystemExit(f"stopped; {len(results['mutants'])} results kept in {RESULTS.relative_to(ROOT)}: run the same "
+        write_report(results, groups, survivors_path)
+        raise SystemExit(f"stopped; {len(results['mutants'])} results kept in {results_path.relative_to(ROOT)}: run the same "
                          "command to go on")
 
 

@@ -72,7 +72,7 @@ class Haystack:
             taken.append(sentence)
             used += len(sentence)
             count += 1
-            if count >= len(self.tokens):
+            if count > len(self.tokens):  # a sentence taken a second time (taking each once is no cycle)
                 cycled = True
             if count > 10 * len(self.tokens) + budget:
                 break

@@ -80,9 +80,11 @@ def file_sha256(path: Path) -> str:
 
 
 def _hashed_files(folder: Path) -> list[Path]:
+    # Only the manifest itself (and its temporary file) at the top level is exempt: a file of that name in a
+    # subfolder is an ordinary file, listed and checked like any other.
     return sorted(
         p for p in folder.rglob("*")
-        if p.is_file() and p.name != CHECKSUMS_FILE and not p.name.startswith(f".{CHECKSUMS_FILE}")
+        if p.is_file() and not (p.parent == folder and (p.name == CHECKSUMS_FILE or p.name.startswith(f".{CHECKSUMS_FILE}")))
     )
 
 

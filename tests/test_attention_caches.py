@@ -301,3 +301,22 @@ def test_dynamic_frequencies_follow_the_length(method):
     torch.testing.assert_close(longer, logits_of(fresh, ids), atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(again, first, atol=1e-6, rtol=1e-6)
     assert (longer[:, :100] - first).abs().max().item() > 1e-4
+
+
+def test_self_extend_tables_follow_every_frequency_not_only_the_ends():
+    """Two scalings may differ only in their middle frequencies (YaRN's ramp under other betas): the grouped
+    tables must not be shared between them."""
+    import torch
+
+    from hf_posext.backends.attention import self_extend
+
+    self_extend._GROUPED_TABLES.clear()
+    first = torch.tensor([1.0, 0.5, 0.25, 0.125, 0.0625], dtype=torch.float64)
+    middle = first.clone()
+    middle[2] = 0.2  # same size, same first, second and last entries
+    cos_a, _ = self_extend._grouped_table("key", 64, 3, 7, first, "cpu")
+    cos_b, _ = self_extend._grouped_table("key", 64, 3, 7, middle, "cpu")
+    assert not torch.equal(cos_a[:, 2], cos_b[:, 2])
+    positions = torch.arange(64, dtype=torch.float64)
+    angles = (torch.div(positions, 3, rounding_mode="floor") - positions) * 0.2
+    torch.testing.assert_close(cos_b[:64, 2], angles.cos().float())

@@ -162,8 +162,9 @@ _GROUPED_TABLES: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
 def _grouped_table(role: str, length: int, group_size: int, neighbor_window: int, inv_freq: torch.Tensor, device) -> tuple[torch.Tensor, torch.Tensor]:
-    # Keyed by values, not identity: a freed tensor's memory may come back holding other frequencies.
-    key = (role, group_size, neighbor_window, inv_freq.numel(), float(inv_freq[-1]), float(inv_freq[min(1, inv_freq.numel() - 1)]), str(device))
+    # Keyed by values, not identity (a freed tensor's memory may come back holding other frequencies), and by
+    # every value: two scalings may differ only in their middle frequencies (YaRN's ramp with other betas).
+    key = (role, group_size, neighbor_window, tuple(inv_freq.detach().double().cpu().tolist()), str(device))
     table = _GROUPED_TABLES.get(key)
     if table is None or table[0].shape[0] < length:
         size = 1 << max(10, int(length - 1).bit_length())

@@ -41,6 +41,7 @@ from typing import Any, Iterator
 import torch
 
 from hf_posext.core.errors import DamagedFileError, RecordError
+from hf_posext.core.paths import replace_folder
 from hf_posext.methods import split_composition
 from hf_posext.training.checkpoints import CHECKSUMS_FILE, file_sha256, write_checksums
 from hf_posext.user_warnings import warn_at_caller
@@ -718,13 +719,7 @@ def _replace_folder(staged: Path, out: Path) -> None:
     os.chmod(staged, 0o777 & ~umask)
     for path in staged.rglob("*"):
         os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~umask)
-    if out.exists():
-        trash = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.old-"))
-        os.replace(out, trash / "old")
-        os.replace(staged, out)
-        shutil.rmtree(trash)
-    else:
-        os.replace(staged, out)
+    replace_folder(staged, out)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from typing import Any
 
 from hf_posext.core.errors import DamagedFileError
 from hf_posext.core.loading import check_weight_files
-from hf_posext.core.paths import check_output_folder
+from hf_posext.core.paths import check_output_folder, replace_folder
 from hf_posext.core.saved_config import (
     flat_rope_parameters,
     set_tokenizer_max_length,
@@ -242,15 +242,6 @@ def _check_destination(source: Path | None, out: Path, overwrite: bool) -> None:
         raise ExportError(str(error)) from None
 
 
-def _replace_atomically(staged: Path, out: Path) -> None:
-    if out.exists():
-        trash = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.old-"))
-        os.replace(out, trash / "old")
-        os.replace(staged, out)
-        shutil.rmtree(trash)
-    else:
-        os.replace(staged, out)
-
 
 #: The warning ``save_pretrained`` of a patched model gives about transformers 4.x readers; :func:`export` writes
 #: the legacy fields it asks for, so it is not shown for the folder export itself saves.
@@ -322,7 +313,7 @@ def export(source: Any, target: str, out: str | os.PathLike, overwrite: bool = F
         write_json_atomically(staged / "config.json", export_config(config, target))
         if record.get("kind", "rope") == "rope":
             set_tokenizer_max_length(staged, served_length(record, config))
-        _replace_atomically(staged, out)
+        replace_folder(staged, out)
     except BaseException:
         shutil.rmtree(staged, ignore_errors=True)
         raise

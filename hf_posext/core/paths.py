@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
-__all__ = ["check_output_folder"]
+__all__ = ["check_output_folder", "replace_folder"]
 
 
 def check_output_folder(path: str | os.PathLike, option: str = "--out", what: str = "the output") -> None:
@@ -30,3 +32,16 @@ def check_output_folder(path: str | os.PathLike, option: str = "--out", what: st
                     f"path under a folder (or move {parent} away)."
                 )
             return
+
+
+def replace_folder(staged: str | os.PathLike, out: str | os.PathLike) -> None:
+    """Put the finished folder ``staged`` at ``out`` in one rename, replacing a folder there (a reader sees the old
+    folder or the new one, never a mix); ``staged`` must sit on the same file system (beside ``out``)."""
+    staged, out = Path(staged), Path(out)
+    if out.exists():
+        trash = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.old-"))
+        os.replace(out, trash / "old")
+        os.replace(staged, out)
+        shutil.rmtree(trash)
+    else:
+        os.replace(staged, out)

@@ -24,7 +24,7 @@ import torch
 from hf_posext.core.request import ScalingRequest
 from hf_posext.text_sources import encode_text, load_documents, split_sentences
 from hf_posext.evaluation.grid import Cell, Unit, run_grid
-from hf_posext.evaluation.passkey import retrieval_metrics, shortest_fitting_length
+from hf_posext.evaluation.passkey import refuse_short_lengths, retrieval_metrics
 from hf_posext.evaluation.retrieval import score_retrieval_grouped
 from hf_posext.evaluation.store import ResultStore
 from hf_posext.lm.distributed import Distributed
@@ -146,17 +146,8 @@ def check_needle_lengths(tokenizer: Any, lengths: Sequence[int], depths: Sequenc
     Raises:
         ValueError: a length below what its prompts need; the message gives a length that fits.
     """
-    def needed(length: int) -> int:
-        return needle_tokens_needed(tokenizer, length, depths, trials, seed, max_new_tokens)
-
-    for length in sorted(lengths):
-        need = needed(length)
-        if need > length:
-            raise ValueError(
-                f"Length {length} is too short for a needle prompt: it needs {need} tokens (the needle, the question and one "
-                f"haystack token: {need - max_new_tokens}, plus {max_new_tokens} generated); use a length of at least "
-                f"{shortest_fitting_length(needed, need)}, or fewer --max-new-tokens."
-            )
+    refuse_short_lengths("needle", lambda length: needle_tokens_needed(tokenizer, length, depths, trials, seed, max_new_tokens),
+                         lengths, "the needle, the question and one haystack token", max_new_tokens)
 
 
 def evaluate_needle(

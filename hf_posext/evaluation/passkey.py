@@ -30,7 +30,7 @@ from hf_posext.evaluation.store import ResultStore
 from hf_posext.lm.distributed import Distributed
 
 __all__ = ["TASK_DESCRIPTION", "FILLER", "passkey_line", "QUESTION", "build_passkey_prompt", "evaluate_passkey", "retrieval_metrics",
-           "passkey_tokens_needed", "check_passkey_lengths", "shortest_fitting_length"]
+           "passkey_tokens_needed", "check_passkey_lengths", "shortest_fitting_length", "refuse_short_lengths"]
 
 TASK_DESCRIPTION = (
     "There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "
@@ -111,16 +111,25 @@ def check_passkey_lengths(tokenizer: Any, lengths: Sequence[int], depths: Sequen
     Raises:
         ValueError: a length below what its prompts need; the message gives a length that fits.
     """
-    def needed(length: int) -> int:
-        return passkey_tokens_needed(tokenizer, length, depths, trials, seed, max_new_tokens)
+    refuse_short_lengths("passkey", lambda length: passkey_tokens_needed(tokenizer, length, depths, trials, seed, max_new_tokens),
+                         lengths, "the task text, the pass key line, one filler group and the question", max_new_tokens)
 
+
+def refuse_short_lengths(task: str, needed: Callable[[int], int], lengths: Sequence[int], parts: str,
+                         max_new_tokens: int) -> None:
+    """Raise for the shortest of ``lengths`` whose ``task`` prompts need more tokens than it has (``needed(n)``,
+    generated tokens included; ``parts`` says what the prompt holds), suggesting a length that fits.
+
+    Raises:
+        ValueError: a length below what its prompts need; the message gives a length that fits.
+    """
     for length in sorted(lengths):
         need = needed(length)
         if need > length:
             raise ValueError(
-                f"Length {length} is too short for a passkey prompt: it needs {need} tokens (the task text, the pass key line, "
-                f"one filler group and the question: {need - max_new_tokens}, plus {max_new_tokens} generated); use a length of "
-                f"at least {shortest_fitting_length(needed, need)}, or fewer --max-new-tokens."
+                f"Length {length} is too short for a {task} prompt: it needs {need} tokens ({parts}: "
+                f"{need - max_new_tokens}, plus {max_new_tokens} generated); use a length of at least "
+                f"{shortest_fitting_length(needed, need)}, or fewer --max-new-tokens."
             )
 
 

@@ -412,20 +412,25 @@ def _plot(task: str, cells: Sequence[dict[str, Any]], path: Path, beyond: bool |
     figure, axis = plt.subplots(figsize=(6.4, 4.0))
     rows = list(dict.fromkeys(c["row"] for c in sorted(cells, key=lambda c: c["row_index"])))
     metric = "perplexity" if task == "perplexity" else "score"
-    for row in rows:
+    markers = ("o", "s", "^", "D", "v", "P", "X")
+    for index, row in enumerate(rows):
         points = sorted((c for c in cells if c["row"] == row and c.get("mean") is not None), key=lambda c: c["length"])
         if not points:
             continue
-        xs, ys = [c["length"] for c in points], [c["mean"] for c in points]
+        # rows are offset sideways (a few % of a length on the log axis) so that equal scores stay visible
+        shift = 2 ** ((index - (len(rows) - 1) / 2) * 0.04)
+        xs, ys = [c["length"] * shift for c in points], [c["mean"] for c in points]
         ns = sorted({c["n"] for c in points})
-        line, = axis.plot(xs, ys, marker="o", label=f"{row} (n={'/'.join(map(str, ns))})")
+        line, = axis.plot(xs, ys, marker=markers[index % len(markers)], markerfacecolor="none" if index % 2 else None,
+                          label=f"{row} (n={'/'.join(map(str, ns))})")
         if metric == "score" and all(c.get("low") is not None for c in points):
             axis.fill_between(xs, [c["low"] for c in points], [c["high"] for c in points], color=line.get_color(), alpha=0.15)
     axis.set_xscale("log", base=2)
     lengths = sorted({c["length"] for c in cells})
     axis.set_xticks(lengths, [format_length(n) for n in lengths])
+    axis.set_xlim(lengths[0] / 1.6, lengths[-1] * 1.6)  # the sideways offsets stay small next to the lengths
     axis.minorticks_off()
-    axis.set_xlabel("length (tokens)")
+    axis.set_xlabel("length (tokens; rows offset sideways so that ties stay visible)")
     axis.set_ylabel(metric)
     if metric == "score":
         axis.set_ylim(-0.03, 1.03)

@@ -337,3 +337,39 @@ def test_short_prompts_past_the_decode_size_stay_the_models_own_bit_for_bit(meth
     model = _model("sdpa")
     hf_posext.patch(model, method, **kwargs)
     assert torch.equal(logits_of(model, ids), unpatched)
+
+
+def test_self_extend_keys_out_of_position_order_take_the_general_path():
+    """Keys whose positions step back by one (pairs swapped: 1, 0, 3, 2, ...) are not in position order, so
+    the block bounds found by binary search do not apply; with a mask from the positions, the result is
+    the same as for the keys in order. Query blocks of one row put every query at its own bound."""
+    from hf_posext.backends.attention.self_extend import grouped_attention
+
+    group, window, length = 3, 5, 40
+    q, k, v = _rotated_qkv(length, length, seed=4)
+    order = torch.arange(length).view(-1, 2).flip(-1).reshape(-1)  # 1, 0, 3, 2, ...
+    positions = torch.arange(length)[None]
+    mask = lambda keys: (keys[:, None, None, :] <= positions[:, None, :, None])  # noqa: E731
+    in_order = grouped_attention(q, k, v, mask(positions), positions, positions, _inv_freq(), HEAD_DIM, False, group, window,
+                                 HEAD_DIM ** -0.5, block_elements=1)
+    swapped = grouped_attention(q, k[:, :, order], v[:, :, order], mask(order[None]), positions, order[None], _inv_freq(),
+                                HEAD_DIM, False, group, window, HEAD_DIM ** -0.5, block_elements=1)
+    torch.testing.assert_close(swapped, in_order, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("q_len,decodes", [(self_extend.DECODE_QUERIES, True), (self_extend.DECODE_QUERIES + 1, False)])
+def test_self_extend_decode_kernel_takes_calls_of_up_to_decode_queries(monkeypatch, q_len, decodes):
+    """The documented bound: a call of at most ``DECODE_QUERIES`` queries past the window runs the decode
+    kernel (where the device takes it), one more runs the prefill kernels; both give the same values."""
+    monkeypatch.setattr(self_extend, "DECODE_DEVICES", ("cpu",))
+    calls = []
+    decode = self_extend.self_extend_decode
+    monkeypatch.setattr(self_extend, "self_extend_decode", lambda *a, **k: calls.append(1) or decode(*a, **k))
+    model = _self_extend("sdpa")
+    ids = _ids(NEIGHBOR + 20)
+    with torch.no_grad():
+        cache = model(ids[:, :-q_len], use_cache=True).past_key_values
+        calls.clear()
+        step = model(ids[:, -q_len:], past_key_values=cache, use_cache=True).logits
+    assert bool(calls) is decodes
+    torch.testing.assert_close(step, _self_extend_reference(_model(), ids)[:, -q_len:], atol=ATOL, rtol=RTOL)

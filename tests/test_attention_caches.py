@@ -320,3 +320,105 @@ def test_self_extend_tables_follow_every_frequency_not_only_the_ends():
     positions = torch.arange(64, dtype=torch.float64)
     angles = (torch.div(positions, 3, rounding_mode="floor") - positions) * 0.2
     torch.testing.assert_close(cos_b[:64, 2], angles.cos().float())
+
+
+# --------------------------------------------------------------------------------------------------
+# The remaining key fields: the device, the head size, the layer type, and how many step tables are held
+# --------------------------------------------------------------------------------------------------
+
+
+def test_grouped_tables_follow_the_device():
+    """A table built for one device is never handed to a call on another (the meta device stands in for an
+    accelerator: a stale table would come back on the CPU)."""
+    self_extend._GROUPED_TABLES.clear()
+    cos, _ = self_extend._grouped_table("key", 64, 3, 7, _inv_freq(), "cpu")
+    on_meta, _ = self_extend._grouped_table("key", 64, 3, 7, _inv_freq(), torch.device("meta"))
+    assert cos.device.type == "cpu" and on_meta.device.type == "meta"
+
+
+def test_step_tables_need_the_same_positions_tensor_and_the_same_frequencies_each():
+    """Either one alone is not enough: a new step's positions (a fresh tensor, version 0 like the last one)
+    with the same frequencies, or the same positions with a re-patch's new frequencies, are built again."""
+    from hf_posext.backends.attention.kernels import StepTables
+
+    tables, built = StepTables(), []
+
+    def build():
+        built.append(1)
+        return len(built)
+
+    positions, frequencies = torch.arange(5)[None], torch.ones(4)
+    assert tables.get(("k",), positions, frequencies, build) == 1
+    assert tables.get(("k",), torch.arange(5)[None], frequencies, build) == 2  # another step, same frequencies
+    step = torch.arange(6)[None]
+    assert tables.get(("k",), step, frequencies, build) == 3
+    assert tables.get(("k",), step, torch.ones(4), build) == 4  # the same step after a re-patch
+    assert tables.get(("k",), step, torch.ones(4), build) == 5
+
+
+def test_step_tables_hold_at_most_their_size():
+    """A full set is dropped before a new key is held: ``size`` keys at most (the decode tables of long
+    caches are large), so the first key is built again after ``size`` others."""
+    from hf_posext.backends.attention.kernels import StepTables
+
+    tables, built = StepTables(size=2), []
+    positions, frequencies = torch.arange(5)[None], torch.ones(4)
+
+    def build():
+        built.append(1)
+        return len(built)
+
+    assert [tables.get((name,), positions, frequencies, build) for name in "ab"] == [1, 2]
+    assert tables.get(("a",), positions, frequencies, build) == 1  # both held
+    assert tables.get(("c",), positions, frequencies, build) == 3  # a third key: the two held ones dropped
+    assert tables.get(("a",), positions, frequencies, build) == 4
+
+
+def test_step_tables_of_a_call_follow_the_device():
+    from hf_posext.backends.attention.kernels import StepTables
+
+    tables = StepTables()
+    positions, frequencies = torch.tensor([[9]]), torch.ones(4)
+    query, key = torch.zeros(1, 2, 1, HEAD_DIM), torch.zeros(1, 2, 10, HEAD_DIM)
+    build = lambda query_positions, kv_len: query_positions.device.type  # noqa: E731
+    assert tables.for_call(query, key, positions, 1.0, frequencies, ("s",), "test", build) == "cpu"
+    meta = tables.for_call(query.to("meta"), key.to("meta"), positions, 1.0, frequencies, ("s",), "test", build)
+    assert meta == "meta"
+
+
+@pytest.mark.parametrize("method", sorted(DECODE))
+def test_decode_tables_follow_the_head_size(method):
+    """Partial rotary: the same layer settings (rotary dimension 8) on heads of 8 and of 16 channels. The
+    tables carry the unrotated channels, so heads of another size need their own."""
+    decode, layer, _, clear = DECODE[method]
+    torch.manual_seed(1)
+    wide = [torch.randn(2, n, LENGTH, 2 * HEAD_DIM) for n in (4, 2, 2)]
+    positions = torch.tensor([[LENGTH - 1]])
+    clear()
+    decode(wide[0][:, :, -1:, :HEAD_DIM], wide[1][..., :HEAD_DIM], wide[2][..., :HEAD_DIM], None, positions, layer, 0.25)
+    run = lambda: decode(wide[0][:, :, -1:], wide[1], wide[2], None, positions, layer, 0.25)  # noqa: E731
+    _assert_same_as_fresh(run, clear)
+
+
+def test_dynamic_frequencies_are_kept_per_layer_type_and_device():
+    """Two layer types scaled by a dynamic method at one length (Gemma 3's local base 1e4 and global 1e6;
+    patching scales only the global layers, so the local ones are given the same scaling here, as patching
+    does for layer types named neither full nor global): each gets its own frequencies, and a call for
+    another device gets them on that device."""
+    model = tiny_model("gemma3")
+    hf_posext.patch(model, "dynamic-ntk", factor=4)
+    rotary = model.model.rotary_emb
+    assert sorted(rotary.entries) == ["full_attention", "sliding_attention"]
+    both = lambda module: module.entries.update(  # noqa: E731
+        sliding_attention=dataclasses.replace(module.entries["sliding_attention"], scaling=module.entries["full_attention"].scaling))
+    both(rotary)
+    length = 4 * model.config.max_position_embeddings
+    types = ["full_attention", "sliding_attention"]
+    first = [rotary.frequencies(length, layer_type)[0] for layer_type in types]
+    fresh = tiny_model("gemma3")
+    hf_posext.patch(fresh, "dynamic-ntk", factor=4)
+    both(fresh.model.rotary_emb)
+    for layer_type, seen in zip(reversed(types), reversed(first)):
+        torch.testing.assert_close(seen, fresh.model.rotary_emb.frequencies(length, layer_type)[0], atol=0, rtol=0)
+    assert (first[0] - first[1]).abs().max().item() > 1e-3
+    assert rotary.frequencies(length, types[0], device=torch.device("meta"))[0].device.type == "meta"

@@ -140,8 +140,7 @@ import sys
 from hf_posext.adapters import load_adapted_model
 from hf_posext.export import export
 from hf_posext.models import load_tokenizer
-out = export(load_adapted_model(sys.argv[1], sys.argv[2]), "transformers", sys.argv[3], overwrite=True)
-load_tokenizer(sys.argv[1]).save_pretrained(out)
+export(load_adapted_model(sys.argv[1], sys.argv[2]), "transformers", sys.argv[3], overwrite=True, tokenizer=load_tokenizer(sys.argv[1]))
 PY
   fi
   echo "$MERGED"

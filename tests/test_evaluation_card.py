@@ -181,6 +181,7 @@ def test_card_end_to_end_on_the_tiny_model(tiny_folder, tmp_path):
     files = {p: p.read_bytes() for p in (out / "ruler").glob("*.jsonl")}
     assert main(argv) == 0
     assert {p: p.read_bytes() for p in files} == files
+    assert card["settings"]["partial"] is False
 
     # the full budget scores every sample exactly as the short one did (and is refused past the window)
     full = tmp_path / "full"
@@ -189,6 +190,15 @@ def test_card_end_to_end_on_the_tiny_model(tiny_folder, tmp_path):
     scores = lambda folder: {(c["task"], c["row"]): c["mean"] for c in json.loads((folder / "card.json").read_text())["cells"]
                              if c["kind"] == "ruler"}
     assert scores(full) == scores(out)
+
+    # a run with fewer rows resumes the rows it still has (sample files are named by the row, not its place),
+    # and another dtype never reads float32's samples
+    yarn_only = [*argv[:4], "--methods", "yarn", *argv[6:]]
+    assert main(yarn_only) == 0
+    assert {p: p.read_bytes() for p in files} == files and len(list((out / "ruler").glob("*.jsonl"))) == len(files)
+    assert all("yarn-x2-float32-" in p.name or "none-x1-float32-" in p.name for p in files)
+    assert main([*yarn_only[:-3], "--out", str(out), "--no-progress", "--tasks", "niah_single_1", "--dtype", "bfloat16"]) == 0
+    assert len(list((out / "ruler").glob("niah_single_1-*-bfloat16-*.jsonl"))) == 1
 
 
 def test_a_length_past_the_window_is_refused_before_any_model_runs(tiny_folder, tmp_path, capsys):

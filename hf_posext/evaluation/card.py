@@ -443,6 +443,13 @@ def _plot(task: str, cells: Sequence[dict[str, Any]], path: Path, beyond: bool |
     return path
 
 
+def _write_text(path: Path, text: str) -> None:
+    """Write ``path`` whole or not at all (a reader never sees half a card)."""
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(text)
+    temporary.replace(path)
+
+
 def write_card(out: str | os.PathLike, cells: Sequence[dict[str, Any]], skipped: Sequence[dict[str, str]],
                settings: dict[str, Any]) -> dict[str, Path]:
     """Write ``card.json``, ``card.md``, one ``card-TASK.png`` per task and ``card.html`` (self-contained).
@@ -460,8 +467,8 @@ def write_card(out: str | os.PathLike, cells: Sequence[dict[str, Any]], skipped:
         plots.append(_plot(task, [c for c in cells if c["task"] == task], out / f"card-{task}.png", marks.get(task)))
     markdown = markdown_card(cells, skipped)
     data = {"settings": settings, "cells": list(card_rows(cells)), "beyond_base_model": marks, "skipped": list(skipped)}
-    (out / "card.json").write_text(json.dumps(data, indent=1, default=str))
-    (out / "card.md").write_text(markdown + "\n")
+    _write_text(out / "card.json", json.dumps(data, indent=1, default=str))
+    _write_text(out / "card.md", markdown + "\n")
     lengths = sorted({c["length"] for c in cells})
     by_key = {(c["task"], c["row"], c["length"]): c for c in cells}
     body = ["<table><tr><th>task</th><th>row</th>" + "".join(f"<th>{format_length(n)}</th>" for n in lengths) + "</tr>"]
@@ -486,8 +493,10 @@ def write_card(out: str | os.PathLike, cells: Sequence[dict[str, Any]], skipped:
             "font-size:13px}td{text-align:right}td:nth-child(-n+2){text-align:left}</style></head><body>"
             "<h1>Report card</h1><p>k/n [95% Wilson interval] for scores that are 0 or 1 per sample; mean [95% bootstrap "
             f"interval] otherwise; perplexity as a number. A task is <em>beyond the base model</em> when the base model's best "
-            f"score inside its own window is below {BEYOND_BASE_THRESHOLD:.0%}.</p>" + "\n".join(body) + "</body></html>")
-    (out / "card.html").write_text(page)
+            f"score inside its own window is below {BEYOND_BASE_THRESHOLD:.0%}.</p>"
+            + ("<p><strong>Partial card:</strong> written while the run goes on; cells still to run are missing.</p>"
+               if settings.get("partial") else "") + "\n".join(body) + "</body></html>")
+    _write_text(out / "card.html", page)
     return {"json": out / "card.json", "markdown": out / "card.md", "html": out / "card.html"}
 
 

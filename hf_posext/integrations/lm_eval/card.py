@@ -25,6 +25,7 @@ import json
 import logging
 import math
 import random
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -176,10 +177,13 @@ class Row:
     def window(self) -> int:
         return int(self.report["current_window"])
 
-    @property
-    def slug(self) -> str:
-        text = f"{self.spec.key}|{self.request.label if self.request else AS_SAVED}|{self.request.factor if self.request else ''}"
-        return f"row{self.index}-{hashlib.sha1(text.encode()).hexdigest()[:8]}"
+    def results_name(self, dtype: str, device: str) -> str:
+        """The name of this row's sample files: readable, and the same whichever other rows a run has (so a
+        run with more or fewer rows resumes this row's samples), different for another dtype or device."""
+        method = f"{self.request.label}-x{self.request.factor:g}" if self.request else AS_SAVED
+        text = f"{self.spec.key}|{method}|{dtype}|{device}"
+        readable = re.sub(r"[^A-Za-z0-9.]+", "-", f"{self.spec.name}-{method}").strip("-")[:60]
+        return f"{readable}-{dtype}-{hashlib.sha1(text.encode()).hexdigest()[:8]}"
 
     def posext_args(self) -> dict[str, Any]:
         if self.request is None:
@@ -449,44 +453,56 @@ def run_card(args: Any) -> int:
             more = f" ({len(problems) - 1} more cells do not fit)" if len(problems) > 1 else ""
             raise ValueError(problems[0] + more)
 
+    def settings(partial: bool) -> dict[str, Any]:
+        return {"models": [spec.key for spec in specs], "methods": args.methods, "factor": args.factor, "lengths": lengths,
+                "tasks": tasks, "samples": args.samples, "seed": args.seed, "budget": args.budget, "dtype": args.dtype,
+                "device": args.device, "max_length": args.max_length,
+                "rows": [{"label": r.label, "model": r.spec.key, "report": r.report} for r in rows],
+                "short_budgets": SHORT_BUDGETS, "seconds": round(time.time() - started, 1), "partial": partial}
+
     cells = _evaluation_cells(rows, tasks, lengths, args)
+    if plans:
+        write_card(out, cells, skipped, settings(partial=True))
 
     if plans:
         from hf_posext.integrations.lm_eval.model import PosextHFLM
 
-        for row in rows:
-            row_plans = [p for p in plans if p[0] is row]
-            if not row_plans:
-                continue
-            model_args: dict[str, Any] = {"dtype": args.dtype}
-            if row.spec.adapter:
-                model_args["peft"] = row.spec.adapter
-            lm = PosextHFLM(pretrained=_tokenizer_path(row.spec), device=args.device, batch_size=1,
-                            max_length=args.max_length or row.window, **model_args, **row.posext_args())
-            for _, task_name, length, docs, key, path in row_plans:
-                task = ruler_task(task_name, docs, path, length)
-                header = {"row": row.label, "model": row.spec.key, "request": row.request.to_dict() if row.request else AS_SAVED,
-                          "report": {k: row.report.get(k) for k in ("method", "factor", "current_window", "original_window")},
-                          "task": task_name, "length": length, "sample_key": key, "budget": args.budget}
-                results = SampleResults(out / "ruler" / f"{task_name}-{length}-{row.slug}.jsonl", header)
-                scores = run_ruler_cell(lm, task, docs, length, results, args.budget, args.progress)
-                summary = score_summary(scores)
-                records = [results.records[i] for i in range(len(docs)) if i in results.records]
-                timing = {name: round(sum(r["timing"][name] + r.get("timing_full", {}).get(name, 0.0) for r in records) / len(records), 3)
-                          for name in ("prefill_s", "generate_s", "harness_s", "total_s")}
-                cells.append({"task": task_name, "kind": "ruler", "row": row.label, "row_index": row.index, "length": length,
-                              "base": row.base, "in_window": length <= row.window,
-                              "sample_key": key, "source": str(results.path), "mean_timing": timing,
-                              "escalated": sum(bool(r.get("escalated")) for r in records), **summary})
-            del lm
-            gc.collect()
+        # Task by task, each length for every row before the next length: a run stopped early has whole
+        # comparisons (every row on the same samples) rather than every cell of the first row. One model is
+        # held at a time; a row's model is built again when its next cell comes (seconds, against minutes
+        # of samples).
+        order = {name: i for i, name in enumerate(ruler)}
+        held: tuple[Row, Any] | None = None
+        for row, task_name, length, docs, key, path in sorted(plans, key=lambda p: (order[p[1]], p[2], p[0].index)):
+            if held is None or held[0] is not row:
+                held = None
+                gc.collect()
+                model_args: dict[str, Any] = {"dtype": args.dtype}
+                if row.spec.adapter:
+                    model_args["peft"] = row.spec.adapter
+                held = (row, PosextHFLM(pretrained=_tokenizer_path(row.spec), device=args.device, batch_size=1,
+                                        max_length=args.max_length or row.window, **model_args, **row.posext_args()))
+            lm = held[1]
+            task = ruler_task(task_name, docs, path, length)
+            header = {"row": row.label, "model": row.spec.key, "request": row.request.to_dict() if row.request else AS_SAVED,
+                      "report": {k: row.report.get(k) for k in ("method", "factor", "current_window", "original_window")},
+                      "task": task_name, "length": length, "sample_key": key, "budget": args.budget,
+                      "dtype": args.dtype, "device": args.device}
+            results = SampleResults(out / "ruler" / f"{task_name}-{length}-{row.results_name(args.dtype, args.device)}.jsonl", header)
+            scores = run_ruler_cell(lm, task, docs, length, results, args.budget, args.progress)
+            summary = score_summary(scores)
+            records = [results.records[i] for i in range(len(docs)) if i in results.records]
+            timing = {name: round(sum(r["timing"][name] + r.get("timing_full", {}).get(name, 0.0) for r in records) / len(records), 3)
+                      for name in ("prefill_s", "generate_s", "harness_s", "total_s")}
+            cells.append({"task": task_name, "kind": "ruler", "row": row.label, "row_index": row.index, "length": length,
+                          "base": row.base, "in_window": length <= row.window,
+                          "sample_key": key, "source": str(results.path), "mean_timing": timing,
+                          "escalated": sum(bool(r.get("escalated")) for r in records), **summary})
+            write_card(out, cells, skipped, settings(partial=True))  # a long run shows what it has so far
+        held = None
+        gc.collect()
 
-    settings = {"models": [spec.key for spec in specs], "methods": args.methods, "factor": args.factor, "lengths": lengths,
-                "tasks": tasks, "samples": args.samples, "seed": args.seed, "budget": args.budget, "dtype": args.dtype,
-                "device": args.device, "max_length": args.max_length,
-                "rows": [{"label": r.label, "model": r.spec.key, "report": r.report} for r in rows],
-                "short_budgets": SHORT_BUDGETS, "seconds": round(time.time() - started, 1)}
-    paths = write_card(out, cells, skipped, settings)
+    paths = write_card(out, cells, skipped, settings(partial=False))
     print(markdown_card(cells, skipped))
     print(f"\ncard: {paths['html']} (+ {paths['json'].name}, {paths['markdown'].name}, plots); {time.time() - started:.0f} s")
     return 0

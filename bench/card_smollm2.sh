@@ -9,7 +9,7 @@
 # `counting` runs the part the targets rest on first: niah_single_1 and ruler_fwe (the tasks the original model
 # does inside its window), the original model at 2048 and 8192, training-free yarn x4 and the fine-tuned model
 # with string at 2048, 8192 and 16384, 20 samples, into the same folder as `cpu` (which then resumes them:
-# sample files are named by row, task, length and dtype). RULER is run in bfloat16 on CPU: 0.43x float32's time
+# sample files are named by row, task, length and dtype). Retrieval runs in bfloat16 on such a CPU (--dtype auto): 0.43x float32's time
 # per 16384-token sample with the same responses (bench/results/cpu_retrieval_dtype/).
 #
 # Rows (one --models entry each; the methods after @ are that model's):
@@ -22,7 +22,7 @@ stage=${1:?stage: cpu|cpu32|counting}
 PYTHON=${PYTHON:-python}
 BOOKS=${BOOKS:-/work/shared/data/books}
 BEST=${BEST:-dynamic-ntk}
-DTYPE=${DTYPE:-float32}
+DTYPE=${DTYPE:-auto}   # auto: perplexity float32; passkey, needle, RULER bfloat16 on a CPU with it natively
 MERGED=${MERGED:-$(VARIANT=retrieval-varied PYTHON=$PYTHON bash bench/finetune_retrieval_cpu.sh merge | tail -1)}
 MODELS="base=smollm2-135m@none;yarn:4;$BEST:4,fine-tuned=$MERGED@as-saved;string:1"
 COMMON=(--models "$MODELS" --tasks perplexity,passkey,needle,ruler --dtype "$DTYPE" --device "${DEVICE:-cpu}"
@@ -34,7 +34,7 @@ cpu)   OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} "$PYTHON" -m hf_posext.cli eval car
 cpu32) OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} "$PYTHON" -m hf_posext.cli eval card "${COMMON[@]}" --lengths 32768 \
            --samples "${SAMPLES:-10}" --out bench/results/card/cpu-32k ;;
 counting) OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} "$PYTHON" -m hf_posext.cli eval card --models "base=smollm2-135m@none;yarn:4,fine-tuned=$MERGED@string:1" \
-           --tasks niah_single_1,ruler_fwe --lengths 2048,8192,16384 --samples "${SAMPLES:-20}" --dtype "${DTYPE_RULER:-bfloat16}" \
+           --tasks niah_single_1,ruler_fwe --lengths 2048,8192,16384 --samples "${SAMPLES:-20}" --dtype "$DTYPE" \
            --device "${DEVICE:-cpu}" --skip-over-window --no-progress --sample-cache bench/results/card/ruler-samples --out bench/results/card/cpu ;;
 *) echo "unknown stage $stage (cpu|cpu32|counting)" >&2; exit 2 ;;
 esac

@@ -31,6 +31,8 @@
 #                                                # comparisons the README quotes (hf-posext report --compare: the trials
 #                                                # only one of two models found, exact sign test)
 #
+# Evaluations pass --dtype float32: the committed cells of bench/results/long4x are float32 (the CLI's default
+# on this CPU is now bfloat16 for passkey and needle, which would compute new cells beside them).
 # BOOKS: the books folder, default data/books (shipped in the repository). The held-apart books the evaluations
 # read are hf_posext.text_sources.PERPLEXITY_BOOK and HAYSTACK_BOOK. A result file's key holds the text's path
 # as given: the committed cells of bench/results/long4x were computed with BOOKS=../shared/data/books (the same
@@ -97,7 +99,7 @@ train)
 floor)
   # Same trials and texts as every other model in bench/results/long4x; finished cells are skipped, so it resumes.
   BOOKS=${2:-data/books}
-  E="--model smollm2-135m --factor 4 --lengths ${LENGTHS:-16384} --depths 0,0.25,0.5,0.75,1 --trials ${TRIALS:-3} --out bench/results/long4x --no-progress"
+  E="--model smollm2-135m --factor 4 --lengths ${LENGTHS:-16384} --depths 0,0.25,0.5,0.75,1 --trials ${TRIALS:-3} --out bench/results/long4x --no-progress --dtype float32"
   for m in ${FLOOR_METHODS:-yarn dynamic-ntk}; do
     for task in ${TASKS:-passkey needle}; do
       if [ "$task" = needle ]; then hf-posext eval needle --methods $m --haystack "$BOOKS/$HAYSTACK_BOOK" $E; else hf-posext eval passkey --methods $m $E; fi
@@ -109,7 +111,7 @@ eval)
   # The kept (committed) adapter, so that every clone names the same model in the results and extends its cells.
   ADAPTER=${ADAPTER:-$KEPT/adapter}
   [ -f "$ADAPTER/posext_adapter.json" ] || { echo "no finished adapter in $ADAPTER: train to the last step, then run keep" >&2; exit 1; }
-  E="--model smollm2-135m --adapter $ADAPTER --methods yarn --factor 4 --lengths ${LENGTHS:-16384} --depths ${DEPTHS:-0,0.25,0.5,0.75,1} --trials ${TRIALS:-3} --out bench/results/long4x --no-progress"
+  E="--model smollm2-135m --adapter $ADAPTER --methods yarn --factor 4 --lengths ${LENGTHS:-16384} --depths ${DEPTHS:-0,0.25,0.5,0.75,1} --trials ${TRIALS:-3} --out bench/results/long4x --no-progress --dtype float32"
   for task in ${TASKS:-passkey needle}; do
     if [ "$task" = needle ]; then hf-posext eval needle --haystack "$BOOKS/$HAYSTACK_BOOK" $E; else hf-posext eval passkey $E; fi
   done
@@ -155,7 +157,7 @@ string)
   # seen about 22,000 back, where the adapter finds depth 0.25 and 0.5's facts.
   BOOKS=${2:-data/books}
   MERGED=$(bash "$0" merge | tail -1)
-  S="--model $MERGED --methods string --factor 1 ${STRING_S:+--param shifted_offset=$STRING_S} --out bench/results/long4x --no-progress"
+  S="--model $MERGED --methods string --factor 1 ${STRING_S:+--param shifted_offset=$STRING_S} --out bench/results/long4x --no-progress --dtype float32"
   if [[ " ${TASKS:-passkey} " == *" perplexity "* ]]; then   # the ppl protocol (same book, windows and lengths)
     hf-posext eval perplexity $S --data "$BOOKS/$PERPLEXITY_BOOK" --max-tokens 16384 --max-segments 4 --lengths ${PPL_LENGTHS:-2048,8192,16384,32768}
   fi

@@ -34,6 +34,6 @@ for MODEL in smollm2-135m "$RUN/merged"; do
     hf-posext eval perplexity --model "$MODEL" --methods yarn --factor 4 --lengths 16384,32768 \
         --data "$DATA" --max-tokens 16384 --max-segments 4 --out "$OUT"
     hf-posext eval passkey --model "$MODEL" --methods yarn --factor 4 --lengths 16384,32768 \
-        --depths 0.1,0.5,0.9 --trials 1 --out "$OUT"
+        --depths 0.1,0.5,0.9 --trials 1 --out "$OUT" --dtype float32
 done
 hf-posext report "$OUT"

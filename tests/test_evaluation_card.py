@@ -156,6 +156,7 @@ def test_card_end_to_end_on_the_tiny_model(tiny_folder, tmp_path):
     pytest.importorskip("lm_eval")
     pytest.importorskip("wonderwords")
     from hf_posext.cli import main
+    from hf_posext.evaluation.loading import evaluation_dtype
 
     out = tmp_path / "card"
     # ruler_vt is left out here: lm-eval's variable-tracking generator does not finish with a character-level
@@ -196,9 +197,11 @@ def test_card_end_to_end_on_the_tiny_model(tiny_folder, tmp_path):
     yarn_only = [*argv[:4], "--methods", "yarn", *argv[6:]]
     assert main(yarn_only) == 0
     assert {p: p.read_bytes() for p in files} == files and len(list((out / "ruler").glob("*.jsonl"))) == len(files)
-    assert all("yarn-x2-float32-" in p.name or "none-x1-float32-" in p.name for p in files)
-    assert main([*yarn_only[:-3], "--out", str(out), "--no-progress", "--tasks", "niah_single_1", "--dtype", "bfloat16"]) == 0
-    assert len(list((out / "ruler").glob("niah_single_1-*-bfloat16-*.jsonl"))) == 1
+    ruler_dtype = evaluation_dtype("auto", "ruler", "cpu")  # --dtype auto: bfloat16 on a CPU that has it natively
+    assert all(f"yarn-x2-{ruler_dtype}-" in p.name or f"none-x1-{ruler_dtype}-" in p.name for p in files)
+    other = "float32" if ruler_dtype == "bfloat16" else "bfloat16"
+    assert main([*yarn_only[:-3], "--out", str(out), "--no-progress", "--tasks", "niah_single_1", "--dtype", other]) == 0
+    assert len(list((out / "ruler").glob(f"niah_single_1-*-{other}-*.jsonl"))) == 1
 
 
 def test_a_length_past_the_window_is_refused_before_any_model_runs(tiny_folder, tmp_path, capsys):
@@ -212,3 +215,20 @@ def test_a_length_past_the_window_is_refused_before_any_model_runs(tiny_folder, 
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert "niah_single_1" in error and str(2 * LENGTH) in error and "error:" in error, error
     assert not (out / "ruler").exists() and not (out / "card.json").exists()
+
+
+def test_skip_over_window_lists_the_cells_past_a_rows_window(tiny_folder, tmp_path):
+    """With --skip-over-window a length past the unscaled row's window (the harness's max_length defaults to
+    it) is listed as skipped with its reason, and the run goes on with the rows that fit."""
+    pytest.importorskip("lm_eval")
+    pytest.importorskip("wonderwords")
+    from hf_posext.cli import main
+
+    out = tmp_path / "card"
+    assert main(["eval", "card", "--models", f"base={tiny_folder}@none;yarn:2", "--lengths", str(2 * LENGTH), "--tasks", "niah_single_1",
+                 "--samples", "1", "--out", str(out), "--skip-over-window", "--no-progress"]) == 0
+    card = json.loads((out / "card.json").read_text())
+    assert [c["row"] for c in card["cells"]] == ["base, yarn ×2"]
+    (skipped,) = [s for s in card["skipped"] if s["what"].startswith("base, unscaled")]
+    assert f"window {LENGTH}" in skipped["reason"], skipped
+

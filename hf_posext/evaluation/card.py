@@ -527,7 +527,9 @@ def add_card_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-length", type=int, help="the harness's max_length (default: each row's scaled window)")
     parser.add_argument("--skip-over-window", action="store_true",
                         help="list (row, length) cells whose prompt does not fit the row's window as skipped instead of refusing the run")
-    parser.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16 (default: %(default)s)")
+    parser.add_argument("--dtype", default="auto",
+                        help="float32, bfloat16, float16 or auto: perplexity in float32, passkey, needle and RULER in bfloat16 on a "
+                             "CPU with native bfloat16, else float32 (default: %(default)s)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda (default: %(default)s)")
     parser.add_argument("--ppl-data", default="builtin:python-docs", help="perplexity text (default: %(default)s)")
     parser.add_argument("--haystack", default="builtin:python-docs", help="needle haystack text (default: %(default)s)")

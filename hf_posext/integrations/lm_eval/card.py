@@ -358,7 +358,7 @@ def _tokenizer_path(spec: ModelSpec) -> str:
 def _evaluation_cells(rows: list[Row], tasks: list[str], lengths: list[int], args: Any) -> list[dict[str, Any]]:
     """Perplexity, passkey and needle for every row through hf_posext.evaluation (resumable per cell)."""
     from hf_posext.evaluation import needle, passkey, perplexity
-    from hf_posext.evaluation.loading import load_model_and_tokenizer
+    from hf_posext.evaluation.loading import evaluation_dtype, load_model_and_tokenizer
     from hf_posext.evaluation.proportions import pooled_proportion
 
     wanted = [t for t in ("perplexity", "passkey", "needle") if t in tasks]
@@ -368,13 +368,14 @@ def _evaluation_cells(rows: list[Row], tasks: list[str], lengths: list[int], arg
     depths = (0.0, 0.25, 0.5, 0.75, 1.0)
     trials = max(1, math.ceil(args.samples / len(depths)))
     cells: list[dict[str, Any]] = []
-    for spec in dict.fromkeys(row.spec for row in rows):
-        model, tokenizer = load_model_and_tokenizer(spec.model, dtype=args.dtype, device=args.device, adapter=spec.adapter)
+    dtypes = {task: evaluation_dtype(args.dtype, task, args.device) for task in wanted}
+    for spec, dtype in ((spec, dtype) for spec in dict.fromkeys(row.spec for row in rows) for dtype in dict.fromkeys(dtypes.values())):
+        model, tokenizer = load_model_and_tokenizer(spec.model, dtype=dtype, device=args.device, adapter=spec.adapter)
         for row in (r for r in rows if r.spec == spec):
             request = row.request or _as_request(row.report)
             common = dict(methods=[request], lengths=lengths, factor=request.factor, out_dir=out, model_name=spec.key,
-                          extra_config={"dtype": args.dtype}, progress=args.progress)
-            for task in wanted:
+                          extra_config={"dtype": dtype}, progress=args.progress)
+            for task in (t for t in wanted if dtypes[t] == dtype):
                 if task == "perplexity":
                     store = perplexity.evaluate_perplexity(model, tokenizer, data=args.ppl_data, max_segments=min(8, args.samples), **common)
                 elif task == "passkey":
@@ -406,6 +407,7 @@ def _evaluation_cells(rows: list[Row], tasks: list[str], lengths: list[int], arg
 def run_card(args: Any) -> int:
     """Run ``hf-posext eval card`` with parsed ``args`` (see :func:`hf_posext.evaluation.card.add_card_arguments`)."""
     from hf_posext.evaluation.arguments import parse_lengths
+    from hf_posext.evaluation.loading import evaluation_dtype
 
     started = time.time()
     specs = parse_model_specs(args.models)
@@ -442,8 +444,11 @@ def run_card(args: Any) -> int:
                     prompt = max(len(tokenizer(task.doc_to_text(doc) + " " + doc.get("gen_prefix", ""))["input_ids"]) for doc in docs)
                     max_length = args.max_length or row.window
                     problem = check_length_budget(row.label, task_name, length, prompt, full, row.window, max_length)
-                    if problem and args.skip_over_window and "window" in problem and "max_length" not in problem.split(";")[0]:
-                        skipped.append({"what": f"{row.label}: {task_name} at {length}", "reason": problem.split(": ", 1)[1]})
+                    if problem and args.skip_over_window and prompt + full > row.window:
+                        # over the row's window (max_length defaults to it): listed, not run; a --max-length
+                        # below the window is the user's setting, and refused like any other
+                        reason = check_length_budget(row.label, task_name, length, prompt, full, row.window, prompt + full)
+                        skipped.append({"what": f"{row.label}: {task_name} at {length}", "reason": reason.split(": ", 2)[2]})
                         continue
                     if problem:
                         problems.append(problem)
@@ -456,6 +461,7 @@ def run_card(args: Any) -> int:
     def settings(partial: bool) -> dict[str, Any]:
         return {"models": [spec.key for spec in specs], "methods": args.methods, "factor": args.factor, "lengths": lengths,
                 "tasks": tasks, "samples": args.samples, "seed": args.seed, "budget": args.budget, "dtype": args.dtype,
+                "dtypes": {task: evaluation_dtype(args.dtype, "ruler" if task in ruler else task, args.device) for task in tasks},
                 "device": args.device, "max_length": args.max_length,
                 "rows": [{"label": r.label, "model": r.spec.key, "report": r.report} for r in rows],
                 "short_budgets": SHORT_BUDGETS, "seconds": round(time.time() - started, 1), "partial": partial}
@@ -471,13 +477,14 @@ def run_card(args: Any) -> int:
         # comparisons (every row on the same samples) rather than every cell of the first row. One model is
         # held at a time; a row's model is built again when its next cell comes (seconds, against minutes
         # of samples).
+        ruler_dtype = evaluation_dtype(args.dtype, "ruler", args.device)
         order = {name: i for i, name in enumerate(ruler)}
         held: tuple[Row, Any] | None = None
         for row, task_name, length, docs, key, path in sorted(plans, key=lambda p: (order[p[1]], p[2], p[0].index)):
             if held is None or held[0] is not row:
                 held = None
                 gc.collect()
-                model_args: dict[str, Any] = {"dtype": args.dtype}
+                model_args: dict[str, Any] = {"dtype": ruler_dtype}
                 if row.spec.adapter:
                     model_args["peft"] = row.spec.adapter
                 held = (row, PosextHFLM(pretrained=_tokenizer_path(row.spec), device=args.device, batch_size=1,
@@ -487,8 +494,8 @@ def run_card(args: Any) -> int:
             header = {"row": row.label, "model": row.spec.key, "request": row.request.to_dict() if row.request else AS_SAVED,
                       "report": {k: row.report.get(k) for k in ("method", "factor", "current_window", "original_window")},
                       "task": task_name, "length": length, "sample_key": key, "budget": args.budget,
-                      "dtype": args.dtype, "device": args.device}
-            results = SampleResults(out / "ruler" / f"{task_name}-{length}-{row.results_name(args.dtype, args.device)}.jsonl", header)
+                      "dtype": ruler_dtype, "device": args.device}
+            results = SampleResults(out / "ruler" / f"{task_name}-{length}-{row.results_name(ruler_dtype, args.device)}.jsonl", header)
             scores = run_ruler_cell(lm, task, docs, length, results, args.budget, args.progress)
             summary = score_summary(scores)
             records = [results.records[i] for i in range(len(docs)) if i in results.records]

@@ -1,0 +1,36 @@
+"""``--dtype auto``: which dtype each evaluation task runs in (hf_posext.evaluation.loading.evaluation_dtype)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hf_posext.evaluation import loading
+from hf_posext.evaluation.loading import evaluation_dtype
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_auto_is_bfloat16_only_for_retrieval_on_a_cpu_that_has_it(monkeypatch, native):
+    monkeypatch.setattr(loading, "cpu_has_native_bfloat16", lambda: native)
+    expected = "bfloat16" if native else "float32"
+    assert [evaluation_dtype("auto", task, "cpu") for task in ("passkey", "needle", "ruler")] == [expected] * 3
+    assert evaluation_dtype("auto", "perplexity", "cpu") == "float32"
+    assert evaluation_dtype("auto", "passkey", "cuda") == "float32"
+    assert evaluation_dtype("auto", "passkey", None) == "float32"  # --device-map: spread over accelerators
+    assert evaluation_dtype("float32", "passkey", "cpu") == "float32" and evaluation_dtype("bfloat16", "perplexity", "cpu") == "bfloat16"
+
+
+def test_the_passkey_cli_keys_its_cells_by_the_dtype_it_ran(monkeypatch, tmp_path):
+    """A run under ``auto`` records the resolved dtype, so a later float32 run never reads its cells."""
+    from hf_posext.cli import main
+
+    monkeypatch.setattr(loading, "cpu_has_native_bfloat16", lambda: True)
+    common = ["eval", "passkey", "--model", "tiny:llama:512", "--methods", "none", "--lengths", "400", "--trials", "1", "--depths", "0.5",
+              "--device", "cpu", "--no-progress"]
+    assert main([*common, "--out", str(tmp_path / "auto")]) == 0
+    assert main([*common, "--out", str(tmp_path / "fp32"), "--dtype", "float32"]) == 0
+    (auto,) = (tmp_path / "auto").glob("passkey-*.json")
+    (fp32,) = (tmp_path / "fp32").glob("passkey-*.json")
+    assert json.loads(auto.read_text())["config"]["dtype"] == "bfloat16"
+    assert json.loads(fp32.read_text())["config"]["dtype"] == "float32"

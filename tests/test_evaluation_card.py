@@ -105,6 +105,21 @@ def test_a_corrupt_results_file_is_named_never_reused(tmp_path):
     path.write_text("\n".join(lines) + "\n")
     with pytest.raises(SampleResultsError, match="another cell's samples"):
         SampleResults(path, {**header, "length": 16})
+    with pytest.raises(SampleResultsError, match="another cell's samples"):
+        SampleResults(path, {**header, "dtype": "bfloat16"})
+    # the row's label only presents the cell: a file written under another label is the same cell
+    assert sorted(SampleResults(path, {**header, "row": "r, renamed"}).records) == [0, 1]
+
+
+def test_an_attention_method_on_a_saved_scaling_is_labelled_with_both():
+    from hf_posext.integrations.lm_eval.card import Row
+
+    (spec,) = parse_model_specs("fine-tuned=runs/m")
+    saved = {"kind": "rope", "method": "yarn", "factor": 4.0}
+    string = {"kind": "attention", "method": "string", "factor": 1.0}
+    assert Row(0, spec, None, string, False, saved=saved).label == "fine-tuned, yarn ×4 + string"
+    assert Row(0, spec, None, string, False, saved={"kind": "rope", "method": "none", "factor": 1.0}).label == "fine-tuned, string ×1"
+    assert Row(0, spec, None, saved, False, saved=saved).label == "fine-tuned, yarn ×4"
 
 
 def test_over_budget_lengths_are_refused_in_one_line():

@@ -237,8 +237,9 @@ class SampleResults:
 
     Args:
         path: the ``.jsonl`` file.
-        header: what identifies the cell (row, method request, task, length, sample key); an existing file
-            with another header is refused (it holds another cell's samples).
+        header: what identifies the cell (model, method request, task, length, sample key, dtype) and its row's
+            label; an existing file with another header is refused (it holds another cell's samples), one that
+            differs only in the label is read.
     """
 
     def __init__(self, path: str | os.PathLike, header: dict[str, Any]) -> None:
@@ -269,7 +270,7 @@ class SampleResults:
             raise SampleResultsError(f"{self.path} line {number} is not a JSON record; delete the file to redo "
                                      "this cell's samples, or remove that line.") from None
         if number == 1:
-            if value != self.header:
+            if _identity(value) != _identity(self.header):
                 raise SampleResultsError(f"{self.path} holds another cell's samples (its header {value!r} is not "
                                          f"{self.header!r}); move it away.")
             return
@@ -297,6 +298,15 @@ class SampleResults:
 
     def scores(self, doc_ids: Iterable[int]) -> list[float]:
         return [float(self.records[i]["score"]) for i in doc_ids if i in self.records]
+
+
+#: Header fields that only present a cell (its row's label): a file whose header differs in them alone holds
+#: the same cell's samples (a label written by an older release reads as the same row).
+_PRESENTATION_FIELDS = ("row",)
+
+
+def _identity(header: Any) -> Any:
+    return {k: v for k, v in header.items() if k not in _PRESENTATION_FIELDS} if isinstance(header, dict) else header
 
 
 def _sample_problem(value: Any) -> str | None:

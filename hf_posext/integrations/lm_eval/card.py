@@ -168,10 +168,16 @@ class Row:
     request: ScalingRequest | None  # None: as saved
     report: dict[str, Any]
     base: bool
+    saved: dict[str, Any] | None = None  # the model's own scaling, before the row's method was patched
 
     @property
     def label(self) -> str:
-        return row_label(self.spec.name, self.report)
+        """``"fine-tuned, yarn ×4 + string"``: an attention method patched on a model whose frequency scaling
+        lives in its config is named with that scaling, which it runs on."""
+        report, saved = self.report, self.saved or {}
+        if report.get("kind") == "attention" and saved.get("kind") == "rope" and (saved.get("method") or "none") != "none":
+            report = {**report, "method": f"{saved['method']}+{report['method']}", "factor": saved.get("factor")}
+        return row_label(self.spec.name, report)
 
     @property
     def window(self) -> int:
@@ -238,7 +244,8 @@ def _rows(specs: list[ModelSpec], args: Any, lengths: list[int]) -> list[Row]:
                 patch(model, request.method, request.factor, **request.params_dict)
                 report = describe(model).to_dict()
                 unpatch(model)
-            rows.append(Row(len(rows), spec, request, report, base=spec_index == 0 and (request is None or request.method == "none")))
+            rows.append(Row(len(rows), spec, request, report, base=spec_index == 0 and (request is None or request.method == "none"),
+                            saved=saved))
         del model
         gc.collect()
     return rows
@@ -448,7 +455,7 @@ def run_card(args: Any) -> int:
                         # over the row's window (max_length defaults to it): listed, not run; a --max-length
                         # below the window is the user's setting, and refused like any other
                         reason = check_length_budget(row.label, task_name, length, prompt, full, row.window, prompt + full)
-                        skipped.append({"what": f"{row.label}: {task_name} at {length}", "reason": reason.split(": ", 2)[2]})
+                        skipped.append({"what": f"{row.label}: {task_name} at {length}", "reason": reason.split(": ", 2)[2].split(";")[0]})
                         continue
                     if problem:
                         problems.append(problem)

@@ -25,7 +25,7 @@ BEST=${BEST:-dynamic-ntk}
 DTYPE=${DTYPE:-auto}   # auto: perplexity float32; passkey, needle, RULER bfloat16 on a CPU with it natively
 MERGED=${MERGED:-$(VARIANT=retrieval-varied PYTHON=$PYTHON bash bench/finetune_retrieval_cpu.sh merge | tail -1)}
 MODELS="base=smollm2-135m@none;yarn:4;$BEST:4,fine-tuned=$MERGED@as-saved;string:1"
-COMMON=(--models "$MODELS" --tasks perplexity,passkey,needle,ruler --dtype "$DTYPE" --device "${DEVICE:-cpu}"
+COMMON=(--models "$MODELS" --tasks perplexity,passkey,needle,ruler,ending --dtype "$DTYPE" --device "${DEVICE:-cpu}"
         --ppl-data "$BOOKS/austen-emma.txt" --haystack "$BOOKS/melville-moby_dick.txt" --skip-over-window --no-progress
         --sample-cache bench/results/card/ruler-samples)
 case "$stage" in

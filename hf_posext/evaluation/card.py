@@ -32,7 +32,7 @@ from hf_posext.evaluation.labels import format_length
 from hf_posext.evaluation.proportions import Proportion
 
 __all__ = [
-    "RULER_OFFLINE_TASKS", "RULER_DOWNLOAD_TASKS", "CARD_TASKS", "SHORT_BUDGETS", "BEYOND_BASE_THRESHOLD",
+    "RULER_OFFLINE_TASKS", "RULER_DOWNLOAD_TASKS", "CARD_TASKS", "ENDING_BUDGET", "SHORT_BUDGETS", "BEYOND_BASE_THRESHOLD",
     "ModelSpec", "parse_model_specs", "method_text", "row_label", "tokenizer_hash", "sample_cache_key",
     "SampleCache", "SampleResultsError", "SampleResults", "check_length_budget", "needs_full_budget",
     "score_summary", "beyond_base", "card_rows", "markdown_card", "write_card", "add_card_arguments",
@@ -50,7 +50,9 @@ RULER_DOWNLOAD_TASKS = {
     "ruler_qa_squad": "downloads SQuAD with requests (ignores the HF offline variables)",
     "ruler_qa_hotpot": "downloads HotpotQA with requests (ignores the HF offline variables)",
 }
-CARD_TASKS = ("perplexity", "passkey", "needle", "ruler")
+CARD_TASKS = ("perplexity", "passkey", "needle", "ruler", "ending")
+#: Tokens an answer of the ``ending`` row may take before it counts as not ended (hf_posext.evaluation.ending).
+ENDING_BUDGET = 128
 #: Tokens generated per RULER sample before the answer is checked (lm-eval's own budgets: niah 128, vt 30,
 #: cwe 120, fwe 50). A sample that uses the whole short budget without scoring 1 is generated again with the
 #: task's full budget (:func:`needs_full_budget`), so the score is always the one the full budget gives.
@@ -524,8 +526,9 @@ def add_card_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--factor", type=float, help="factor for every method but none/as-saved (default: longest length / window)")
     parser.add_argument("--param", action="append", metavar="KEY=VALUE", help="method parameter for every method, repeatable")
     parser.add_argument("--lengths", required=True, help="comma-separated lengths in tokens, e.g. 2048,4096 or 4k,16k")
-    parser.add_argument("--tasks", default="perplexity,passkey,needle,ruler",
-                        help="perplexity, passkey, needle, ruler (all six offline tasks) or RULER task names (default: %(default)s)")
+    parser.add_argument("--tasks", default="perplexity,passkey,needle,ruler,ending",
+                        help="perplexity, passkey, needle, ruler (all six offline tasks), RULER task names, or ending (short "
+                             "chat-formatted instructions: does each answer end with the end-of-turn token?) (default: %(default)s)")
     parser.add_argument("--samples", type=int, default=20, help="samples per task and length (passkey/needle: trials over the depths; "
                         "perplexity: segments, at most 8) (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the RULER samples and the passkeys (default: %(default)s)")

@@ -36,7 +36,7 @@ import torch
 from hf_posext.api import describe, patch, unpatch
 from hf_posext.core.request import ScalingRequest, parse_param_items
 from hf_posext.evaluation.card import (
-    CARD_TASKS, RULER_DOWNLOAD_TASKS, RULER_OFFLINE_TASKS, SHORT_BUDGETS, ModelSpec, SampleCache, SampleResults,
+    CARD_TASKS, ENDING_BUDGET, RULER_DOWNLOAD_TASKS, RULER_OFFLINE_TASKS, SHORT_BUDGETS, ModelSpec, SampleCache, SampleResults,
     check_length_budget, needs_full_budget, parse_model_specs, row_label, sample_cache_key, score_summary, tokenizer_hash,
     write_card, markdown_card,
 )
@@ -411,6 +411,55 @@ def _evaluation_cells(rows: list[Row], tasks: list[str], lengths: list[int], arg
     return cells
 
 
+def _ending_cells(rows: list[Row], args: Any, skipped: list[dict[str, str]]) -> list[dict[str, Any]]:
+    """The short-context row: each row's answers to a few chat-formatted instructions, and whether they end
+    with the end-of-turn token within :data:`ENDING_BUDGET` tokens (where the original model's end)."""
+    from hf_posext.evaluation.ending import INSTRUCTIONS, answer_endings, chat_prompt, ended_like
+    from hf_posext.evaluation.loading import evaluation_dtype, load_model_and_tokenizer
+
+    out = Path(args.out) / "tasks"
+    dtype = evaluation_dtype(args.dtype, "ending", args.device)
+    cells: list[dict[str, Any]] = []
+    reference: list[dict[str, Any]] | None = None
+    for spec in dict.fromkeys(row.spec for row in rows):
+        model, tokenizer = load_model_and_tokenizer(spec.model, dtype=dtype, device=args.device, adapter=spec.adapter)
+        try:
+            longest = max(len(chat_prompt(tokenizer, instruction)) for instruction in INSTRUCTIONS)
+        except ValueError as error:
+            skipped.append({"what": f"{spec.name}: ending", "reason": str(error)})
+            continue
+        length = 1 << (longest + ENDING_BUDGET - 1).bit_length()
+        for row in (r for r in rows if r.spec == spec):
+            if row.request is not None and row.request.method != "none":
+                patch(model, row.request.method, row.request.factor, **row.request.params_dict)
+            try:
+                records = answer_endings(model, tokenizer, INSTRUCTIONS, max_new_tokens=ENDING_BUDGET)
+            finally:
+                if row.request is not None and row.request.method != "none":
+                    unpatch(model)
+            if row.base and reference is None:
+                reference = records
+            path = out / f"ending-{row.results_name(dtype, args.device)}.json"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            temporary = path.with_name(path.name + ".tmp")
+            temporary.write_text(json.dumps({"row": row.label, "model": spec.key, "budget": ENDING_BUDGET, "dtype": dtype,
+                                             "records": records}, indent=1))
+            temporary.replace(path)
+            cells.append({"task": "ending", "kind": "ending", "row": row.label, "row_index": row.index, "length": length,
+                          "base": row.base, "in_window": length <= row.window, "source": str(path), "records": records,
+                          **score_summary([1.0 if r["ended"] else 0.0 for r in records])})
+        del model
+        gc.collect()
+    if reference is not None:
+        for cell in cells:
+            cell.update(ended_like(cell.pop("records"), reference))
+            cell["text"] += f"; {cell['also_ended']}/{cell['reference_ended']} where the base model's end"
+    else:
+        for cell in cells:
+            cell.pop("records")
+    return cells
+
+
 def run_card(args: Any) -> int:
     """Run ``hf-posext eval card`` with parsed ``args`` (see :func:`hf_posext.evaluation.card.add_card_arguments`)."""
     from hf_posext.evaluation.arguments import parse_lengths
@@ -474,6 +523,8 @@ def run_card(args: Any) -> int:
                 "short_budgets": SHORT_BUDGETS, "seconds": round(time.time() - started, 1), "partial": partial}
 
     cells = _evaluation_cells(rows, tasks, lengths, args)
+    if "ending" in tasks:
+        cells.extend(_ending_cells(rows, args, skipped))
     if plans:
         write_card(out, cells, skipped, settings(partial=True))
 

@@ -1,0 +1,74 @@
+"""The ending check (hf_posext.evaluation.ending): does each answer end with the end-of-turn token?"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from hf_posext.evaluation.ending import INSTRUCTIONS, answer_endings, chat_prompt, end_token_ids, ended_like
+from hf_posext.models import tiny_model
+from tests.test_evaluation_card import LENGTH, _char_tokenizer
+
+TEMPLATE = "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>{% endfor %}{% if add_generation_prompt %}<s>assistant: {% endif %}"
+
+
+def _tokenizer():
+    tokenizer = _char_tokenizer()
+    tokenizer.chat_template = TEMPLATE
+    return tokenizer
+
+
+def _always(token: int):
+    """A tiny model that always predicts ``token`` (its output head picks it whatever the hidden state)."""
+    model = tiny_model("llama", max_position_embeddings=LENGTH)
+    with torch.no_grad():
+        model.lm_head.weight.zero_()  # every logit 0 ...
+    model.lm_head.register_forward_hook(lambda module, args, output: output.index_fill(-1, torch.tensor([token]), 1.0))  # ... but one
+    return model
+
+
+def test_an_answer_that_stops_on_the_end_token_ended_and_one_that_runs_out_did_not():
+    tokenizer = _tokenizer()
+    end = tokenizer.convert_tokens_to_ids("</s>")
+    assert end in end_token_ids(tokenizer)
+    ended = answer_endings(_always(end), tokenizer, INSTRUCTIONS[:2], max_new_tokens=8)
+    assert [(r["ended"], r["generated_tokens"], r["response"]) for r in ended] == [(True, 1, "")] * 2
+    letter = tokenizer.convert_tokens_to_ids("a")
+    running = answer_endings(_always(letter), tokenizer, INSTRUCTIONS[:2], max_new_tokens=8)
+    assert [(r["ended"], r["generated_tokens"], r["response"]) for r in running] == [(False, 8, "a" * 8)] * 2
+    assert ended_like(running, ended) == {"reference_ended": 2, "also_ended": 0}
+    assert ended_like(ended, running) == {"reference_ended": 0, "also_ended": 0}
+    assert ended_like(ended, ended) == {"reference_ended": 2, "also_ended": 2}
+
+
+def test_the_prompt_is_the_chat_template_with_the_assistant_turn_opened():
+    tokenizer = _tokenizer()
+    text = tokenizer.decode(chat_prompt(tokenizer, "Hi?"))
+    assert text.endswith("user: Hi?</s><s>assistant: ")
+    plain = _char_tokenizer()
+    with pytest.raises(ValueError, match="no chat template"):
+        chat_prompt(plain, "Hi?")
+
+
+def test_the_card_ending_row_on_a_tiny_model(tmp_path):
+    pytest.importorskip("lm_eval")
+    from hf_posext.cli import main
+
+    folder = tmp_path / "model"
+    tiny_model("llama", max_position_embeddings=LENGTH).save_pretrained(folder)
+    _tokenizer().save_pretrained(folder)
+    plain = tmp_path / "plain"
+    tiny_model("llama", max_position_embeddings=LENGTH).save_pretrained(plain)
+    _char_tokenizer().save_pretrained(plain)
+    out = tmp_path / "card"
+    assert main(["eval", "card", "--models", f"base={folder}@none;yarn:2,plain={plain}", "--lengths", str(LENGTH), "--tasks", "ending",
+                 "--out", str(out), "--no-progress"]) == 0
+    card = json.loads((out / "card.json").read_text())
+    cells = {c["row"]: c for c in card["cells"]}
+    assert set(cells) == {"base, unscaled", "base, yarn ×2"}
+    assert all(c["n"] == len(INSTRUCTIONS) and c["reference_ended"] == cells["base, unscaled"]["k"] for c in cells.values())
+    assert [s for s in card["skipped"] if s["what"] == "plain: ending" and "no chat template" in s["reason"]]
+    stored = json.loads(next((out / "tasks").glob("ending-base-yarn-x2-*.json")).read_text())
+    assert len(stored["records"]) == len(INSTRUCTIONS) and stored["budget"] == 128

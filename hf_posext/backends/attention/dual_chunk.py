@@ -529,7 +529,8 @@ def dual_chunk_attention(
     query_positions, key_positions = call_positions(query, key, kwargs.get("position_ids"), _LABEL)
     plain = layer.chunk_size is None
     if not plain and q_len > DECODE_QUERIES:
-        # A prefill: one host sync is cheap next to the work, and short prompts stay bit for bit the model's.
+        # A prefill: one host sync is cheap next to the work, and prompts inside one chunk stay bit for bit the
+        # model's (prompts of at most DECODE_QUERIES tokens took the decode kernel above: equal values, not SDPA's bits).
         plain = int(query_positions.max()) < chunk_length(layer.chunk_size, layer.local_window)
     if plain and layer.mask_kind == "sdpa" and softcap is None:
         return plain_attention(module, query, key, value, attention_mask, dropout, scaling, kwargs)

@@ -5,6 +5,7 @@
 #   nohup bash bench/card_smollm2.sh cpu   > bench/results/card/cpu.log 2>&1 &    # 20 samples a task, up to 16384
 #   nohup bash bench/card_smollm2.sh cpu32 > bench/results/card/cpu32.log 2>&1 &  # 10 samples a task at 32768
 #   nohup bash bench/card_smollm2.sh counting > bench/results/card/counting.log 2>&1 &   # first: the two tasks that count
+#   nohup bash bench/card_smollm2.sh counting32 > bench/results/card/counting32.log 2>&1 &   # then: those two at 32768
 #
 # `counting` runs the part the targets rest on first: niah_single_1 and ruler_fwe (the tasks the original model
 # does inside its window), the original model at 2048 and 8192, training-free yarn x4 and the fine-tuned model
@@ -12,13 +13,17 @@
 # sample files are named by row, task, length and dtype). Retrieval runs in bfloat16 on such a CPU (--dtype auto): 0.43x float32's time
 # per 16384-token sample with the same responses (bench/results/cpu_retrieval_dtype/).
 #
+# `counting32` runs the same two tasks at 32768 (where the targets are), 10 samples, the fine-tuned model with string
+# first (the headline), then training-free yarn x4, into cpu-32k/ (which `cpu32` then resumes). On a CPU without
+# native bfloat16 (AVX2 only) --dtype auto runs float32: there bfloat16 is slower, not faster.
+#
 # Rows (one --models entry each; the methods after @ are that model's):
 #   the original model, unscaled, inside its 8192 window (2048/4096/8192: where each task's ability ends; the
 #   longer lengths are listed as skipped, over the window); training-free yarn x4 and BEST (x4); the fine-tuned
 #   headline model (MERGED: bench/finetune_retrieval_cpu.sh merge, yarn x4 in its config) as saved + string.
 # Environment: MERGED (default: the retrieval-varied merge), BEST (default dynamic-ntk), PYTHON, DTYPE, BOOKS.
 set -uo pipefail
-stage=${1:?stage: cpu|cpu32|counting}
+stage=${1:?stage: cpu|cpu32|counting|counting32}
 PYTHON=${PYTHON:-python}
 BOOKS=${BOOKS:-/work/shared/data/books}
 BEST=${BEST:-dynamic-ntk}
@@ -36,5 +41,8 @@ cpu32) OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} "$PYTHON" -m hf_posext.cli eval car
 counting) OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} "$PYTHON" -m hf_posext.cli eval card --models "base=smollm2-135m@none;yarn:4,fine-tuned=$MERGED@string:1" \
            --tasks niah_single_1,ruler_fwe --lengths 2048,8192,16384 --samples "${SAMPLES:-20}" --dtype "$DTYPE" \
            --device "${DEVICE:-cpu}" --skip-over-window --no-progress --sample-cache bench/results/card/ruler-samples --out bench/results/card/cpu ;;
-*) echo "unknown stage $stage (cpu|cpu32|counting)" >&2; exit 2 ;;
+counting32) OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} "$PYTHON" -m hf_posext.cli eval card --models "fine-tuned=$MERGED@string:1,base=smollm2-135m@yarn:4" \
+           --tasks niah_single_1,ruler_fwe --lengths 32768 --samples "${SAMPLES:-10}" --dtype "$DTYPE" \
+           --device "${DEVICE:-cpu}" --no-progress --sample-cache bench/results/card/ruler-samples --out bench/results/card/cpu-32k ;;
+*) echo "unknown stage $stage (cpu|cpu32|counting|counting32)" >&2; exit 2 ;;
 esac

@@ -34,3 +34,23 @@ def test_the_passkey_cli_keys_its_cells_by_the_dtype_it_ran(monkeypatch, tmp_pat
     (fp32,) = (tmp_path / "fp32").glob("passkey-*.json")
     assert json.loads(auto.read_text())["config"]["dtype"] == "bfloat16"
     assert json.loads(fp32.read_text())["config"]["dtype"] == "float32"
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_the_auto_note_names_each_dtype_and_why(monkeypatch, native):
+    monkeypatch.setattr(loading, "cpu_has_native_bfloat16", lambda: native)
+    note = loading.auto_dtype_note(["perplexity", "ruler", "ruler", "passkey"], "cpu")
+    if native:
+        assert note.startswith("--dtype auto: float32 for perplexity; bfloat16 for ruler, passkey (this CPU runs bfloat16 natively")
+    else:
+        assert note.startswith("--dtype auto: float32 for perplexity, ruler, passkey (this CPU has no native bfloat16")
+    assert loading.auto_dtype_note(["passkey"], "cuda") == "--dtype auto: float32 for passkey (float32 off the CPU; pass --dtype bfloat16 to choose it)"
+
+
+def test_the_passkey_cli_says_what_auto_chose(monkeypatch, tmp_path, capsys):
+    from hf_posext.cli import main
+
+    monkeypatch.setattr(loading, "cpu_has_native_bfloat16", lambda: False)
+    assert main(["eval", "passkey", "--model", "tiny:llama:512", "--methods", "none", "--lengths", "400", "--trials", "1", "--depths", "0.5",
+                 "--device", "cpu", "--no-progress", "--out", str(tmp_path)]) == 0
+    assert "--dtype auto: float32 for passkey (this CPU has no native bfloat16" in capsys.readouterr().err

@@ -155,7 +155,7 @@ def _run_task(task: str, args: argparse.Namespace) -> int:
     from hf_posext.evaluation import needle, passkey, perplexity
     from hf_posext.evaluation.report import markdown_tables, write_plots
     from hf_posext.evaluation.arguments import parse_floats, parse_lengths, parse_methods
-    from hf_posext.evaluation.loading import evaluation_dtype, load_model_and_tokenizer
+    from hf_posext.evaluation.loading import AUTO_DTYPE, auto_dtype_note, evaluation_dtype, load_model_and_tokenizer
     from hf_posext.lm.distributed import Distributed
 
     started = time.time()
@@ -177,6 +177,8 @@ def _run_task(task: str, args: argparse.Namespace) -> int:
             args.factor = record.factor
     if task != "perplexity":
         _check_prompt_lengths(task, args, lengths)
+    if args.dtype == AUTO_DTYPE and dist.is_main:
+        print(auto_dtype_note([task], device), file=sys.stderr)
     args.dtype = evaluation_dtype(args.dtype, task, device)  # the dtype run, and the one the results are keyed by
     model, tokenizer = load_model_and_tokenizer(args.model, dtype=args.dtype, device=device, device_map=args.device_map,
                                                 attn_implementation=args.attn_implementation, adapter=adapter)

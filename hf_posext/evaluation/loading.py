@@ -6,7 +6,7 @@ from typing import Any, Sequence
 
 import torch
 
-__all__ = ["AUTO_DTYPE", "AsciiTokenizer", "cpu_has_native_bfloat16", "evaluation_dtype", "load_model_and_tokenizer"]
+__all__ = ["AUTO_DTYPE", "AsciiTokenizer", "auto_dtype_note", "cpu_has_native_bfloat16", "evaluation_dtype", "load_model_and_tokenizer"]
 
 #: ``--dtype auto``: the dtype each evaluation task runs in where none is given (:func:`evaluation_dtype`).
 AUTO_DTYPE = "auto"
@@ -35,6 +35,25 @@ def evaluation_dtype(dtype: str, task: str, device: str | torch.device | None) -
         return dtype
     on_cpu = device is not None and torch.device(device).type == "cpu"
     return "bfloat16" if task in RETRIEVAL_TASKS and on_cpu and cpu_has_native_bfloat16() else "float32"
+
+
+def auto_dtype_note(tasks: Sequence[str], device: str | torch.device | None) -> str:
+    """One line saying what ``--dtype auto`` chose for ``tasks`` on ``device``, and why (printed before a run)."""
+    chosen: dict[str, list[str]] = {}
+    for task in dict.fromkeys(tasks):
+        chosen.setdefault(evaluation_dtype(AUTO_DTYPE, task, device), []).append(task)
+    parts = "; ".join(f"{dtype} for {', '.join(names)}" for dtype, names in chosen.items())
+    retrieval = any(task in RETRIEVAL_TASKS for task in tasks)
+    on_cpu = device is not None and torch.device(device).type == "cpu"
+    if retrieval and on_cpu and cpu_has_native_bfloat16():
+        why = "this CPU runs bfloat16 natively: retrieval in bfloat16, perplexity in float32"
+    elif retrieval and on_cpu:
+        why = "this CPU has no native bfloat16 (no AVX-512 BF16 or AMX), where bfloat16 is slower than float32"
+    elif retrieval:
+        why = "float32 off the CPU; pass --dtype bfloat16 to choose it"
+    else:
+        why = "perplexity stays float32"
+    return f"--dtype auto: {parts} ({why})"
 
 
 class AsciiTokenizer:

@@ -26,6 +26,7 @@ import logging
 import math
 import random
 import re
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -463,7 +464,7 @@ def _ending_cells(rows: list[Row], args: Any, skipped: list[dict[str, str]]) -> 
 def run_card(args: Any) -> int:
     """Run ``hf-posext eval card`` with parsed ``args`` (see :func:`hf_posext.evaluation.card.add_card_arguments`)."""
     from hf_posext.evaluation.arguments import parse_lengths
-    from hf_posext.evaluation.loading import evaluation_dtype
+    from hf_posext.evaluation.loading import AUTO_DTYPE, auto_dtype_note, evaluation_dtype
 
     started = time.time()
     specs = parse_model_specs(args.models)
@@ -522,6 +523,8 @@ def run_card(args: Any) -> int:
                 "rows": [{"label": r.label, "model": r.spec.key, "report": r.report} for r in rows],
                 "short_budgets": SHORT_BUDGETS, "seconds": round(time.time() - started, 1), "partial": partial}
 
+    if args.dtype == AUTO_DTYPE:
+        print(auto_dtype_note(["ruler" if task in ruler else task for task in tasks], args.device), file=sys.stderr)
     cells = _evaluation_cells(rows, tasks, lengths, args)
     if "ending" in tasks:
         cells.extend(_ending_cells(rows, args, skipped))

@@ -14,8 +14,13 @@
 # per 16384-token sample with the same responses (bench/results/cpu_retrieval_dtype/).
 #
 # `counting32` runs the same two tasks at 32768 (where the targets are), 10 samples, the fine-tuned model with string
-# first (the headline), then training-free yarn x4, into cpu-32k/ (which `cpu32` then resumes). On a CPU without
-# native bfloat16 (AVX2 only) --dtype auto runs float32: there bfloat16 is slower, not faster.
+# first (the headline), then training-free yarn x4, into cpu-32k/ (which `cpu32` then resumes).
+#
+# Each folder keeps one dtype, so that any machine resumes it (a sample file is named by its dtype, and a float32
+# run never reads a bfloat16 one): cpu/ is bfloat16 for retrieval (--dtype auto on a CPU with native bfloat16;
+# perplexity float32), cpu-32k/ is float32 (first run on an AVX2-only CPU, where bfloat16 is emulated: 4.6x
+# float32's time for a 4096-token forward, bench/cpu_forward_dtype.py). `cpu` and `counting` refuse to start on a
+# CPU without native bfloat16 unless DTYPE is given.
 #
 # Rows (one --models entry each; the methods after @ are that model's):
 #   the original model, unscaled, inside its 8192 window (2048/4096/8192: where each task's ability ends; the
@@ -27,7 +32,14 @@ stage=${1:?stage: cpu|cpu32|counting|counting32}
 PYTHON=${PYTHON:-python}
 BOOKS=${BOOKS:-/work/shared/data/books}
 BEST=${BEST:-dynamic-ntk}
-DTYPE=${DTYPE:-auto}   # auto: perplexity float32; passkey, needle, RULER bfloat16 on a CPU with it natively
+case "$stage" in
+cpu32|counting32) DTYPE=${DTYPE:-float32} ;;
+*) if [ -z "${DTYPE:-}" ] && ! "$PYTHON" -c "from hf_posext.evaluation.loading import cpu_has_native_bfloat16 as n; raise SystemExit(not n())"; then
+     echo "this CPU has no native bfloat16: bench/results/card/cpu holds bfloat16 samples that --dtype auto (float32 here) would not resume; run counting32 or cpu32 here, or set DTYPE=bfloat16 (slower here)" >&2
+     exit 2
+   fi
+   DTYPE=${DTYPE:-auto} ;;   # auto: perplexity float32; passkey, needle, RULER bfloat16 on a CPU with it natively
+esac
 MERGED=${MERGED:-$(VARIANT=retrieval-varied PYTHON=$PYTHON bash bench/finetune_retrieval_cpu.sh merge | tail -1)}
 MODELS="base=smollm2-135m@none;yarn:4;$BEST:4,fine-tuned=$MERGED@as-saved;string:1"
 COMMON=(--models "$MODELS" --tasks perplexity,passkey,needle,ruler,ending --dtype "$DTYPE" --device "${DEVICE:-cpu}"

@@ -18,7 +18,7 @@
 #
 # Each folder keeps one dtype, so that any machine resumes it (a sample file is named by its dtype, and a float32
 # run never reads a bfloat16 one): cpu/ is bfloat16 for retrieval (--dtype auto on a CPU with native bfloat16;
-# perplexity float32), cpu-32k/ is float32 (first run on an AVX2-only CPU, where bfloat16 is emulated: 4.6x
+# perplexity float32), cpu-32k/ is float32 (first run on an AVX2-only CPU, where bfloat16 is emulated: 5.2x
 # float32's time for a 4096-token forward, bench/cpu_forward_dtype.py). `cpu` and `counting` refuse to start on a
 # CPU without native bfloat16 unless DTYPE is given.
 #

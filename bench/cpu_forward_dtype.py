@@ -12,17 +12,18 @@ from __future__ import annotations
 import argparse
 import time
 
-import torch
-
-from hf_posext.evaluation.loading import cpu_has_native_bfloat16
-from hf_posext.models import load_model
-
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m", help="model name (default: %(default)s)")
     parser.add_argument("--length", type=int, default=4096, help="tokens in the forward pass (default: %(default)s)")
     args = parser.parse_args()
+
+    import torch
+
+    from hf_posext.evaluation.loading import cpu_has_native_bfloat16
+    from hf_posext.models import load_model
+
     print(f"cpu capability {torch.backends.cpu.get_cpu_capability()}, native bfloat16: {cpu_has_native_bfloat16()}, "
           f"threads {torch.get_num_threads()}")
     tokens = torch.randint(0, 1000, (1, args.length), generator=torch.Generator().manual_seed(0))

@@ -1,5 +1,6 @@
 """``hf-posext eval card``: the RULER sample cache and its key, per-sample resume, the length-budget refusal,
-a corrupt results file, the short generation budget, labels, and the card end to end on a tiny model."""
+a corrupt results file, the short generation budget, labels, paired comparisons, writing a card again from its
+folder (``hf-posext report CARD``), and the card end to end on a tiny model."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from hf_posext.evaluation.card import (
-    SampleCache, SampleResults, SampleResultsError, beyond_base, check_length_budget, method_text, needs_full_budget,
-    parse_model_specs, row_label, sample_cache_key, score_summary, tokenizer_hash,
+    CardFileError, SampleCache, SampleResults, SampleResultsError, beyond_base, check_length_budget, method_text,
+    needs_full_budget, paired_comparisons, parse_model_specs, read_sample_records, rewrite_card, row_label,
+    ruler_cell_fields, sample_cache_key, score_summary, tokenizer_hash, write_card,
 )
 
 LENGTH = 2048  # characters = tokens with the character tokenizer; ruler_vt loops forever at 1024 (its few-shot example fills it)
@@ -148,6 +150,92 @@ def test_scores_intervals_and_beyond_the_base_model():
     assert beyond_base(cells) == {"a": True, "b": False}
 
 
+KEY = {"task": "niah_single_1", "length": 4096, "seed": 0}
+
+
+def _cell(row: str, index: int, scores: dict[int, float], key: dict | None = None, task: str = "niah_single_1") -> dict:
+    return {"task": task, "kind": "ruler", "row": row, "row_index": index, "length": 4096, "base": index == 0,
+            "in_window": True, "sample_key": key or KEY, "scores": {str(i): v for i, v in scores.items()},
+            **score_summary(list(scores.values()))}
+
+
+def test_paired_comparisons_count_the_samples_each_row_won():
+    """Only samples both rows scored count; the row with the higher total is written first; ties enter
+    neither side of the sign test; another sample key is never paired."""
+    yarn = _cell("yarn", 0, {0: 1, 1: 1, 2: 0, 3: 0, 4: 0, 5: 1, 6: 0, 7: 0, 8: 0})
+    tuned = _cell("tuned", 1, {0: 1, 1: 1, 2: 1, 3: 1, 4: 1, 5: 1, 6: 1, 7: 1, 9: 0})  # doc 8 / 9: one row only
+    other = _cell("other samples", 2, {i: 0 for i in range(9)}, key={**KEY, "seed": 1})
+    (pair,) = paired_comparisons([yarn, tuned, other])
+    assert (pair["first"], pair["second"]) == ("tuned", "yarn")
+    assert (pair["higher"], pair["lower"], pair["equal"], pair["n"]) == (5, 0, 3, 8)
+    assert pair["p"] == 2 / 2**5 and pair["text"] == "5:0 of 8 (p = 0.062)"
+    # fractional scores (ruler_fwe: the share of 3 words found) compare as numbers
+    a = _cell("a", 0, {0: 2 / 3, 1: 1 / 3, 2: 1.0}, task="ruler_fwe")
+    b = _cell("b", 1, {0: 1 / 3, 1: 1 / 3, 2: 0.0}, task="ruler_fwe")
+    (fwe,) = paired_comparisons([a, b])
+    assert (fwe["first"], fwe["higher"], fwe["lower"], fwe["equal"]) == ("a", 2, 0, 1)
+    # cells without per-sample scores (a card.json from before they were kept) are not compared
+    assert paired_comparisons([{k: v for k, v in yarn.items() if k != "scores"}, tuned]) == []
+
+
+def _sample_file(path: Path, scores: list[float], cut_tail: bool = False) -> None:
+    lines = [json.dumps({"record_version": 1, "row": "r", "task": "niah_single_1", "length": 4096})]
+    lines += [json.dumps({"doc_id": i, "score": v, "response": " 1", "timing": {"prefill_s": 1.0, "generate_s": 0.5,
+                                                                                 "harness_s": 0.0, "total_s": 1.5}})
+              for i, v in enumerate(scores)]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + ("\n" + '{"doc_id": 9, "sco' if cut_tail else "\n"))
+
+
+def test_a_card_is_written_again_from_its_folder_without_touching_its_samples(tmp_path):
+    """``hf-posext report CARD``: every RULER cell is read again from its sample file (a card.json written
+    before per-sample scores were kept gains the paired table; a cell shows the samples its file holds), and a
+    file a run is still appending to (a cut-off last line) is read, never rewritten."""
+    from hf_posext.cli import main
+
+    folder = tmp_path / "card"
+    first, second = folder / "ruler" / "first.jsonl", folder / "ruler" / "second.jsonl"
+    _sample_file(first, [1, 1, 1, 1])
+    _sample_file(second, [0, 1, 0, 1], cut_tail=True)
+    cells = []
+    for index, path in enumerate((first, second)):
+        cell = {**_cell(f"row {index}", index, {0: 1.0}), "source": f"somewhere/else/{path.name}"}  # moved since
+        del cell["scores"]
+        cells.append(cell)
+    write_card(folder, cells, [], {"samples": 4, "partial": False})
+    assert json.loads((folder / "card.json").read_text())["paired"] == []
+    before = {p: p.read_bytes() for p in (first, second)}
+
+    assert main(["report", str(folder)]) == 0
+    card = json.loads((folder / "card.json").read_text())
+    assert [c["n"] for c in card["cells"]] == [4, 4] and card["cells"][1]["text"].startswith("2/4")
+    (pair,) = card["paired"]
+    assert (pair["first"], pair["higher"], pair["lower"]) == ("row 0", 2, 0)
+    assert "Paired samples" in (folder / "card.html").read_text() and "2:0 of 4" in (folder / "card.md").read_text()
+    assert {p: p.read_bytes() for p in before} == before
+    assert read_sample_records(second).keys() == {0, 1, 2, 3}
+    assert ruler_cell_fields(read_sample_records(first), 2)["n"] == 2  # only the card's first --samples
+
+
+def test_a_damaged_card_or_a_missing_sample_file_is_named(tmp_path, capsys):
+    from hf_posext.cli import main
+
+    folder = tmp_path / "card"
+    folder.mkdir()
+    (folder / "card.json").write_text('{"cells": [')
+    with pytest.raises(CardFileError, match="card.json is not a card"):
+        rewrite_card(folder)
+    write_card(folder, [{**_cell("r", 0, {0: 1.0}), "source": "gone.jsonl"}], [], {"samples": 1})
+    with pytest.raises(FileNotFoundError, match="gone.jsonl"):
+        rewrite_card(folder)
+    _sample_file(folder / "ruler" / "gone.jsonl", [1])
+    (folder / "ruler" / "gone.jsonl").write_text((folder / "ruler" / "gone.jsonl").read_text() + '{"doc_id": 1}\n')
+    with pytest.raises(SampleResultsError, match="line 3 lacks its 'score'"):
+        rewrite_card(folder)
+    assert main(["report", str(folder), "--compare", "a", "b"]) == 2
+    assert "compares its rows on the same RULER samples itself" in capsys.readouterr().err
+
+
 # ------------------------------------------------------------------ with lm-eval on the tiny model
 
 
@@ -198,6 +286,12 @@ def test_card_end_to_end_on_the_tiny_model(tiny_folder, tmp_path):
     assert main(argv) == 0
     assert {p: p.read_bytes() for p in files} == files
     assert card["settings"]["partial"] is False
+    # every pair of rows compared on the same samples, task by task
+    assert {p["task"] for p in card["paired"]} == set(tasks.split(",")) and all(p["n"] == 2 for p in card["paired"])
+    for pair in card["paired"]:
+        first, second = ({int(k): v for k, v in c["scores"].items()} for name in (pair["first"], pair["second"])
+                         for c in ruler if c["task"] == pair["task"] and c["row"] == name)
+        assert pair["higher"] == sum(first[i] > second[i] for i in first) and pair["lower"] == sum(first[i] < second[i] for i in first)
 
     # the full budget scores every sample exactly as the short one did (and is refused past the window)
     full = tmp_path / "full"

@@ -4,13 +4,20 @@ A card evaluates rows (model x scaling method) at several lengths on perplexity,
 six RULER tasks that lm-evaluation-harness builds offline. This module holds what is independent of the
 harness: the row specs and their reader-facing labels, the RULER sample cache and its key, the
 per-sample results files, the length-budget check, the short generation budget and when it must be
-escalated, and the card itself (table, one plot per task, one HTML page). The harness side (building
+escalated, and the card itself (table, paired comparisons, one plot per task, one HTML page, and writing it
+again from its folder). The harness side (building
 RULER samples, running them through the ``hf-posext`` model) is
 :mod:`hf_posext.integrations.lm_eval.card`.
 
 Scores: a RULER sample scores in [0, 1] (the share of its answers found, lm-eval's ``string_match_all``);
 a task whose samples all score 0 or 1 is shown as ``k/n`` with its Wilson interval, any other as the mean
 with a percentile-bootstrap interval (2000 resamples, seeded: the same file gives the same interval).
+
+Paired comparisons: two rows that ran a RULER task at one length on the same samples (the same sample key)
+are compared sample by sample: on how many samples each scored higher than the other, and the exact
+two-sided sign test on those (ties leave it; for 0/1 scores this is McNemar's exact test). That is sharper
+than two overlapping intervals: 20/20 against 15/20 overlap as intervals, yet 5 samples one way and none the
+other give p = 0.0625, and 6 give p = 0.031.
 """
 
 from __future__ import annotations
@@ -23,19 +30,21 @@ import math
 import os
 import random
 import re
+from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from hf_posext.core.errors import DamagedFileError
 from hf_posext.evaluation.labels import format_length
-from hf_posext.evaluation.proportions import Proportion
+from hf_posext.evaluation.proportions import Proportion, sign_test_p_value
 
 __all__ = [
     "RULER_OFFLINE_TASKS", "RULER_DOWNLOAD_TASKS", "CARD_TASKS", "ENDING_BUDGET", "SHORT_BUDGETS", "BEYOND_BASE_THRESHOLD",
     "ModelSpec", "parse_model_specs", "method_text", "row_label", "tokenizer_hash", "sample_cache_key",
     "SampleCache", "SampleResultsError", "SampleResults", "check_length_budget", "needs_full_budget",
-    "score_summary", "beyond_base", "card_rows", "markdown_card", "write_card", "add_card_arguments",
+    "score_summary", "beyond_base", "card_rows", "paired_comparisons", "markdown_card", "write_card",
+    "read_sample_records", "ruler_cell_fields", "CardFileError", "rewrite_card", "add_card_arguments",
 ]
 
 #: The RULER tasks of lm-eval that generate their samples locally (no download).
@@ -322,6 +331,42 @@ def _sample_problem(value: Any) -> str | None:
     return None
 
 
+def read_sample_records(path: str | os.PathLike) -> dict[int, dict[str, Any]]:
+    """A per-sample results file's records by doc id, read without changing the file (a run may be appending
+    to it: a last line without its newline is the sample being written, and is left out).
+
+    Raises:
+        FileNotFoundError: no such file.
+        SampleResultsError: a line that is not a complete sample record (the message names the file and line).
+    """
+    path = Path(path)
+    lines = path.read_bytes().split(b"\n")
+    lines.pop()  # b"" after the last newline, or the line being written
+    records: dict[int, dict[str, Any]] = {}
+    for number, line in enumerate(lines[1:], start=2):
+        try:
+            value = json.loads(line.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            raise SampleResultsError(f"{path} line {number} is not a JSON record; delete the file to redo this cell's samples, "
+                                     "or remove that line.") from None
+        problem = _sample_problem(value)
+        if problem:
+            raise SampleResultsError(f"{path} line {number} {problem}; delete the file to redo this cell's samples.")
+        records[int(value["doc_id"])] = value
+    return records
+
+
+def ruler_cell_fields(records: dict[int, dict[str, Any]], samples: int) -> dict[str, Any]:
+    """What a RULER cell of the card holds from its first ``samples`` records: ``scores`` (doc id -> score, for
+    the paired comparisons), ``mean_timing`` (seconds a sample, with any full-budget rerun), ``escalated`` (how
+    many were generated again with the full budget) and :func:`score_summary`'s fields."""
+    chosen = [records[i] for i in range(samples) if i in records]
+    timing = {name: round(sum(r["timing"][name] + r.get("timing_full", {}).get(name, 0.0) for r in chosen) / len(chosen), 3)
+              for name in ("prefill_s", "generate_s", "harness_s", "total_s")} if chosen and all("timing" in r for r in chosen) else {}
+    return {"scores": {str(r["doc_id"]): float(r["score"]) for r in chosen}, "mean_timing": timing,
+            "escalated": sum(bool(r.get("escalated")) for r in chosen), **score_summary([float(r["score"]) for r in chosen])}
+
+
 # ------------------------------------------------------------------ budgets
 
 
@@ -396,8 +441,67 @@ def card_rows(cells: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(cells, key=lambda c: (order.get(c["task"], 99), c["task"], c["row_index"], c["length"]))
 
 
+def paired_comparisons(cells: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every two rows that ran a RULER task at a length on the same samples, compared sample by sample.
+
+    Cells must carry ``scores`` (``{doc_id: score}``, as :func:`write_card` keeps them). Two cells pair when
+    they have the same task, length and sample key; only the samples both scored count. Within a task a
+    pair is written the same way round at every length: the row with the higher total over the pair's
+    samples first (the earlier row on a tie), so a reader sees "A vs B: higher on 6, lower on 0".
+
+    Returns:
+        One dict per (task, pair, length), in card order: ``task``, ``first``, ``second``, ``length``,
+        ``higher`` (samples the first scored higher on), ``lower``, ``equal``, ``n``, ``p`` (exact two-sided
+        sign test on ``higher`` against ``lower``) and ``text`` (``"6:0 of 10 (p = 0.031)"``).
+    """
+    groups: dict[tuple[str, int, str], list[dict[str, Any]]] = defaultdict(list)
+    for cell in card_rows(cells):
+        if cell.get("kind") == "ruler" and cell.get("scores"):
+            groups[(cell["task"], cell["length"], json.dumps(cell.get("sample_key"), sort_keys=True))].append(cell)
+    found: dict[tuple[str, int, int], dict[int, tuple[list[float], list[float]]]] = defaultdict(dict)
+    rows: dict[int, str] = {}
+    for (task, length, _key), group in groups.items():
+        for index, a in enumerate(group):
+            for b in group[index + 1:]:
+                if a["row_index"] == b["row_index"]:
+                    continue
+                first, second = sorted((a, b), key=lambda c: c["row_index"])
+                common = sorted(set(first["scores"]) & set(second["scores"]), key=int)
+                if common:
+                    rows.update({first["row_index"]: first["row"], second["row_index"]: second["row"]})
+                    found[(task, first["row_index"], second["row_index"])][length] = (
+                        [float(first["scores"][i]) for i in common], [float(second["scores"][i]) for i in common])
+    comparisons = []
+    for (task, i, j), by_length in found.items():
+        total = sum(sum(x) - sum(y) for x, y in by_length.values())
+        swap = total < 0
+        for length, (x, y) in sorted(by_length.items()):
+            if swap:
+                x, y = y, x
+            higher = sum(a > b for a, b in zip(x, y))
+            lower = sum(a < b for a, b in zip(x, y))
+            p = sign_test_p_value(higher, lower)
+            comparisons.append({"task": task, "first": rows[j if swap else i], "second": rows[i if swap else j], "length": length,
+                                "higher": higher, "lower": lower, "equal": len(x) - higher - lower, "n": len(x), "p": p,
+                                "text": f"{higher}:{lower} of {len(x)} (p = {p:.2g})"})
+    return comparisons
+
+
+#: How the paired table reads (markdown and HTML).
+PAIRED_CAPTION = ("Paired samples (RULER): the samples on which the first row scored higher : those on which the second "
+                  "did, of the samples both ran (ties count in neither); exact two-sided sign test.")
+
+
+def _paired_table(comparisons: Sequence[dict[str, Any]]) -> tuple[list[int], list[tuple[str, str, dict[int, str]]]]:
+    lengths = sorted({c["length"] for c in comparisons})
+    lines: dict[tuple[str, str], dict[int, str]] = {}
+    for c in comparisons:
+        lines.setdefault((c["task"], f"{c['first']} vs {c['second']}"), {})[c["length"]] = c["text"]
+    return lengths, [(task, pair, texts) for (task, pair), texts in lines.items()]
+
+
 def markdown_card(cells: Sequence[dict[str, Any]], skipped: Sequence[dict[str, str]] = ()) -> str:
-    """The card as markdown: one table, task × row × length."""
+    """The card as markdown: one table, task × row × length, then the paired comparisons."""
     marks = beyond_base(cells)
     lengths = sorted({c["length"] for c in cells})
     lines = ["| task | row | " + " | ".join(format_length(n) for n in lengths) + " |", "|---|---|" + "---:|" * len(lengths)]
@@ -410,6 +514,12 @@ def markdown_card(cells: Sequence[dict[str, Any]], skipped: Sequence[dict[str, s
         task = cell["task"] + (" (beyond the base model)" if marks.get(cell["task"]) else "")
         texts = [by_key[(cell["task"], cell["row"], n)]["text"] if (cell["task"], cell["row"], n) in by_key else "" for n in lengths]
         lines.append(f"| {task} | {cell['row']} | " + " | ".join(texts) + " |")
+    comparisons = paired_comparisons(cells)
+    if comparisons:
+        paired_lengths, paired = _paired_table(comparisons)
+        lines += ["", PAIRED_CAPTION, "", "| task | pair | " + " | ".join(format_length(n) for n in paired_lengths) + " |",
+                  "|---|---|" + "---:|" * len(paired_lengths)]
+        lines += [f"| {task} | {pair} | " + " | ".join(texts.get(n, "") for n in paired_lengths) + " |" for task, pair, texts in paired]
     for item in skipped:
         lines.append(f"\nskipped: {item['what']}: {item['reason']}")
     return "\n".join(lines)
@@ -478,7 +588,9 @@ def write_card(out: str | os.PathLike, cells: Sequence[dict[str, Any]], skipped:
     for task in dict.fromkeys(c["task"] for c in card_rows(cells)):
         plots.append(_plot(task, [c for c in cells if c["task"] == task], out / f"card-{task}.png", marks.get(task)))
     markdown = markdown_card(cells, skipped)
-    data = {"settings": settings, "cells": list(card_rows(cells)), "beyond_base_model": marks, "skipped": list(skipped)}
+    comparisons = paired_comparisons(cells)
+    data = {"settings": settings, "cells": list(card_rows(cells)), "beyond_base_model": marks, "paired": comparisons,
+            "skipped": list(skipped)}
     _write_text(out / "card.json", json.dumps(data, indent=1, default=str))
     _write_text(out / "card.md", markdown + "\n")
     lengths = sorted({c["length"] for c in cells})
@@ -494,6 +606,13 @@ def write_card(out: str | os.PathLike, cells: Sequence[dict[str, Any]], skipped:
                         for n in lengths)
         body.append(f"<tr><td>{html.escape(cell['task'])}{mark}</td><td>{html.escape(cell['row'])}</td>{texts}</tr>")
     body.append("</table>")
+    if comparisons:
+        paired_lengths, paired = _paired_table(comparisons)
+        body.append(f"<h2>Paired samples</h2><p>{html.escape(PAIRED_CAPTION)}</p><table><tr><th>task</th><th>pair</th>"
+                    + "".join(f"<th>{format_length(n)}</th>" for n in paired_lengths) + "</tr>")
+        body += [f"<tr><td>{html.escape(task)}</td><td>{html.escape(pair)}</td>"
+                 + "".join(f"<td>{html.escape(texts.get(n, ''))}</td>" for n in paired_lengths) + "</tr>" for task, pair, texts in paired]
+        body.append("</table>")
     if skipped:
         body.append("<h2>Skipped</h2><ul>" + "".join(f"<li>{html.escape(s['what'])}: {html.escape(s['reason'])}</li>" for s in skipped) + "</ul>")
     for plot in plots:
@@ -510,6 +629,53 @@ def write_card(out: str | os.PathLike, cells: Sequence[dict[str, Any]], skipped:
                if settings.get("partial") else "") + "\n".join(body) + "</body></html>")
     _write_text(out / "card.html", page)
     return {"json": out / "card.json", "markdown": out / "card.md", "html": out / "card.html"}
+
+
+class CardFileError(DamagedFileError):
+    """A ``card.json`` that cannot be read; the message names the file."""
+
+
+def rewrite_card(folder: str | os.PathLike, out: str | os.PathLike | None = None) -> dict[str, Path]:
+    """Write a card again from its folder: ``card.json``'s cells, each RULER cell read again from its sample file.
+
+    Used by ``hf-posext report CARD_FOLDER``: a card written by an older release gains what this one shows
+    (the paired comparisons), and a cell shows every finished sample its file holds. Sample files are only
+    read, so this is safe beside a run that is still writing them; nothing is computed again.
+
+    Args:
+        folder: the ``--out`` folder of ``hf-posext eval card``.
+        out: where to write (default: ``folder``).
+
+    Returns:
+        ``{"json", "markdown", "html"}`` paths.
+
+    Raises:
+        FileNotFoundError: no ``card.json`` in ``folder``, or a cell's sample file is missing.
+        CardFileError: ``card.json`` is not a card.
+        SampleResultsError: a damaged sample file.
+    """
+    folder = Path(folder)
+    path = folder / "card.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{folder} holds no card.json; pass the --out folder of hf-posext eval card.")
+    try:
+        data = json.loads(path.read_text())
+        cells, settings, skipped = list(data["cells"]), dict(data["settings"]), list(data.get("skipped") or [])
+        samples = int(settings["samples"])
+    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as error:
+        raise CardFileError(f"{path} is not a card written by hf-posext eval card ({type(error).__name__}: {error}); "
+                            "run the card again to write it.") from None
+    for cell in cells:
+        if cell.get("kind") != "ruler":
+            continue
+        source = Path(str(cell.get("source", "")))
+        candidates = [folder / "ruler" / source.name, source]
+        found = next((c for c in candidates if c.is_file()), None)
+        if found is None:
+            raise FileNotFoundError(f"{path}: the samples of {cell.get('row')}, {cell.get('task')} at {cell.get('length')} are not in "
+                                    f"{candidates[0]} nor {source}; restore the file, or run the card again.")
+        cell.update(ruler_cell_fields(read_sample_records(found), samples))
+    return write_card(out or folder, cells, skipped, settings)
 
 
 # ------------------------------------------------------------------ arguments

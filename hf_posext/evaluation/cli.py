@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import sys
 import time
@@ -264,7 +265,8 @@ def run_eval(args: argparse.Namespace) -> int:
 
 
 def _add_report_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("folder", help="a results folder written by hf-posext eval / eval/*.py")
+    parser.add_argument("folder", help="a results folder written by hf-posext eval / eval/*.py, or the --out folder of "
+                                       "hf-posext eval card (its card is written again from card.json and its sample files)")
     parser.add_argument("--out", help="where to write report.md and the plots (default: the results folder)")
     parser.add_argument("--compare", nargs=2, action="append", default=[], metavar=("FIRST", "SECOND"),
                         help="add a table of the passkey and needle trials that only one of two series found, with the "
@@ -274,10 +276,25 @@ def _add_report_arguments(parser: argparse.ArgumentParser) -> None:
 def _run_report(args: argparse.Namespace) -> int:
     from hf_posext.evaluation.report import write_report
 
+    if (Path(args.folder) / "card.json").is_file():
+        return _rewrite_card(args)
     markdown, plots = write_report(args.folder, args.out, [tuple(pair) for pair in args.compare])
     print(markdown)
     print("\nplots: " + ", ".join(str(p) for p in plots))
     print(f"HTML report (self-contained, opens offline): {Path(args.out or args.folder) / 'report.html'}")
+    return 0
+
+
+def _rewrite_card(args: argparse.Namespace) -> int:
+    from hf_posext.evaluation.card import markdown_card, rewrite_card
+
+    if args.compare:
+        raise ValueError(f"--compare: {args.folder} is a report card, which compares its rows on the same RULER samples "
+                         f"itself; for passkey and needle run hf-posext report {Path(args.folder) / 'tasks'} --compare A B.")
+    paths = rewrite_card(args.folder, args.out)
+    data = json.loads(paths["json"].read_text())
+    print(markdown_card(data["cells"], data.get("skipped") or []))
+    print(f"\ncard: {paths['html']} (+ {paths['json'].name}, {paths['markdown'].name}, plots)")
     return 0
 
 

@@ -39,7 +39,7 @@ from hf_posext.core.request import ScalingRequest, parse_param_items
 from hf_posext.evaluation.card import (
     CARD_TASKS, ENDING_BUDGET, RULER_DOWNLOAD_TASKS, RULER_OFFLINE_TASKS, SHORT_BUDGETS, ModelSpec, SampleCache, SampleResults,
     check_length_budget, needs_full_budget, parse_model_specs, row_label, sample_cache_key, score_summary, tokenizer_hash,
-    write_card, markdown_card,
+    ruler_cell_fields, write_card, markdown_card,
 )
 from hf_posext.integrations.lm_eval.launcher import import_harness
 
@@ -557,15 +557,10 @@ def run_card(args: Any) -> int:
                       "task": task_name, "length": length, "sample_key": key, "budget": args.budget,
                       "dtype": ruler_dtype, "device": args.device}
             results = SampleResults(out / "ruler" / f"{task_name}-{length}-{row.results_name(ruler_dtype, args.device)}.jsonl", header)
-            scores = run_ruler_cell(lm, task, docs, length, results, args.budget, args.progress)
-            summary = score_summary(scores)
-            records = [results.records[i] for i in range(len(docs)) if i in results.records]
-            timing = {name: round(sum(r["timing"][name] + r.get("timing_full", {}).get(name, 0.0) for r in records) / len(records), 3)
-                      for name in ("prefill_s", "generate_s", "harness_s", "total_s")}
+            run_ruler_cell(lm, task, docs, length, results, args.budget, args.progress)
             cells.append({"task": task_name, "kind": "ruler", "row": row.label, "row_index": row.index, "length": length,
-                          "base": row.base, "in_window": length <= row.window,
-                          "sample_key": key, "source": str(results.path), "mean_timing": timing,
-                          "escalated": sum(bool(r.get("escalated")) for r in records), **summary})
+                          "base": row.base, "in_window": length <= row.window, "sample_key": key, "source": str(results.path),
+                          **ruler_cell_fields(results.records, len(docs))})
             write_card(out, cells, skipped, settings(partial=True))  # a long run shows what it has so far
         held = None
         gc.collect()

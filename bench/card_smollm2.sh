@@ -30,7 +30,15 @@
 set -uo pipefail
 stage=${1:?stage: cpu|cpu32|counting|counting32}
 PYTHON=${PYTHON:-python}
-BOOKS=${BOOKS:-/work/shared/data/books}
+# BOOKS: a folder with austen-emma.txt and melville-moby_dick.txt for the perplexity and needle cells (default: the
+# lab's public-domain books where they are; elsewhere, as in a clone, the CLI's built-in text, said in one line).
+if [ -z "${BOOKS+set}" ] && [ -d /work/shared/data/books ]; then BOOKS=/work/shared/data/books; fi
+if [ -n "${BOOKS:-}" ]; then
+  TEXTS=(--ppl-data "$BOOKS/austen-emma.txt" --haystack "$BOOKS/melville-moby_dick.txt")
+else
+  TEXTS=()
+  case "$stage" in cpu|cpu32) echo "no BOOKS folder: perplexity and needle use the CLI's built-in text (builtin:python-docs)" >&2 ;; esac
+fi
 BEST=${BEST:-dynamic-ntk}
 case "$stage" in
 cpu32|counting32) DTYPE=${DTYPE:-float32} ;;
@@ -43,7 +51,7 @@ esac
 MERGED=${MERGED:-$(VARIANT=retrieval-varied PYTHON=$PYTHON bash bench/finetune_retrieval_cpu.sh merge | tail -1)}
 MODELS="base=smollm2-135m@none;yarn:4;$BEST:4,fine-tuned=$MERGED@as-saved;string:1"
 COMMON=(--models "$MODELS" --tasks perplexity,passkey,needle,ruler,ending --dtype "$DTYPE" --device "${DEVICE:-cpu}"
-        --ppl-data "$BOOKS/austen-emma.txt" --haystack "$BOOKS/melville-moby_dick.txt" --skip-over-window --no-progress
+        "${TEXTS[@]}" --skip-over-window --no-progress
         --sample-cache bench/results/card/ruler-samples)
 case "$stage" in
 cpu)   OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} "$PYTHON" -m hf_posext.cli eval card "${COMMON[@]}" --lengths 2048,4096,8192,16384 \

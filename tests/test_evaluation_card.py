@@ -178,8 +178,8 @@ def test_paired_comparisons_count_the_samples_each_row_won():
     assert paired_comparisons([{k: v for k, v in yarn.items() if k != "scores"}, tuned]) == []
 
 
-def _sample_file(path: Path, scores: list[float], cut_tail: bool = False) -> None:
-    lines = [json.dumps({"record_version": 1, "row": "r", "task": "niah_single_1", "length": 4096})]
+def _sample_file(path: Path, scores: list[float], cut_tail: bool = False, **header) -> None:
+    lines = [json.dumps({"record_version": 1, "row": "r", "task": "niah_single_1", "length": 4096, **header})]
     lines += [json.dumps({"doc_id": i, "score": v, "response": " 1", "timing": {"prefill_s": 1.0, "generate_s": 0.5,
                                                                                  "harness_s": 0.0, "total_s": 1.5}})
               for i, v in enumerate(scores)]
@@ -215,6 +215,27 @@ def test_a_card_is_written_again_from_its_folder_without_touching_its_samples(tm
     assert {p: p.read_bytes() for p in before} == before
     assert read_sample_records(second).keys() == {0, 1, 2, 3}
     assert ruler_cell_fields(read_sample_records(first), 2)["n"] == 2  # only the card's first --samples
+
+
+def test_a_cell_still_running_is_shown_with_the_samples_it_has(tmp_path):
+    """A sample file that card.json does not list yet (the cell a run is computing) shows on the card written
+    again, marked unfinished, when it is one of the card's rows in the card's dtype; others are left out."""
+    folder = tmp_path / "card"
+    ruler = folder / "ruler"
+    _sample_file(ruler / "done.jsonl", [1, 1, 0, 1])
+    _sample_file(ruler / "running.jsonl", [1, 0], cut_tail=True, row="yarn", length=8192, dtype="float32")
+    _sample_file(ruler / "other-dtype.jsonl", [0, 0], row="yarn", length=8192, dtype="bfloat16")
+    _sample_file(ruler / "other-row.jsonl", [0, 0], row="not on this card", length=8192, dtype="float32")
+    rows = [{"label": "base", "model": "m", "report": {"method": "none", "current_window": 4096}},
+            {"label": "yarn", "model": "m", "report": {"method": "yarn", "current_window": 16384}}]
+    settings = {"samples": 4, "rows": rows, "dtypes": {"niah_single_1": "float32"}, "models": ["m"]}
+    write_card(folder, [{**_cell("base", 0, {0: 1.0}), "source": str(ruler / "done.jsonl")}], [], settings)
+    cells = json.loads(rewrite_card(folder)["json"].read_text())["cells"]
+    assert [(c["row"], c["length"], c["n"]) for c in cells] == [("base", 4096, 4), ("yarn", 8192, 2)]
+    running = cells[1]
+    assert running["running"] and running["text"].endswith("2 of 4 so far") and running["row_index"] == 1 and running["k"] == 1
+    assert running["in_window"] and not running["base"]
+    assert "2 of 4 so far" in (folder / "card.md").read_text()
 
 
 def test_a_damaged_card_or_a_missing_sample_file_is_named(tmp_path, capsys):

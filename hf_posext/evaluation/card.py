@@ -639,8 +639,9 @@ def rewrite_card(folder: str | os.PathLike, out: str | os.PathLike | None = None
     """Write a card again from its folder: ``card.json``'s cells, each RULER cell read again from its sample file.
 
     Used by ``hf-posext report CARD_FOLDER``: a card written by an older release gains what this one shows
-    (the paired comparisons), and a cell shows every finished sample its file holds. Sample files are only
-    read, so this is safe beside a run that is still writing them; nothing is computed again.
+    (the paired comparisons), a cell shows every finished sample its file holds, and a cell still running (or
+    left unfinished by a stopped run) is shown with the samples it has, marked "k of n so far". Sample files are
+    only read, so this is safe beside a run that is still writing them; nothing is computed again.
 
     Args:
         folder: the ``--out`` folder of ``hf-posext eval card``.
@@ -665,6 +666,7 @@ def rewrite_card(folder: str | os.PathLike, out: str | os.PathLike | None = None
     except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as error:
         raise CardFileError(f"{path} is not a card written by hf-posext eval card ({type(error).__name__}: {error}); "
                             "run the card again to write it.") from None
+    used: set[Path] = set()
     for cell in cells:
         if cell.get("kind") != "ruler":
             continue
@@ -675,7 +677,46 @@ def rewrite_card(folder: str | os.PathLike, out: str | os.PathLike | None = None
             raise FileNotFoundError(f"{path}: the samples of {cell.get('row')}, {cell.get('task')} at {cell.get('length')} are not in "
                                     f"{candidates[0]} nor {source}; restore the file, or run the card again.")
         cell.update(ruler_cell_fields(read_sample_records(found), samples))
+        used.add(found.resolve())
+    cells.extend(_running_cells(folder, cells, settings, used))
     return write_card(out or folder, cells, skipped, settings)
+
+
+def _running_cells(folder: Path, cells: list[dict[str, Any]], settings: dict[str, Any], used: set[Path]) -> list[dict[str, Any]]:
+    """Cells of the card's rows whose sample files are not in ``card.json`` yet (the cell a run is computing,
+    or one a stopped run left unfinished): shown with the samples they have, marked as unfinished."""
+    rows = {row.get("label"): (index, row) for index, row in enumerate(settings.get("rows") or [])}
+    have = {(c["task"], c["row"], c["length"]) for c in cells}
+    samples = int(settings["samples"])
+    running = []
+    for path in sorted((folder / "ruler").glob("*.jsonl")):
+        if path.resolve() in used:
+            continue
+        with path.open("rb") as handle:
+            first = handle.readline()
+        try:
+            header = json.loads(first.decode("utf-8"))
+            label, task, length = header["row"], header["task"], int(header["length"])
+        except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError):
+            raise SampleResultsError(f"{path} line 1 is not a sample file's header; move the file out of {folder / 'ruler'}.") from None
+        # another run's rows, or another dtype's samples of this card's cell, are not this card's
+        if label not in rows or (task, label, length) in have or header.get("dtype") != (settings.get("dtypes") or {}).get(task):
+            continue
+        records = read_sample_records(path)
+        if not records:
+            continue
+        index, row = rows[label]
+        report = row.get("report") or {}
+        base = row.get("base", next((c["base"] for c in cells if c["row"] == label),  # cards before "base" was kept
+                                    (report.get("method") or "none") == "none" and row.get("model") == (settings.get("models") or [None])[0]))
+        cell = {"task": task, "kind": "ruler", "row": label, "row_index": index, "length": length, "base": bool(base),
+                "in_window": length <= int(report.get("current_window") or length), "sample_key": header.get("sample_key"),
+                "source": str(path), **ruler_cell_fields(records, samples)}
+        if cell["n"] < samples:
+            cell.update(running=True, text=f"{cell['text']}, {cell['n']} of {samples} so far")
+        running.append(cell)
+        have.add((task, label, length))
+    return running
 
 
 # ------------------------------------------------------------------ arguments

@@ -520,7 +520,7 @@ def run_card(args: Any) -> int:
                 "tasks": tasks, "samples": args.samples, "seed": args.seed, "budget": args.budget, "dtype": args.dtype,
                 "dtypes": {task: evaluation_dtype(args.dtype, "ruler" if task in ruler else task, args.device) for task in tasks},
                 "device": args.device, "max_length": args.max_length,
-                "rows": [{"label": r.label, "model": r.spec.key, "report": r.report} for r in rows],
+                "rows": [{"label": r.label, "model": r.spec.key, "base": r.base, "report": r.report} for r in rows],
                 "short_budgets": SHORT_BUDGETS, "seconds": round(time.time() - started, 1), "partial": partial}
 
     if args.dtype == AUTO_DTYPE:

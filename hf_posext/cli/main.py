@@ -6,7 +6,7 @@ Subcommands:
     patch MODEL --method M ...    patch and save a model (+ tokenizer) to --out
     demo                          the main job on the embedded default model
     eval TASK ...                 perplexity / passkey / needle grids (hf_posext.evaluation.cli)
-    report FOLDER                 tables and plots from a results folder (hf_posext.evaluation.cli)
+    report FOLDER                 tables and plots from a results folder, or a card written again (hf_posext.evaluation.cli)
     train --config ...            fine-tuning recipes (hf_posext.training.cli)
     lm-eval, lm-eval-compare      lm-evaluation-harness (hf_posext.integrations.lm_eval.cli)
     inspect MODEL --method M      per-dimension RoPE wavelengths (hf_posext.cli.inspect_command)
@@ -168,7 +168,7 @@ SUBCOMMANDS: dict[str, Command] = {
     "patch": ("patch a model and save it", _patch_arguments, _run_patch),
     "demo": ("run the main job on smollm2-135m", _demo_arguments, _run_demo),
     "eval": ("evaluate methods side by side: perplexity, passkey, needle", evaluation_cli.add_eval_arguments, evaluation_cli.run_eval),
-    "report": ("markdown tables and plots from a results folder", evaluation_cli.add_report_arguments, evaluation_cli.run_report),
+    "report": ("markdown tables and plots from a results folder; on an eval card folder, the card written again", evaluation_cli.add_report_arguments, evaluation_cli.run_report),
     "train": ("fine-tune a model (LoRA/full, PoSE) from a recipe config", training_cli.add_train_arguments, training_cli.run_train),
     "lm-eval": (lm_eval_cli.HELP, lm_eval_cli.add_arguments, lm_eval_cli.run),
     "lm-eval-compare": ("compare scaling methods on lm-eval tasks (tasks built once)", lm_eval_cli.add_compare_arguments, lm_eval_cli.run_compare),

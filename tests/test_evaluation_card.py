@@ -236,6 +236,11 @@ def test_a_cell_still_running_is_shown_with_the_samples_it_has(tmp_path):
     assert running["running"] and running["text"].endswith("2 of 4 so far") and running["row_index"] == 1 and running["k"] == 1
     assert running["in_window"] and not running["base"]
     assert "2 of 4 so far" in (folder / "card.md").read_text()
+    # written again once the cell has all its samples: no longer marked
+    _sample_file(ruler / "running.jsonl", [1, 0, 1, 1], row="yarn", length=8192, dtype="float32")
+    cells = json.loads(rewrite_card(folder)["json"].read_text())["cells"]
+    assert [(c["row"], c["n"], c.get("running")) for c in cells] == [("base", 4, None), ("yarn", 4, None)]
+    assert "so far" not in (folder / "card.md").read_text()
 
 
 def test_a_damaged_card_or_a_missing_sample_file_is_named(tmp_path, capsys):

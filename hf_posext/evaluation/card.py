@@ -661,7 +661,9 @@ def rewrite_card(folder: str | os.PathLike, out: str | os.PathLike | None = None
         raise FileNotFoundError(f"{folder} holds no card.json; pass the --out folder of hf-posext eval card.")
     try:
         data = json.loads(path.read_text())
-        cells, settings, skipped = list(data["cells"]), dict(data["settings"]), list(data.get("skipped") or [])
+        # a cell shown as running when the card was last written is looked for again, like any unlisted file
+        cells = [cell for cell in data["cells"] if not cell.get("running")]
+        settings, skipped = dict(data["settings"]), list(data.get("skipped") or [])
         samples = int(settings["samples"])
     except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as error:
         raise CardFileError(f"{path} is not a card written by hf-posext eval card ({type(error).__name__}: {error}); "

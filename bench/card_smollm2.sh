@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 50 §2: the report card on SmolLM2-135M, on CPU, resumable (rerun the same line: finished samples are kept,
+# The report card on SmolLM2-135M, on CPU, resumable (rerun the same line: finished samples are kept,
 # per RULER sample, per passkey/needle/perplexity cell). Run in the background, commit bench/results/card/ as it grows:
 #
 #   nohup bash bench/card_smollm2.sh cpu   > bench/results/card/cpu.log 2>&1 &    # 20 samples a task, up to 16384
@@ -37,7 +37,8 @@ stage=${1:?stage: cpu|cpu32|counting|counting32|other-tasks}
 PYTHON=${PYTHON:-python}
 # BOOKS: a folder with austen-emma.txt and melville-moby_dick.txt for the perplexity and needle cells (default: the
 # lab's public-domain books where they are; elsewhere, as in a clone, the CLI's built-in text, said in one line).
-if [ -z "${BOOKS+set}" ] && [ -d /work/shared/data/books ]; then BOOKS=/work/shared/data/books; fi
+LAB_BOOKS="$(cd "$(dirname "$0")/.." && pwd)/../shared/data/books"   # beside the repository in the lab; a clone has none
+if [ -z "${BOOKS+set}" ] && [ -d "$LAB_BOOKS" ]; then BOOKS=$LAB_BOOKS; fi
 if [ -n "${BOOKS:-}" ]; then
   TEXTS=(--ppl-data "$BOOKS/austen-emma.txt" --haystack "$BOOKS/melville-moby_dick.txt")
 else

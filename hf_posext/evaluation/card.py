@@ -275,19 +275,13 @@ class SampleResults:
             self.path.write_bytes(b"".join(line + b"\n" for line in lines))
 
     def _take(self, number: int, line: bytes) -> None:
-        try:
-            value = json.loads(line.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            raise SampleResultsError(f"{self.path} line {number} is not a JSON record; delete the file to redo "
-                                     "this cell's samples, or remove that line.") from None
         if number == 1:
+            value = _json_line(self.path, number, line)
             if _identity(value) != _identity(self.header):
                 raise SampleResultsError(f"{self.path} holds another cell's samples (its header {value!r} is not "
                                          f"{self.header!r}); move it away.")
             return
-        problem = _sample_problem(value)
-        if problem:
-            raise SampleResultsError(f"{self.path} line {number} {problem}; delete the file to redo this cell's samples.")
+        value = _sample_line(self.path, number, line)
         self.records[int(value["doc_id"])] = value
 
     def has(self, doc_id: int) -> bool:
@@ -320,6 +314,23 @@ def _identity(header: Any) -> Any:
     return {k: v for k, v in header.items() if k not in _PRESENTATION_FIELDS} if isinstance(header, dict) else header
 
 
+def _json_line(path: Path, number: int, line: bytes) -> Any:
+    try:
+        return json.loads(line.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise SampleResultsError(f"{path} line {number} is not a JSON record; delete the file to redo this cell's "
+                                 "samples, or remove that line.") from None
+
+
+def _sample_line(path: Path, number: int, line: bytes) -> dict[str, Any]:
+    """Line ``number`` of a per-sample results file as a sample record, or SampleResultsError naming it."""
+    value = _json_line(path, number, line)
+    problem = _sample_problem(value)
+    if problem:
+        raise SampleResultsError(f"{path} line {number} {problem}; delete the file to redo this cell's samples.")
+    return value
+
+
 def _sample_problem(value: Any) -> str | None:
     if not isinstance(value, dict):
         return "is not an object"
@@ -344,14 +355,7 @@ def read_sample_records(path: str | os.PathLike) -> dict[int, dict[str, Any]]:
     lines.pop()  # b"" after the last newline, or the line being written
     records: dict[int, dict[str, Any]] = {}
     for number, line in enumerate(lines[1:], start=2):
-        try:
-            value = json.loads(line.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            raise SampleResultsError(f"{path} line {number} is not a JSON record; delete the file to redo this cell's samples, "
-                                     "or remove that line.") from None
-        problem = _sample_problem(value)
-        if problem:
-            raise SampleResultsError(f"{path} line {number} {problem}; delete the file to redo this cell's samples.")
+        value = _sample_line(path, number, line)
         records[int(value["doc_id"])] = value
     return records
 

@@ -10,7 +10,7 @@
 #   hf-posext train --config recipes/configs/smollm2-135m/8k_to_32k_stage2_retrieval_cpu.yaml
 #
 #   bash bench/finetune_retrieval_cpu.sh train [BOOKS]   # restore the kept checkpoint if runs/ has none, then train --resume
-#   bash bench/finetune_retrieval_cpu.sh keep            # copy the newest intact checkpoint + log into bench/results/finetune26_cpu/run
+#   bash bench/finetune_retrieval_cpu.sh keep            # copy the newest intact checkpoint + log into bench/results/finetune_retrieval_cpu/run
 #   bash bench/finetune_retrieval_cpu.sh floor [BOOKS]   # the training-free floor: yarn and dynamic-ntk x4 at 16384,
 #                                                # passkey and needle, 3 trials x 5 depths (15 per task), into bench/results/long4x
 #                                                # (FLOOR_METHODS, TASKS, LENGTHS, TRIALS narrow or move it)
@@ -40,10 +40,10 @@
 # checkpoint kept from then (its config names that data.source); data/books starts cells of its own.
 #
 # Run `train` in the background (nohup ... &) and `keep` before the session ends, then commit
-# bench/results/finetune26_cpu/.
+# bench/results/finetune_retrieval_cpu/.
 #
 # VARIANT=NAME picks one run of docs/training.md (its recipe, its run folder in runs/, its kept folder
-# bench/results/finetune26_cpu/run-NAME and its results rows); without VARIANT: the base run
+# bench/results/finetune_retrieval_cpu/run-NAME and its results rows); without VARIANT: the base run
 # (8k_to_32k_lora_pose_long_cpu.yaml, peak learning rate 2e-4).
 #   lr6e-4            stage 1 of the headline recipe: 8k_to_32k_stage1_books_cpu.yaml (the same at 6e-4)
 #   steps400          the base run stretched to 400 steps (train.max_steps=400)
@@ -62,8 +62,8 @@ cd "$(dirname "$0")/.."
 R=recipes/configs/smollm2-135m
 CONFIG=$R/8k_to_32k_lora_pose_long_cpu.yaml
 RUN=runs/smollm2-135m-8k-32k-lora-pose-long
-KEPT=bench/results/finetune26_cpu/run
-STAGE1_ADAPTER=bench/results/finetune26_cpu/run-lr6e-4/adapter   # what every committed stage 2 started from
+KEPT=bench/results/finetune_retrieval_cpu/run
+STAGE1_ADAPTER=bench/results/finetune_retrieval_cpu/run-lr6e-4/adapter   # what every committed stage 2 started from
 OVERRIDES=()
 case "${VARIANT:-}" in
   "") ;;
@@ -210,7 +210,7 @@ PY
     what=$(basename "$latest")
   fi
   chmod 755 "$tmp"; rm -rf "$KEPT" && mv "$tmp" "$KEPT"
-  du -sh "$KEPT"; echo "kept $what: commit bench/results/finetune26_cpu/"
+  du -sh "$KEPT"; echo "kept $what: commit bench/results/finetune_retrieval_cpu/"
   ;;
 esac
 exit

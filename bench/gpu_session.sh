@@ -168,7 +168,7 @@ finetune)
   ;;
 adapters)
   # Issue 26 §4 on the committed CPU adapters (no training): 10 trials x 5 depths at 32768, passkey and needle: the
-  # mixed stage 2 first (bench/results/finetune26_cpu/run-retrieval-mixed: the one that keeps perplexity at 32768
+  # mixed stage 2 first (bench/results/finetune_retrieval_cpu/run-retrieval-mixed: the one that keeps perplexity at 32768
   # under the original's at 8192), then the same with far PoSE samples (run-retrieval-far: data.pose_far_fraction
   # 0.25, aimed at depth 0; before it, STRING on the mixed one: string:retrieval-mixed, then STRING on stage 2 mixed in
   # varied wordings: string:retrieval-varied), then the answers-only stage 2 (run-retrieval), then the stage-1 lr6e-4 adapter
@@ -179,7 +179,7 @@ adapters)
   E="$G --dtype $DTYPE --depths 0,0.25,0.5,0.75,1 --trials $TRIALS --out $F --no-progress"
   save() { tar czf "$OUT/long4x.tgz" "$F"; }
   for length in "$L4" "$L2"; do
-    for a in ${ADAPTERS:-bench/results/finetune26_cpu/run-retrieval-mixed/adapter string:retrieval-mixed string:retrieval-varied bench/results/finetune26_cpu/run-retrieval-far/adapter bench/results/finetune26_cpu/run-retrieval/adapter bench/results/finetune26_cpu/run-lr6e-4/adapter}; do
+    for a in ${ADAPTERS:-bench/results/finetune_retrieval_cpu/run-retrieval-mixed/adapter string:retrieval-mixed string:retrieval-varied bench/results/finetune_retrieval_cpu/run-retrieval-far/adapter bench/results/finetune_retrieval_cpu/run-retrieval/adapter bench/results/finetune_retrieval_cpu/run-lr6e-4/adapter}; do
       if [ "${a#string:}" != "$a" ]; then
         # string:VARIANT: STRING (the paper's defaults on the 32768 window) on that adapter merged with yarn x4 in its
         # config (bench/finetune_retrieval_cpu.sh merge, the same folder name as the CPU runs, so the cells add up)

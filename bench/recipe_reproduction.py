@@ -1,7 +1,7 @@
 """Do the SmolLM2 two-stage recipes reproduce the committed runs? The first N logged losses of each stage, rerun.
 
 The headline adapter (README.md) was trained in two stages whose run configs and logs are committed in
-bench/results/finetune26_cpu/run-lr6e-4/ (stage 1: 200 steps of LoRA + PoSE on the books) and
+bench/results/finetune_retrieval_cpu/run-lr6e-4/ (stage 1: 200 steps of LoRA + PoSE on the books) and
 run-retrieval-varied/ (stage 2: 50 steps of retrieval practice mixed with book text, started from the
 stage-1 adapter committed in run-lr6e-4/adapter). This script runs the first ``--steps`` steps of each stage's
 recipe (recipes/configs/smollm2-135m/8k_to_32k_stage{1_books,2_retrieval}_cpu.yaml) with
@@ -15,7 +15,7 @@ three are expected).
     OMP_NUM_THREADS=2 python bench/recipe_reproduction.py                  # both stages, 5 steps each
     python bench/recipe_reproduction.py --stages 2 --steps 3 --threads 1   # stage 2 only, on one thread
 
-Output: a JSON record (default bench/results/finetune26_cpu/reproduction.json) with, per stage, the command,
+Output: a JSON record (default bench/results/finetune_retrieval_cpu/reproduction.json) with, per stage, the command,
 the losses and learning rates rerun and committed, their largest absolute differences, the config
 differences and the wall time; the date and the machine. Exit code 1 when a loss differs by more than
 ``--tolerance``. Cost: model load plus 5 steps a stage, about 5 minutes a stage on 2 idle cores (43-50 s a
@@ -37,13 +37,13 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-COMMITTED = ROOT / "bench" / "results" / "finetune26_cpu"
+COMMITTED = ROOT / "bench" / "results" / "finetune_retrieval_cpu"
 RECIPES = ROOT / "recipes" / "configs" / "smollm2-135m"
 #: stage -> (recipe, committed run folder, extra overrides)
 STAGES = {
     1: ("8k_to_32k_stage1_books_cpu.yaml", "run-lr6e-4", []),
     2: ("8k_to_32k_stage2_retrieval_cpu.yaml", "run-retrieval-varied",
-        ["finetune.init_adapter=bench/results/finetune26_cpu/run-lr6e-4/adapter"]),
+        ["finetune.init_adapter=bench/results/finetune_retrieval_cpu/run-lr6e-4/adapter"]),
 }
 #: Settings expected to differ from the committed run configs (folders; the books' new place).
 EXPECTED_DIFFERENCES = ("output.dir", "finetune.init_adapter", "data.source")

@@ -12,7 +12,7 @@ its window, under the unpatched baseline and the methods the README recommends a
   for ``dynamic-yarn`` (which misses it) and ``dynamic-ntk`` (which finds it). Scored by greedy
   generation and by the teacher-forced argmax check.
 * **the fine-tuned model**, the README's headline: the recipe's adapter
-  (``bench/results/finetune26_cpu/run-retrieval-varied/adapter``: ``yarn`` x4 plus LoRA, 200 steps of LoRA + PoSE
+  (``bench/results/finetune_retrieval_cpu/run-retrieval-varied/adapter``: ``yarn`` x4 plus LoRA, 200 steps of LoRA + PoSE
   on books then 50 steps in which half of the samples are retrieval practice in varied wordings, on 2 CPU cores,
   ``docs/training.md``), loaded with :func:`hf_posext.adapters.load_adapted_model`, with STRING stacked on its
   yarn x4 (``yarn+string``: S = 0.33 of its 32768-token window), on the same perplexity window and the same
@@ -48,7 +48,7 @@ PASSKEY_DEPTH = 0.1  # the far passkey: ~15k tokens before the question at 16384
 PERPLEXITY_METHODS = ("none", "dynamic-yarn")
 RETRIEVAL_METHODS = ("dynamic-yarn", "dynamic-ntk")
 # The recipe's committed adapter (stage 2 in varied wordings): yarn x4 + LoRA + trained norms, 7 MB.
-DEMO_ADAPTER = (Path(__file__).resolve().parents[1] / "bench" / "results" / "finetune26_cpu" / "run-retrieval-varied"
+DEMO_ADAPTER = (Path(__file__).resolve().parents[1] / "bench" / "results" / "finetune_retrieval_cpu" / "run-retrieval-varied"
                 / "adapter")
 #: The attention-level method the headline stacks on the adapter's frequency scaling at evaluation (nothing trained).
 DEMO_ATTENTION = "string"

@@ -242,7 +242,7 @@ def test_a_saved_config_under_the_former_key_counts_as_unchanged_on_resume():
 
 
 SMOLLM2 = REPO / "recipes" / "configs" / "smollm2-135m"
-COMMITTED_RUNS = REPO / "bench" / "results" / "finetune26_cpu"
+COMMITTED_RUNS = REPO / "bench" / "results" / "finetune_retrieval_cpu"
 #: Settings that name folders: the new recipes write elsewhere and read the books from data/books.
 FOLDER_SETTINGS = ("output.dir", "finetune.init_adapter", "data.source")
 
@@ -264,7 +264,7 @@ def test_stage_2_names_stage_1_and_reads_the_adapter_its_run_writes():
     assert raw["finetune"]["init_adapter"] == "recipes/configs/smollm2-135m/8k_to_32k_stage1_books_cpu.yaml"
     assert stage2.finetune.init_adapter == f"{stage1.output.dir}/adapter" == "runs/smollm2-135m-8k-32k-stage1-books/adapter"
     # an adapter folder given as an override is taken as it is
-    folder = "bench/results/finetune26_cpu/run-lr6e-4/adapter"
+    folder = "bench/results/finetune_retrieval_cpu/run-lr6e-4/adapter"
     assert load_config(SMOLLM2 / "8k_to_32k_stage2_retrieval_cpu.yaml", [f"finetune.init_adapter={folder}"]).finetune.init_adapter == folder
 
 

@@ -15,7 +15,9 @@
 # per 16384-token sample with the same responses (bench/results/cpu_retrieval_dtype/).
 #
 # `counting32` runs the same two tasks at 32768 (where the targets are), 10 samples, the fine-tuned model with string
-# first (the headline), then training-free yarn x4, into cpu-32k/ (which `cpu32` then resumes).
+# first (the headline), then training-free yarn x4, into cpu-32k/ (which `cpu32` then resumes). TASKS sets its tasks
+# and their order (default niah_single_1,ruler_fwe); with SAMPLES above 10 it extends the cells (the first 10
+# samples are the same ones, checked against the cache). The card written lists the tasks of that run only.
 #
 # `other-tasks` runs the rest of `cpu` that is not in cpu/ yet, in float32, so that a CPU without native bfloat16 can
 # go on with it: the four RULER tasks the original model cannot do inside its window (niah_multikey_2/3, ruler_vt,
@@ -31,7 +33,8 @@
 #   the original model, unscaled, inside its 8192 window (2048/4096/8192: where each task's ability ends; the
 #   longer lengths are listed as skipped, over the window); training-free yarn x4 and BEST (x4); the fine-tuned
 #   headline model (MERGED: bench/finetune_retrieval_cpu.sh merge, yarn x4 in its config) as saved + string.
-# Environment: MERGED (default: the retrieval-varied merge), BEST (default dynamic-ntk), PYTHON, DTYPE, BOOKS.
+# Environment: MERGED (default: the retrieval-varied merge), BEST (default dynamic-ntk), PYTHON, DTYPE, BOOKS,
+# SAMPLES, TASKS (counting32).
 set -uo pipefail
 stage=${1:?stage: cpu|cpu32|counting|counting32|other-tasks}
 PYTHON=${PYTHON:-python}
@@ -70,7 +73,7 @@ counting) OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} "$PYTHON" -m hf_posext.cli eval 
            --tasks niah_single_1,ruler_fwe --lengths 2048,8192,16384 --samples "${SAMPLES:-20}" --dtype "$DTYPE" \
            --device "${DEVICE:-cpu}" --skip-over-window --no-progress --sample-cache bench/results/card/ruler-samples --out bench/results/card/cpu ;;
 counting32) OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} "$PYTHON" -m hf_posext.cli eval card --models "fine-tuned=$MERGED@string:1,base=smollm2-135m@yarn:4" \
-           --tasks niah_single_1,ruler_fwe --lengths 32768 --samples "${SAMPLES:-10}" --dtype "$DTYPE" \
+           --tasks "${TASKS:-niah_single_1,ruler_fwe}" --lengths 32768 --samples "${SAMPLES:-10}" --dtype "$DTYPE" \
            --device "${DEVICE:-cpu}" --no-progress --sample-cache bench/results/card/ruler-samples --out bench/results/card/cpu-32k ;;
 other-tasks) OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} "$PYTHON" -m hf_posext.cli eval card "${COMMON[@]}" \
            --tasks perplexity,passkey,needle,niah_multikey_2,niah_multikey_3,ruler_vt,ruler_cwe,ending --lengths 2048,4096,8192,16384 \

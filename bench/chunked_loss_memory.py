@@ -6,7 +6,7 @@ vocabulary 49152, float32). Usage:
 
     python bench/chunked_loss_memory.py --tokens 8192 --out bench/results/chunked_loss_memory/chunked_loss_memory_cpu.json
 
-The full-training comparison of issue 15 (SmolLM2-135M, LoRA, gradient checkpointing, old loop vs the
+The full-training memory comparison (SmolLM2-135M, LoRA, gradient checkpointing, old loop vs the
 Trainer engine, 4k-32k tokens, longest sequence in 20 GB with and without sp_size=2) is not implemented yet.
 """
 

@@ -5,7 +5,7 @@ Each (mode, length) runs in a fresh child process so its peak RSS (``ru_maxrss``
 model-only RSS (weights loaded, no forward) is measured the same way and reported too. Results go to
 a JSON file; re-running skips the measurements already in it (``--overwrite`` redoes them).
 
-    python bench/eval_memory.py --lengths 8192,16384                 # the issue's lengths (~6 min on 2 cores)
+    python bench/eval_memory.py --lengths 8192,16384                 # docs/benchmarks.md's lengths (~6 min on 2 cores)
     python bench/eval_memory.py --lengths 2048,4096 --out bench/results/eval_memory/eval_memory_cpu.json
 """
 

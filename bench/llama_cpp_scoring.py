@@ -1,6 +1,6 @@
 """What llama.cpp really serves: score each export with llama.cpp itself and with transformers, same token ids.
 
-Issue 28 §2. For each case a small position-sensitive Llama (random weights, ``initializer_range`` 0.1) is patched,
+For each case a small position-sensitive Llama (random weights, ``initializer_range`` 0.1) is patched,
 saved, exported for llama.cpp, converted to GGUF with llama.cpp's own converter (as bench/llama_cpp_roundtrip.py
 does) and scored twice on the same random token ids, twice the original window long:
 

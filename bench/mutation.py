@@ -1,4 +1,4 @@
-"""Mutation testing of the modules where a silent bug costs most (issue 28, section 4).
+"""Mutation testing of the modules where a silent bug costs most.
 
 Mutants come from cosmic-ray's operators (``pip install cosmic-ray==8.7.0``; parso-based, so every
 function is mutated, decorated ones included: the RoPE methods are registered by a decorator, which
@@ -25,7 +25,7 @@ Run (it re-executes itself with that venv's python; ``--group`` repeats; no grou
     nice -n 10 python bench/mutation.py --rerun-survivors --group retrieval   # after adding a test
     python bench/mutation.py --report      # rewrite the survivors list from the JSON only
 
-The boundary pass (issue 49, section 3; ``--boundary``, its own groups ``BOUNDARY_GROUPS`` and results
+The boundary pass (``--boundary``, its own groups ``BOUNDARY_GROUPS`` and results
 ``bench/results/mutation/mutation_boundary.json`` / ``mutation_boundary_survivors.md``) mutates where an
 off-by-one or a stale cache hides: ``<`` <-> ``<=`` and ``>`` <-> ``>=`` (cosmic-ray's), the right-hand side of
 every comparison that involves a length, size, window, offset or position moved by +1 and by -1
@@ -173,7 +173,7 @@ OPERATORS = (
     "core/ReplaceComparisonOperator_IsNot_Is",
 )
 
-# The boundary pass (issue 49, section 3): comparison boundaries and cache keys, each group against its own few
+# The boundary pass: comparison boundaries and cache keys, each group against its own few
 # test files (the boundary tests first), so that a mutant costs seconds.
 BOUNDARY_OPERATORS = (
     "core/ReplaceComparisonOperator_Lt_LtE",
@@ -758,7 +758,7 @@ def main() -> None:
     parser.add_argument("--group", action="append", choices=[*GROUPS, *BOUNDARY_GROUPS],
                         help="group to run (repeat; default all of the pass)")
     parser.add_argument("--boundary", action="store_true", help="the boundary pass: BOUNDARY_GROUPS, BOUNDARY_OPERATORS, "
-                        "results in mutation_boundary.json (issue 49, section 3)")
+                        "results in mutation_boundary.json")
     parser.add_argument("--rerun-survivors", action="store_true", help="test surviving mutants again (after adding tests)")
     parser.add_argument("--limit", type=int, help="stop after this many mutants per group")
     parser.add_argument("--sample", type=int, help="run only this many mutants per module (a fixed pseudo-random "

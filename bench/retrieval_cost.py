@@ -1,6 +1,6 @@
 """What one passkey or needle trial costs, against a bare forward of the same length in the same run.
 
-Issue 26's target: one trial at 32768 tokens in bfloat16 (the teacher-forced score plus a short greedy
+The target: one trial at 32768 tokens in bfloat16 (the teacher-forced score plus a short greedy
 answer with the KV cache, exactly what ``hf-posext eval passkey`` runs per prompt) in at most 0.5 s on one
 H100 or H200, so that 50 trials per length and method cost under a minute.
 

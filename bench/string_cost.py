@@ -12,7 +12,7 @@ warms up and is dropped):
   torch.profiler (bench/timing.py): aten operations, kernels (operations that compute or copy) and host
   synchronisations.
 
-The issue's target (issue 27): STRING's prefill at most 2x SDPA's. The JSON is written after every length
+The target: STRING's prefill at most 2x SDPA's. The JSON is written after every length
 and a rerun with the same settings skips the lengths already there (``--fresh`` starts over), so a run cut
 short by a device's time limit resumes.
 

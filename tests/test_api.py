@@ -95,7 +95,7 @@ def no_weights_loaded(monkeypatch):
      ({"factor": 2.0, "kind": "rope"}, "has no 'method'"), ({"method": "yarn", "kind": "rope"}, "has no 'factor'"),
      ({"method": "yarn", "factor": 2, "kind": "wavelet"}, "'hf_posext'.kind is 'wavelet'"),
      ({"method": "yarn", "factor": 2, "version": 99}, "version is 99"),
-     # issue 28: a mistyped or impossible field is named, never a Python TypeError or a blame on the model
+     # a mistyped or impossible field is named, never a Python TypeError or a blame on the model
      (_YARN | {"original_max_position_embeddings": "abc"}, "original_max_position_embeddings must be a positive integer"),
      (_YARN | {"original_max_position_embeddings": 0}, "original_max_position_embeddings must be a positive integer"),
      ({"method": "yarn", "factor": 2, "kind": "rope"}, "has no 'original_max_position_embeddings'"),

@@ -1,4 +1,4 @@
-"""Each attention-level method at and around its documented boundaries (issue 49, section 3).
+"""Each attention-level method at and around its documented boundaries.
 
 STRING keeps a distance d exact while ``d < S`` and shifts it from ``d = S`` on: a sequence of exactly S
 tokens is the model's own, S + 1 tokens shift one pair. DCA splits into chunks of ``chunk_size -

@@ -1,4 +1,4 @@
-"""Every cache of the attention backends is keyed by everything its value depends on (issue 49, section 3).
+"""Every cache of the attention backends is keyed by everything its value depends on.
 
 The caches: the decode-step tables shared by the layers of one step (:class:`StepTables`, DCA and
 Self-Extend), Self-Extend's grouped rotation tables (``_GROUPED_TABLES``), STRING's shift factors and DCA's

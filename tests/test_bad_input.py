@@ -1,4 +1,4 @@
-"""Bad input, as a careless user gives it, through the API and the CLI (issue 17).
+"""Bad input, as a careless user gives it, through the API and the CLI.
 
 Every case asserts the rules of docs/errors.md:
 - one line that names the problem (and the fix where there is one);

@@ -139,7 +139,7 @@ def test_eval_refuses_bad_arguments_before_loading(bad, message, tmp_path, capsy
 
 @pytest.mark.parametrize("task", ["perplexity", "passkey"])
 def test_eval_no_progress_draws_no_progress_bar(task, tmp_path, capsys):
-    # issue 17: --no-progress still drew the grid's bars and transformers' "Loading weights" bar
+    # Was: --no-progress still drew the grid's bars and transformers' "Loading weights" bar
     text = tmp_path / "text.txt"
     text.write_text("Some words to read here. " * 200)
     model = str(Path(__file__).parent / "data" / "training" / "tiny-llama")

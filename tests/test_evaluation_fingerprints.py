@@ -1,4 +1,4 @@
-"""Stored Self-Extend cells are fingerprinted by what defines their function (issue 17).
+"""Stored Self-Extend cells are fingerprinted by what defines their function.
 
 Before, a Self-Extend cell carried no frequencies and was trusted by its label forever: a change of the
 attention kernel (or of the model's RoPE under it) would not recompute it. Now a cell records the rotary
@@ -83,7 +83,7 @@ def _rewrap_docstrings_and_comment(files):
 
 
 def test_a_docstring_or_comment_edit_keeps_the_cells(model, tmp_path, monkeypatch):
-    """Issue 26: a rewrapped docstring in the attention package recomputed 12 STRING trials (about 90 minutes)."""
+    """A rewrapped docstring in the attention package once recomputed 12 STRING trials (about 90 minutes)."""
     (before,) = _run(model, tmp_path).cells.values()
     calls = _count_forwards(monkeypatch)
     _edited_sources(monkeypatch, _rewrap_docstrings_and_comment)
@@ -192,7 +192,7 @@ def test_weights_fingerprint_is_stable_and_sees_a_small_change_in_a_large_parame
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_weights_fingerprint_sees_one_element_the_sampled_hash_skips(dtype):
-    # issue 28: a stored cell was reused after weights changed where the sampled hash did not look
+    # Was: a stored cell was reused after weights changed where the sampled hash did not look
     import copy
 
     model = torch.nn.Sequential(torch.nn.Linear(512, 512)).to(dtype)  # 262,144 elements: stride 4 when sampled

@@ -1,4 +1,4 @@
-"""A change of attention factor alone marks a stored cell stale (issue 49, section 3).
+"""A change of attention factor alone marks a stored cell stale.
 
 Two attention factors can change while every inverse frequency stays the same: YaRN's (cos and sin, hence
 q and k, multiplied by it) and STRING's (q and k multiplied by it). A request that names another factor is

@@ -87,7 +87,7 @@ def test_each_trial_reads_its_own_stretch_of_haystack(tmp_path, monkeypatch):
 
 
 def test_too_short_a_length_is_refused_before_the_model_loads_with_a_length_that_works(monkeypatch, capsys, tmp_path):
-    # issue 49: the needle suggested no length at all, after the model loaded
+    # Was: the needle suggested no length at all, after the model loaded
     import re
 
     from hf_posext.cli import main

@@ -145,7 +145,7 @@ def test_report_compare_refuses_before_writing(tmp_path, capsys):
 
 
 def test_report_refuses_per_trial_outcomes_that_contradict_the_counts(tmp_path, capsys):
-    # issue 49: a cell whose counts say 0 of 4 while its per-trial outcomes found 2 was printed both ways
+    # Was: a cell whose counts say 0 of 4 while its per-trial outcomes found 2 was printed both ways
     # (0/4 in the accuracy table, 2:0 in the comparison); the file is refused, named, before anything is written
     contradicted = _cell("yarn", 128, 0.0, [1, 1, 0, 0])
     contradicted.update(greedy_correct=0, greedy_accuracy=0.0, teacher_forced_correct=0, teacher_forced_accuracy=0.0)
@@ -167,7 +167,7 @@ def test_report_refuses_per_trial_outcomes_that_contradict_the_counts(tmp_path, 
 
 
 def test_report_compare_on_a_perplexity_only_folder_says_there_is_no_retrieval_result(tmp_path, capsys):
-    # issue 49: "the series are: none" read as the method `none`
+    # Was: "the series are: none" read as the method `none`
     tmp_path.mkdir(exist_ok=True)
     cell = {"method": "none", "label": "none", "factor": 1.0, "length": 64, "ppl": 10.0, "nll": 2.302585093, "tokens": 63}
     (tmp_path / "perplexity-m.json").write_text(json.dumps({"task": "perplexity", "config": {"model": "m"}, "cells": {"a": cell}}))

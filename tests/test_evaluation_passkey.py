@@ -44,7 +44,7 @@ def test_too_short_a_length_fails_clearly():
 
 
 def test_too_short_a_length_is_refused_before_the_model_loads_with_a_length_that_works(monkeypatch, capsys, tmp_path):
-    # issue 49: refused only after the model loaded, and the suggested minimum (prompt tokens, not the cell's
+    # Was: refused only after the model loaded, and the suggested minimum (prompt tokens, not the cell's
     # length: the generated tokens were left out) was itself refused
     import re
 

@@ -117,7 +117,7 @@ _GOOD_CELL = _record("none", 1.0, 64, ppl=10.0, nll=log(10.0), tokens=63)
      "has length '64', not a token count"),
     (json.dumps({"task": "perplexity", "config": {}, "cells": {"a": {**_GOOD_CELL, "run": 4}}, "runs": []}).encode(),
      "names run 4"),
-    # issue 28: numbers no evaluation gives (a hand-edited or corrupted cell) were drawn as if measured
+    # Was: numbers no evaluation gives (a hand-edited or corrupted cell) were drawn as if measured
     (json.dumps({"task": "perplexity", "config": {}, "cells": {"a": {**_GOOD_CELL, "nll": -2.3}}}).encode(),
      "cell 'a' has nll -2.3, but a negative log-likelihood is never below 0"),
     (json.dumps({"task": "perplexity", "config": {}, "cells": {"a": {**_GOOD_CELL, "ppl": 0}}}).encode(),
@@ -129,7 +129,7 @@ _GOOD_CELL = _record("none", 1.0, 64, ppl=10.0, nll=log(10.0), tokens=63)
     (json.dumps({"task": "passkey", "config": {}, "cells": {"a": _record("none", 1.0, 64, depth=0.5, trials=4,
                                                                         teacher_forced_accuracy=1.5)}}).encode(),
      "cell 'a' has teacher_forced_accuracy 1.5, outside [0, 1]"),
-    # issue 49: numbers that contradict the cell's own others were printed as given
+    # Was: numbers that contradict the cell's own others were printed as given
     (json.dumps({"task": "perplexity", "config": {}, "cells": {"a": {**_GOOD_CELL, "ppl": 20.0}}}).encode(),
      "cell 'a' has ppl 20.0, but its nll 2.302585092994046 gives exp(nll) = 10; the perplexity is exp of the nll"),
     (json.dumps({"task": "passkey", "config": {}, "cells": {"a": _record("none", 1.0, 64, depth=1.5, trials=4,
@@ -137,7 +137,7 @@ _GOOD_CELL = _record("none", 1.0, 64, ppl=10.0, nll=log(10.0), tokens=63)
      "cell 'a' has depth 1.5, outside [0, 1]"),
 ])
 def test_report_names_a_corrupt_results_file(tmp_path, capsys, content, problem):
-    # issue 17: a damaged file beside good ones stops the report with its name; nothing is written
+    # a damaged file beside good ones stops the report with its name; nothing is written
     _write(tmp_path, "perplexity", {"a": _GOOD_CELL})
     (tmp_path / "zz-damaged.json").write_bytes(content)
     with pytest.raises(ResultsFileError, match="zz-damaged.json") as error:
@@ -150,7 +150,7 @@ def test_report_names_a_corrupt_results_file(tmp_path, capsys, content, problem)
 
 
 def test_result_store_refuses_a_cell_without_its_numbers(tmp_path):
-    # issue 17: a stored cell that lacks its numbers was reused (a blank table cell, exit 0)
+    # Was: a stored cell that lacks its numbers was reused (a blank table cell, exit 0)
     from hf_posext.evaluation import evaluate_perplexity, parse_methods
     from hf_posext.evaluation.loading import load_model_and_tokenizer
 

@@ -1,4 +1,4 @@
-"""Retrieval scoring and prompt construction at their boundaries (issue 49, section 3).
+"""Retrieval scoring and prompt construction at their boundaries.
 
 - an answer is found only as a whole number: a generated number that merely contains it (or is contained
   in it) is a miss;

@@ -125,7 +125,7 @@ def test_self_extend_is_refused_for_every_runtime(tmp_path):
 
 
 def test_a_t5_linear_model_for_transformers_is_refused_without_a_tautology(tmp_path):
-    # issue 49: "transformers cannot rebuild this scaling from config.json, so transformers cannot either"
+    # Was: "transformers cannot rebuild this scaling from config.json, so transformers cannot either"
     from tests.test_relative import tiny_t5
 
     model = tiny_t5()
@@ -139,7 +139,7 @@ def test_a_t5_linear_model_for_transformers_is_refused_without_a_tautology(tmp_p
 
 
 def test_an_attention_method_over_a_rope_scaling_names_what_the_runtime_serves_instead():
-    # issue 49: STRING on a model whose config carries yarn x2 was said to be served "unscaled"
+    # Was: STRING on a model whose config carries yarn x2 was said to be served "unscaled"
     native = tiny_model("llama", max_position_embeddings=L, rope_parameters={
         "rope_type": "yarn", "factor": 2.0, "rope_theta": 10000.0, "original_max_position_embeddings": L})
     with warnings.catch_warnings():
@@ -171,7 +171,7 @@ def test_yarn_with_custom_attention_factor_is_refused_where_it_is_ignored(tmp_pa
 @pytest.mark.parametrize("params, refused_by", [
     ({"mscale": 1.2, "mscale_all_dim": 0.8}, {"llama.cpp"}),  # SGLang and vLLM compute transformers' ratio
     ({"truncate": False}, {"llama.cpp"}),  # read by vLLM and SGLang (yarn_find_correction_range)
-    # read by vLLM, SGLang and llama.cpp's converter, but not by llama.cpp's Llama loader (issue 28)
+    # read by vLLM, SGLang and llama.cpp's converter, but not by llama.cpp's Llama loader (see bench/llama_cpp_scoring.py)
     ({"beta_fast": 16.0, "beta_slow": 2.0}, {"llama.cpp"}),
     ({"beta_fast": 32.0, "beta_slow": 2.0}, {"llama.cpp"}),
     ({"beta_fast": 32.0, "beta_slow": 1.0}, set()),  # the defaults, spelled out: what llama.cpp uses

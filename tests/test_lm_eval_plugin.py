@@ -88,7 +88,7 @@ def test_posext_method_none_is_the_baseline_even_when_the_harness_reads_it_as_No
         ({"posext_method": "yarn", "posext_factor": 2, "posext_target_length": 4096}, "exactly one of posext_factor"),
         ({"posext_method": "linear", "posext_factor": 0.5}, "posext_factor=0.5 is below 1"),
         ({"posext_method": "linear", "posext_target_length": "long"}, "posext_target_length must be a positive integer"),
-        # a DCA shape that cannot work on any model is refused before one is loaded (issue 28)
+        # a DCA shape that cannot work on any model is refused before one is loaded
         ({"posext_method": "dca", "posext_factor": 2, "posext_chunk_size": 16, "posext_local_window": 16},
          "local_window=16 must be smaller than chunk_size=16"),
         ({"posext_method": "dca", "posext_factor": 2, "posext_chunk_size": 16, "posext_local_window": 40},
@@ -278,7 +278,7 @@ def test_ruler_niah_on_smollm2_offline(tmp_path):
     assert niah["1024,none"] >= 0.5
 
 
-# ------------------------------------------------------------------ regressions (issue 16: one request parser, one loader)
+# ------------------------------------------------------------------ regressions of the shared request parser and loader
 
 
 def test_a_misspelt_method_in_a_fresh_process_says_did_you_mean():

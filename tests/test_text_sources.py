@@ -144,7 +144,7 @@ def test_encode_text_takes_a_tokenizer_without_the_verbose_flag():
     assert text_sources.encode_text(Minimal(), "ab") == [97, 98]
 
 
-# ------------------------------------------------------------------ sources that are not text (issue 28)
+# ------------------------------------------------------------------ sources that are not text
 
 
 def _random_bytes(size: int) -> bytes:

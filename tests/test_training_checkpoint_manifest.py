@@ -1,4 +1,4 @@
-"""A checkpoint's manifest (``checksums.json``) is the whole folder: a file it does not list is refused (issue 49, §3).
+"""A checkpoint's manifest (``checksums.json``) is the whole folder: a file it does not list is refused.
 
 Wherever the file is (top level, a subfolder), whatever its name (one that extends a listed name, a dot
 file, one named ``checksums.json`` itself below the top level) and even when empty.

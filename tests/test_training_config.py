@@ -139,7 +139,7 @@ def test_pose_far_fraction_needs_pose():
      r"^data.retrieval_labels='all', data.retrieval_wording='varied' need data.retrieval_records > 0"),
 ])
 def test_retrieval_settings_without_retrieval_records_are_refused(overrides, named):
-    # issue 49: accepted with no note that they do nothing
+    # Was: accepted with no note that they do nothing
     with pytest.raises(ConfigError, match=named + r".*Set data.retrieval_records \(e.g. 8\) or remove"):
         load_config(TINY_RECIPE, overrides)
     assert load_config(TINY_RECIPE, overrides + ["data.retrieval_records=2"]).data.retrieval_records == 2
@@ -147,7 +147,7 @@ def test_retrieval_settings_without_retrieval_records_are_refused(overrides, nam
 
 @pytest.mark.parametrize("body", ["", "# only a comment\n", "{}\n"])
 def test_an_empty_recipe_file_is_named_as_empty(tmp_path, body):
-    # issue 49: an empty recipe was told to "give scaling.factor", as if it were a recipe lacking one key
+    # Was: an empty recipe was told to "give scaling.factor", as if it were a recipe lacking one key
     path = tmp_path / "recipe.yaml"
     path.write_text(body)
     with pytest.raises(ConfigError, match=rf"^{path} is empty: it sets no section .*copy one from recipes/configs/"):
@@ -179,7 +179,7 @@ def test_yaml_round_trip(tmp_path):
 
 @pytest.mark.parametrize("body, shown", [("  - method\n  - yarn\n", "a list: ['method', 'yarn']"), (" yarn\n", "a str: 'yarn'")])
 def test_a_section_that_is_not_a_mapping_names_the_section_and_the_form(tmp_path, body, shown):
-    # issue 28: a list under scaling: failed with "dictionary update sequence element #0 has length 6"
+    # Was: a list under scaling: failed with "dictionary update sequence element #0 has length 6"
     path = tmp_path / "recipe.yaml"
     path.write_text("model:\n  name: tiny\nscaling:" + ("\n" if body.startswith("  -") else "") + body)
     with pytest.raises(ConfigError) as caught:

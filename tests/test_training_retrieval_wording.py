@@ -1,4 +1,4 @@
-"""The practice data's varied wording: each question's wording is drawn independently of its record's (issue 49, §3).
+"""The practice data's varied wording: each question's wording is drawn independently of its record's.
 
 A question asks about its own record (the same name and attribute), in a wording drawn apart from the
 record's wording: over many samples every (record form, question form) pair occurs, and the question's

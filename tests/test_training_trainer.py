@@ -195,7 +195,7 @@ def _fake_checkpoint(folder, step):
 
 
 def test_a_damaged_newest_checkpoint_names_the_older_intact_one_and_its_command(tmp_path):
-    # issue 28: a truncated checksums.json stopped --resume without saying checkpoint-4 was still good
+    # Was: a truncated checksums.json stopped --resume without saying checkpoint-4 was still good
     from hf_posext.training.checkpoints import verify_for_resume
 
     run = tmp_path / "run"

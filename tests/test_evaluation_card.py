@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from hf_posext.evaluation.card import (
-    CardFileError, SampleCache, SampleResults, SampleResultsError, beyond_base, check_length_budget, method_text,
+    CardFileError, SampleCache, SampleResults, SampleResultsError, beyond_base, check_length_budget, combine_cards, method_text,
     needs_full_budget, paired_comparisons, parse_model_specs, read_sample_records, rewrite_card, row_label,
     ruler_cell_fields, sample_cache_key, score_summary, tokenizer_hash, write_card,
 )
@@ -215,6 +215,80 @@ def test_a_card_is_written_again_from_its_folder_without_touching_its_samples(tm
     assert {p: p.read_bytes() for p in before} == before
     assert read_sample_records(second).keys() == {0, 1, 2, 3}
     assert ruler_cell_fields(read_sample_records(first), 2)["n"] == 2  # only the card's first --samples
+
+
+def _one_run_card(folder: Path, rows: list[tuple[str, int, list[float]]], dtype: str) -> None:
+    """A card folder as one run writes it: per (row, length) a sample file and its cell."""
+    cells = []
+    for index, (row, length, scores) in enumerate(rows):
+        path = folder / "ruler" / f"{row}-{length}.jsonl"
+        _sample_file(path, scores, row=row, length=length, dtype=dtype)
+        cells.append({**_cell(row, index, dict(enumerate(scores))), "length": length, "source": str(path)})
+    labels = list(dict.fromkeys(row for row, _, _ in rows))
+    settings = {"samples": 4, "dtypes": {"niah_single_1": dtype}, "lengths": sorted({n for _, n, _ in rows}),
+                "rows": [{"label": label, "model": "m", "report": {"current_window": 65536}} for label in labels],
+                "device": "cpu", "partial": False}
+    write_card(folder, cells, [], settings)
+
+
+def test_cards_of_several_runs_combine_into_one_and_again_after_a_run_goes_on(tmp_path):
+    """``hf-posext report A B --out C``: one table over both runs' lengths, rows matched by label (their order
+    by first appearance), each cell with its run's dtype, pairs where one run ran both rows; C's card.json
+    names A and B relative to C, so ``hf-posext report C`` combines them again once A has more samples."""
+    from hf_posext.cli import main
+
+    short, long = tmp_path / "runs" / "short", tmp_path / "runs" / "long"
+    _one_run_card(short, [("base", 2048, [1, 1, 1, 1]), ("tuned", 2048, [1, 1, 1, 0])], "bfloat16")
+    _one_run_card(long, [("tuned", 32768, [1, 1, 0]), ("yarn", 32768, [0, 0, 0, 1])], "float32")
+    out = tmp_path / "combined"
+    assert main(["report", str(short), str(long), "--out", str(out)]) == 0
+    card = json.loads((out / "card.json").read_text())
+    got = {(c["row"], c["length"]): (c["row_index"], c["dtype"], c["n"]) for c in card["cells"]}
+    assert got == {("base", 2048): (0, "bfloat16", 4), ("tuned", 2048): (1, "bfloat16", 4),
+                   ("tuned", 32768): (1, "float32", 3), ("yarn", 32768): (2, "float32", 4)}
+    assert card["settings"]["combined_from"] == [str(Path("..") / "runs" / "short"), str(Path("..") / "runs" / "long")]
+    assert [(p["first"], p["second"], p["length"], p["higher"], p["lower"]) for p in card["paired"]] == [
+        ("base", "tuned", 2048, 1, 0), ("tuned", "yarn", 32768, 2, 0)]
+    page = (out / "card.html").read_text()
+    assert "Combined from" in page and "niah_single_1 float32" in page and "card-niah_single_1.png" not in page
+    assert "32k" in (out / "card.md").read_text() and (out / "card-niah_single_1.png").is_file()
+    assert json.loads((short / "card.json").read_text())["settings"].get("combined_from") is None  # sources untouched
+
+    _sample_file(long / "ruler" / "tuned-32768.jsonl", [1, 1, 0, 0], row="tuned", length=32768, dtype="float32")
+    assert main(["report", str(out)]) == 0
+    card = json.loads((out / "card.json").read_text())
+    assert {(c["row"], c["length"]): c["n"] for c in card["cells"]}[("tuned", 32768)] == 4
+    assert [(p["higher"], p["lower"]) for p in card["paired"] if p["length"] == 32768] == [(2, 1)]
+
+
+def test_combining_cards_refuses_overlapping_or_ambiguous_input_before_writing(tmp_path, capsys):
+    """The same cell in two folders, --out among the folders or missing, a combined card as a source, a folder
+    that is not a card: one line naming the problem, and nothing written."""
+    from hf_posext.cli import main
+
+    first, second, third = tmp_path / "first", tmp_path / "second", tmp_path / "third"
+    _one_run_card(first, [("tuned", 2048, [1, 1, 1, 1])], "float32")
+    _one_run_card(second, [("tuned", 2048, [0, 0, 0, 0])], "float32")
+    _one_run_card(third, [("tuned", 8192, [1, 0, 1, 0])], "float32")
+    out = tmp_path / "combined"
+    with pytest.raises(ValueError, match=r"tuned: niah_single_1 at 2048 is in both .*first and .*second"):
+        combine_cards([first, second], out)
+    assert not out.exists()
+    with pytest.raises(ValueError, match="one of the folders combined"):
+        combine_cards([first, third], third)
+    with pytest.raises(ValueError, match="two or more"):
+        combine_cards([first], out)
+    combine_cards([first, third], out)
+    with pytest.raises(ValueError, match="is a combined card"):
+        combine_cards([out, second], tmp_path / "again")
+    assert not (tmp_path / "again").exists()
+    before = (out / "card.json").read_bytes()
+    for argv, message in ((["report", str(first), str(third)], "pass --out FOLDER"),
+                          (["report", str(first), str(tmp_path), "--out", str(out)], "holds no card.json")):
+        assert main(argv) != 0
+        err = capsys.readouterr().err.strip()
+        assert message in err and len(err.splitlines()) == 1, err
+    assert (out / "card.json").read_bytes() == before
 
 
 def test_a_cell_still_running_is_shown_with_the_samples_it_has(tmp_path):

@@ -44,7 +44,7 @@ __all__ = [
     "ModelSpec", "parse_model_specs", "method_text", "row_label", "tokenizer_hash", "sample_cache_key",
     "SampleCache", "SampleResultsError", "SampleResults", "check_length_budget", "needs_full_budget",
     "score_summary", "beyond_base", "card_rows", "paired_comparisons", "markdown_card", "write_card",
-    "read_sample_records", "ruler_cell_fields", "CardFileError", "rewrite_card", "add_card_arguments",
+    "read_sample_records", "ruler_cell_fields", "CardFileError", "rewrite_card", "combine_cards", "add_card_arguments",
 ]
 
 #: The RULER tasks of lm-eval that generate their samples locally (no download).
@@ -617,6 +617,15 @@ def write_card(out: str | os.PathLike, cells: Sequence[dict[str, Any]], skipped:
         body += [f"<tr><td>{html.escape(task)}</td><td>{html.escape(pair)}</td>"
                  + "".join(f"<td>{html.escape(texts.get(n, ''))}</td>" for n in paired_lengths) + "</tr>" for task, pair, texts in paired]
         body.append("</table>")
+    if settings.get("sources"):
+        items = []
+        for source in settings["sources"]:
+            part = source.get("settings") or {}
+            dtypes = ", ".join(f"{task} {dtype}" for task, dtype in (part.get("dtypes") or {}).items())
+            items.append(f"<li>{html.escape(str(source.get('folder')))}: {html.escape(str(part.get('samples')))} samples a cell, "
+                         f"lengths {html.escape(', '.join(map(str, part.get('lengths') or [])))}, device "
+                         f"{html.escape(str(part.get('device')))}; {html.escape(dtypes)}</li>")
+        body.append("<h2>Combined from</h2><ul>" + "".join(items) + "</ul>")
     if skipped:
         body.append("<h2>Skipped</h2><ul>" + "".join(f"<li>{html.escape(s['what'])}: {html.escape(s['reason'])}</li>" for s in skipped) + "</ul>")
     for plot in plots:
@@ -645,7 +654,8 @@ def rewrite_card(folder: str | os.PathLike, out: str | os.PathLike | None = None
     Used by ``hf-posext report CARD_FOLDER``: a card written by an older release gains what this one shows
     (the paired comparisons), a cell shows every finished sample its file holds, and a cell still running (or
     left unfinished by a stopped run) is shown with the samples it has, marked "k of n so far". Sample files are
-    only read, so this is safe beside a run that is still writing them; nothing is computed again.
+    only read, so this is safe beside a run that is still writing them; nothing is computed again. A combined
+    card (:func:`combine_cards`) is combined again from the folders it names.
 
     Args:
         folder: the ``--out`` folder of ``hf-posext eval card``.
@@ -660,16 +670,45 @@ def rewrite_card(folder: str | os.PathLike, out: str | os.PathLike | None = None
         SampleResultsError: a damaged sample file.
     """
     folder = Path(folder)
+    sources = _combined_sources(folder)
+    if sources is not None:
+        return combine_cards(sources, out or folder)
+    cells, skipped, settings = _card_cells(folder)
+    return write_card(out or folder, cells, skipped, settings)
+
+
+def _read_card(folder: Path) -> dict[str, Any]:
     path = folder / "card.json"
     if not path.is_file():
         raise FileNotFoundError(f"{folder} holds no card.json; pass the --out folder of hf-posext eval card.")
     try:
         data = json.loads(path.read_text())
+        if not isinstance(data, dict) or not isinstance(data["settings"], dict) or not isinstance(data["cells"], list):
+            raise TypeError("no settings and cells")
+        return data
+    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as error:
+        raise CardFileError(f"{path} is not a card written by hf-posext eval card ({type(error).__name__}: {error}); "
+                            "run the card again to write it.") from None
+
+
+def _combined_sources(folder: Path) -> list[Path] | None:
+    """The folders a combined card was made from (relative to ``folder``), or None for a card of one run."""
+    names = _read_card(folder)["settings"].get("combined_from")
+    if names is None:
+        return None
+    return [Path(os.path.normpath(folder / name)) for name in names]
+
+
+def _card_cells(folder: Path) -> tuple[list[dict[str, Any]], list[dict[str, str]], dict[str, Any]]:
+    """``(cells, skipped, settings)`` of the card in ``folder``, its RULER cells read again from their sample files."""
+    path = folder / "card.json"
+    data = _read_card(folder)
+    try:
         # a cell shown as running when the card was last written is looked for again, like any unlisted file
         cells = [cell for cell in data["cells"] if not cell.get("running")]
         settings, skipped = dict(data["settings"]), list(data.get("skipped") or [])
         samples = int(settings["samples"])
-    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as error:
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
         raise CardFileError(f"{path} is not a card written by hf-posext eval card ({type(error).__name__}: {error}); "
                             "run the card again to write it.") from None
     used: set[Path] = set()
@@ -685,7 +724,65 @@ def rewrite_card(folder: str | os.PathLike, out: str | os.PathLike | None = None
         cell.update(ruler_cell_fields(read_sample_records(found), samples))
         used.add(found.resolve())
     cells.extend(_running_cells(folder, cells, settings, used))
-    return write_card(out or folder, cells, skipped, settings)
+    return cells, skipped, settings
+
+
+def combine_cards(folders: Sequence[str | os.PathLike], out: str | os.PathLike) -> dict[str, Path]:
+    """One card from the cards of several runs: every cell of each, read again from its sample files.
+
+    For a card measured in parts (one run per length range, dtype or machine): rows are matched by their
+    label, lengths and tasks are the union, and two rows compare on the same samples wherever one folder
+    ran both. Each cell keeps the dtype its run used (``dtype`` in ``card.json``); the page lists the source
+    folders with their settings. ``card.json`` names the folders relative to ``out``, so ``hf-posext report
+    OUT`` combines them again (after a run in one of them has gone on). Sample files are only read.
+
+    Args:
+        folders: two or more ``--out`` folders of ``hf-posext eval card`` (not combined cards themselves).
+        out: where to write; not one of ``folders``.
+
+    Returns:
+        ``{"json", "markdown", "html"}`` paths.
+
+    Raises:
+        ValueError: fewer than two folders, ``out`` among them, a combined card among them, or one cell
+            (task, row, length) in two of them.
+        FileNotFoundError, CardFileError, SampleResultsError: as :func:`rewrite_card`, naming the folder.
+    """
+    paths = [Path(f) for f in folders]
+    out = Path(out)
+    if len(paths) < 2:
+        raise ValueError(f"combining cards needs two or more card folders, got {len(paths)}; pass one folder to write its card again.")
+    if len({p.resolve() for p in paths}) < len(paths):
+        raise ValueError("a card folder is named twice; name each folder once.")
+    if out.resolve() in {p.resolve() for p in paths}:
+        raise ValueError(f"--out {out} is one of the folders combined; write the combined card to a folder of its own.")
+    parts = []
+    for folder in paths:
+        if _combined_sources(folder) is not None:
+            raise ValueError(f"{folder} is a combined card; combine the folders it names instead.")
+        parts.append((folder, *_card_cells(folder)))
+    labels: dict[str, int] = {}
+    where: dict[tuple[str, str, int], Path] = {}
+    cells: list[dict[str, Any]] = []
+    skipped: list[dict[str, str]] = []
+    sources = []
+    for folder, part_cells, part_skipped, settings in parts:
+        dtypes = settings.get("dtypes") or {}
+        for cell in part_cells:
+            key = (cell["task"], cell["row"], cell["length"])
+            if key in where:
+                raise ValueError(f"{cell['row']}: {cell['task']} at {cell['length']} is in both {where[key]} and {folder}; "
+                                 "combine folders that hold different cells (move one run's card out of the list).")
+            where[key] = folder
+            index = labels.setdefault(cell["row"], len(labels))
+            cells.append({**cell, "row_index": index, "dtype": dtypes.get(cell["task"], settings.get("dtype")), "card": str(folder)})
+        skipped += [item for item in part_skipped if item not in skipped]
+        sources.append({"folder": str(folder), "settings": settings})
+    settings = {"combined_from": [os.path.relpath(folder.resolve(), out.resolve()) for folder in paths],
+                "partial": any(bool(s["settings"].get("partial")) or any(c.get("running") for c in part[1])
+                               for s, part in zip(sources, parts)),
+                "sources": sources}
+    return write_card(out, cells, skipped, settings)
 
 
 def _running_cells(folder: Path, cells: list[dict[str, Any]], settings: dict[str, Any], used: set[Path]) -> list[dict[str, Any]]:

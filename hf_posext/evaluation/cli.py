@@ -265,8 +265,10 @@ def run_eval(args: argparse.Namespace) -> int:
 
 
 def _add_report_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("folder", help="a results folder written by hf-posext eval / eval/*.py, or the --out folder of "
-                                       "hf-posext eval card (its card is written again from card.json and its sample files)")
+    parser.add_argument("folder", nargs="+",
+                        help="a results folder written by hf-posext eval / eval/*.py, or the --out folder of hf-posext eval "
+                             "card (its card is written again from card.json and its sample files); several card folders "
+                             "with --out: one card combining them")
     parser.add_argument("--out", help="where to write report.md and the plots (default: the results folder)")
     parser.add_argument("--compare", nargs=2, action="append", default=[], metavar=("FIRST", "SECOND"),
                         help="add a table of the passkey and needle trials that only one of two series found, with the "
@@ -276,6 +278,10 @@ def _add_report_arguments(parser: argparse.ArgumentParser) -> None:
 def _run_report(args: argparse.Namespace) -> int:
     from hf_posext.evaluation.report import write_report
 
+    folders = list(args.folder)
+    if len(folders) > 1:
+        return _combine_cards(args, folders)
+    args.folder = folders[0]
     if (Path(args.folder) / "card.json").is_file():
         return _rewrite_card(args)
     markdown, plots = write_report(args.folder, args.out, [tuple(pair) for pair in args.compare])
@@ -295,6 +301,24 @@ def _rewrite_card(args: argparse.Namespace) -> int:
     data = json.loads(paths["json"].read_text())
     print(markdown_card(data["cells"], data.get("skipped") or []))
     print(f"\ncard: {paths['html']} (+ {paths['json'].name}, {paths['markdown'].name}, plots)")
+    return 0
+
+
+def _combine_cards(args: argparse.Namespace, folders: list[str]) -> int:
+    from hf_posext.evaluation.card import combine_cards, markdown_card
+
+    not_cards = [f for f in folders if not (Path(f) / "card.json").is_file()]
+    if not_cards:
+        raise ValueError(f"{not_cards[0]} holds no card.json: several folders are combined only as report cards "
+                         "(the --out folders of hf-posext eval card); pass one results folder at a time otherwise.")
+    if not args.out:
+        raise ValueError("several card folders: pass --out FOLDER for the combined card (not one of them).")
+    if args.compare:
+        raise ValueError("--compare applies to a passkey and needle results folder, not to combined report cards.")
+    paths = combine_cards(folders, args.out)
+    data = json.loads(paths["json"].read_text())
+    print(markdown_card(data["cells"], data.get("skipped") or []))
+    print(f"\ncard: {paths['html']} (+ {paths['json'].name}, {paths['markdown'].name}, plots), combined from {len(folders)} cards")
     return 0
 
 

@@ -1,43 +1,49 @@
 #!/usr/bin/env bash
-# The report card on SmolLM2-135M, on CPU, resumable (rerun the same line: finished samples are kept,
-# per RULER sample, per passkey/needle/perplexity cell). Run in the background, commit bench/results/card/ as it grows:
+# The report card on SmolLM2-135M, on 2 CPU cores, in parts that resume (rerun the same line: finished samples
+# are kept, per RULER sample, per passkey/needle/perplexity cell), combined into one card at the end. Run a part
+# in the background and commit bench/results/card/ as it grows:
 #
-#   nohup bash bench/card_smollm2.sh cpu   > bench/results/card/cpu.log 2>&1 &    # 20 samples a task, up to 16384
-#   nohup bash bench/card_smollm2.sh cpu32 > bench/results/card/cpu32.log 2>&1 &  # 10 samples a task at 32768
-#   nohup bash bench/card_smollm2.sh counting > bench/results/card/counting.log 2>&1 &   # first: the two tasks that count
-#   nohup bash bench/card_smollm2.sh counting32 > bench/results/card/counting32.log 2>&1 &   # then: those two at 32768
-#   nohup bash bench/card_smollm2.sh other-tasks > bench/results/card/other-tasks.log 2>&1 &  # any CPU: the rest, float32
+#   nohup bash bench/card_smollm2.sh PART > bench/results/card/PART.log 2>&1 &
 #
-# `counting` runs the part the targets rest on first: niah_single_1 and ruler_fwe (the tasks the original model
-# does inside its window), the original model at 2048 and 8192, training-free yarn x4 and the fine-tuned model
-# with string at 2048, 8192 and 16384, 20 samples, into the same folder as `cpu` (which then resumes them:
-# sample files are named by row, task, length and dtype). Retrieval runs in bfloat16 on such a CPU (--dtype auto): 0.43x float32's time
-# per 16384-token sample with the same responses (bench/results/cpu_retrieval_dtype/).
+# Parts, in the order they were run (the two tasks the targets rest on first):
+#   counting    niah_single_1 and ruler_fwe (the tasks the original model does inside its window), 2048/8192/16384,
+#               20 samples: the original model, training-free yarn x4, fine-tuned + string.        -> cpu/ (bfloat16)
+#   counting32  the same two tasks at 32768, 10 samples (SAMPLES, TASKS: their order; more samples
+#               extend the cells on the same first samples): fine-tuned + string, then yarn x4.  -> cpu-32k/ (float32)
+#   ending      the chat-ending row: 16 instructions in the model's chat template.                -> ending/ (float32)
+#   ruler       the six offline RULER tasks, every row, 2048-16384, 20 samples (resumes counting). -> cpu/ (bfloat16)
+#   ruler-float32  the four RULER tasks the original model cannot do inside its window
+#               (niah_multikey_2/3, ruler_vt, ruler_cwe), as `ruler`, for a CPU without native
+#               bfloat16 (do not run both `ruler` and this: their cells would overlap).         -> cpu-float32/
+#   tasks       perplexity, passkey and needle, every row, 2048-16384, 20 trials a cell.          -> cpu-tasks/ (float32)
+#   best32      niah_single_1 and ruler_fwe at 32768 for BEST x4, 10 samples.                    -> cpu-32k-best/ (float32)
+#   tasks32     perplexity, passkey and needle at 32768 (fine-tuned + string, yarn x4, BEST x4), 10 trials.
+#               The other RULER tasks are beyond the base model: the floor lets 32768 skip them. -> cpu-32k-tasks/ (float32)
+#   combine     one card from every part that has run: bench/results/card/card.html (+ card.json, card.md, plots).
 #
-# `counting32` runs the same two tasks at 32768 (where the targets are), 10 samples, the fine-tuned model with string
-# first (the headline), then training-free yarn x4, into cpu-32k/ (which `cpu32` then resumes). TASKS sets its tasks
-# and their order (default niah_single_1,ruler_fwe); with SAMPLES above 10 it extends the cells (the first 10
-# samples are the same ones, checked against the cache). The card written lists the tasks of that run only.
+# Rows (one --models entry each; the methods after @ are that model's): the original model, unscaled, inside its
+# 8192 window (2048/4096/8192: where each task's ability ends; longer lengths are listed as skipped, over the
+# window); training-free yarn x4 and BEST x4; the fine-tuned headline model (MERGED: bench/finetune_retrieval_cpu.sh
+# merge, yarn x4 in its config), as saved and with string.
 #
-# `other-tasks` runs the rest of `cpu` that is not in cpu/ yet, in float32, so that a CPU without native bfloat16 can
-# go on with it: the four RULER tasks the original model cannot do inside its window (niah_multikey_2/3, ruler_vt,
-# ruler_cwe), perplexity, passkey, needle and the ending row, every row, 2048-16384, 20 samples, into cpu-float32/.
-#
-# Each folder keeps one dtype, so that any machine resumes it (a sample file is named by its dtype, and a float32
-# run never reads a bfloat16 one): cpu/ is bfloat16 for retrieval (--dtype auto on a CPU with native bfloat16;
-# perplexity float32), cpu-32k/ is float32 (first run on an AVX2-only CPU, where bfloat16 is emulated: 5.2x
-# float32's time for a 4096-token forward, bench/cpu_forward_dtype.py). `cpu` and `counting` refuse to start on a
-# CPU without native bfloat16 unless DTYPE is given.
-#
-# Rows (one --models entry each; the methods after @ are that model's):
-#   the original model, unscaled, inside its 8192 window (2048/4096/8192: where each task's ability ends; the
-#   longer lengths are listed as skipped, over the window); training-free yarn x4 and BEST (x4); the fine-tuned
-#   headline model (MERGED: bench/finetune_retrieval_cpu.sh merge, yarn x4 in its config) as saved + string.
-# Environment: MERGED (default: the retrieval-varied merge), BEST (default dynamic-ntk), PYTHON, DTYPE, BOOKS,
-# SAMPLES, TASKS (counting32).
+# Each part has a folder of its own (a card lists the cells of the run that wrote it; `ruler` covers `counting`'s
+# cells, so the two share cpu/), and each folder keeps one dtype, so that any machine resumes it (a sample file is named by its dtype, and a float32
+# run never reads a bfloat16 one). bfloat16 parts refuse to start on a CPU without native bfloat16 (there it is
+# emulated: 5.2x float32's time for a 4096-token forward, bench/cpu_forward_dtype.py); on one with it, retrieval in
+# bfloat16 took 0.43x float32's time per 16384-token sample with the same responses (bench/results/cpu_retrieval_dtype/).
+# Environment: MERGED (default: the retrieval-varied merge), BEST (default dynamic-ntk), PYTHON, SAMPLES, TASKS
+# (counting32), BOOKS.
 set -uo pipefail
-stage=${1:?stage: cpu|cpu32|counting|counting32|other-tasks}
+PARTS="counting|counting32|ending|ruler|ruler-float32|tasks|best32|tasks32|combine"
+part=${1:?part: $PARTS}
 PYTHON=${PYTHON:-python}
+R=bench/results/card
+case "$part" in counting|counting32|ending|ruler|ruler-float32|tasks|best32|tasks32|combine) ;; *) echo "unknown part $part ($PARTS)" >&2; exit 2 ;; esac
+if [ "$part" = combine ]; then
+  folders=()
+  for f in cpu cpu-float32 cpu-tasks cpu-32k cpu-32k-best cpu-32k-tasks ending; do [ -f "$R/$f/card.json" ] && folders+=("$R/$f"); done
+  exec "$PYTHON" -m hf_posext.cli report "${folders[@]}" --out "$R"
+fi
 # BOOKS: a folder with austen-emma.txt and melville-moby_dick.txt for the perplexity and needle cells (default: the
 # lab's public-domain books where they are; elsewhere, as in a clone, the CLI's built-in text, said in one line).
 LAB_BOOKS="$(cd "$(dirname "$0")/.." && pwd)/../shared/data/books"   # beside the repository in the lab; a clone has none
@@ -46,37 +52,35 @@ if [ -n "${BOOKS:-}" ]; then
   TEXTS=(--ppl-data "$BOOKS/austen-emma.txt" --haystack "$BOOKS/melville-moby_dick.txt")
 else
   TEXTS=()
-  case "$stage" in cpu|cpu32|other-tasks) echo "no BOOKS folder: perplexity and needle use the CLI's built-in text (builtin:python-docs)" >&2 ;; esac
+  case "$part" in tasks|tasks32) echo "no BOOKS folder: perplexity and needle use the CLI's built-in text (builtin:python-docs)" >&2 ;; esac
 fi
-BEST=${BEST:-dynamic-ntk}
-case "$stage" in cpu|cpu32|counting|counting32|other-tasks) ;; *) echo "unknown stage $stage (cpu|cpu32|counting|counting32|other-tasks)" >&2; exit 2 ;; esac
-case "$stage" in
-cpu32|counting32|other-tasks) DTYPE=${DTYPE:-float32} ;;
-*) if [ -z "${DTYPE:-}" ] && ! "$PYTHON" -c "from hf_posext.evaluation.loading import cpu_has_native_bfloat16 as n; raise SystemExit(not n())"; then
-     echo "this CPU has no native bfloat16: bench/results/card/cpu holds bfloat16 samples that --dtype auto (float32 here) would not resume; run counting32, cpu32 or other-tasks here, or set DTYPE=bfloat16 (slower here)" >&2
-     exit 2
-   fi
-   DTYPE=${DTYPE:-auto} ;;   # auto: perplexity float32; passkey, needle, RULER bfloat16 on a CPU with it natively
+case "$part" in
+counting|ruler) DTYPE=bfloat16
+  if ! "$PYTHON" -c "from hf_posext.evaluation.loading import cpu_has_native_bfloat16 as n; raise SystemExit(not n())"; then
+    echo "this CPU has no native bfloat16: $R/cpu holds bfloat16 samples, slow to extend here; run counting32, ruler-float32, tasks, best32 or tasks32 here" >&2
+    exit 2
+  fi ;;
+*) DTYPE=float32 ;;
 esac
+BEST=${BEST:-dynamic-ntk}
 MERGED=${MERGED:-$(VARIANT=retrieval-varied PYTHON=$PYTHON bash bench/finetune_retrieval_cpu.sh merge | tail -1)}
-MODELS="base=smollm2-135m@none;yarn:4;$BEST:4,fine-tuned=$MERGED@as-saved;string:1"
-ALL=perplexity,passkey,needle,ruler,ending
-COMMON=(--models "$MODELS" --dtype "$DTYPE" --device "${DEVICE:-cpu}"
-        "${TEXTS[@]}" --skip-over-window --no-progress
-        --sample-cache bench/results/card/ruler-samples)
-case "$stage" in
-cpu)   OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} "$PYTHON" -m hf_posext.cli eval card "${COMMON[@]}" --tasks $ALL --lengths 2048,4096,8192,16384 \
-           --samples "${SAMPLES:-20}" --out bench/results/card/cpu ;;
-cpu32) OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} "$PYTHON" -m hf_posext.cli eval card "${COMMON[@]}" --tasks $ALL --lengths 32768 \
-           --samples "${SAMPLES:-10}" --out bench/results/card/cpu-32k ;;
-counting) OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} "$PYTHON" -m hf_posext.cli eval card --models "base=smollm2-135m@none;yarn:4,fine-tuned=$MERGED@string:1" \
-           --tasks niah_single_1,ruler_fwe --lengths 2048,8192,16384 --samples "${SAMPLES:-20}" --dtype "$DTYPE" \
-           --device "${DEVICE:-cpu}" --skip-over-window --no-progress --sample-cache bench/results/card/ruler-samples --out bench/results/card/cpu ;;
-counting32) OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} "$PYTHON" -m hf_posext.cli eval card --models "fine-tuned=$MERGED@string:1,base=smollm2-135m@yarn:4" \
-           --tasks "${TASKS:-niah_single_1,ruler_fwe}" --lengths 32768 --samples "${SAMPLES:-10}" --dtype "$DTYPE" \
-           --device "${DEVICE:-cpu}" --no-progress --sample-cache bench/results/card/ruler-samples --out bench/results/card/cpu-32k ;;
-other-tasks) OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} "$PYTHON" -m hf_posext.cli eval card "${COMMON[@]}" \
-           --tasks perplexity,passkey,needle,niah_multikey_2,niah_multikey_3,ruler_vt,ruler_cwe,ending --lengths 2048,4096,8192,16384 \
-           --samples "${SAMPLES:-20}" --out bench/results/card/cpu-float32 ;;
-*) echo "unknown stage $stage (cpu|cpu32|counting|counting32|other-tasks)" >&2; exit 2 ;;
+ALL_ROWS="base=smollm2-135m@none;yarn:4;$BEST:4,fine-tuned=$MERGED@as-saved;string:1"
+card() { OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} "$PYTHON" -m hf_posext.cli eval card --dtype "$DTYPE" --device "${DEVICE:-cpu}" \
+           --no-progress --sample-cache $R/ruler-samples "$@"; }
+case "$part" in
+counting)   card --models "base=smollm2-135m@none;yarn:4,fine-tuned=$MERGED@string:1" --tasks niah_single_1,ruler_fwe \
+                 --lengths 2048,8192,16384 --samples "${SAMPLES:-20}" --skip-over-window --out $R/cpu ;;
+counting32) card --models "fine-tuned=$MERGED@string:1,base=smollm2-135m@yarn:4" --tasks "${TASKS:-niah_single_1,ruler_fwe}" \
+                 --lengths 32768 --samples "${SAMPLES:-10}" --out $R/cpu-32k ;;
+ending)     card --models "base=smollm2-135m@none;yarn:4,fine-tuned=$MERGED@string:1" --tasks ending --lengths 2048 --out $R/ending ;;
+ruler)      card --models "$ALL_ROWS" --tasks ruler --lengths 2048,4096,8192,16384 --samples "${SAMPLES:-20}" --skip-over-window \
+                 --out $R/cpu ;;
+ruler-float32) card --models "$ALL_ROWS" --tasks niah_multikey_2,niah_multikey_3,ruler_vt,ruler_cwe --lengths 2048,4096,8192,16384 \
+                 --samples "${SAMPLES:-20}" --skip-over-window --out $R/cpu-float32 ;;
+tasks)      card --models "$ALL_ROWS" "${TEXTS[@]}" --tasks perplexity,passkey,needle --lengths 2048,4096,8192,16384 \
+                 --samples "${SAMPLES:-20}" --skip-over-window --out $R/cpu-tasks ;;
+best32)     card --models "base=smollm2-135m@$BEST:4" --tasks niah_single_1,ruler_fwe --lengths 32768 --samples "${SAMPLES:-10}" \
+                 --out $R/cpu-32k-best ;;
+tasks32)    card --models "fine-tuned=$MERGED@string:1,base=smollm2-135m@yarn:4;$BEST:4" "${TEXTS[@]}" \
+                 --tasks perplexity,passkey,needle --lengths 32768 --samples "${SAMPLES:-10}" --out $R/cpu-32k-tasks ;;
 esac

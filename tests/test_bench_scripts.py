@@ -1,0 +1,47 @@
+"""The bench shell scripts: each parses (``bash -n``), and the card's part names are checked before anything runs.
+
+``bench/card_smollm2.sh PART`` starts hours of work in the background, so a mistyped part must stop at once, in
+one line that lists the parts, before the fine-tuned model is merged or any card is loaded; and the parts its
+header documents must be the parts it runs.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in BENCH.glob("*.sh")))
+def test_each_bench_shell_script_parses(script):
+    done = subprocess.run(["bash", "-n", str(BENCH / script)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+def _parts() -> list[str]:
+    text = (BENCH / "card_smollm2.sh").read_text()
+    (parts,) = re.findall(r'^PARTS="([^"]+)"', text, flags=re.M)
+    return parts.split("|")
+
+
+def test_the_card_script_refuses_an_unknown_part_before_anything_runs(tmp_path):
+    # run from an empty folder: a part that went on would fail to find the merge script, not print the usage line
+    done = subprocess.run(["bash", str(BENCH / "card_smollm2.sh"), "countng"], capture_output=True, text=True, cwd=tmp_path,
+                          timeout=30)
+    assert done.returncode == 2
+    assert done.stderr.strip() == f"unknown part countng ({'|'.join(_parts())})"
+    assert list(tmp_path.iterdir()) == []
+    done = subprocess.run(["bash", str(BENCH / "card_smollm2.sh")], capture_output=True, text=True, cwd=tmp_path, timeout=30)
+    assert done.returncode != 0 and "part:" in done.stderr
+
+
+def test_the_card_scripts_header_documents_every_part_it_runs():
+    text = (BENCH / "card_smollm2.sh").read_text()
+    header = text[: text.index("set -uo pipefail")]
+    documented = re.findall(r"^#   ([a-z0-9-]+)\s{2,}", header, flags=re.M)
+    run = re.findall(r"^([a-z0-9-]+)\)\s+card ", text, flags=re.M) + ["combine"]
+    assert sorted(documented) == sorted(_parts()) == sorted(run)

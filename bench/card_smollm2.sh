@@ -26,11 +26,12 @@
 # window); training-free yarn x4 and BEST x4; the fine-tuned headline model (MERGED: bench/finetune_retrieval_cpu.sh
 # merge, yarn x4 in its config), as saved and with string.
 #
-# Each part has a folder of its own (a card lists the cells of the run that wrote it; `ruler` covers `counting`'s
-# cells, so the two share cpu/), and each folder keeps one dtype, so that any machine resumes it (a sample file is named by its dtype, and a float32
-# run never reads a bfloat16 one). bfloat16 parts refuse to start on a CPU without native bfloat16 (there it is
-# emulated: 5.2x float32's time for a 4096-token forward, bench/cpu_forward_dtype.py); on one with it, retrieval in
-# bfloat16 took 0.43x float32's time per 16384-token sample with the same responses (bench/results/cpu_retrieval_dtype/).
+# Each part has a folder of its own, so that parts on different machines never write the same folder (`ruler`
+# extends `counting`'s cells, so the two share cpu/), and each folder keeps one dtype, so that any machine resumes
+# it (a sample file is named by its dtype, and a float32 run never reads a bfloat16 one). bfloat16 parts refuse to
+# start on a CPU without native bfloat16 (there it is emulated: 5.2x float32's time for a 4096-token forward,
+# bench/cpu_forward_dtype.py); on one with it, retrieval in bfloat16 took 0.43x float32's time per 16384-token
+# sample with the same responses (bench/results/cpu_retrieval_dtype/).
 # Environment: MERGED (default: the retrieval-varied merge), BEST (default dynamic-ntk), PYTHON, SAMPLES, TASKS
 # (counting32), BOOKS.
 set -uo pipefail

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from hf_posext.evaluation.card import (
-    CardFileError, SampleCache, SampleResults, SampleResultsError, beyond_base, check_length_budget, combine_cards, method_text,
+    CardFileError, SampleCache, SampleResults, SampleResultsError, beyond_base, check_length_budget, combine_cards, earlier_card, method_text,
     needs_full_budget, paired_comparisons, parse_model_specs, read_sample_records, rewrite_card, row_label,
     ruler_cell_fields, sample_cache_key, score_summary, tokenizer_hash, write_card,
 )
@@ -291,6 +291,41 @@ def test_combining_cards_refuses_overlapping_or_ambiguous_input_before_writing(t
     assert (out / "card.json").read_bytes() == before
 
 
+def test_a_run_into_a_card_folder_keeps_the_earlier_cells_it_does_not_cover(tmp_path):
+    """A second run into the same --out with other tasks, rows or lengths keeps the first run's cells on the card
+    (each with its own samples and dtype, its row after the new run's rows), drops those it covers; a damaged
+    card.json or a combined card in the folder is refused by name."""
+    folder = tmp_path / "card"
+    _one_run_card(folder, [("base", 2048, [1, 1, 1, 1]), ("yarn", 2048, [0, 1, 0, 1]), ("yarn", 8192, [1, 0, 0, 0])], "bfloat16")
+    settings = json.loads((folder / "card.json").read_text())["settings"]
+    write_card(folder, json.loads((folder / "card.json").read_text())["cells"],
+               [{"what": "base: niah_single_1 at 8192", "reason": "over its window"}, {"what": "niah_single_2", "reason": "download"}],
+               settings)
+    cells, skipped, rows = earlier_card(folder, ["tuned", "yarn"], {("niah_single_1", "yarn", 8192), ("niah_single_1", "base", 8192)})
+    assert [(c["row"], c["length"], c["row_index"], c["samples"], c["dtype"], c["n"]) for c in cells] == [
+        ("base", 2048, 2, 4, "bfloat16", 4), ("yarn", 2048, 1, 4, "bfloat16", 4)]
+    assert skipped == [{"what": "niah_single_2", "reason": "download"}] and [r["label"] for r in rows] == ["base"]
+    # the ending row is covered at any length
+    assert earlier_card(folder, ["yarn"], {("niah_single_1", "yarn", None)})[0][0]["row"] == "base"
+    assert earlier_card(tmp_path / "empty", ["yarn"], set()) == ([], [], [])
+
+    # a carried cell keeps its own sample count when written again, under a run that asked for fewer
+    write_card(folder, cells, [], {**settings, "samples": 2})
+    again = json.loads(rewrite_card(folder)["json"].read_text())["cells"]
+    assert {(c["row"], c["length"]): c["n"] for c in again} == {
+        ("base", 2048): 4, ("yarn", 2048): 4, ("yarn", 8192): 2}  # the last: found as this run's cell, its first 2
+
+    (folder / "card.json").write_text('{"settings": ')
+    with pytest.raises(CardFileError, match="card.json is not a card"):
+        earlier_card(folder, ["yarn"], set())
+    other = tmp_path / "other"
+    _one_run_card(other, [("tuned", 4096, [1, 0, 1, 1])], "float32")
+    _one_run_card(folder, [("base", 2048, [1, 1, 1, 1])], "float32")
+    combine_cards([folder, other], tmp_path / "combined")
+    with pytest.raises(ValueError, match="holds a combined card"):
+        earlier_card(tmp_path / "combined", ["yarn"], set())
+
+
 def test_a_cell_still_running_is_shown_with_the_samples_it_has(tmp_path):
     """A sample file that card.json does not list yet (the cell a run is computing) shows on the card written
     again, marked unfinished, when it is one of the card's rows in the card's dtype; others are left out."""
@@ -406,6 +441,11 @@ def test_card_end_to_end_on_the_tiny_model(tiny_folder, tmp_path):
     yarn_only = [*argv[:4], "--methods", "yarn", *argv[6:]]
     assert main(yarn_only) == 0
     assert {p: p.read_bytes() for p in files} == files and len(list((out / "ruler").glob("*.jsonl"))) == len(files)
+    # ... and the card it writes keeps the unscaled row's cells of the first run, read again from their files
+    kept = json.loads((out / "card.json").read_text())
+    assert sorted((c["task"], c["row"], c["n"]) for c in kept["cells"]) == sorted((c["task"], c["row"], c["n"]) for c in card["cells"])
+    assert {c["row_index"] for c in kept["cells"] if c["row"] == "base, unscaled"} == {1}  # after this run's one row
+    assert {c["row_index"] for c in kept["cells"] if c["row"] == "base, yarn ×2"} == {0}
     ruler_dtype = evaluation_dtype("auto", "ruler", "cpu")  # --dtype auto: bfloat16 on a CPU that has it natively
     assert all(f"yarn-x2-{ruler_dtype}-" in p.name or f"none-x1-{ruler_dtype}-" in p.name for p in files)
     other = "float32" if ruler_dtype == "bfloat16" else "bfloat16"

@@ -44,7 +44,7 @@ __all__ = [
     "ModelSpec", "parse_model_specs", "method_text", "row_label", "tokenizer_hash", "sample_cache_key",
     "SampleCache", "SampleResultsError", "SampleResults", "check_length_budget", "needs_full_budget",
     "score_summary", "beyond_base", "card_rows", "paired_comparisons", "markdown_card", "write_card",
-    "read_sample_records", "ruler_cell_fields", "CardFileError", "rewrite_card", "combine_cards", "add_card_arguments",
+    "read_sample_records", "ruler_cell_fields", "CardFileError", "rewrite_card", "earlier_card", "combine_cards", "add_card_arguments",
 ]
 
 #: The RULER tasks of lm-eval that generate their samples locally (no download).
@@ -721,10 +721,56 @@ def _card_cells(folder: Path) -> tuple[list[dict[str, Any]], list[dict[str, str]
         if found is None:
             raise FileNotFoundError(f"{path}: the samples of {cell.get('row')}, {cell.get('task')} at {cell.get('length')} are not in "
                                     f"{candidates[0]} nor {source}; restore the file, or run the card again.")
-        cell.update(ruler_cell_fields(read_sample_records(found), samples))
+        cell.update(ruler_cell_fields(read_sample_records(found), int(cell.get("samples") or samples)))
         used.add(found.resolve())
     cells.extend(_running_cells(folder, cells, settings, used))
     return cells, skipped, settings
+
+
+def earlier_card(folder: str | os.PathLike, labels: Sequence[str],
+                 covered: set[tuple[str, str, int | None]]) -> tuple[list[dict[str, Any]], list[dict[str, str]], list[dict[str, Any]]]:
+    """What the card already in ``folder`` shows that a new run into the same folder does not cover.
+
+    A run writes its card over the folder's ``card.json``; without this, the cells of an earlier run with other
+    tasks, rows or lengths would drop off the card while their sample files stay. They are kept instead: read
+    again from their sample files, each with the ``samples`` and ``dtype`` of the run that made it.
+
+    Args:
+        folder: the new run's ``--out``.
+        labels: the new run's row labels, in order (an earlier row of the same label takes its place; other
+            earlier rows come after them).
+        covered: ``(task, row label, length)`` of every cell the new run computes or skips; ``length`` None
+            for every length of that task and row (the ending row's length is its prompts').
+
+    Returns:
+        ``(cells, skipped, rows)``: the earlier cells not covered, the earlier skipped entries not about a covered
+        cell, and the earlier rows' settings for labels the new run does not have.
+
+    Raises:
+        ValueError: ``folder`` holds a combined card (:func:`combine_cards`).
+        CardFileError, FileNotFoundError, SampleResultsError: as :func:`rewrite_card`.
+    """
+    folder = Path(folder)
+    if not (folder / "card.json").is_file():
+        return [], [], []
+    if _combined_sources(folder) is not None:
+        raise ValueError(f"{folder} holds a combined card (hf-posext report A B --out {folder}); write the run to a folder of "
+                         "its own, then combine again.")
+    cells, skipped, settings = _card_cells(folder)
+    samples, dtypes = int(settings["samples"]), settings.get("dtypes") or {}
+    order = {label: index for index, label in enumerate(labels)}
+    earlier_rows = [row for row in settings.get("rows") or [] if row.get("label") not in order]
+    for row in earlier_rows:
+        order[row["label"]] = len(order)
+    kept = []
+    for cell in cells:
+        if cell.get("running") or (cell["task"], cell["row"], cell["length"]) in covered or (cell["task"], cell["row"], None) in covered:
+            continue
+        index = order.setdefault(cell["row"], len(order))
+        kept.append({**cell, "row_index": index, "samples": int(cell.get("samples") or samples),
+                     "dtype": cell.get("dtype") or dtypes.get(cell["task"], settings.get("dtype"))})
+    about = {f"{row}: {task} at {length}" for task, row, length in covered if length is not None}
+    return kept, [item for item in skipped if item.get("what") not in about], earlier_rows
 
 
 def combine_cards(folders: Sequence[str | os.PathLike], out: str | os.PathLike) -> dict[str, Path]:

@@ -38,7 +38,7 @@ from hf_posext.api import describe, patch, unpatch
 from hf_posext.core.request import ScalingRequest, parse_param_items
 from hf_posext.evaluation.card import (
     CARD_TASKS, ENDING_BUDGET, RULER_DOWNLOAD_TASKS, RULER_OFFLINE_TASKS, SHORT_BUDGETS, ModelSpec, SampleCache, SampleResults,
-    check_length_budget, needs_full_budget, parse_model_specs, row_label, sample_cache_key, score_summary, tokenizer_hash,
+    check_length_budget, earlier_card, needs_full_budget, parse_model_specs, row_label, sample_cache_key, score_summary, tokenizer_hash,
     ruler_cell_fields, write_card, markdown_card,
 )
 from hf_posext.integrations.lm_eval.launcher import import_harness
@@ -332,6 +332,10 @@ def run_ruler_cell(lm: Any, task: Any, docs: list[dict[str, Any]], length: int, 
 # ------------------------------------------------------------------ the card
 
 
+def _merged(skipped: list[dict[str, str]], earlier: list[dict[str, str]]) -> list[dict[str, str]]:
+    return skipped + [item for item in earlier if item not in skipped]
+
+
 def _ruler_tasks(tasks: list[str]) -> list[str]:
     chosen = []
     for task in tasks:
@@ -515,12 +519,18 @@ def run_card(args: Any) -> int:
             more = f" ({len(problems) - 1} more cells do not fit)" if len(problems) > 1 else ""
             raise ValueError(problems[0] + more)
 
+    # An earlier run's cells in this folder that this run does not compute stay on the card (read before
+    # anything runs: a damaged card.json is named here, not overwritten).
+    covered = {(task, row.label, length) for task in [*(t for t in tasks if t != "ruler"), *ruler] for row in rows for length in lengths}
+    covered |= {("ending", row.label, None) for row in rows if "ending" in tasks}
+    carried, carried_skipped, carried_rows = earlier_card(out, [row.label for row in rows], covered)
+
     def settings(partial: bool) -> dict[str, Any]:
         return {"models": [spec.key for spec in specs], "methods": args.methods, "factor": args.factor, "lengths": lengths,
                 "tasks": tasks, "samples": args.samples, "seed": args.seed, "budget": args.budget, "dtype": args.dtype,
                 "dtypes": {task: evaluation_dtype(args.dtype, "ruler" if task in ruler else task, args.device) for task in tasks},
                 "device": args.device, "max_length": args.max_length,
-                "rows": [{"label": r.label, "model": r.spec.key, "base": r.base, "report": r.report} for r in rows],
+                "rows": [{"label": r.label, "model": r.spec.key, "base": r.base, "report": r.report} for r in rows] + carried_rows,
                 "short_budgets": SHORT_BUDGETS, "seconds": round(time.time() - started, 1), "partial": partial}
 
     if args.dtype == AUTO_DTYPE:
@@ -529,7 +539,7 @@ def run_card(args: Any) -> int:
     if "ending" in tasks:
         cells.extend(_ending_cells(rows, args, skipped))
     if plans:
-        write_card(out, cells, skipped, settings(partial=True))
+        write_card(out, cells + carried, _merged(skipped, carried_skipped), settings(partial=True))
 
     if plans:
         from hf_posext.integrations.lm_eval.model import PosextHFLM
@@ -561,11 +571,11 @@ def run_card(args: Any) -> int:
             cells.append({"task": task_name, "kind": "ruler", "row": row.label, "row_index": row.index, "length": length,
                           "base": row.base, "in_window": length <= row.window, "sample_key": key, "source": str(results.path),
                           **ruler_cell_fields(results.records, len(docs))})
-            write_card(out, cells, skipped, settings(partial=True))  # a long run shows what it has so far
+            write_card(out, cells + carried, _merged(skipped, carried_skipped), settings(partial=True))  # a long run shows what it has so far
         held = None
         gc.collect()
 
-    paths = write_card(out, cells, skipped, settings(partial=False))
-    print(markdown_card(cells, skipped))
+    paths = write_card(out, cells + carried, _merged(skipped, carried_skipped), settings(partial=False))
+    print(markdown_card(cells + carried, _merged(skipped, carried_skipped)))
     print(f"\ncard: {paths['html']} (+ {paths['json'].name}, {paths['markdown'].name}, plots); {time.time() - started:.0f} s")
     return 0

@@ -374,6 +374,25 @@ def test_a_damaged_card_or_a_missing_sample_file_is_named(tmp_path, capsys):
 # ------------------------------------------------------------------ with lm-eval on the tiny model
 
 
+def test_a_ruler_dataset_draws_only_the_samples_asked_for():
+    """lm-eval's RULER datasets call their generator with num_samples=500 (minutes at 32768 tokens); the card
+    replaces it in the globals the dataset function calls (its own copy of the module), for that call only,
+    and refuses a dataset that calls no known generator instead of silently drawing 500."""
+    pytest.importorskip("lm_eval")
+    from hf_posext.integrations.lm_eval.card import _limited_dataset
+
+    drawn = []
+    scope = {"sys_kwext": lambda tokenizer=None, num_samples=500: drawn.append(num_samples) or list(range(num_samples))}
+    exec("def fwe_download(**kwargs):\n    return sys_kwext(tokenizer=kwargs.get('tokenizer'), num_samples=500)", scope)
+    original = scope["sys_kwext"]
+    assert _limited_dataset(scope["fwe_download"], 3)(tokenizer="t") == [0, 1, 2] and drawn == [3]
+    assert scope["sys_kwext"] is original  # restored after the call
+    exec("def plain(**kwargs):\n    return []", scope)
+    del scope["sys_kwext"]
+    with pytest.raises(RuntimeError, match="calls none of lm-eval's RULER generators"):
+        _limited_dataset(scope["plain"], 3)
+
+
 def test_ruler_samples_are_the_first_n_of_a_longer_draw(tiny_folder, tmp_path):
     pytest.importorskip("lm_eval")
     pytest.importorskip("wonderwords")
@@ -388,6 +407,42 @@ def test_ruler_samples_are_the_first_n_of_a_longer_draw(tiny_folder, tmp_path):
     other, _ = ruler_docs("niah_single_1", tiny_folder, tokenizer, LENGTH, 3, 1, SampleCache(tmp_path / "c"))
     assert other != three  # the seed matters, so the key must hold it
     assert key["tokenizer"] == tokenizer_hash(tokenizer) and key["length"] == LENGTH
+
+
+#: Generate one RULER sample set in a fresh interpreter, the first generation of that process (or after another).
+_GENERATE_FIRST = """
+import json, sys
+from transformers import AutoTokenizer
+from hf_posext.evaluation.card import SampleCache
+from hf_posext.integrations.lm_eval.card import ruler_docs
+from hf_posext.integrations.lm_eval.launcher import import_harness
+import_harness()
+folder, cache, before = sys.argv[1], sys.argv[2], sys.argv[3]
+tokenizer = AutoTokenizer.from_pretrained(folder)
+if before:
+    ruler_docs(before, folder, tokenizer, {length}, 1, 0, SampleCache(cache + "-before"))
+docs, _ = ruler_docs("ruler_fwe", folder, tokenizer, {length}, 2, 0, SampleCache(cache))  # draws from `random`
+print(json.dumps(docs))
+"""
+
+
+def test_ruler_samples_do_not_depend_on_what_the_process_generated_before(tiny_folder, tmp_path):
+    """The first import of lm-eval's RULER generator modules draws from ``random``: seeded before it, a
+    process's first sample set differed from every later one (found when extending a cached set of 10 to 20,
+    which the cache then refused). Each set is generated in a fresh interpreter, first or after another task."""
+    pytest.importorskip("lm_eval")
+    pytest.importorskip("wonderwords")
+    import subprocess
+    import sys
+
+    script = _GENERATE_FIRST.format(length=LENGTH)
+    runs = []
+    for before in ("", "niah_single_1"):
+        done = subprocess.run([sys.executable, "-c", script, tiny_folder, str(tmp_path / f"cache-{before}"), before],
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    assert runs[0] == runs[1] and len(runs[0]) == 2
 
 
 def test_card_end_to_end_on_the_tiny_model(tiny_folder, tmp_path):

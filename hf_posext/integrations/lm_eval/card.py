@@ -17,7 +17,6 @@ Perplexity, passkey and needle run through :mod:`hf_posext.evaluation` into ``OU
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import gc
 import hashlib
@@ -30,7 +29,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable
 
 import torch
 
@@ -54,29 +53,48 @@ AS_SAVED = "as-saved"
 # ------------------------------------------------------------------ RULER samples
 
 
-@contextlib.contextmanager
-def _first_samples(n: int) -> Iterator[None]:
-    """Make lm-eval's RULER generators draw ``n`` samples instead of 500 (each draws them in turn from the
-    global RNG, so the first ``n`` are the same either way)."""
-    from lm_eval.tasks.ruler import cwe_utils, fwe_utils, niah_utils, vt_utils
+#: The generator functions lm-eval's RULER datasets call with ``num_samples=500`` (niah, vt, cwe, fwe).
+_GENERATORS = ("generate_samples", "sys_vartrack_w_noise_random", "sys_word_pair_random", "sys_kwext")
 
-    targets = [(niah_utils, "generate_samples"), (vt_utils, "sys_vartrack_w_noise_random"),
-               (cwe_utils, "sys_word_pair_random"), (fwe_utils, "sys_kwext")]
-    saved = [(module, name, getattr(module, name)) for module, name in targets]
 
-    def limited(function):
+def _import_generators() -> None:
+    """Import lm-eval's RULER generator modules. Their first import draws from ``random``: done before the
+    seed is set, the samples do not depend on whether this process generated others before."""
+    from lm_eval.tasks.ruler import common_utils, cwe_utils, fwe_utils, niah_utils, prepare_niah, vt_utils  # noqa: F401
+
+
+def _limited_dataset(dataset: Callable[..., Any], n: int) -> Callable[..., Any]:
+    """``dataset`` (a task's ``custom_dataset``) drawing ``n`` samples instead of 500.
+
+    lm-eval runs a task file's ``!function`` module afresh for each task it loads, so the generator is
+    replaced in that copy's globals, the ones ``dataset`` calls; the generators draw their samples in turn
+    from the global RNG, so the first ``n`` are those of a 500-sample draw.
+
+    Raises:
+        RuntimeError: ``dataset`` calls none of the known generators (an lm-eval release that renamed them:
+            fail loudly rather than silently draw 500 samples of a 32768-token task, minutes each).
+    """
+    names = [name for name in _GENERATORS if callable(dataset.__globals__.get(name))]
+    if not names:
+        raise RuntimeError(f"{dataset.__module__}.{dataset.__name__} calls none of lm-eval's RULER generators "
+                           f"({', '.join(_GENERATORS)}); this lm-eval release is not supported by hf-posext's card.")
+
+    def limited(function: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(function)
-        def wrapper(*args, num_samples: int = 500, **kwargs):
+        def wrapper(*args: Any, num_samples: int = 500, **kwargs: Any) -> Any:
             return function(*args, num_samples=min(num_samples, n), **kwargs)
         return wrapper
 
-    try:
-        for module, name, function in saved:
-            setattr(module, name, limited(function))
-        yield
-    finally:
-        for module, name, function in saved:
-            setattr(module, name, function)
+    @functools.wraps(dataset)
+    def run(**kwargs: Any) -> Any:
+        scope = dataset.__globals__
+        saved = {name: scope[name] for name in names}
+        try:
+            scope.update({name: limited(function) for name, function in saved.items()})
+            return dataset(**kwargs)
+        finally:
+            scope.update(saved)
+    return run
 
 
 def _ruler_folder() -> str:
@@ -128,10 +146,13 @@ def ruler_docs(task_name: str, tokenizer_path: str, tokenizer: Any, length: int,
         return docs, key
     import numpy as np
 
+    _import_generators()
+    manager = _task_manager(tokenizer_path, length)
     random.seed(seed)
     np.random.seed(seed)
-    with _first_samples(n):
-        task = next(iter(_task_manager(tokenizer_path, length).load_task_or_group([task_name]).values()))
+    config = _task_config(task_name)
+    config["custom_dataset"] = _limited_dataset(config["custom_dataset"], n)
+    task = next(iter(manager.load_task_or_group([config]).values()))
     docs = [dict(doc) for doc in task.eval_docs][:n]
     if len(docs) < n or any(not doc.get("outputs") for doc in docs):
         raise ValueError(f"lm-eval's {task_name} generator gives {len(docs)} usable samples at length {length}, fewer than the "
@@ -143,16 +164,22 @@ def ruler_docs(task_name: str, tokenizer_path: str, tokenizer: Any, length: int,
     return docs, key
 
 
+def _task_config(task_name: str) -> dict[str, Any]:
+    """lm-eval's YAML config of ``task_name``, its functions resolved, as a task of its own (no group tag)."""
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    config = load_yaml(_index().task_index[task_name].yaml_path, resolve_func=True)
+    config.pop("tag", None)
+    config["task"] = task_name
+    return config
+
+
 def ruler_task(task_name: str, docs: list[dict[str, Any]], tokenizer_path: str, length: int):
     """lm-eval's own task object for ``task_name`` (its YAML: template, generation settings, scoring) on ``docs``."""
     import datasets
-    from lm_eval.tasks._yaml_loader import load_yaml
 
-    entry = _index().task_index[task_name]
-    config = load_yaml(entry.yaml_path, resolve_func=True)
-    config.pop("tag", None)
+    config = _task_config(task_name)
     config["custom_dataset"] = lambda **_: {"test": datasets.Dataset.from_list(docs)}
-    config["task"] = task_name
     manager = _task_manager(tokenizer_path, length)
     return next(iter(manager.load_task_or_group([config]).values()))
 

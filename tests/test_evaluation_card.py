@@ -379,18 +379,18 @@ def test_a_ruler_dataset_draws_only_the_samples_asked_for():
     replaces it in the globals the dataset function calls (its own copy of the module), for that call only,
     and refuses a dataset that calls no known generator instead of silently drawing 500."""
     pytest.importorskip("lm_eval")
-    from hf_posext.integrations.lm_eval.card import _limited_dataset
+    from hf_posext.integrations.lm_eval.card import limit_ruler_samples
 
     drawn = []
     scope = {"sys_kwext": lambda tokenizer=None, num_samples=500: drawn.append(num_samples) or list(range(num_samples))}
     exec("def fwe_download(**kwargs):\n    return sys_kwext(tokenizer=kwargs.get('tokenizer'), num_samples=500)", scope)
     original = scope["sys_kwext"]
-    assert _limited_dataset(scope["fwe_download"], 3)(tokenizer="t") == [0, 1, 2] and drawn == [3]
+    assert limit_ruler_samples(scope["fwe_download"], 3)(tokenizer="t") == [0, 1, 2] and drawn == [3]
     assert scope["sys_kwext"] is original  # restored after the call
     exec("def plain(**kwargs):\n    return []", scope)
     del scope["sys_kwext"]
     with pytest.raises(RuntimeError, match="calls none of lm-eval's RULER generators"):
-        _limited_dataset(scope["plain"], 3)
+        limit_ruler_samples(scope["plain"], 3)
 
 
 def test_ruler_samples_are_the_first_n_of_a_longer_draw(tiny_folder, tmp_path):

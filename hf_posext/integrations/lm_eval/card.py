@@ -42,7 +42,7 @@ from hf_posext.evaluation.card import (
 )
 from hf_posext.integrations.lm_eval.launcher import import_harness
 
-__all__ = ["Row", "ruler_docs", "ruler_task", "run_ruler_cell", "run_card", "AS_SAVED"]
+__all__ = ["Row", "ruler_docs", "ruler_task", "limit_ruler_samples", "run_ruler_cell", "run_card", "AS_SAVED"]
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ def _import_generators() -> None:
     from lm_eval.tasks.ruler import common_utils, cwe_utils, fwe_utils, niah_utils, prepare_niah, vt_utils  # noqa: F401
 
 
-def _limited_dataset(dataset: Callable[..., Any], n: int) -> Callable[..., Any]:
+def limit_ruler_samples(dataset: Callable[..., Any], n: int) -> Callable[..., Any]:
     """``dataset`` (a task's ``custom_dataset``) drawing ``n`` samples instead of 500.
 
     lm-eval runs a task file's ``!function`` module afresh for each task it loads, so the generator is
@@ -151,7 +151,7 @@ def ruler_docs(task_name: str, tokenizer_path: str, tokenizer: Any, length: int,
     random.seed(seed)
     np.random.seed(seed)
     config = _task_config(task_name)
-    config["custom_dataset"] = _limited_dataset(config["custom_dataset"], n)
+    config["custom_dataset"] = limit_ruler_samples(config["custom_dataset"], n)
     task = next(iter(manager.load_task_or_group([config]).values()))
     docs = [dict(doc) for doc in task.eval_docs][:n]
     if len(docs) < n or any(not doc.get("outputs") for doc in docs):

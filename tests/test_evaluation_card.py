@@ -345,6 +345,10 @@ def test_a_cell_still_running_is_shown_with_the_samples_it_has(tmp_path):
     assert running["running"] and running["text"].endswith("2 of 4 so far") and running["row_index"] == 1 and running["k"] == 1
     assert running["in_window"] and not running["base"]
     assert "2 of 4 so far" in (folder / "card.md").read_text()
+    # a card of a run asked for "--tasks ruler" named its dtype once, as "ruler" (cards before each task was named)
+    write_card(folder, [{**_cell("base", 0, {0: 1.0}), "source": str(ruler / "done.jsonl")}], [],
+               {**settings, "dtypes": {"ruler": "float32"}})
+    assert [(c["row"], c["n"]) for c in json.loads(rewrite_card(folder)["json"].read_text())["cells"]] == [("base", 4), ("yarn", 2)]
     # written again once the cell has all its samples: no longer marked
     _sample_file(ruler / "running.jsonl", [1, 0, 1, 1], row="yarn", length=8192, dtype="float32")
     cells = json.loads(rewrite_card(folder)["json"].read_text())["cells"]
@@ -476,6 +480,26 @@ def test_card_end_to_end_on_the_tiny_model(tiny_folder, tmp_path):
     assert main(argv) == 0
     assert {p: p.read_bytes() for p in files} == files
     assert card["settings"]["partial"] is False
+    # a run stopped before it reaches the cells it covers leaves them on its partial card (the earlier run's
+    # samples, marked unfinished), and a card written again from the folder finds every one
+    import hf_posext.integrations.lm_eval.card as lm_eval_card
+
+    seen: list[dict] = []
+
+    def stop(*args, **kwargs):
+        seen.append(json.loads((out / "card.json").read_text()))
+        raise KeyboardInterrupt
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(lm_eval_card, "run_ruler_cell", stop)
+        with pytest.raises(KeyboardInterrupt):
+            main(argv)
+    key = lambda cells: sorted((c["task"], c["row"], c["length"], c["n"]) for c in cells if c["kind"] == "ruler")  # noqa: E731
+    assert key(seen[0]["cells"]) == key(card["cells"]) and seen[0]["settings"]["partial"] is True
+    assert all(c.get("running") for c in seen[0]["cells"] if c["kind"] == "ruler")
+    assert key(json.loads(rewrite_card(out)["json"].read_text())["cells"]) == key(card["cells"])
+    assert set(tasks.split(",")) <= set(seen[0]["settings"]["dtypes"])
+    assert main(argv) == 0 and json.loads((out / "card.json").read_text())["cells"] == card["cells"]
     # every pair of rows compared on the same samples, task by task
     assert {p["task"] for p in card["paired"]} == set(tasks.split(",")) and all(p["n"] == 2 for p in card["paired"])
     for pair in card["paired"]:

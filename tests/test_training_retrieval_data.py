@@ -328,13 +328,17 @@ EVALUATION_WORDS = ("special magic", "magic number", "mentioned in the provided 
 UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
-@pytest.mark.parametrize("wording", ["fixed", "varied"])
+@pytest.mark.parametrize("wording", ["fixed", "varied", "harder", "harder-chat"])
 def test_the_practice_data_never_uses_ruler_or_the_evaluation_prompts(wording):
     """The fine-tune must be measured on tasks it never practised: no RULER template, key word or UUID value, and
-    neither the passkey nor the needle prompt, in any wording of any sample."""
+    neither the passkey nor the needle prompt, in any wording of any sample; the harder practice's codes are never
+    7 digits long (RULER's needle values)."""
     from hf_posext.evaluation import needle, passkey
 
-    records = RetrievalRecords(chars, records=8, wording=wording)
+    if wording.startswith("harder"):
+        records = harder(records=6, **({"chat": 0.5, "chat_template": chat_template} if wording == "harder-chat" else {}))
+    else:
+        records = RetrievalRecords(chars, records=8, wording=wording)
     evaluation_prompts = (needle.NEEDLE.split("{")[0], needle.QUESTION.split("{")[0], passkey.QUESTION,
                           passkey.passkey_line(12345).split("12345")[0], passkey.FILLER[:40])
     long_filler = torch.arange(4000, dtype=torch.long) % 500
@@ -348,3 +352,192 @@ def test_the_practice_data_never_uses_ruler_or_the_evaluation_prompts(wording):
         for prompt in evaluation_prompts:
             assert prompt.strip() and prompt.strip() not in text, (wording, seed, prompt)
         assert not UUID.search(lowered), (wording, seed)
+        if wording.startswith("harder"):
+            assert not re.search(r"(?<!\d)\d{7}(?!\d)", text), (wording, seed)
+
+
+# -- the harder practice: distractors, several values, chains, word values, chat samples -------------------------
+
+ALL_TASKS = ("lookup", "distractors", "several_values", "chain")
+
+
+def chat_template(messages):
+    """A ChatML-like template (as SmolLM2's): <s> and </s> stand for the turn tokens, 'E' (id 1000 + ord) ends a turn."""
+    return "".join(f"<{m['role']}>\n{m['content']}E\n" for m in messages)
+
+
+def harder(records=4, **kwargs):
+    kwargs = {"tasks": ALL_TASKS, "values": "digits_and_words", **kwargs}
+    return RetrievalRecords(chars, records=records, wording="varied", end_of_turn=frozenset({1000 + ord("E")}), **kwargs)
+
+
+def harder_pattern(form: str) -> str:
+    """A regex for one wording of the harder practice: its attribute one of the known ones, its value a code or a
+    two-word phrase, ``{other}`` a second name."""
+    from hf_posext.training.retrieval_data import WORD_ATTRIBUTES
+
+    pattern = re.escape(form)
+    attribute = "|".join(sorted(ATTRIBUTES + WORD_ATTRIBUTES, key=len, reverse=True))
+    for field, group in (("name", r"(?P<name>[A-Z]\w+ [A-Z]\w+)"), ("attribute", f"(?P<attribute>{attribute})"),
+                         ("code", r"(?P<code>\d+|[a-z]+ [a-z]+)"), ("other", r"(?P<other>[A-Z]\w+ [A-Z]\w+)")):
+        pattern = pattern.replace(re.escape("{" + field + "}"), group, 1).replace(re.escape("{" + field + "}"), f"(?P={field})")
+    return pattern
+
+
+def facts_of(stated: str) -> tuple[dict, dict, dict]:
+    """(values of (name, attribute), [values] of (name, attribute) in order, who a name points to) from the records."""
+    from hf_posext.training.retrieval_data import CHAIN_RECORDS, SEVERAL_RECORDS
+
+    single, several, points = {}, {}, {}
+    for group, into in ((VARIED_RECORDS, single), (SEVERAL_RECORDS, several)):
+        for form in group:
+            for m in re.finditer(harder_pattern(form), stated):
+                into.setdefault((m["name"], m["attribute"]), []).append((m.start(), m["code"]))
+    for form in CHAIN_RECORDS:
+        for m in re.finditer(harder_pattern(form), stated):
+            points[(m["name"], m["attribute"])] = m["other"]
+    in_order = lambda found: {key: [v for _, v in sorted(values)] for key, values in found.items()}  # noqa: E731
+    return in_order(single), in_order(several), points
+
+
+def test_form_pattern_reads_the_harder_records():
+    from hf_posext.training.retrieval_data import CHAIN_RECORDS
+
+    assert "{other}" in CHAIN_RECORDS[0]
+    single, several, points = facts_of(" Ada Weston uses the same call sign as Hugo Engel. Hugo Engel's call sign is amber kettle."
+                                       " One room number held by Vera Varga is 4410.")
+    assert points == {("Ada Weston", "call sign"): "Hugo Engel"} and single == {("Hugo Engel", "call sign"): ["amber kettle"]}
+    assert several == {("Vera Varga", "room number"): ["4410"]}
+
+
+def test_every_kind_of_harder_question_is_answered_from_its_own_records():
+    """Each answer follows from the records: a lookup's (and a distractor's) from the one record of that name and
+    attribute, a list from the person's values in the order stated, a chain's from the record it points to; and
+    the distractors really share the wording (the same person's other attribute, a namesake's same attribute)."""
+    from hf_posext.training.retrieval_data import SEVERAL_QUESTIONS, WORD_ATTRIBUTES
+
+    records = harder()
+    long_filler = torch.arange(3000, dtype=torch.long) % 500
+    seen = {"list": 0, "chain": 0, "word": 0, "digits": 0, "namesake": 0}
+    for seed in range(60):
+        input_ids, labels = records.apply(long_filler, torch.Generator().manual_seed(seed))
+        assert input_ids.shape == labels.shape == long_filler.shape
+        text = text_of(input_ids.tolist()).replace("_", "")
+        stated, asked = text.split("\n", 1)[0], "\n" + text.split("\n", 1)[1]
+        single, several, points = facts_of(stated)
+        answers = []
+        for form in VARIED_QUESTIONS + SEVERAL_QUESTIONS:
+            listed = form in SEVERAL_QUESTIONS
+            for m in re.finditer(harder_pattern(form) + r" (?P<answer>[^\n]+)\.", asked):
+                key = (m["name"], m["attribute"])
+                if listed:
+                    values = several[key]
+                    assert m["answer"] == ", ".join(values[:-1]) + f" and {values[-1]}", (seed, m.group(0))
+                    seen["list"] += 1
+                elif key in points:
+                    assert [m["answer"]] == single[(points[key], key[1])], (seed, m.group(0))
+                    seen["chain"] += 1
+                else:
+                    assert [m["answer"]] == single[key], (seed, m.group(0))  # exactly one record of that name and attribute
+                seen["word" if " " in m["answer"] or m["attribute"] in WORD_ATTRIBUTES else "digits"] += 1
+                answers.append((m.start(), f" {m['answer']}."))
+        assert len(answers) == 4, (seed, asked)
+        assert text_of(labels[labels != IGNORED].tolist()) == "".join(a for _, a in sorted(answers))
+        names = [name for name, _ in single]
+        seen["namesake"] += sum(1 for n in set(names) for o in set(names) if n != o and n.split()[0] == o.split()[0])
+    assert all(count >= 5 for count in seen.values()), seen
+
+
+def test_a_chat_sample_trains_each_answer_up_to_the_end_of_its_turn_and_nothing_of_the_template():
+    records = harder(chat=1.0, chat_template=chat_template)
+    long_filler = torch.arange(3000, dtype=torch.long) % 500
+    for seed in range(20):
+        input_ids, labels = records.apply(long_filler, torch.Generator().manual_seed(seed))
+        assert input_ids.shape == labels.shape == long_filler.shape
+        text = text_of(input_ids.tolist())
+        assert text.startswith("<user>\n") and text.endswith("E\n")
+        assert text.count("<assistant>\n") == 4 and text.count("<user>\n") == 4
+        turns = re.findall(r"<assistant>\n([^\n]*?)E\n", text)
+        assert len(turns) == 4 and all(t.endswith(".") for t in turns)
+        # trained on: each assistant turn and the 'E' that ends it, nothing else
+        assert text_of(labels[labels != IGNORED].tolist()) == "".join(f"{t}E" for t in turns)
+        kept = labels != IGNORED
+        assert torch.equal(labels[kept], input_ids[kept])
+    mixed = harder(chat=0.5, chat_template=chat_template)
+    chats = sum(text_of(mixed.apply(long_filler, torch.Generator().manual_seed(s))[0].tolist()).startswith("<user>")
+                for s in range(100))
+    assert 30 < chats < 70
+
+
+def test_the_harder_practice_bounds_its_longest_sample():
+    long_filler = torch.arange(6000, dtype=torch.long) % 500
+    for kwargs in ({}, {"chat": 0.5, "chat_template": chat_template}, {"tasks": ("several_values",)}):
+        records = harder(records=3, **kwargs)
+        inserted = [int((records.apply(long_filler, torch.Generator().manual_seed(s))[0] >= 1000).sum()) for s in range(150)]
+        assert max(inserted) <= records.most_tokens(), kwargs
+    assert harder(records=3, tasks=("several_values",)).most_tokens() > harder(records=3, tasks=("lookup",)).most_tokens()
+
+
+def test_the_lookup_only_varied_practice_draws_the_samples_of_the_committed_run():
+    """tasks=('lookup',), digits and no chat stay the committed stage 2's draws (the composite path adds draws)."""
+    plain = RetrievalRecords(chars, records=3, wording="varied")
+    same = RetrievalRecords(chars, records=3, wording="varied", tasks=("lookup",), values="digits", chat=0.0)
+    for seed in range(5):
+        a, b = (r.apply(FILLER, torch.Generator().manual_seed(seed))[0] for r in (plain, same))
+        assert torch.equal(a, b)
+    assert not same.composite and harder().composite
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"tasks": ("lookup", "chains")}, r"tasks=\['lookup', 'chains'\]: each must be one of lookup, distractors"),
+    ({"values": "words"}, "values='words' is not one of digits, digits_and_words"),
+    ({"chat": 0.5}, "chat samples need the tokenizer's chat template"),
+    ({"chat": 0.5, "chat_template": lambda messages: "no turns kept"}, "drops or reorders the turns' text"),
+    ({"chat": 0.5, "chat_template": lambda messages: "".join(m["content"] + "\n" for m in messages)},
+     "does not end an assistant turn with an end-of-turn token"),
+])
+def test_bad_harder_practice_is_named(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        harder(**kwargs)
+    with pytest.raises(ValueError, match="set data.retrieval_wording=varied"):
+        RetrievalRecords(chars, records=2, tasks=ALL_TASKS)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("data.retrieval_tasks=[lookup,chains]", "data.retrieval_tasks='chains' is not one of lookup, distractors, several_values, chain"),
+    ("data.retrieval_values=word", "data.retrieval_values='word' is not one of digits, digits_and_words"),
+    ("data.retrieval_chat=2", r"data.retrieval_chat must be a share in \[0, 1\]"),
+])
+def test_bad_harder_practice_settings_are_named(tmp_path, override, message):
+    with pytest.raises(ConfigError, match=message):
+        tiny_config(tmp_path / "run", "data.retrieval_records=2", "data.retrieval_wording=varied", override).validate()
+    with pytest.raises(ConfigError, match="drawn in the varied wording: set data.retrieval_wording=varied"):
+        tiny_config(tmp_path / "run", "data.retrieval_records=2", "data.retrieval_values=digits_and_words").validate()
+    with pytest.raises(ConfigError, match="need data.retrieval_records > 0|needs data.retrieval_records > 0"):
+        tiny_config(tmp_path / "run", "data.retrieval_wording=varied", "data.retrieval_chat=0.5").validate()
+
+
+def test_chat_samples_with_a_tokenizer_without_a_chat_template_are_refused_before_the_run_folder_is_touched(tmp_path):
+    from hf_posext.training.trainer import train
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "kept.txt").write_text("an earlier run's file")
+    config = tiny_config(out, "data.sequence_length=256", "data.retrieval_records=1", "data.retrieval_wording=varied",
+                         "data.retrieval_chat=0.5")
+    with pytest.raises(ConfigError, match="data.retrieval_chat: chat samples need the tokenizer's chat template"):
+        train(config, overwrite=True, progress=False)
+    assert (out / "kept.txt").read_text() == "an earlier run's file"
+
+
+def test_a_tiny_run_with_the_harder_practice_finishes_and_its_model_card_says_what_it_practised(tmp_path):
+    from hf_posext.training.trainer import train
+
+    out = tmp_path / "run"
+    config = tiny_config(out, "data.sequence_length=768", "scaling.factor=16", "data.retrieval_records=1", "data.retrieval_wording=varied",
+                         "data.retrieval_tasks=[distractors,several_values,chain]", "data.retrieval_values=digits_and_words",
+                         "train.max_steps=3")
+    assert train(config, progress=False).finished
+    card = (out / "adapter" / "README.md").read_text()
+    assert "questions drawn from distractors, several values, chain (`data.retrieval_tasks`)" in card
+    assert "values codes or two-word phrases" in card

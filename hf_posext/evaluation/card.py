@@ -638,7 +638,7 @@ def write_card(out: str | os.PathLike, cells: Sequence[dict[str, Any]], skipped:
             "<h1>Report card</h1><p>k/n [95% Wilson interval] for scores that are 0 or 1 per sample; mean [95% bootstrap "
             f"interval] otherwise; perplexity as a number. A task is <em>beyond the base model</em> when the base model's best "
             f"score inside its own window is below {BEYOND_BASE_THRESHOLD:.0%}.</p>"
-            + ("<p><strong>Partial card:</strong> written while the run goes on; cells still to run are missing.</p>"
+            + ("<p><strong>Partial card:</strong> written while the run goes on; cells it has not reached show an earlier run's samples, or are missing.</p>"
                if settings.get("partial") else "") + "\n".join(body) + "</body></html>")
     _write_text(out / "card.html", page)
     return {"json": out / "card.json", "markdown": out / "card.md", "html": out / "card.html"}
@@ -849,7 +849,9 @@ def _running_cells(folder: Path, cells: list[dict[str, Any]], settings: dict[str
         except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError):
             raise SampleResultsError(f"{path} line 1 is not a sample file's header; move the file out of {folder / 'ruler'}.") from None
         # another run's rows, or another dtype's samples of this card's cell, are not this card's
-        if label not in rows or (task, label, length) in have or header.get("dtype") != (settings.get("dtypes") or {}).get(task):
+        dtypes = settings.get("dtypes") or {}
+        # cards before each RULER task was keyed by name keyed them all as "ruler"
+        if label not in rows or (task, label, length) in have or header.get("dtype") != dtypes.get(task, dtypes.get("ruler")):
             continue
         records = read_sample_records(path)
         if not records:

@@ -167,6 +167,15 @@ class DataSection:
     retrieval_wording: str = _help(
         "'fixed': every record reads 'The locker code of NAME is CODE.'; 'varied': each record and each question "
         "drawn from several wordings and attributes (hf_posext.training.retrieval_data)", "fixed")
+    retrieval_tasks: list = _help(
+        "kinds of question, drawn per question: lookup, distractors (records that share the key's wording), "
+        "several_values (a list answer), chain (a record naming another key); beyond lookup needs "
+        "retrieval_wording: varied", factory=lambda: ["lookup"])
+    retrieval_values: str = _help(
+        "'digits': every value is a code; 'digits_and_words': a code or a two-word phrase, drawn per fact", "digits")
+    retrieval_chat: float = _help(
+        "share of the retrieval samples written as a conversation in the tokenizer's chat template, each answer "
+        "trained up to its end-of-turn token (0: none)", 0.0)
 
     def __post_init__(self) -> None:
         from hf_posext.text_sources import expand_held_apart
@@ -327,8 +336,24 @@ class TrainConfig:
             raise ConfigError(f"data.retrieval_fraction must be in (0, 1], got {d.retrieval_fraction!r}.")
         _choice("data.retrieval_labels", d.retrieval_labels, ("answers", "all"))
         _choice("data.retrieval_wording", d.retrieval_wording, ("fixed", "varied"))
-        defaults = {field.name: field.default for field in dataclasses.fields(DataSection)}
-        idle = [f"data.{name}={getattr(d, name)!r}" for name in ("retrieval_fraction", "retrieval_labels", "retrieval_wording")
+        from hf_posext.training.retrieval_data import TASKS, VALUES
+
+        if not isinstance(d.retrieval_tasks, (list, tuple)) or not d.retrieval_tasks:
+            raise ConfigError(f"data.retrieval_tasks must be a list of {', '.join(TASKS)}, got {d.retrieval_tasks!r}.")
+        for task in d.retrieval_tasks:
+            _choice("data.retrieval_tasks", task, TASKS)
+        _choice("data.retrieval_values", d.retrieval_values, VALUES)
+        if isinstance(d.retrieval_chat, bool) or not isinstance(d.retrieval_chat, (int, float)) or not 0 <= d.retrieval_chat <= 1:
+            raise ConfigError(f"data.retrieval_chat must be a share in [0, 1], got {d.retrieval_chat!r}.")
+        harder = [f"data.{name}={getattr(d, name)!r}" for name, plain in (("retrieval_tasks", ["lookup"]),
+                  ("retrieval_values", "digits"), ("retrieval_chat", 0.0)) if getattr(d, name) != plain]
+        if harder and d.retrieval_wording != "varied":
+            raise ConfigError(f"{', '.join(harder)} {'is' if len(harder) == 1 else 'are'} drawn in the varied wording: set "
+                              "data.retrieval_wording=varied.")
+        defaults = {field.name: (field.default if field.default is not dataclasses.MISSING else field.default_factory())
+                    for field in dataclasses.fields(DataSection)}
+        idle = [f"data.{name}={getattr(d, name)!r}" for name in ("retrieval_fraction", "retrieval_labels", "retrieval_wording",
+                                                                "retrieval_tasks", "retrieval_values", "retrieval_chat")
                 if getattr(d, name) != defaults[name]]
         if idle and d.retrieval_records == 0:
             one = len(idle) == 1

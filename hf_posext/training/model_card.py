@@ -105,6 +105,14 @@ def adapter_model_card(config: TrainConfig, record: dict[str, Any], log_path: Pa
                   "their answers only" + (" (the loss below is over answer tokens)" if every else ""))
         wording = (", each record and each question in one of several wordings (`data.retrieval_wording: varied`)"
                    if d.retrieval_wording == "varied" else "")
+        tasks = list(getattr(d, "retrieval_tasks", ["lookup"]))
+        if tasks != ["lookup"]:
+            wording += f"; questions drawn from {', '.join(t.replace('_', ' ') for t in tasks)} (`data.retrieval_tasks`)"
+        if getattr(d, "retrieval_values", "digits") != "digits":
+            wording += "; values codes or two-word phrases"
+        if getattr(d, "retrieval_chat", 0.0):
+            wording += (f"; {d.retrieval_chat:.0%} of them conversations in the model's chat template, each answer trained "
+                        "up to its end-of-turn token")
         lines.append(f"- **Retrieval samples:** {share} {d.retrieval_records} synthetic key-value records and {ask} "
                      f"for them at the end (`hf_posext.training.retrieval_data`){wording}, trained on {labels}.")
     if f.init_adapter:

@@ -28,6 +28,28 @@ badge number of Marek Quist is``. Two of the question forms end in a statement t
 prompt of :mod:`hf_posext.evaluation.needle` does; none uses its words ("special magic number", "mentioned in
 the provided text") or the passkey's ("pass key"), and the keys are people's names, never the needle's key
 words. ``wording="fixed"`` (the default) keeps the one wording above, draw for draw as before.
+
+Harder practice, with the varied wording (``tasks``, ``values``, ``chat``), in the ways the long-context papers
+made retrieval practice transfer (Xiong et al. 2024 above; Hsieh et al. 2024, "RULER", for what a single lookup
+does not test): each question is one of :data:`TASKS`, drawn per question,
+
+* ``lookup``: one record, asked for (as above);
+* ``distractors``: the record and two that share its wording: the same person's other attribute, and another
+  person of the same first name with the same attribute;
+* ``several_values``: two or three records of one person and attribute, asked for together, in the order they
+  were given (a list answer: ``4410, 5120 and 77.``);
+* ``chain``: a record that names another person (``Ada Whitlock uses the same badge number as Hugo Engel.``)
+  and that person's record; the question asks for the first person's value (two hops).
+
+Its codes have 3 to 6 digits, never the 7 of RULER's needles. ``values="digits_and_words"`` makes each fact's
+value either such a code or a two-word phrase
+(:data:`VALUE_ADJECTIVES` x :data:`VALUE_NOUNS`, with :data:`WORD_ATTRIBUTES`), drawn per fact, so that
+an answer is not always a number. ``chat`` (a share of the samples, with ``chat_template``) writes a sample
+as a conversation in the model's own chat template: the book text with its records is the first user turn,
+each question a user turn, each answer an assistant turn trained on up to and including the end-of-turn
+token, so that the fine-tune keeps ending its answers where an instruct model ends them
+(:mod:`hf_posext.evaluation.ending` measures that). The rest of a sample is unchanged: book text kept in the
+mix (``data.retrieval_fraction``), PoSE positions, answers-only labels.
 """
 
 from __future__ import annotations
@@ -38,7 +60,8 @@ from typing import Any, Callable
 import torch
 
 __all__ = ["RECORD", "QUESTION", "ATTRIBUTES", "VARIED_RECORDS", "VARIED_QUESTIONS", "WORDINGS", "FIRST_NAMES", "SURNAMES",
-           "RetrievalRecords", "retrieval_records_for"]
+           "TASKS", "VALUES", "WORD_ATTRIBUTES", "VALUE_ADJECTIVES", "VALUE_NOUNS", "SEVERAL_RECORDS", "SEVERAL_QUESTIONS",
+           "CHAIN_RECORDS", "CHAT_QUESTIONS", "CHAT_SEVERAL_QUESTIONS", "RetrievalRecords", "retrieval_records_for"]
 
 RECORD = " The locker code of {name} is {code}."
 QUESTION = "\nQuestion: What is the locker code of {name}? Answer:"
@@ -60,6 +83,42 @@ VARIED_QUESTIONS = (
     "\nEarlier in this text, the {attribute} of {name} was stated. It is",
 )
 WORDINGS = ("fixed", "varied")
+#: The kinds of question a sample's facts are asked in (drawn per question; see the module docstring).
+TASKS = ("lookup", "distractors", "several_values", "chain")
+#: ``digits``: every value is a code (3 to 6 digits in the harder practice); ``digits_and_words``: a code or a two-word
+#: phrase, drawn per fact.
+VALUES = ("digits", "digits_and_words")
+#: The attributes of a two-word value.
+WORD_ATTRIBUTES = ("password", "code word", "call sign", "house name")
+VALUE_ADJECTIVES = ("amber", "brisk", "copper", "dusty", "silent", "woollen", "crooked", "velvet", "hollow", "frosty",
+                    "golden", "rusty", "narrow", "quiet", "scarlet", "gentle")
+VALUE_NOUNS = ("lantern", "kettle", "harbour", "meadow", "violin", "compass", "orchard", "ladder", "teapot", "glacier",
+               "chimney", "saddle", "pebble", "thimble", "barrel", "willow")
+#: ``several_values``: one of a person's values of one attribute (each is stated in its own record).
+SEVERAL_RECORDS = (
+    " One {attribute} held by {name} is {code}.",
+    " {name} holds, among others, the {attribute} {code}.",
+)
+#: ``several_values``: the question (the answer lists the values in the order they were stated).
+SEVERAL_QUESTIONS = (
+    "\nQuestion: Which {attribute}s does {name} hold, in the order given? Answer:",
+    "\nList every {attribute} held by {name}, in the order they appeared:",
+)
+#: ``chain``: the record that points from one person to another.
+CHAIN_RECORDS = (
+    " {name} uses the same {attribute} as {other}.",
+    " The {attribute} of {name} is whatever {other}'s is.",
+)
+#: ``chat``: a question in a user turn (the answer is the assistant's turn).
+CHAT_QUESTIONS = (
+    "What is the {attribute} of {name}?",
+    "Which {attribute} was {name} given?",
+    "Tell me the {attribute} of {name}, as stated in the text.",
+)
+CHAT_SEVERAL_QUESTIONS = ("Which {attribute}s does {name} hold, in the order given?",)
+#: Stand-ins for the context and the answers while a conversation goes through the chat template (private-use
+#: characters: no template or text has them).
+_CONTEXT_MARK, _ANSWER_MARK = "\ue000", "\ue001"
 FIRST_NAMES = ("Ada", "Bruno", "Clara", "Dmitri", "Elif", "Farid", "Greta", "Hugo", "Ines", "Jonas", "Kaveh",
                "Lotte", "Marek", "Nadia", "Oskar", "Priya", "Quentin", "Rosa", "Stefan", "Tamar", "Umar",
                "Vera", "Wendel", "Yusuf")
@@ -80,21 +139,55 @@ class RetrievalRecords:
         labels: ``"answers"`` (loss on the answer tokens only) or ``"all"``.
         wording: ``"fixed"`` (one record and question wording) or ``"varied"`` (drawn per record and question
             from :data:`VARIED_RECORDS`, :data:`VARIED_QUESTIONS` and :data:`ATTRIBUTES`).
+        tasks: the kinds of question (:data:`TASKS`), drawn per question; anything but ``("lookup",)`` needs
+            ``wording="varied"``.
+        values: :data:`VALUES`; ``"digits_and_words"`` needs ``wording="varied"``.
+        chat: the share of samples written as a conversation in ``chat_template`` (0: none).
+        chat_template: messages (``[{"role", "content"}]``) -> the text of the conversation in the model's chat
+            template (``tokenizer.apply_chat_template(messages, tokenize=False)``); needed when ``chat`` > 0.
+        end_of_turn: the ids that may end an assistant turn; the first token after an answer must be one of them.
     """
 
     encode: Callable[[str], list[int]]
     records: int
     labels: str = "answers"
     wording: str = "fixed"
+    tasks: tuple[str, ...] = ("lookup",)
+    values: str = "digits"
+    chat: float = 0.0
+    chat_template: Callable[[list[dict[str, str]]], str] | None = None
+    end_of_turn: frozenset[int] = frozenset()
 
     def __post_init__(self) -> None:
         if self.wording not in WORDINGS:
             raise ValueError(f"wording={self.wording!r} is not one of {', '.join(WORDINGS)}.")
+        unknown = [task for task in self.tasks if task not in TASKS]
+        if unknown or not self.tasks:
+            raise ValueError(f"tasks={list(self.tasks)!r}: each must be one of {', '.join(TASKS)} (at least one).")
+        if self.values not in VALUES:
+            raise ValueError(f"values={self.values!r} is not one of {', '.join(VALUES)}.")
+        if not 0 <= self.chat <= 1:
+            raise ValueError(f"chat={self.chat!r} must be a share in [0, 1].")
+        if self.composite and self.wording != "varied":
+            raise ValueError("retrieval tasks other than lookup, word values and chat samples are drawn in the varied "
+                             "wording: set data.retrieval_wording=varied.")
+        if self.chat and self.chat_template is None:
+            raise ValueError("chat samples need the tokenizer's chat template, and this tokenizer has none: set "
+                             "data.retrieval_chat=0 or use a tokenizer with a chat template.")
+        if self.chat:
+            self._check_template()
+
+    @property
+    def composite(self) -> bool:
+        """Whether samples are drawn by :meth:`_apply_composite` (the harder practice of the module docstring)."""
+        return tuple(self.tasks) != ("lookup",) or self.values != "digits" or self.chat > 0
 
     def most_tokens(self) -> int:
         """The most tokens the records and questions of one sample can take (every name and wording, 7-digit codes)."""
         code = "9" * 7
         names = [f"{first} {last}" for first in FIRST_NAMES for last in SURNAMES]
+        if self.composite:
+            return self._composite_most_tokens(names)
         if self.wording == "fixed":
             record_forms, question_forms = [(RECORD, "")], [(QUESTION, "")]
         else:
@@ -122,6 +215,8 @@ class RetrievalRecords:
             ValueError: the records and questions do not fit in half of the sequence (:meth:`check_fits`
                 says so before training).
         """
+        if self.composite:
+            return self._apply_composite(input_ids, generator)
         window = input_ids.numel()
         pairs = _draw_pairs(self.records, generator)
         order = torch.randperm(len(pairs), generator=generator).tolist()
@@ -160,6 +255,141 @@ class RetrievalRecords:
             labels += (question if train_context else [IGNORED] * len(question)) + answer
         return torch.tensor(pieces, dtype=torch.long), torch.tensor(labels, dtype=torch.long)
 
+    # -- the harder practice (tasks, values, chat) -------------------------------------------------------------
+
+    def _check_template(self) -> None:
+        """Raise ValueError unless the chat template keeps the stand-ins and ends an answer with an end-of-turn id."""
+        pieces = self._render([(_CONTEXT_MARK, "x")], ["y"])
+        if pieces is None:
+            raise ValueError("the chat template drops or reorders the turns' text, so a chat sample cannot be built from "
+                             "it: set data.retrieval_chat=0.")
+        after = self.encode(pieces[2])
+        if not after or after[0] not in self.end_of_turn:
+            raise ValueError("the chat template does not end an assistant turn with an end-of-turn token this tokenizer "
+                             "knows, so a chat sample would not practise ending: set data.retrieval_chat=0.")
+
+    def _render(self, questions: list[tuple[str, str]], answers: list[str]) -> list[str] | None:
+        """The conversation's text around the context and the answers: ``[before context, context to first answer,
+        after answer 1, ...]``, or None when the template loses a stand-in. ``questions``: ``(context mark or "",
+        question)`` per turn."""
+        assert self.chat_template is not None
+        messages = []
+        for (context, question), _ in zip(questions, answers):
+            content = f"{context}\n\n{question}" if context else question
+            messages += [{"role": "user", "content": content}, {"role": "assistant", "content": _ANSWER_MARK}]
+        text = self.chat_template(messages)
+        if text.count(_CONTEXT_MARK) != 1 or text.count(_ANSWER_MARK) != len(answers):
+            return None
+        before, rest = text.split(_CONTEXT_MARK)
+        return [before, *rest.split(_ANSWER_MARK)]
+
+    def _composite_most_tokens(self, names: list[str]) -> int:
+        """A bound on the tokens the records, questions, answers and chat turns of one composite sample take: each
+        piece's longest wording with the longest name and value, for the kind of question that takes the most."""
+        longest = lambda texts: max(len(self.encode(text)) for text in texts)  # noqa: E731
+        name = max(names, key=lambda n: len(self.encode(n)))
+        values = ["9" * 7] + ([f"{a} {n}" for a in VALUE_ADJECTIVES for n in VALUE_NOUNS] if self.values != "digits" else [])
+        value = max(values, key=lambda v: len(self.encode(v)))
+        attributes = ATTRIBUTES + (WORD_ATTRIBUTES if self.values != "digits" else ())
+        fill = dict(name=name, other=name, code=value)
+        forms = lambda group: [form.format(attribute=a, **fill) for form in group for a in attributes]  # noqa: E731
+        slack = 2  # a name or value may split into other tokens beside another wording's words
+        record, several_record, chain = (longest(forms(group)) + slack for group in (VARIED_RECORDS, SEVERAL_RECORDS, CHAIN_RECORDS))
+        question = longest(forms(VARIED_QUESTIONS + CHAT_QUESTIONS)) + slack
+        several_question = longest(forms(SEVERAL_QUESTIONS + CHAT_SEVERAL_QUESTIONS)) + slack
+        one, three = (len(self.encode(text)) + slack for text in (f" {value}.", f" {value}, {value} and {value}."))
+        cost = {"lookup": record + question + one, "distractors": 3 * record + question + one,
+                "several_values": 3 * several_record + several_question + three, "chain": record + chain + question + one}
+        most = self.records * max(cost[task] for task in self.tasks)
+        if self.chat:
+            turns = self._render([(_CONTEXT_MARK, "")] + [("", "")] * (self.records - 1), ["."] * self.records)
+            assert turns is not None  # checked in __post_init__
+            most += sum(len(self.encode(piece)) + slack for piece in turns)
+        return most
+
+    def _apply_composite(self, input_ids: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`apply` for the harder practice: facts drawn per question kind, records placed in the first half
+        of the book text, then the questions (plain text, or turns of the chat template)."""
+        window = input_ids.numel()
+        chat = self.chat > 0 and float(torch.rand((), generator=generator)) < self.chat
+        names = _NameDraw(generator)
+        records: list[str] = []
+        lists: list[list[int]] = []  # the indices in ``records`` of each several_values question's records
+        asked: list[tuple[str, str]] = []  # (question text, answer text)
+        for _ in range(self.records):
+            task = self.tasks[_draw_index(len(self.tasks), generator)]
+            words = self.values != "digits" and bool(_draw_index(2, generator))
+            attributes = WORD_ATTRIBUTES if words else ATTRIBUTES
+            attribute = attributes[_draw_index(len(attributes), generator)]
+            name = names.next()
+            value = _draw_value(words, generator)
+            several = task == "several_values"
+            if several:
+                values = [value] + [_draw_value(words, generator) for _ in range(_draw_index(2, generator) + 1)]
+                lists.append(list(range(len(records), len(records) + len(values))))
+                records += [SEVERAL_RECORDS[_draw_index(len(SEVERAL_RECORDS), generator)].format(name=name, attribute=attribute, code=v)
+                            for v in values]
+                answer = ", ".join(values[:-1]) + f" and {values[-1]}."
+            else:
+                holder = names.next() if task == "chain" else name
+                records.append(_varied_record(holder, attribute, value, generator))
+                answer = f"{value}."
+                if task == "chain":
+                    records.append(CHAIN_RECORDS[_draw_index(len(CHAIN_RECORDS), generator)].format(
+                        name=name, attribute=attribute, other=holder))
+                elif task == "distractors":
+                    others = [a for a in attributes if a != attribute]
+                    records.append(_varied_record(name, others[_draw_index(len(others), generator)],
+                                                  _draw_value(words, generator), generator))
+                    records.append(_varied_record(names.next(same_first_name_as=name), attribute,
+                                                  _draw_value(words, generator), generator))
+            if chat:
+                group = CHAT_SEVERAL_QUESTIONS if several else CHAT_QUESTIONS
+            else:
+                group = SEVERAL_QUESTIONS if several else VARIED_QUESTIONS
+            question = group[_draw_index(len(group), generator)].format(name=name, attribute=attribute)
+            asked.append((question, answer if chat else f" {answer}"))
+        asked = [asked[i] for i in torch.randperm(len(asked), generator=generator).tolist()]
+        # The records in a drawn order, except that a list's records keep theirs (its answer lists them so).
+        keys = torch.rand(len(records), generator=generator)
+        for indices in lists:
+            keys[indices] = keys[indices].sort().values
+        record_ids = [self.encode(records[i]) for i in keys.argsort().tolist()]
+        if chat:
+            turns = self._render([(_CONTEXT_MARK, asked[0][0])] + [("", q) for q, _ in asked[1:]], [a for _, a in asked])
+            assert turns is not None  # checked in __post_init__
+            prefix, segments = self.encode(turns[0]), [self.encode(piece) for piece in turns[1:]]
+        else:
+            prefix, segments = [], [self.encode(q) for q, _ in asked]
+        answers = [self.encode(a) for _, a in asked]
+        inserted = len(prefix) + sum(map(len, record_ids)) + sum(map(len, segments)) + sum(map(len, answers))
+        if 2 * inserted > window:
+            raise ValueError(
+                f"{self.records} retrieval records and their questions take {inserted} tokens, more than half of the "
+                f"{window}-token training sequence: lower data.retrieval_records or raise data.sequence_length."
+            )
+        text = input_ids[: window - inserted].tolist()
+        offsets = sorted(int(x) for x in torch.randint(0, len(text) // 2 + 1, (len(record_ids),), generator=generator))
+        train_context = self.labels == "all"
+        pieces: list[int] = list(prefix)
+        previous = 0
+        for offset, ids in zip(offsets, record_ids):
+            pieces += text[previous:offset] + ids
+            previous = offset
+        pieces += text[previous:]
+        labels = list(pieces) if train_context else [IGNORED] * len(pieces)
+        if chat:  # question turn, answer, then the next turn, whose first token (the end of the answer's turn) is trained
+            pieces += segments[0]
+            labels += segments[0] if train_context else [IGNORED] * len(segments[0])
+            for answer, after in zip(answers, segments[1:]):
+                pieces += answer + after
+                labels += answer + (after if train_context else after[:1] + [IGNORED] * (len(after) - 1))
+        else:
+            for question, answer in zip(segments, answers):
+                pieces += question + answer
+                labels += (question if train_context else [IGNORED] * len(question)) + answer
+        return torch.tensor(pieces, dtype=torch.long), torch.tensor(labels, dtype=torch.long)
+
 
 def _draw_indices(choices: int, count: int, generator: torch.Generator) -> list[int]:
     """``count`` indices in [0, choices), drawn with replacement."""
@@ -181,11 +411,53 @@ def _draw_pairs(count: int, generator: torch.Generator) -> list[tuple[str, str]]
     return pairs
 
 
+def _draw_index(choices: int, generator: torch.Generator) -> int:
+    """One index in [0, choices)."""
+    return int(torch.randint(0, choices, (1,), generator=generator))
+
+
+def _draw_value(words: bool, generator: torch.Generator) -> str:
+    """A two-word phrase, or a code of 3 to 6 digits (no leading zero; never 7, the value format of RULER's needles)."""
+    if words:
+        return f"{VALUE_ADJECTIVES[_draw_index(len(VALUE_ADJECTIVES), generator)]} {VALUE_NOUNS[_draw_index(len(VALUE_NOUNS), generator)]}"
+    digits = _draw_index(4, generator) + 3
+    return str(int(torch.randint(10 ** (digits - 1), 10**digits, (1,), generator=generator)))
+
+
+def _varied_record(name: str, attribute: str, value: str, generator: torch.Generator) -> str:
+    """One record in a wording of :data:`VARIED_RECORDS`, drawn."""
+    return VARIED_RECORDS[_draw_index(len(VARIED_RECORDS), generator)].format(name=name, attribute=attribute, code=value)
+
+
+class _NameDraw:
+    """Distinct people's names for one sample, in a drawn order; one may share another's first name."""
+
+    def __init__(self, generator: torch.Generator) -> None:
+        self._order = torch.randperm(len(FIRST_NAMES) * len(SURNAMES), generator=generator).tolist()
+        self._used: set[int] = set()
+
+    def next(self, same_first_name_as: str | None = None) -> str:
+        first = FIRST_NAMES.index(same_first_name_as.split()[0]) if same_first_name_as else None
+        for index in self._order:
+            if index not in self._used and (first is None or index // len(SURNAMES) == first):
+                self._used.add(index)
+                return f"{FIRST_NAMES[index // len(SURNAMES)]} {SURNAMES[index % len(SURNAMES)]}"
+        raise ValueError("more retrieval records per sample than there are names to draw: lower data.retrieval_records.")
+
+
 def retrieval_records_for(data_config: Any, tokenizer: Any) -> RetrievalRecords | None:
     """The :class:`RetrievalRecords` that ``data_config`` asks for (None when ``data.retrieval_records`` is 0)."""
     if not data_config.retrieval_records:
         return None
+    from hf_posext.evaluation.ending import end_token_ids
     from hf_posext.text_sources import encode_text
 
+    chat = float(getattr(data_config, "retrieval_chat", 0.0))
+    template = None
+    if chat and getattr(tokenizer, "chat_template", None):
+        template = lambda messages: tokenizer.apply_chat_template(messages, tokenize=False)  # noqa: E731
     return RetrievalRecords(lambda text: encode_text(tokenizer, text), data_config.retrieval_records,
-                            data_config.retrieval_labels, data_config.retrieval_wording)
+                            data_config.retrieval_labels, data_config.retrieval_wording,
+                            tuple(getattr(data_config, "retrieval_tasks", ("lookup",))),
+                            getattr(data_config, "retrieval_values", "digits"), chat, template,
+                            frozenset(end_token_ids(tokenizer)))

@@ -781,18 +781,21 @@ def train(
     resume_from = _resolve_resume(resume, output_dir) if resume else None
     if resume_from is not None:
         _check_resumable(resume_from, config, world)
+    tokenizer = load_tokenizer(config.model.name)
+    try:  # before the output folder is touched and the model loads
+        retrieval = retrieval_records_for(config.data, tokenizer)
+    except ValueError as error:  # a tokenizer without the chat template that data.retrieval_chat needs
+        raise ConfigError(f"data.retrieval_chat: {error}") from None
+    if retrieval is not None:
+        try:
+            retrieval.check_fits(config.data.sequence_length)
+        except ValueError as error:
+            raise ConfigError(f"data.retrieval_records: {error}") from None
     _prepare_output_dir(output_dir, overwrite, resuming=resume_from is not None)
     _check_trackers(config.output.report_to)
 
     t, p = config.train, config.parallelism
     dtype = torch.bfloat16 if (args.bf16 and config.finetune.mode == "lora") else torch.float32
-    tokenizer = load_tokenizer(config.model.name)
-    retrieval = retrieval_records_for(config.data, tokenizer)
-    if retrieval is not None:  # before the model loads
-        try:
-            retrieval.check_fits(config.data.sequence_length)
-        except ValueError as error:
-            raise ConfigError(f"data.retrieval_records: {error}") from None
     model = _load_base(config, dtype)
     # the base weights an adapter is trained on, recorded with it and checked wherever it is applied
     base_weights = base_weights_fingerprints(model) if config.finetune.mode == "lora" else None

@@ -551,11 +551,21 @@ def run_card(args: Any) -> int:
     covered = {(task, row.label, length) for task in [*(t for t in tasks if t != "ruler"), *ruler] for row in rows for length in lengths}
     covered |= {("ending", row.label, None) for row in rows if "ending" in tasks}
     carried, carried_skipped, carried_rows = earlier_card(out, [row.label for row in rows], covered)
+    # ... and those it covers stay on the partial cards until this run reaches them (a long run would otherwise
+    # show fewer cells than the folder holds for hours), marked as unfinished
+    redone = [cell for cell in earlier_card(out, [row.label for row in rows], set())[0]
+              if cell.get("kind") == "ruler" and ((cell["task"], cell["row"], cell["length"]) in covered)]
+
+    def waiting(done: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        have = {(cell["task"], cell["row"], cell["length"]) for cell in done}
+        return [{**cell, "running": True, "text": f"{cell['text']}, an earlier run's until this run reaches it"}
+                for cell in redone if (cell["task"], cell["row"], cell["length"]) not in have]
 
     def settings(partial: bool) -> dict[str, Any]:
         return {"models": [spec.key for spec in specs], "methods": args.methods, "factor": args.factor, "lengths": lengths,
                 "tasks": tasks, "samples": args.samples, "seed": args.seed, "budget": args.budget, "dtype": args.dtype,
-                "dtypes": {task: evaluation_dtype(args.dtype, "ruler" if task in ruler else task, args.device) for task in tasks},
+                "dtypes": {task: evaluation_dtype(args.dtype, "ruler" if task in ruler else task, args.device)
+                           for task in [*tasks, *ruler]},  # each RULER task by name ("ruler" names them all)
                 "device": args.device, "max_length": args.max_length,
                 "rows": [{"label": r.label, "model": r.spec.key, "base": r.base, "report": r.report} for r in rows] + carried_rows,
                 "short_budgets": SHORT_BUDGETS, "seconds": round(time.time() - started, 1), "partial": partial}
@@ -566,7 +576,7 @@ def run_card(args: Any) -> int:
     if "ending" in tasks:
         cells.extend(_ending_cells(rows, args, skipped))
     if plans:
-        write_card(out, cells + carried, _merged(skipped, carried_skipped), settings(partial=True))
+        write_card(out, cells + carried + waiting(cells), _merged(skipped, carried_skipped), settings(partial=True))
 
     if plans:
         from hf_posext.integrations.lm_eval.model import PosextHFLM
@@ -598,7 +608,8 @@ def run_card(args: Any) -> int:
             cells.append({"task": task_name, "kind": "ruler", "row": row.label, "row_index": row.index, "length": length,
                           "base": row.base, "in_window": length <= row.window, "sample_key": key, "source": str(results.path),
                           **ruler_cell_fields(results.records, len(docs))})
-            write_card(out, cells + carried, _merged(skipped, carried_skipped), settings(partial=True))  # a long run shows what it has so far
+            write_card(out, cells + carried + waiting(cells), _merged(skipped, carried_skipped),
+                       settings(partial=True))  # a long run shows what it has so far
         held = None
         gc.collect()
 

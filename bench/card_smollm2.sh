@@ -19,6 +19,11 @@
 #   best32      niah_single_1 and ruler_fwe at 32768 for BEST x4, 10 samples.                    -> cpu-32k-best/ (float32)
 #   tasks32     perplexity, passkey and needle at 32768 (fine-tuned + string, yarn x4, BEST x4), 10 trials.
 #               The other RULER tasks are beyond the base model: the floor lets 32768 skip them. -> cpu-32k-tasks/ (float32)
+#   harder      the fine-tune on the harder practice (VARIANT=retrieval-tasks of bench/finetune_retrieval_cpu.sh)
+#               beside the committed fine-tune and the original model: niah_single_1 and ruler_fwe at 2048 and 8192,
+#               20 samples, and the chat-ending row (16 instructions).                               -> cpu-harder/ (float32)
+#   harder32    ruler_fwe, then niah_single_1, at 32768 for it beside counting32's two rows, 20 samples (SAMPLES,
+#               TASKS; the rows' finished samples are kept, so it extends counting32).          -> cpu-32k/ (float32)
 #   combine     one card from every part that has run: bench/results/card/card.html (+ card.json, card.md, plots).
 #
 # Rows (one --models entry each; the methods after @ are that model's): the original model, unscaled, inside its
@@ -35,14 +40,14 @@
 # Environment: MERGED (default: the retrieval-varied merge), BEST (default dynamic-ntk), PYTHON, SAMPLES, TASKS
 # (counting32), BOOKS.
 set -uo pipefail
-PARTS="counting|counting32|ending|ruler|ruler-float32|tasks|best32|tasks32|combine"
+PARTS="counting|counting32|ending|ruler|ruler-float32|tasks|best32|tasks32|harder|harder32|combine"
 part=${1:?part: $PARTS}
 PYTHON=${PYTHON:-python}
 R=bench/results/card
-case "$part" in counting|counting32|ending|ruler|ruler-float32|tasks|best32|tasks32|combine) ;; *) echo "unknown part $part ($PARTS)" >&2; exit 2 ;; esac
+case "$part" in counting|counting32|ending|ruler|ruler-float32|tasks|best32|tasks32|harder|harder32|combine) ;; *) echo "unknown part $part ($PARTS)" >&2; exit 2 ;; esac
 if [ "$part" = combine ]; then
   folders=()
-  for f in cpu cpu-float32 cpu-tasks cpu-32k cpu-32k-best cpu-32k-tasks ending; do [ -f "$R/$f/card.json" ] && folders+=("$R/$f"); done
+  for f in cpu cpu-float32 cpu-tasks cpu-32k cpu-32k-best cpu-32k-tasks cpu-harder ending; do [ -f "$R/$f/card.json" ] && folders+=("$R/$f"); done
   exec "$PYTHON" -m hf_posext.cli report "${folders[@]}" --out "$R"
 fi
 # BOOKS: a folder with austen-emma.txt and melville-moby_dick.txt for the perplexity and needle cells (default: the
@@ -66,6 +71,10 @@ esac
 BEST=${BEST:-dynamic-ntk}
 MERGED=${MERGED:-$(VARIANT=retrieval-varied PYTHON=$PYTHON bash bench/finetune_retrieval_cpu.sh merge | tail -1)}
 ALL_ROWS="base=smollm2-135m@none;yarn:4;$BEST:4,fine-tuned=$MERGED@as-saved;string:1"
+case "$part" in harder|harder32)   # the harder practice's fine-tune, merged with its yarn x4 (needs its kept adapter)
+  HARDER=${HARDER:-$(VARIANT=retrieval-tasks PYTHON=$PYTHON bash bench/finetune_retrieval_cpu.sh merge | tail -1)}
+  [ -f "$HARDER/config.json" ] || { echo "no merged harder-practice model: VARIANT=retrieval-tasks bash bench/finetune_retrieval_cpu.sh train, keep, then merge" >&2; exit 1; } ;;
+esac
 card() { OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} "$PYTHON" -m hf_posext.cli eval card --dtype "$DTYPE" --device "${DEVICE:-cpu}" \
            --no-progress --sample-cache $R/ruler-samples "$@"; }
 case "$part" in
@@ -82,6 +91,11 @@ tasks)      card --models "$ALL_ROWS" "${TEXTS[@]}" --tasks perplexity,passkey,n
                  --samples "${SAMPLES:-20}" --skip-over-window --out $R/cpu-tasks ;;
 best32)     card --models "base=smollm2-135m@$BEST:4" --tasks niah_single_1,ruler_fwe --lengths 32768 --samples "${SAMPLES:-10}" \
                  --out $R/cpu-32k-best ;;
+harder)     card --models "base=smollm2-135m@none,fine-tuned=$MERGED@string:1,fine-tuned on harder practice=$HARDER@string:1" \
+                 --tasks ending,niah_single_1,ruler_fwe --lengths 2048,8192 --samples "${SAMPLES:-20}" --skip-over-window \
+                 --out $R/cpu-harder ;;
+harder32)   card --models "fine-tuned=$MERGED@string:1,base=smollm2-135m@yarn:4,fine-tuned on harder practice=$HARDER@string:1" \
+                 --tasks "${TASKS:-ruler_fwe,niah_single_1}" --lengths 32768 --samples "${SAMPLES:-20}" --out $R/cpu-32k ;;
 tasks32)    card --models "fine-tuned=$MERGED@string:1,base=smollm2-135m@yarn:4;$BEST:4" "${TEXTS[@]}" \
                  --tasks perplexity,passkey,needle --lengths 32768 --samples "${SAMPLES:-10}" --out $R/cpu-32k-tasks ;;
 esac

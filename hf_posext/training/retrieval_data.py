@@ -217,7 +217,6 @@ class RetrievalRecords:
         """
         if self.composite:
             return self._apply_composite(input_ids, generator)
-        window = input_ids.numel()
         pairs = _draw_pairs(self.records, generator)
         order = torch.randperm(len(pairs), generator=generator).tolist()
         if self.wording == "fixed":  # no further draws: the fixed wording's samples are those of earlier versions
@@ -234,26 +233,36 @@ class RetrievalRecords:
         record_ids = [self.encode(text) for text in record_texts]
         questions = [(self.encode(text), self.encode(f" {pairs[i][1]}.")) for text, i in zip(question_texts, order)]
         inserted = sum(map(len, record_ids)) + sum(len(q) + len(a) for q, a in questions)
-        if 2 * inserted > window:
-            raise ValueError(
-                f"{self.records} retrieval records and their questions take {inserted} tokens, more than half of the "
-                f"{window}-token training sequence: lower data.retrieval_records or raise data.sequence_length."
-            )
-        text = input_ids[: window - inserted].tolist()
-        # Record offsets in the first half of the remaining text, in increasing order.
-        offsets = sorted(int(x) for x in torch.randint(0, len(text) // 2 + 1, (len(record_ids),), generator=generator))
-        pieces: list[int] = []
-        previous = 0
-        for offset, ids in zip(offsets, record_ids):
-            pieces += text[previous:offset] + ids
-            previous = offset
-        pieces += text[previous:]
+        pieces = self._hide(input_ids, record_ids, inserted, generator)
         train_context = self.labels == "all"
         labels = list(pieces) if train_context else [IGNORED] * len(pieces)
         for question, answer in questions:
             pieces += question + answer
             labels += (question if train_context else [IGNORED] * len(question)) + answer
         return torch.tensor(pieces, dtype=torch.long), torch.tensor(labels, dtype=torch.long)
+
+    def _hide(self, input_ids: torch.Tensor, record_ids: list[list[int]], inserted: int,
+              generator: torch.Generator) -> list[int]:
+        """The sample's book text, cut by the ``inserted`` tokens that records, questions and answers take, with the
+        records at drawn offsets in the first half of what remains, in increasing order.
+
+        Raises:
+            ValueError: ``inserted`` is more than half of the sequence.
+        """
+        window = input_ids.numel()
+        if 2 * inserted > window:
+            raise ValueError(
+                f"{self.records} retrieval records and their questions take {inserted} tokens, more than half of the "
+                f"{window}-token training sequence: lower data.retrieval_records or raise data.sequence_length."
+            )
+        text = input_ids[: window - inserted].tolist()
+        offsets = sorted(int(x) for x in torch.randint(0, len(text) // 2 + 1, (len(record_ids),), generator=generator))
+        pieces: list[int] = []
+        previous = 0
+        for offset, ids in zip(offsets, record_ids):
+            pieces += text[previous:offset] + ids
+            previous = offset
+        return pieces + text[previous:]
 
     # -- the harder practice (tasks, values, chat) -------------------------------------------------------------
 
@@ -310,7 +319,6 @@ class RetrievalRecords:
     def _apply_composite(self, input_ids: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`apply` for the harder practice: facts drawn per question kind, records placed in the first half
         of the book text, then the questions (plain text, or turns of the chat template)."""
-        window = input_ids.numel()
         chat = self.chat > 0 and float(torch.rand((), generator=generator)) < self.chat
         names = _NameDraw(generator)
         records: list[str] = []
@@ -363,20 +371,8 @@ class RetrievalRecords:
             prefix, segments = [], [self.encode(q) for q, _ in asked]
         answers = [self.encode(a) for _, a in asked]
         inserted = len(prefix) + sum(map(len, record_ids)) + sum(map(len, segments)) + sum(map(len, answers))
-        if 2 * inserted > window:
-            raise ValueError(
-                f"{self.records} retrieval records and their questions take {inserted} tokens, more than half of the "
-                f"{window}-token training sequence: lower data.retrieval_records or raise data.sequence_length."
-            )
-        text = input_ids[: window - inserted].tolist()
-        offsets = sorted(int(x) for x in torch.randint(0, len(text) // 2 + 1, (len(record_ids),), generator=generator))
+        pieces = prefix + self._hide(input_ids, record_ids, inserted, generator)
         train_context = self.labels == "all"
-        pieces: list[int] = list(prefix)
-        previous = 0
-        for offset, ids in zip(offsets, record_ids):
-            pieces += text[previous:offset] + ids
-            previous = offset
-        pieces += text[previous:]
         labels = list(pieces) if train_context else [IGNORED] * len(pieces)
         if chat:  # question turn, answer, then the next turn, whose first token (the end of the answer's turn) is trained
             pieces += segments[0]

@@ -20,7 +20,7 @@
 #   tasks32     perplexity, passkey and needle at 32768 (fine-tuned + string, yarn x4, BEST x4), 10 trials.
 #               The other RULER tasks are beyond the base model: the floor lets 32768 skip them. -> cpu-32k-tasks/ (float32)
 #   harder      the fine-tune on the harder practice (VARIANT=retrieval-tasks of bench/finetune_retrieval_cpu.sh)
-#               beside the committed fine-tune and the original model: niah_single_1 and ruler_fwe at 2048 and 8192,
+#               beside the committed fine-tune and the original model: ruler_fwe and niah_single_1 at 2048 and 8192,
 #               20 samples, and the chat-ending row (16 instructions).                               -> cpu-harder/ (float32)
 #   harder32    ruler_fwe, then niah_single_1, at 32768 for it beside counting32's two rows, 20 samples (SAMPLES,
 #               TASKS; the rows' finished samples are kept, so it extends counting32).          -> cpu-32k/ (float32)
@@ -92,7 +92,7 @@ tasks)      card --models "$ALL_ROWS" "${TEXTS[@]}" --tasks perplexity,passkey,n
 best32)     card --models "base=smollm2-135m@$BEST:4" --tasks niah_single_1,ruler_fwe --lengths 32768 --samples "${SAMPLES:-10}" \
                  --out $R/cpu-32k-best ;;
 harder)     card --models "base=smollm2-135m@none,fine-tuned=$MERGED@string:1,fine-tuned on harder practice=$HARDER@string:1" \
-                 --tasks ending,niah_single_1,ruler_fwe --lengths 2048,8192 --samples "${SAMPLES:-20}" --skip-over-window \
+                 --tasks ending,ruler_fwe,niah_single_1 --lengths 2048,8192 --samples "${SAMPLES:-20}" --skip-over-window \
                  --out $R/cpu-harder ;;
 harder32)   card --models "fine-tuned=$MERGED@string:1,base=smollm2-135m@yarn:4,fine-tuned on harder practice=$HARDER@string:1" \
                  --tasks "${TASKS:-ruler_fwe,niah_single_1}" --lengths 32768 --samples "${SAMPLES:-20}" --out $R/cpu-32k ;;

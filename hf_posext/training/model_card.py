@@ -111,8 +111,8 @@ def adapter_model_card(config: TrainConfig, record: dict[str, Any], log_path: Pa
         if getattr(d, "retrieval_values", "digits") != "digits":
             wording += "; values codes or two-word phrases"
         if getattr(d, "retrieval_chat", 0.0):
-            wording += (f"; {d.retrieval_chat:.0%} of them conversations in the model's chat template, each answer trained "
-                        "up to its end-of-turn token")
+            wording += (f"; {d.retrieval_chat:.0%} of them conversations in the model's chat template (an answer with "
+                        "its end-of-turn token)")
         lines.append(f"- **Retrieval samples:** {share} {d.retrieval_records} synthetic key-value records and {ask} "
                      f"for them at the end (`hf_posext.training.retrieval_data`){wording}, trained on {labels}.")
     if f.init_adapter:

@@ -10,7 +10,7 @@
 #               20 samples: the original model, training-free yarn x4, fine-tuned + string.        -> cpu/ (bfloat16)
 #   counting32  the same two tasks at 32768, 10 samples (SAMPLES, TASKS: their order; more samples
 #               extend the cells on the same first samples): fine-tuned + string, then yarn x4.  -> cpu-32k/ (float32)
-#   ending      the chat-ending row: 16 instructions in the model's chat template.                -> ending/ (float32)
+#   ending      the chat-ending row: 16 instructions in the model's chat template, both fine-tunes. -> ending/ (float32)
 #   ruler       the six offline RULER tasks, every row, 2048-16384, 20 samples (resumes counting). -> cpu/ (bfloat16)
 #   ruler-float32  the four RULER tasks the original model cannot do inside its window
 #               (niah_multikey_2/3, ruler_vt, ruler_cwe), as `ruler`, for a CPU without native
@@ -20,8 +20,10 @@
 #   tasks32     perplexity, passkey and needle at 32768 (fine-tuned + string, yarn x4, BEST x4), 10 trials.
 #               The other RULER tasks are beyond the base model: the floor lets 32768 skip them. -> cpu-32k-tasks/ (float32)
 #   harder      the fine-tune on the harder practice (VARIANT=retrieval-tasks of bench/finetune_retrieval_cpu.sh)
-#               beside the committed fine-tune and the original model: ruler_fwe and niah_single_1 at 2048 and 8192,
-#               20 samples, and the chat-ending row (16 instructions).                               -> cpu-harder/ (float32)
+#               beside the committed fine-tune and the original model, paired on the same samples: ruler_fwe and
+#               niah_single_1 at 2048 and 8192, 20 samples. A float32 side study for a CPU without native
+#               bfloat16 (cpu/ holds these cells in bfloat16), so its card is not combined (its cells would be
+#               the same rows and lengths as cpu/'s): read cpu-harder/card.html.               -> cpu-harder/ (float32)
 #   harder32    ruler_fwe, then niah_single_1, at 32768 for it beside counting32's two rows, 20 samples (SAMPLES,
 #               TASKS; the rows' finished samples are kept, so it extends counting32).          -> cpu-32k/ (float32)
 #   combine     one card from every part that has run: bench/results/card/card.html (+ card.json, card.md, plots).
@@ -47,7 +49,7 @@ R=bench/results/card
 case "$part" in counting|counting32|ending|ruler|ruler-float32|tasks|best32|tasks32|harder|harder32|combine) ;; *) echo "unknown part $part ($PARTS)" >&2; exit 2 ;; esac
 if [ "$part" = combine ]; then
   folders=()
-  for f in cpu cpu-float32 cpu-tasks cpu-32k cpu-32k-best cpu-32k-tasks cpu-harder ending; do [ -f "$R/$f/card.json" ] && folders+=("$R/$f"); done
+  for f in cpu cpu-float32 cpu-tasks cpu-32k cpu-32k-best cpu-32k-tasks ending; do [ -f "$R/$f/card.json" ] && folders+=("$R/$f"); done
   exec "$PYTHON" -m hf_posext.cli report "${folders[@]}" --out "$R"
 fi
 # BOOKS: a folder with austen-emma.txt and melville-moby_dick.txt for the perplexity and needle cells (default: the
@@ -71,7 +73,7 @@ esac
 BEST=${BEST:-dynamic-ntk}
 MERGED=${MERGED:-$(VARIANT=retrieval-varied PYTHON=$PYTHON bash bench/finetune_retrieval_cpu.sh merge | tail -1)}
 ALL_ROWS="base=smollm2-135m@none;yarn:4;$BEST:4,fine-tuned=$MERGED@as-saved;string:1"
-case "$part" in harder|harder32)   # the harder practice's fine-tune, merged with its yarn x4 (needs its kept adapter)
+case "$part" in harder|harder32|ending)   # the harder practice's fine-tune, merged with its yarn x4 (needs its kept adapter)
   HARDER=${HARDER:-$(VARIANT=retrieval-tasks PYTHON=$PYTHON bash bench/finetune_retrieval_cpu.sh merge | tail -1)}
   [ -f "$HARDER/config.json" ] || { echo "no merged harder-practice model: VARIANT=retrieval-tasks bash bench/finetune_retrieval_cpu.sh train, keep, then merge" >&2; exit 1; } ;;
 esac
@@ -82,7 +84,8 @@ counting)   card --models "base=smollm2-135m@none;yarn:4,fine-tuned=$MERGED@stri
                  --lengths 2048,8192,16384 --samples "${SAMPLES:-20}" --skip-over-window --out $R/cpu ;;
 counting32) card --models "fine-tuned=$MERGED@string:1,base=smollm2-135m@yarn:4" --tasks "${TASKS:-niah_single_1,ruler_fwe}" \
                  --lengths 32768 --samples "${SAMPLES:-10}" --out $R/cpu-32k ;;
-ending)     card --models "base=smollm2-135m@none;yarn:4,fine-tuned=$MERGED@string:1" --tasks ending --lengths 2048 --out $R/ending ;;
+ending)     card --models "base=smollm2-135m@none;yarn:4,fine-tuned=$MERGED@string:1,fine-tuned on harder practice=$HARDER@string:1" \
+                 --tasks ending --lengths 2048 --out $R/ending ;;
 ruler)      card --models "$ALL_ROWS" --tasks ruler --lengths 2048,4096,8192,16384 --samples "${SAMPLES:-20}" --skip-over-window \
                  --out $R/cpu ;;
 ruler-float32) card --models "$ALL_ROWS" --tasks niah_multikey_2,niah_multikey_3,ruler_vt,ruler_cwe --lengths 2048,4096,8192,16384 \
@@ -92,7 +95,7 @@ tasks)      card --models "$ALL_ROWS" "${TEXTS[@]}" --tasks perplexity,passkey,n
 best32)     card --models "base=smollm2-135m@$BEST:4" --tasks niah_single_1,ruler_fwe --lengths 32768 --samples "${SAMPLES:-10}" \
                  --out $R/cpu-32k-best ;;
 harder)     card --models "base=smollm2-135m@none,fine-tuned=$MERGED@string:1,fine-tuned on harder practice=$HARDER@string:1" \
-                 --tasks ending,ruler_fwe,niah_single_1 --lengths 2048,8192 --samples "${SAMPLES:-20}" --skip-over-window \
+                 --tasks ruler_fwe,niah_single_1 --lengths 2048,8192 --samples "${SAMPLES:-20}" --skip-over-window \
                  --out $R/cpu-harder ;;
 harder32)   card --models "fine-tuned=$MERGED@string:1,base=smollm2-135m@yarn:4,fine-tuned on harder practice=$HARDER@string:1" \
                  --tasks "${TASKS:-ruler_fwe,niah_single_1}" --lengths 32768 --samples "${SAMPLES:-20}" --out $R/cpu-32k ;;

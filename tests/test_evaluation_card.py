@@ -326,6 +326,21 @@ def test_a_run_into_a_card_folder_keeps_the_earlier_cells_it_does_not_cover(tmp_
         earlier_card(tmp_path / "combined", ["yarn"], set())
 
 
+def test_an_earlier_runs_unfinished_cell_is_kept_like_a_finished_one(tmp_path):
+    """A run stopped part-way through a cell leaves a sample file that card.json shows as unfinished; a later run
+    into the folder keeps that cell (with the samples it has) whether or not it covers it, so that its partial
+    cards never show fewer cells than the folder holds."""
+    folder = tmp_path / "card"
+    _one_run_card(folder, [("base", 2048, [1, 1, 1, 1]), ("yarn", 2048, [0, 1, 0, 1])], "float32")
+    _sample_file(folder / "ruler" / "yarn-32768.jsonl", [1, 0], row="yarn", length=32768, dtype="float32")
+    rewrite_card(folder)
+    cells = earlier_card(folder, ["yarn"], set())[0]
+    assert sorted((c["row"], c["length"], c["n"], bool(c.get("running")), c["row_index"]) for c in cells) == [
+        ("base", 2048, 4, False, 1), ("yarn", 2048, 4, False, 0), ("yarn", 32768, 2, True, 0)]
+    assert sorted((c["row"], c["length"]) for c in earlier_card(folder, ["yarn"], {("niah_single_1", "yarn", 32768)})[0]) == [
+        ("base", 2048), ("yarn", 2048)]
+
+
 def test_a_cell_still_running_is_shown_with_the_samples_it_has(tmp_path):
     """A sample file that card.json does not list yet (the cell a run is computing) shows on the card written
     again, marked unfinished, when it is one of the card's rows in the card's dtype; others are left out."""
@@ -349,6 +364,23 @@ def test_a_cell_still_running_is_shown_with_the_samples_it_has(tmp_path):
     write_card(folder, [{**_cell("base", 0, {0: 1.0}), "source": str(ruler / "done.jsonl")}], [],
                {**settings, "dtypes": {"ruler": "float32"}})
     assert [(c["row"], c["n"]) for c in json.loads(rewrite_card(folder)["json"].read_text())["cells"]] == [("base", 4), ("yarn", 2)]
+    # a file written under the row's older label is found by its model and scaling (not by the label), and shown
+    # under the row's label today; a header that matches two rows, or none, is not this card's
+    old_report = {"method": "yarn", "factor": 4.0, "current_window": 16384, "original_window": 4096}
+    _sample_file(ruler / "old-label.jsonl", [1, 1, 1], row="tuned, x1", length=16384, dtype="float32", model="m", report=old_report)
+    _sample_file(ruler / "unknown.jsonl", [1, 1], row="gone", length=16384, dtype="float32", model="m",
+                 report={**old_report, "factor": 2.0})
+    renamed = [rows[0], {"label": "yarn", "model": "m", "report": {**old_report, "extra": "not in a header"}}]
+    write_card(folder, [{**_cell("base", 0, {0: 1.0}), "source": str(ruler / "done.jsonl")}], [], {**settings, "rows": renamed})
+    cells = json.loads(rewrite_card(folder)["json"].read_text())["cells"]
+    assert [(c["row"], c["length"], c["n"]) for c in cells] == [("base", 4096, 4), ("yarn", 8192, 2), ("yarn", 16384, 3)]
+    twice = [*renamed, {"label": "yarn again", "model": "m", "report": old_report}]
+    write_card(folder, [{**_cell("base", 0, {0: 1.0}), "source": str(ruler / "done.jsonl")}], [], {**settings, "rows": twice})
+    assert [(c["row"], c["length"]) for c in json.loads(rewrite_card(folder)["json"].read_text())["cells"]] == [
+        ("base", 4096), ("yarn", 8192)]
+    for path in (ruler / "old-label.jsonl", ruler / "unknown.jsonl"):
+        path.unlink()
+    write_card(folder, [{**_cell("base", 0, {0: 1.0}), "source": str(ruler / "done.jsonl")}], [], settings)
     # written again once the cell has all its samples: no longer marked
     _sample_file(ruler / "running.jsonl", [1, 0, 1, 1], row="yarn", length=8192, dtype="float32")
     cells = json.loads(rewrite_card(folder)["json"].read_text())["cells"]

@@ -30,7 +30,7 @@ import math
 import os
 import random
 import re
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -764,7 +764,8 @@ def earlier_card(folder: str | os.PathLike, labels: Sequence[str],
         order[row["label"]] = len(order)
     kept = []
     for cell in cells:
-        if cell.get("running") or (cell["task"], cell["row"], cell["length"]) in covered or (cell["task"], cell["row"], None) in covered:
+        # an unfinished cell is kept too: its samples are in its file, and a run that covers it shows it until it gets there
+        if (cell["task"], cell["row"], cell["length"]) in covered or (cell["task"], cell["row"], None) in covered:
             continue
         index = order.setdefault(cell["row"], len(order))
         kept.append({**cell, "row_index": index, "samples": int(cell.get("samples") or samples),
@@ -831,10 +832,25 @@ def combine_cards(folders: Sequence[str | os.PathLike], out: str | os.PathLike) 
     return write_card(out, cells, skipped, settings)
 
 
+#: The fields of a row's ``describe`` report that a sample file's header keeps: with the model, what a row measured.
+_IDENTITY_REPORT_FIELDS = ("method", "factor", "current_window", "original_window")
+
+
+def _row_identity(model: Any, report: Any) -> str | None:
+    """The model and its scaling as evaluated, as one comparable string; None where either is missing."""
+    if not model or not isinstance(report, dict):
+        return None
+    return json.dumps([model, {k: report.get(k) for k in _IDENTITY_REPORT_FIELDS}], sort_keys=True, default=str)
+
+
 def _running_cells(folder: Path, cells: list[dict[str, Any]], settings: dict[str, Any], used: set[Path]) -> list[dict[str, Any]]:
     """Cells of the card's rows whose sample files are not in ``card.json`` yet (the cell a run is computing,
     or one a stopped run left unfinished): shown with the samples they have, marked as unfinished."""
     rows = {row.get("label"): (index, row) for index, row in enumerate(settings.get("rows") or [])}
+    # a file written under a row's older label is found by what it measured: the model and its scaling as evaluated
+    identities = [(_row_identity(row.get("model"), row.get("report")), label) for label, (_, row) in rows.items()]
+    counts = Counter(identity for identity, _ in identities)
+    labels_by_identity = {identity: label for identity, label in identities if identity is not None and counts[identity] == 1}
     have = {(c["task"], c["row"], c["length"]) for c in cells}
     samples = int(settings["samples"])
     running = []
@@ -848,6 +864,8 @@ def _running_cells(folder: Path, cells: list[dict[str, Any]], settings: dict[str
             label, task, length = header["row"], header["task"], int(header["length"])
         except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError):
             raise SampleResultsError(f"{path} line 1 is not a sample file's header; move the file out of {folder / 'ruler'}.") from None
+        if label not in rows:
+            label = labels_by_identity.get(_row_identity(header.get("model"), header.get("report")), label)
         # another run's rows, or another dtype's samples of this card's cell, are not this card's
         dtypes = settings.get("dtypes") or {}
         # cards before each RULER task was keyed by name keyed them all as "ruler"

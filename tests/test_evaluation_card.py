@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from hf_posext.evaluation.card import (
-    CardFileError, SampleCache, SampleResults, SampleResultsError, beyond_base, check_length_budget, combine_cards, earlier_card, method_text,
+    CardFileError, SampleCache, SampleResults, SampleResultsError, base_reference, beyond_base, card_figure, check_length_budget, combine_cards, earlier_card, method_text,
     needs_full_budget, paired_comparisons, parse_model_specs, read_sample_records, rewrite_card, row_label,
     ruler_cell_fields, sample_cache_key, score_summary, tokenizer_hash, write_card,
 )
@@ -157,6 +157,33 @@ def _cell(row: str, index: int, scores: dict[int, float], key: dict | None = Non
     return {"task": task, "kind": "ruler", "row": row, "row_index": index, "length": 4096, "base": index == 0,
             "in_window": True, "sample_key": key or KEY, "scores": {str(i): v for i, v in scores.items()},
             **score_summary(list(scores.values()))}
+
+
+def test_a_task_plot_draws_the_base_models_best_in_window_score_and_every_points_interval():
+    """The dashed reference is the base row's best score inside its window (a score past the window, or another
+    row's, never sets it; for perplexity the lowest); a row with a single point still shows its interval."""
+    from hf_posext.evaluation.plots import layout_problems
+
+    def cell(row, index, length, scores, base=False, in_window=True):
+        return {**_cell(row, index, dict(enumerate(scores))), "length": length, "base": base, "in_window": in_window}
+
+    cells = [cell("base", 0, 2048, [1, 0, 1, 0], base=True), cell("base", 0, 4096, [1, 1, 1, 0], base=True),
+             cell("base", 0, 16384, [1, 1, 1, 1], base=True, in_window=False), cell("yarn", 1, 16384, [1, 1, 1, 1]),
+             cell("tuned", 2, 32768, [1, 1, 0, 1])]
+    assert base_reference(cells) == (0.75, 4096)
+    assert base_reference(cells[3:]) is None
+    figure = card_figure("niah_single_1", cells, beyond=False)
+    axis = figure.axes[0]
+    (reference,) = [line for line in axis.get_lines() if line.get_label().startswith("base, best inside its window")]
+    assert list(reference.get_ydata()) == [0.75, 0.75] and "(0.75 at 4k)" in reference.get_label()
+    bars = [c for c in axis.containers if type(c).__name__ == "ErrorbarContainer"]
+    assert len(bars) == 3  # one per row, the single-point rows included
+    tuned_low, tuned_high = cells[4]["low"], cells[4]["high"]
+    segment = bars[2].lines[2][0].get_segments()[0]
+    assert [round(y, 6) for _, y in segment] == [round(tuned_low, 6), round(tuned_high, 6)]
+    assert layout_problems(figure) == []
+    ppl = [{**c, "task": "perplexity", "low": None, "high": None, "mean": m} for c, m in zip(cells[:3], (30.0, 25.8, 20.0))]
+    assert base_reference(ppl) == (25.8, 4096)
 
 
 def test_paired_comparisons_count_the_samples_each_row_won():

@@ -37,13 +37,14 @@ from typing import Any, Iterable, Sequence
 
 from hf_posext.core.errors import DamagedFileError
 from hf_posext.evaluation.labels import format_length
+from hf_posext.evaluation.plots import save_figure
 from hf_posext.evaluation.proportions import Proportion, sign_test_p_value
 
 __all__ = [
     "RULER_OFFLINE_TASKS", "RULER_DOWNLOAD_TASKS", "CARD_TASKS", "ENDING_BUDGET", "SHORT_BUDGETS", "BEYOND_BASE_THRESHOLD",
     "ModelSpec", "parse_model_specs", "method_text", "row_label", "tokenizer_hash", "sample_cache_key",
     "SampleCache", "SampleResultsError", "SampleResults", "check_length_budget", "needs_full_budget",
-    "score_summary", "beyond_base", "card_rows", "paired_comparisons", "markdown_card", "write_card",
+    "score_summary", "beyond_base", "base_reference", "card_figure", "card_rows", "paired_comparisons", "markdown_card", "write_card",
     "read_sample_records", "ruler_cell_fields", "CardFileError", "rewrite_card", "earlier_card", "combine_cards", "add_card_arguments",
 ]
 
@@ -529,14 +530,29 @@ def markdown_card(cells: Sequence[dict[str, Any]], skipped: Sequence[dict[str, s
     return "\n".join(lines)
 
 
-def _plot(task: str, cells: Sequence[dict[str, Any]], path: Path, beyond: bool | None) -> Path:
+def base_reference(cells: Sequence[dict[str, Any]]) -> tuple[float, int] | None:
+    """``(score, length)``: the base model's best score inside its own window on these cells (one task's), the
+    reference an extension is measured against (for perplexity the lowest); None when no base row ran inside it."""
+    inside = [c for c in cells if c.get("base") and c.get("in_window") and c.get("mean") is not None]
+    if not inside:
+        return None
+    pick = min if any(c["task"] == "perplexity" for c in inside) else max
+    best = pick(inside, key=lambda c: (c["mean"], -c["length"]))
+    return float(best["mean"]), int(best["length"])
+
+
+def card_figure(task: str, cells: Sequence[dict[str, Any]], beyond: bool | None):
+    """One task's plot: score (or perplexity) against length, one line per row with its interval (a band along
+    the line and a bar at each point, so a single point shows its interval too), n in the legend, and the base
+    model's best score inside its own window as a dashed line: the reference the card's targets name."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axis = plt.subplots(figsize=(6.4, 4.0))
     rows = list(dict.fromkeys(c["row"] for c in sorted(cells, key=lambda c: c["row_index"])))
+    entries = len(rows) + 1  # the rows and the reference, in two columns below the axes
+    figure, axis = plt.subplots(figsize=(7.2, 4.0 + 0.2 * math.ceil(entries / 2)), layout="constrained")
     metric = "perplexity" if task == "perplexity" else "score"
     markers = ("o", "s", "^", "D", "v", "P", "X")
     for index, row in enumerate(rows):
@@ -550,7 +566,15 @@ def _plot(task: str, cells: Sequence[dict[str, Any]], path: Path, beyond: bool |
         line, = axis.plot(xs, ys, marker=markers[index % len(markers)], markerfacecolor="none" if index % 2 else None,
                           label=f"{row} (n={'/'.join(map(str, ns))})")
         if metric == "score" and all(c.get("low") is not None for c in points):
-            axis.fill_between(xs, [c["low"] for c in points], [c["high"] for c in points], color=line.get_color(), alpha=0.15)
+            lows, highs = [c["low"] for c in points], [c["high"] for c in points]
+            axis.fill_between(xs, lows, highs, color=line.get_color(), alpha=0.15)
+            axis.errorbar(xs, ys, yerr=[[y - low for y, low in zip(ys, lows)], [high - y for y, high in zip(ys, highs)]],
+                          fmt="none", ecolor=line.get_color(), elinewidth=0.8, capsize=2)
+    reference = base_reference(cells)
+    if reference is not None:
+        value, length = reference
+        axis.axhline(value, color="grey", linestyle="--", linewidth=0.9,
+                     label=f"base, best inside its window ({value:.2f} at {format_length(length)})")
     axis.set_xscale("log", base=2)
     lengths = sorted({c["length"] for c in cells})
     axis.set_xticks(lengths, [format_length(n) for n in lengths])
@@ -561,12 +585,14 @@ def _plot(task: str, cells: Sequence[dict[str, Any]], path: Path, beyond: bool |
     if metric == "score":
         axis.set_ylim(-0.03, 1.03)
     axis.set_title(task + (" — beyond the base model" if beyond else ""), fontsize=11)
-    axis.legend(fontsize=7, loc="best")
     axis.grid(alpha=0.3)
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
-    return path
+    handles, names = axis.get_legend_handles_labels()
+    figure.legend(handles, names, loc="outside lower center", ncols=2, fontsize=7, frameon=False)
+    return figure
+
+
+def _plot(task: str, cells: Sequence[dict[str, Any]], path: Path, beyond: bool | None) -> Path:
+    return save_figure(card_figure(task, cells, beyond), path, dpi=100)
 
 
 def _write_text(path: Path, text: str) -> None:

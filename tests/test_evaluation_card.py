@@ -604,6 +604,35 @@ def test_a_length_past_the_window_is_refused_before_any_model_runs(tiny_folder, 
     assert not (out / "ruler").exists() and not (out / "card.json").exists()
 
 
+@pytest.mark.parametrize("extra, message", [
+    (["--dtype", "float8"], "Unknown dtype 'float8'; use auto"),
+    (["--dtype", "int8"], "Unknown dtype 'int8'; use auto"),
+    (["--methods", "yarn", "--factor", "0.5"], "factor=0.5 is below 1"),
+    (["--methods", "nosuch"], "Unknown method 'nosuch'"),
+    (["--methods", "yarn", "--param", "nosuch=1"], "nosuch"),
+])
+def test_a_bad_dtype_method_or_factor_is_refused_before_any_model_loads(tiny_folder, tmp_path, capsys, monkeypatch, extra, message):
+    """One line naming the value, and nothing loaded or written (the models load before the samples are drawn)."""
+    import hf_posext.evaluation.loading as loading
+    from hf_posext.cli import main
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("a model was loaded before the arguments were checked")
+
+    monkeypatch.setattr(loading, "load_model_and_tokenizer", no_loading)
+    out = tmp_path / "card"
+    code = main(["eval", "card", "--models", f"{tiny_folder}", "--lengths", str(LENGTH), "--tasks", "niah_single_1",
+                 "--samples", "1", "--out", str(out), "--no-progress", *extra])
+    error = capsys.readouterr().err.strip()
+    assert code != 0 and message in error and "error:" in error and len(error.splitlines()) == 1, error
+    assert not out.exists()
+    # the same model spec given per row (METHOD:FACTOR after @) is checked the same way
+    if extra[0] == "--methods" and "--param" not in extra:
+        spec = f"{tiny_folder}@{extra[1]}" + (f":{extra[3]}" if len(extra) > 2 else "")
+        assert main(["eval", "card", "--models", spec, "--lengths", str(LENGTH), "--tasks", "niah_single_1", "--out", str(out)]) != 0
+        assert message in capsys.readouterr().err and not out.exists()
+
+
 def test_skip_over_window_lists_the_cells_past_a_rows_window(tiny_folder, tmp_path):
     """With --skip-over-window a length past the unscaled row's window (the harness's max_length defaults to
     it) is listed as skipped with its reason, and the run goes on with the rows that fit."""

@@ -6,7 +6,7 @@ from typing import Any, Sequence
 
 import torch
 
-__all__ = ["AUTO_DTYPE", "AsciiTokenizer", "auto_dtype_note", "cpu_has_native_bfloat16", "evaluation_dtype", "load_model_and_tokenizer"]
+__all__ = ["AUTO_DTYPE", "AsciiTokenizer", "auto_dtype_note", "check_dtype_name", "cpu_has_native_bfloat16", "evaluation_dtype", "load_model_and_tokenizer"]
 
 #: ``--dtype auto``: the dtype each evaluation task runs in where none is given (:func:`evaluation_dtype`).
 AUTO_DTYPE = "auto"
@@ -72,6 +72,24 @@ class AsciiTokenizer:
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return "".join(chr(int(i)) for i in ids)
+
+
+def check_dtype_name(dtype: str) -> str:
+    """``dtype`` as given, once it is ``auto`` or a floating dtype torch has; else one line naming the choices
+    (for commands that load their models late, so that a typo is refused before anything is loaded or written).
+
+    Raises:
+        ValueError: not ``auto`` nor a floating-point dtype name.
+    """
+    if dtype == AUTO_DTYPE:
+        return dtype
+    try:
+        floating = _dtype(dtype).is_floating_point
+    except ValueError:
+        floating = False
+    if not floating:
+        raise ValueError(f"Unknown dtype {dtype!r}; use auto, float32, bfloat16 or float16.")
+    return dtype
 
 
 def _dtype(dtype: str | torch.dtype) -> torch.dtype:

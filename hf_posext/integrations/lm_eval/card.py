@@ -243,6 +243,25 @@ def _requests(methods: str, params: dict[str, Any], factor: float | None, length
     return requests
 
 
+def _check_requests(specs: list[ModelSpec], args: Any) -> None:
+    """Every row's method names, parameters and given factors, checked as :func:`_rows` will use them (a factor
+    sized from a model's window is checked there, once the window is known).
+
+    Raises:
+        ValueError: an unknown method or parameter, or a factor below 1.
+    """
+    from hf_posext.evaluation.arguments import parse_methods
+
+    params = parse_param_items(args.param)
+    for spec in specs:
+        for methods, factor in (spec.methods or ((args.methods, None),)):
+            factor = factor if factor is not None else args.factor
+            names = [m.strip() for m in methods.split(",") if m.strip() and m.strip() != AS_SAVED]
+            for request in parse_methods(names, params) if names else []:
+                if factor is not None:
+                    ScalingRequest(request.method, factor, params=request.params)
+
+
 def _as_request(report: dict[str, Any]) -> ScalingRequest:
     """The request that reproduces a saved scaling (for the evaluation tasks, which patch every method)."""
     params = dict(report.get("params") or {})
@@ -495,7 +514,7 @@ def _ending_cells(rows: list[Row], args: Any, skipped: list[dict[str, str]]) -> 
 def run_card(args: Any) -> int:
     """Run ``hf-posext eval card`` with parsed ``args`` (see :func:`hf_posext.evaluation.card.add_card_arguments`)."""
     from hf_posext.evaluation.arguments import parse_lengths
-    from hf_posext.evaluation.loading import AUTO_DTYPE, auto_dtype_note, evaluation_dtype
+    from hf_posext.evaluation.loading import AUTO_DTYPE, auto_dtype_note, check_dtype_name, evaluation_dtype
 
     started = time.time()
     specs = parse_model_specs(args.models)
@@ -503,6 +522,8 @@ def run_card(args: Any) -> int:
     tasks = _parse_tasks(args.tasks)
     if args.samples < 1:
         raise ValueError(f"--samples must be a positive number of samples, got {args.samples}.")
+    check_dtype_name(args.dtype)
+    _check_requests(specs, args)  # a bad method or factor is named before any model loads
     ruler = _ruler_tasks(tasks)
     skipped = [{"what": name, "reason": f"needs a download ({why}); not run offline"}
                for name, why in RULER_DOWNLOAD_TASKS.items() if "ruler" in tasks or name in tasks]

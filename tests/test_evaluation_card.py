@@ -610,8 +610,13 @@ def test_a_length_past_the_window_is_refused_before_any_model_runs(tiny_folder, 
     (["--methods", "yarn", "--factor", "0.5"], "factor=0.5 is below 1"),
     (["--methods", "nosuch"], "Unknown method 'nosuch'"),
     (["--methods", "yarn", "--param", "nosuch=1"], "nosuch"),
+    (["--device", "gpu0"], "--device gpu0 is not a device name"),
+    (["--tasks", "needle", "--haystack", "no/such/book.txt"], "'no/such/book.txt' does not exist"),
+    (["--tasks", "perplexity", "--ppl-data", "no/such/book.txt"], "'no/such/book.txt' does not exist"),
+    (["--sample-cache", "A_FILE"], "--sample-cache A_FILE is a file"),
+    (["--out", "A_FILE"], "--out A_FILE is a file"),
 ])
-def test_a_bad_dtype_method_or_factor_is_refused_before_any_model_loads(tiny_folder, tmp_path, capsys, monkeypatch, extra, message):
+def test_bad_card_arguments_are_refused_in_one_line_before_any_model_loads(tiny_folder, tmp_path, capsys, monkeypatch, extra, message):
     """One line naming the value, and nothing loaded or written (the models load before the samples are drawn)."""
     import hf_posext.evaluation.loading as loading
     from hf_posext.cli import main
@@ -620,6 +625,8 @@ def test_a_bad_dtype_method_or_factor_is_refused_before_any_model_loads(tiny_fol
         raise AssertionError("a model was loaded before the arguments were checked")
 
     monkeypatch.setattr(loading, "load_model_and_tokenizer", no_loading)
+    monkeypatch.chdir(tmp_path)
+    Path("A_FILE").write_text("not a folder")
     out = tmp_path / "card"
     code = main(["eval", "card", "--models", f"{tiny_folder}", "--lengths", str(LENGTH), "--tasks", "niah_single_1",
                  "--samples", "1", "--out", str(out), "--no-progress", *extra])

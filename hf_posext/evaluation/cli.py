@@ -101,9 +101,8 @@ def check_task_arguments(task: str, args: argparse.Namespace) -> None:
     """
     import math
 
-    import torch
-
     from hf_posext.text_sources import check_text_source
+    from hf_posext.evaluation.loading import check_device_name
     from hf_posext.evaluation.runner import parse_floats
 
     _at_least_one(args, "--batch-size", "windows or prompts")
@@ -120,12 +119,7 @@ def check_task_arguments(task: str, args: argparse.Namespace) -> None:
         if getattr(args, option, None):
             check_text_source(getattr(args, option))
     if args.device:
-        try:
-            device = torch.device(args.device)
-        except (RuntimeError, ValueError):
-            raise ValueError(f"--device {args.device} is not a device name; use cpu, cuda, cuda:1 or mps.") from None
-        if device.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError(f"--device {args.device}: no CUDA device here (torch {torch.__version__}); use --device cpu.")
+        check_device_name(args.device)
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         raise ValueError(f"--out {args.out} is a file; give a folder for the results (new or existing).")
     check_output_folder(args.out, "--out", "the results")

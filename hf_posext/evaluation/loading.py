@@ -6,7 +6,7 @@ from typing import Any, Sequence
 
 import torch
 
-__all__ = ["AUTO_DTYPE", "AsciiTokenizer", "auto_dtype_note", "check_dtype_name", "cpu_has_native_bfloat16", "evaluation_dtype", "load_model_and_tokenizer"]
+__all__ = ["AUTO_DTYPE", "AsciiTokenizer", "auto_dtype_note", "check_device_name", "check_dtype_name", "cpu_has_native_bfloat16", "evaluation_dtype", "load_model_and_tokenizer"]
 
 #: ``--dtype auto``: the dtype each evaluation task runs in where none is given (:func:`evaluation_dtype`).
 AUTO_DTYPE = "auto"
@@ -90,6 +90,21 @@ def check_dtype_name(dtype: str) -> str:
     if not floating:
         raise ValueError(f"Unknown dtype {dtype!r}; use auto, float32, bfloat16 or float16.")
     return dtype
+
+
+def check_device_name(device: str) -> str:
+    """``device`` as given, once it names a device this torch can use; else one line saying what to pass.
+
+    Raises:
+        ValueError: not a device name, or CUDA asked for where this torch has none.
+    """
+    try:
+        value = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise ValueError(f"--device {device} is not a device name; use cpu, cuda, cuda:1 or mps.") from None
+    if value.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: no CUDA device here (torch {torch.__version__}); use --device cpu.")
+    return device
 
 
 def _dtype(dtype: str | torch.dtype) -> torch.dtype:

@@ -514,7 +514,9 @@ def _ending_cells(rows: list[Row], args: Any, skipped: list[dict[str, str]]) -> 
 def run_card(args: Any) -> int:
     """Run ``hf-posext eval card`` with parsed ``args`` (see :func:`hf_posext.evaluation.card.add_card_arguments`)."""
     from hf_posext.evaluation.arguments import parse_lengths
-    from hf_posext.evaluation.loading import AUTO_DTYPE, auto_dtype_note, check_dtype_name, evaluation_dtype
+    from hf_posext.core.paths import check_output_folder
+    from hf_posext.evaluation.loading import AUTO_DTYPE, auto_dtype_note, check_device_name, check_dtype_name, evaluation_dtype
+    from hf_posext.text_sources import check_text_source
 
     started = time.time()
     specs = parse_model_specs(args.models)
@@ -523,6 +525,13 @@ def run_card(args: Any) -> int:
     if args.samples < 1:
         raise ValueError(f"--samples must be a positive number of samples, got {args.samples}.")
     check_dtype_name(args.dtype)
+    check_device_name(args.device)
+    check_output_folder(args.out, "--out", "the card")
+    if args.sample_cache:
+        check_output_folder(args.sample_cache, "--sample-cache", "the RULER samples")
+    for task, source in (("perplexity", args.ppl_data), ("needle", args.haystack)):
+        if task in tasks:
+            check_text_source(source)
     _check_requests(specs, args)  # a bad method or factor is named before any model loads
     ruler = _ruler_tasks(tasks)
     skipped = [{"what": name, "reason": f"needs a download ({why}); not run offline"}

@@ -618,7 +618,7 @@ def test_a_length_past_the_window_is_refused_before_any_model_runs(tiny_folder, 
 ])
 def test_bad_card_arguments_are_refused_in_one_line_before_any_model_loads(tiny_folder, tmp_path, capsys, monkeypatch, extra, message):
     """One line naming the value, and nothing loaded or written (the models load before the samples are drawn)."""
-    import hf_posext.evaluation.loading as loading
+    from hf_posext.evaluation import loading
     from hf_posext.cli import main
 
     def no_loading(*args, **kwargs):

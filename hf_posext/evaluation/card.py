@@ -29,9 +29,8 @@ import json
 import math
 import os
 import random
-import re
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 

@@ -513,8 +513,8 @@ def _ending_cells(rows: list[Row], args: Any, skipped: list[dict[str, str]]) -> 
 
 def run_card(args: Any) -> int:
     """Run ``hf-posext eval card`` with parsed ``args`` (see :func:`hf_posext.evaluation.card.add_card_arguments`)."""
-    from hf_posext.evaluation.arguments import parse_lengths
     from hf_posext.core.paths import check_output_folder
+    from hf_posext.evaluation.arguments import parse_lengths
     from hf_posext.evaluation.loading import AUTO_DTYPE, auto_dtype_note, check_device_name, check_dtype_name, evaluation_dtype
     from hf_posext.text_sources import check_text_source
 

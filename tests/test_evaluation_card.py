@@ -368,6 +368,31 @@ def test_an_earlier_runs_unfinished_cell_is_kept_like_a_finished_one(tmp_path):
         ("base", 2048), ("yarn", 2048)]
 
 
+def test_a_relabelled_row_finds_its_sample_files_by_model_method_dtype_and_device(tmp_path):
+    """The label is only the readable part of a sample file's name: a row whose label changed resumes the file of
+    the same model, method, dtype and device; another dtype, or two such files (ambiguous), start a new one."""
+    from hf_posext.core.request import ScalingRequest
+    from hf_posext.integrations.lm_eval.card import Row
+
+    def row(label, factor=4.0):
+        spec = parse_model_specs(f"{label}=some/model")[0]
+        return Row(0, spec, ScalingRequest("yarn", factor), {"method": "yarn", "factor": factor}, base=False)
+
+    folder = tmp_path / "ruler"
+    folder.mkdir()
+    old = row("old name").sample_path(folder, "ruler_fwe", 4096, "float32", "cpu")
+    assert "old-name" in old.name and not old.exists()
+    old.write_text("")
+    assert row("new name").sample_path(folder, "ruler_fwe", 4096, "float32", "cpu") == old
+    for other in (row("new name").sample_path(folder, "ruler_fwe", 4096, "bfloat16", "cpu"),
+                  row("new name", 2.0).sample_path(folder, "ruler_fwe", 4096, "float32", "cpu"),
+                  row("new name").sample_path(folder, "ruler_fwe", 8192, "float32", "cpu"),
+                  row("new name").sample_path(folder, "niah_single_1", 4096, "float32", "cpu")):
+        assert other != old and "new-name" in other.name
+    (folder / old.name.replace("old-name", "older-name")).write_text("")
+    assert "new-name" in row("new name").sample_path(folder, "ruler_fwe", 4096, "float32", "cpu").name
+
+
 def test_a_cell_still_running_is_shown_with_the_samples_it_has(tmp_path):
     """A sample file that card.json does not list yet (the cell a run is computing) shows on the card written
     again, marked unfinished, when it is one of the card's rows in the card's dtype; others are left out."""
@@ -584,6 +609,17 @@ def test_card_end_to_end_on_the_tiny_model(tiny_folder, tmp_path):
     assert sorted((c["task"], c["row"], c["n"]) for c in kept["cells"]) == sorted((c["task"], c["row"], c["n"]) for c in card["cells"])
     assert {c["row_index"] for c in kept["cells"] if c["row"] == "base, unscaled"} == {1}  # after this run's one row
     assert {c["row_index"] for c in kept["cells"] if c["row"] == "base, yarn ×2"} == {0}
+    # a row given another label resumes the files written under the old one (nothing computed again), and the card
+    # shows their cells once, under the new label
+    renamed = [*yarn_only[:3], f"renamed={tiny_folder}", *yarn_only[4:]]
+    assert main(renamed) == 0
+    assert {p: p.read_bytes() for p in files} == files and len(list((out / "ruler").glob("*.jsonl"))) == len(files)
+    again = json.loads((out / "card.json").read_text())
+    assert sorted((c["task"], c["row"], c["n"]) for c in again["cells"] if c["kind"] == "ruler" and "yarn" in c["row"]) == sorted(
+        (c["task"], "renamed, yarn ×2", c["n"]) for c in card["cells"] if c["kind"] == "ruler" and c["row"] == "base, yarn ×2")
+    assert "base, yarn ×2" not in {r["label"] for r in again["settings"]["rows"]}
+    assert json.loads(rewrite_card(out)["json"].read_text())["cells"] == again["cells"]
+    assert main(yarn_only) == 0  # and back
     ruler_dtype = evaluation_dtype("auto", "ruler", "cpu")  # --dtype auto: bfloat16 on a CPU that has it natively
     assert all(f"yarn-x2-{ruler_dtype}-" in p.name or f"none-x1-{ruler_dtype}-" in p.name for p in files)
     other = "float32" if ruler_dtype == "bfloat16" else "bfloat16"

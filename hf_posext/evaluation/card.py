@@ -44,7 +44,7 @@ __all__ = [
     "ModelSpec", "parse_model_specs", "method_text", "row_label", "tokenizer_hash", "sample_cache_key",
     "SampleCache", "SampleResultsError", "SampleResults", "check_length_budget", "needs_full_budget",
     "score_summary", "beyond_base", "base_reference", "card_figure", "card_rows", "paired_comparisons", "markdown_card", "write_card",
-    "read_sample_records", "ruler_cell_fields", "CardFileError", "rewrite_card", "earlier_card", "combine_cards", "add_card_arguments",
+    "read_sample_records", "ruler_cell_fields", "CardFileError", "rewrite_card", "earlier_card", "combine_cards", "row_identity", "add_card_arguments",
 ]
 
 #: The RULER tasks of lm-eval that generate their samples locally (no download).
@@ -861,8 +861,9 @@ def combine_cards(folders: Sequence[str | os.PathLike], out: str | os.PathLike) 
 _IDENTITY_REPORT_FIELDS = ("method", "factor", "current_window", "original_window")
 
 
-def _row_identity(model: Any, report: Any) -> str | None:
-    """The model and its scaling as evaluated, as one comparable string; None where either is missing."""
+def row_identity(model: Any, report: Any) -> str | None:
+    """What a row measures, the model and its scaling as evaluated, as one comparable string (a row's label can
+    change between runs; this does not); None where either is missing."""
     if not model or not isinstance(report, dict):
         return None
     return json.dumps([model, {k: report.get(k) for k in _IDENTITY_REPORT_FIELDS}], sort_keys=True, default=str)
@@ -873,7 +874,7 @@ def _running_cells(folder: Path, cells: list[dict[str, Any]], settings: dict[str
     or one a stopped run left unfinished): shown with the samples they have, marked as unfinished."""
     rows = {row.get("label"): (index, row) for index, row in enumerate(settings.get("rows") or [])}
     # a file written under a row's older label is found by what it measured: the model and its scaling as evaluated
-    identities = [(_row_identity(row.get("model"), row.get("report")), label) for label, (_, row) in rows.items()]
+    identities = [(row_identity(row.get("model"), row.get("report")), label) for label, (_, row) in rows.items()]
     counts = Counter(identity for identity, _ in identities)
     labels_by_identity = {identity: label for identity, label in identities if identity is not None and counts[identity] == 1}
     have = {(c["task"], c["row"], c["length"]) for c in cells}
@@ -890,7 +891,7 @@ def _running_cells(folder: Path, cells: list[dict[str, Any]], settings: dict[str
         except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError):
             raise SampleResultsError(f"{path} line 1 is not a sample file's header; move the file out of {folder / 'ruler'}.") from None
         if label not in rows:
-            label = labels_by_identity.get(_row_identity(header.get("model"), header.get("report")), label)
+            label = labels_by_identity.get(row_identity(header.get("model"), header.get("report")), label)
         # another run's rows, or another dtype's samples of this card's cell, are not this card's
         dtypes = settings.get("dtypes") or {}
         # cards before each RULER task was keyed by name keyed them all as "ruler"

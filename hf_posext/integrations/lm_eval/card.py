@@ -18,6 +18,7 @@ Perplexity, passkey and needle run through :mod:`hf_posext.evaluation` into ``OU
 from __future__ import annotations
 
 import functools
+import glob
 import gc
 import hashlib
 import json
@@ -37,8 +38,8 @@ from hf_posext.api import describe, patch, unpatch
 from hf_posext.core.request import ScalingRequest, parse_param_items
 from hf_posext.evaluation.card import (
     CARD_TASKS, ENDING_BUDGET, RULER_DOWNLOAD_TASKS, RULER_OFFLINE_TASKS, SHORT_BUDGETS, ModelSpec, SampleCache, SampleResults,
-    check_length_budget, earlier_card, needs_full_budget, parse_model_specs, row_label, sample_cache_key, score_summary, tokenizer_hash,
-    ruler_cell_fields, write_card, markdown_card,
+    check_length_budget, earlier_card, needs_full_budget, parse_model_specs, row_identity, row_label, sample_cache_key, score_summary,
+    tokenizer_hash, ruler_cell_fields, write_card, markdown_card,
 )
 from hf_posext.integrations.lm_eval.launcher import import_harness
 
@@ -214,10 +215,25 @@ class Row:
     def results_name(self, dtype: str, device: str) -> str:
         """The name of this row's sample files: readable, and the same whichever other rows a run has (so a
         run with more or fewer rows resumes this row's samples), different for another dtype or device."""
-        method = f"{self.request.label}-x{self.request.factor:g}" if self.request else AS_SAVED
-        text = f"{self.spec.key}|{method}|{dtype}|{device}"
-        readable = re.sub(r"[^A-Za-z0-9.]+", "-", f"{self.spec.name}-{method}").strip("-")[:60]
-        return f"{readable}-{dtype}-{hashlib.sha1(text.encode()).hexdigest()[:8]}"
+        readable = re.sub(r"[^A-Za-z0-9.]+", "-", f"{self.spec.name}-{self._method_name()}").strip("-")[:60]
+        return f"{readable}-{dtype}-{self._results_hash(dtype, device)}"
+
+    def sample_path(self, folder: Path, task: str, length: int, dtype: str, device: str) -> Path:
+        """This row's sample file for ``task`` at ``length`` in ``folder``. Where it does not exist but one file
+        differs from its name only in the label part (the same model, method, dtype and device, saved when the
+        row had another label), that file is the row's: its samples are resumed, not computed again."""
+        path = folder / f"{task}-{length}-{self.results_name(dtype, device)}.jsonl"
+        if path.exists():
+            return path
+        earlier = sorted(folder.glob(f"{glob.escape(task)}-{length}-*-{dtype}-{self._results_hash(dtype, device)}.jsonl"))
+        return earlier[0] if len(earlier) == 1 else path
+
+    def _method_name(self) -> str:
+        return f"{self.request.label}-x{self.request.factor:g}" if self.request else AS_SAVED
+
+    def _results_hash(self, dtype: str, device: str) -> str:
+        text = f"{self.spec.key}|{self._method_name()}|{dtype}|{device}"
+        return hashlib.sha1(text.encode()).hexdigest()[:8]
 
     def posext_args(self) -> dict[str, Any]:
         if self.request is None:
@@ -581,6 +597,14 @@ def run_card(args: Any) -> int:
     covered = {(task, row.label, length) for task in [*(t for t in tasks if t != "ruler"), *ruler] for row in rows for length in lengths}
     covered |= {("ending", row.label, None) for row in rows if "ending" in tasks}
     carried, carried_skipped, carried_rows = earlier_card(out, [row.label for row in rows], covered)
+    # a row relabelled since the earlier run (the same model and scaling) resumes that run's samples
+    # (Row.sample_path): the cells this run covers are its own now, not an earlier row's to show beside it
+    labels_now = {row_identity(row.spec.key, row.report): row.label for row in rows}
+    relabelled = {old["label"]: labels_now[identity] for old in carried_rows
+                  if (identity := row_identity(old.get("model"), old.get("report"))) in labels_now}
+    carried = [cell for cell in carried if not (cell["row"] in relabelled and (
+        {(cell["task"], relabelled[cell["row"]], cell["length"]), (cell["task"], relabelled[cell["row"]], None)} & covered))]
+    carried_rows = [row for row in carried_rows if any(cell["row"] == row.get("label") for cell in carried)]
     # ... and those it covers stay on the partial cards until this run reaches them (a long run would otherwise
     # show fewer cells than the folder holds for hours), marked as unfinished
     redone = [cell for cell in earlier_card(out, [row.label for row in rows], set())[0]
@@ -633,7 +657,7 @@ def run_card(args: Any) -> int:
                       "report": {k: row.report.get(k) for k in ("method", "factor", "current_window", "original_window")},
                       "task": task_name, "length": length, "sample_key": key, "budget": args.budget,
                       "dtype": ruler_dtype, "device": args.device}
-            results = SampleResults(out / "ruler" / f"{task_name}-{length}-{row.results_name(ruler_dtype, args.device)}.jsonl", header)
+            results = SampleResults(row.sample_path(out / "ruler", task_name, length, ruler_dtype, args.device), header)
             run_ruler_cell(lm, task, docs, length, results, args.budget, args.progress)
             cells.append({"task": task_name, "kind": "ruler", "row": row.label, "row_index": row.index, "length": length,
                           "base": row.base, "in_window": length <= row.window, "sample_key": key, "source": str(results.path),

@@ -27,11 +27,36 @@ def transformers_major() -> int:
     return int(transformers.__version__.split(".")[0])
 
 
+def transformers_version() -> tuple[int, int]:
+    """``(major, minor)`` of the installed transformers."""
+    import transformers
+
+    major, minor = transformers.__version__.split(".")[:2]
+    return int(major), int(minor)
+
+
 @pytest.fixture
 def token_ids():
     """A deterministic batch of token ids longer than the tiny models' window (64)."""
     generator = torch.Generator().manual_seed(1234)
     return torch.randint(3, 128, (2, 150), generator=generator)
+
+
+def model_bypassing_the_attention_registry():
+    """A tiny RoPE model whose attention modules never ask transformers' attention-function registry: each keeps
+    a config of its own pinned to eager, so ``set_attn_implementation`` does not reach them (as Falcon's attention
+    did before transformers 5.25). Attention-level methods must refuse it; built here so that the refusal stays
+    tested whichever families a transformers release routes through the registry."""
+    import copy
+
+    from hf_posext.models import tiny_model
+
+    model = tiny_model("llama")
+    for layer in model.model.layers:
+        pinned = copy.copy(model.config)
+        pinned._attn_implementation = "eager"
+        layer.self_attn.config = pinned
+    return model
 
 
 def logits_of(model, ids, **kwargs):

@@ -21,7 +21,7 @@ from hf_posext.backends.attention import dual_chunk
 from hf_posext.backends.attention.dual_chunk import DualChunkLayerSettings, dual_chunk_decode, dual_chunk_explicit, dual_chunk_fused
 from hf_posext.methods.dual_chunk import relative_distance
 from hf_posext.models import tiny_model
-from tests.conftest import assert_close_guarding, logits_of, transformers_major
+from tests.conftest import assert_close_guarding, logits_of, model_bypassing_the_attention_registry, transformers_major
 
 pytestmark = pytest.mark.skipif(transformers_major() < 5, reason="attention registry dispatch as in transformers 5.x")
 
@@ -439,7 +439,7 @@ def test_model_without_rope_is_refused():
 def test_attention_bypassing_the_registry_is_refused():
     from hf_posext.core.errors import UnsupportedModelError
 
-    model = tiny_model("falcon")
+    model = model_bypassing_the_attention_registry()
     before = dict(model.config.__dict__)
     with pytest.raises(UnsupportedModelError, match="Dual Chunk Attention cannot be applied"):
         hf_posext.patch(model, "dca", factor=2)

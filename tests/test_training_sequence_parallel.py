@@ -77,14 +77,19 @@ def test_ulysses_two_processes_equal_one_process(tmp_path, mode, references):
 
 
 @pytest.mark.multiprocess
-def test_ulysses_at_zero_stage_2_doubles_every_gradient(tmp_path, references):
-    """The trap in NOTES-transformers.md that makes the recipes refuse stages 0-2 under SP: the loss is right,
-    every gradient is sp_size (2) times the 1-process gradient."""
+def test_ulysses_at_zero_stage_2_doubles_every_gradient_before_transformers_5_25(tmp_path, references):
+    """The trap in NOTES-transformers.md that made the recipes refuse stages 0-2 under SP: the loss is right, every
+    gradient is sp_size (2) times the 1-process gradient. transformers 5.25 rescales the sequence-parallel loss
+    (its Trainer, ``deepspeed_sp_compute_loss``), and from there stage 2 gives the 1-process gradients: measured
+    both ways, so that the day either changes again this test says so."""
     pytest.importorskip("deepspeed")
+    from tests.conftest import transformers_version
+
     expected, got = references["lora"], _two_processes(tmp_path, "lora", zero_stage=2)
     assert abs(got["loss"] - expected["loss"]) <= LOSS_TOLERANCE * abs(expected["loss"])
-    ratios = {name: _relative(got["grads"][name] / 2, grad) for name, grad in expected["grads"].items()}
-    print(f"ZeRO-2: worst gradient / 2 against the 1-process gradient {max(ratios.values()):.2e}")
+    factor = 1 if transformers_version() >= (5, 25) else 2
+    ratios = {name: _relative(got["grads"][name] / factor, grad) for name, grad in expected["grads"].items()}
+    print(f"ZeRO-2: worst gradient / {factor} against the 1-process gradient {max(ratios.values()):.2e}")
     assert max(ratios.values()) < GRADIENT_TOLERANCE, ratios
 
 

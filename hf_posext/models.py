@@ -27,6 +27,8 @@ __all__ = [
     "hub_id",
     "cache_dir",
     "resolve_model_path",
+    "gguf_special_token_ids",
+    "align_special_tokens",
     "load_model",
     "load_tokenizer",
     "tiny_model",
@@ -54,6 +56,57 @@ _LOCAL_GGUF_VARIABLE = "HF_POSEXT_SMOLLM2_GGUF"
 def cache_dir() -> Path:
     """Where converted embedded models live: ``$HF_POSEXT_CACHE`` or ``~/.cache/hf_posext``."""
     return Path(os.environ.get("HF_POSEXT_CACHE", Path.home() / ".cache" / "hf_posext"))
+
+
+#: Tokenizer attribute -> the GGUF metadata key holding that special token's id.
+_GGUF_SPECIAL_TOKENS = {
+    "bos_token": "tokenizer.ggml.bos_token_id",
+    "eos_token": "tokenizer.ggml.eos_token_id",
+    "unk_token": "tokenizer.ggml.unknown_token_id",
+    "pad_token": "tokenizer.ggml.padding_token_id",
+}
+
+
+def gguf_special_token_ids(path: str | os.PathLike) -> dict[str, int]:
+    """The special-token ids a GGUF file declares, by tokenizer attribute (``{"eos_token": 2, ...}``; only
+    those it names)."""
+    from gguf import GGUFReader
+
+    fields = GGUFReader(str(path)).fields
+    ids = {}
+    for name, key in _GGUF_SPECIAL_TOKENS.items():
+        field = fields.get(key)
+        if field is not None and len(field.data):
+            ids[name] = int(field.parts[field.data[0]][0])
+    return ids
+
+
+def align_special_tokens(tokenizer: Any, ids: dict[str, int]) -> dict[str, tuple[str | None, str]]:
+    """Set ``tokenizer``'s special tokens to those ``ids`` name (:func:`gguf_special_token_ids`).
+
+    transformers' GGUF loader does not read them the same in every release: 5.17 builds SmolLM2-135M-Instruct's
+    tokenizer with ``eos_token`` ``<|im_start|>`` and no ``pad_token``, while the file declares ``<|im_end|>`` for
+    both (5.25 reads them as declared). A wrong end-of-sequence token makes a chat answer run on past its end.
+
+    Returns:
+        What changed, ``{attribute: (before, after)}``; empty when the tokenizer already matched.
+
+    Raises:
+        ValueError: an id outside the tokenizer's vocabulary (a damaged file, or another model's).
+    """
+    size = len(tokenizer)
+    for name, index in ids.items():  # every id checked before any is set
+        if not 0 <= index < size:
+            raise ValueError(f"the GGUF file names token id {index} as its {name}, outside the tokenizer's {size} tokens; "
+                             "the file is damaged or not this model's.")
+    changed: dict[str, tuple[str | None, str]] = {}
+    for name, index in ids.items():
+        token = tokenizer.convert_ids_to_tokens(index)
+        before = getattr(tokenizer, name, None)
+        if before != token:
+            setattr(tokenizer, name, token)
+            changed[name] = (before, token)
+    return changed
 
 
 def _convert_embedded(name: str, target: Path) -> None:
@@ -93,6 +146,11 @@ def _convert_embedded(name: str, target: Path) -> None:
         folder, filename = str(gguf_path.parent), gguf_path.name
         logger.warning("Converting %s to float32 safetensors ...", filename)
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
+        changed = align_special_tokens(tokenizer, gguf_special_token_ids(gguf_path))
+        if changed:
+            logger.warning("This transformers release read %s's special tokens unlike its GGUF file declares them; set "
+                           "from the file: %s", filename,
+                           ", ".join(f"{k} {before!r} -> {after!r}" for k, (before, after) in changed.items()))
         quantized = AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename, dtype=torch.float32)
         # A GGUF-loaded model is flagged as quantized and refuses save_pretrained: rebuild it plainly.
         config = AutoConfig.from_pretrained(folder, gguf_file=filename)

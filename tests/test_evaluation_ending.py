@@ -70,5 +70,10 @@ def test_the_card_ending_row_on_a_tiny_model(tmp_path):
     assert set(cells) == {"base, unscaled", "base, yarn ×2"}
     assert all(c["n"] == len(INSTRUCTIONS) and c["reference_ended"] == cells["base, unscaled"]["k"] for c in cells.values())
     assert [s for s in card["skipped"] if s["what"] == "plain: ending" and "no chat template" in s["reason"]]
+    # its own table, not a length column beside the card's lengths
+    markdown = (out / "card.md").read_text()
+    assert "Chat endings: short instructions" in markdown and "| task | row |" not in markdown
+    assert f"| base, yarn ×2 | {cells['base, yarn ×2']['text']} |" in markdown
+    assert "<h2>Chat endings</h2>" in (out / "card.html").read_text()
     stored = json.loads(next((out / "tasks").glob("ending-base-yarn-x2-*.json")).read_text())
     assert len(stored["records"]) == len(INSTRUCTIONS) and stored["budget"] == 128

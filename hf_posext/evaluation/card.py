@@ -504,11 +504,26 @@ def _paired_table(comparisons: Sequence[dict[str, Any]]) -> tuple[list[int], lis
     return lengths, [(task, pair, texts) for (task, pair), texts in lines.items()]
 
 
+def ending_caption(cells: Sequence[dict[str, Any]]) -> str:
+    """What the chat-ending table shows (its prompts' length is not one of the card's lengths)."""
+    longest = max(c["length"] for c in cells)
+    return (f"Chat endings: short instructions in each model's own chat template (prompt and answer within {longest} "
+            f"tokens, at most {ENDING_BUDGET} generated); the answers that end with the end-of-turn token, and of those "
+            "where the base model's answer ends, how many end here too.")
+
+
+def _ending_rows(cells: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:
+    """``(row, text)`` of the ending cells, in row order."""
+    return [(c["row"], c["text"]) for c in sorted(cells, key=lambda c: c["row_index"]) if c.get("kind") == "ending"]
+
+
 def markdown_card(cells: Sequence[dict[str, Any]], skipped: Sequence[dict[str, str]] = ()) -> str:
-    """The card as markdown: one table, task × row × length, then the paired comparisons."""
+    """The card as markdown: one table, task × row × length, then the chat endings and the paired comparisons."""
     marks = beyond_base(cells)
+    ending_cells = [c for c in cells if c.get("kind") == "ending"]
+    cells = [c for c in cells if c.get("kind") != "ending"]
     lengths = sorted({c["length"] for c in cells})
-    lines = ["| task | row | " + " | ".join(format_length(n) for n in lengths) + " |", "|---|---|" + "---:|" * len(lengths)]
+    lines = ["| task | row | " + " | ".join(format_length(n) for n in lengths) + " |", "|---|---|" + "---:|" * len(lengths)] if cells else []
     by_key = {(c["task"], c["row"], c["length"]): c for c in cells}
     seen = []
     for cell in card_rows(cells):
@@ -518,6 +533,9 @@ def markdown_card(cells: Sequence[dict[str, Any]], skipped: Sequence[dict[str, s
         task = cell["task"] + (" (beyond the base model)" if marks.get(cell["task"]) else "")
         texts = [by_key[(cell["task"], cell["row"], n)]["text"] if (cell["task"], cell["row"], n) in by_key else "" for n in lengths]
         lines.append(f"| {task} | {cell['row']} | " + " | ".join(texts) + " |")
+    if ending_cells:
+        lines += ["", ending_caption(ending_cells), "", "| row | answers that end |", "|---|---:|"]
+        lines += [f"| {row} | {text} |" for row, text in _ending_rows(ending_cells)]
     comparisons = paired_comparisons(cells)
     if comparisons:
         paired_lengths, paired = _paired_table(comparisons)
@@ -622,11 +640,13 @@ def write_card(out: str | os.PathLike, cells: Sequence[dict[str, Any]], skipped:
             "skipped": list(skipped)}
     _write_text(out / "card.json", json.dumps(data, indent=1, default=str))
     _write_text(out / "card.md", markdown + "\n")
-    lengths = sorted({c["length"] for c in cells})
-    by_key = {(c["task"], c["row"], c["length"]): c for c in cells}
+    ending_cells = [c for c in cells if c.get("kind") == "ending"]
+    table_cells = [c for c in cells if c.get("kind") != "ending"]
+    lengths = sorted({c["length"] for c in table_cells})
+    by_key = {(c["task"], c["row"], c["length"]): c for c in table_cells}
     body = ["<table><tr><th>task</th><th>row</th>" + "".join(f"<th>{format_length(n)}</th>" for n in lengths) + "</tr>"]
     seen: list[tuple[str, str]] = []
-    for cell in card_rows(cells):
+    for cell in card_rows(table_cells):
         if (cell["task"], cell["row"]) in seen:
             continue
         seen.append((cell["task"], cell["row"]))
@@ -635,6 +655,13 @@ def write_card(out: str | os.PathLike, cells: Sequence[dict[str, Any]], skipped:
                         for n in lengths)
         body.append(f"<tr><td>{html.escape(cell['task'])}{mark}</td><td>{html.escape(cell['row'])}</td>{texts}</tr>")
     body.append("</table>")
+    if not table_cells:
+        body = []
+    if ending_cells:
+        body.append(f"<h2>Chat endings</h2><p>{html.escape(ending_caption(ending_cells))}</p>"
+                    "<table><tr><th>row</th><th>answers that end</th></tr>"
+                    + "".join(f"<tr><td>{html.escape(row)}</td><td>{html.escape(text)}</td></tr>" for row, text in _ending_rows(ending_cells))
+                    + "</table>")
     if comparisons:
         paired_lengths, paired = _paired_table(comparisons)
         body.append(f"<h2>Paired samples</h2><p>{html.escape(PAIRED_CAPTION)}</p><table><tr><th>task</th><th>pair</th>"

@@ -12,7 +12,7 @@ import pytest
 
 from hf_posext.evaluation.card import (
     CardFileError, SampleCache, SampleResults, SampleResultsError, base_reference, beyond_base, card_figure, check_length_budget, combine_cards, earlier_card, method_text,
-    needs_full_budget, paired_comparisons, parse_model_specs, read_sample_records, rewrite_card, row_label,
+    first_budget, needs_full_budget, paired_comparisons, parse_model_specs, read_sample_records, rewrite_card, row_label,
     ruler_cell_fields, sample_cache_key, score_summary, tokenizer_hash, write_card,
 )
 
@@ -137,6 +137,24 @@ def test_short_budget_is_escalated_exactly_when_it_could_change_the_score():
     assert not needs_full_budget(0.0, 9, 24, 128)  # stopped before the budget: the full one stops there too
     assert needs_full_budget(0.0, 24, 24, 128) and needs_full_budget(0.5, 24, 24, 128)
     assert not needs_full_budget(0.0, 128, 128, 128)
+
+
+def test_a_cell_starts_with_the_full_budget_once_generating_again_costs_more_than_the_short_one_saves():
+    """Short first while generating again is rare or cheap (a short prompt); the full budget at once where one more
+    prefill of a long prompt costs more than the decode steps the short budget saves (measured on 2 CPU cores at
+    32768 tokens: 560 s of prefill against 19 s for 128 steps)."""
+    def record(prefill, step, escalated, tokens=24):
+        return {"timing": {"prefill_s": prefill, "generate_s": step * (tokens - 1)}, "generated_tokens": tokens,
+                "escalated": escalated}
+
+    assert first_budget([], 24, 128) == 24  # nothing measured yet
+    assert first_budget([record(560.0, 0.15, True)], 24, 128) == 128
+    # one success only: still (0 + 1) / (1 + 2) = 1/3 expected again, and 1/3 of 579 s is far above 15.6 s saved
+    assert first_budget([record(560.0, 0.15, False)], 24, 128) == 128
+    short_prompt = [record(1.0, 0.05, False), record(1.0, 0.05, False), record(1.0, 0.05, True)]
+    assert first_budget(short_prompt, 24, 128) == 24  # 0.4 x 7.4 s < 5.2 s saved
+    assert first_budget(short_prompt + [record(1.0, 0.05, True)] * 7, 24, 128) == 128  # 0.75 x 7.4 s > 5.2 s
+    assert first_budget([record(560.0, 0.15, True)], 128, 128) == 128 and first_budget([], 200, 128) == 128
 
 
 def test_scores_intervals_and_beyond_the_base_model():

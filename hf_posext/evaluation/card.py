@@ -29,6 +29,7 @@ import json
 import math
 import os
 import random
+import statistics
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +43,7 @@ from hf_posext.evaluation.proportions import Proportion, sign_test_p_value
 __all__ = [
     "RULER_OFFLINE_TASKS", "RULER_DOWNLOAD_TASKS", "CARD_TASKS", "ENDING_BUDGET", "SHORT_BUDGETS", "BEYOND_BASE_THRESHOLD",
     "ModelSpec", "parse_model_specs", "method_text", "row_label", "tokenizer_hash", "sample_cache_key",
-    "SampleCache", "SampleResultsError", "SampleResults", "check_length_budget", "needs_full_budget",
+    "SampleCache", "SampleResultsError", "SampleResults", "check_length_budget", "needs_full_budget", "first_budget",
     "score_summary", "beyond_base", "base_reference", "card_figure", "card_rows", "paired_comparisons", "markdown_card", "write_card",
     "read_sample_records", "ruler_cell_fields", "CardFileError", "rewrite_card", "earlier_card", "combine_cards", "row_identity", "add_card_arguments",
 ]
@@ -401,6 +402,31 @@ def needs_full_budget(score: float, generated_tokens: int, budget: int, full_bud
     the full budget would stop at the same place).
     """
     return budget < full_budget and score < 1 and generated_tokens >= budget
+
+
+def first_budget(records: Sequence[dict[str, Any]], short: int, full: int) -> int:
+    """The budget to generate a cell's next sample with under ``--budget short``: ``short``, or ``full`` once the
+    cell's finished samples show that starting short costs more than it saves.
+
+    Starting short saves ``(full - short)`` decode steps on every sample, and costs a second prefill and ``full``
+    decode steps on each sample that must be generated again (:func:`needs_full_budget`). With ``r`` the share
+    of the cell's samples generated again so far (Laplace's rule: ``(again + 1) / (n + 2)``), ``p`` the prefill's
+    seconds and ``d`` a decode step's (medians over the finished samples), the next sample starts at ``full`` when
+    ``r * (p + full * d) > (full - short) * d``. A long prompt's prefill dwarfs the decode steps: on 2 CPU cores
+    a 32768-token sample's prefill took about 560 s and 128 decode steps 19 s, so a single sample generated again
+    cost more than the short budget saves on 36. The score is the full budget's either way; only time changes.
+    Before any sample has finished, ``short``.
+    """
+    if short >= full:
+        return full
+    timed = [r for r in records if r.get("timing") and r.get("generated_tokens")]
+    if not timed:
+        return short
+    again = sum(bool(r.get("escalated")) for r in records)
+    share = (again + 1) / (len(records) + 2)
+    prefill = statistics.median(float(r["timing"]["prefill_s"]) for r in timed)
+    step = statistics.median(float(r["timing"]["generate_s"]) / max(1, int(r["generated_tokens"]) - 1) for r in timed)
+    return full if share * (prefill + full * step) > (full - short) * step else short
 
 
 # ------------------------------------------------------------------ the card

@@ -38,7 +38,7 @@ from hf_posext.api import describe, patch, unpatch
 from hf_posext.core.request import ScalingRequest, parse_param_items
 from hf_posext.evaluation.card import (
     CARD_TASKS, ENDING_BUDGET, RULER_DOWNLOAD_TASKS, RULER_OFFLINE_TASKS, SHORT_BUDGETS, ModelSpec, SampleCache, SampleResults,
-    check_length_budget, earlier_card, needs_full_budget, parse_model_specs, row_identity, row_label, sample_cache_key, score_summary,
+    check_length_budget, earlier_card, first_budget, needs_full_budget, parse_model_specs, row_identity, row_label, sample_cache_key, score_summary,
     tokenizer_hash, ruler_cell_fields, write_card, markdown_card,
 )
 from hf_posext.integrations.lm_eval.launcher import import_harness
@@ -372,7 +372,9 @@ def run_ruler_cell(lm: Any, task: Any, docs: list[dict[str, Any]], length: int, 
                 continue
             context, gen_kwargs = instance.args
             full = int(gen_kwargs.get("max_gen_toks", lm.max_gen_toks))
-            budget = min(full, SHORT_BUDGETS.get(task_name, full)) if budget_mode == "short" else full
+            short = min(full, SHORT_BUDGETS.get(task_name, full))
+            # short, until the cell's samples show that generating again costs more than starting short saves
+            budget = first_budget(list(results.records.values()), short, full) if budget_mode == "short" else full
             run = _generate(lm, timer, context, gen_kwargs, budget)
             score = float(task.process_results(instance.doc, [run["response"]])[str(length)])
             record = {"doc_id": instance.doc_id, "score": score, "response": run["response"], "budget": budget,

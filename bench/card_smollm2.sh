@@ -29,6 +29,10 @@
 #               the same rows and lengths as cpu/'s): read cpu-harder/card.html.               -> cpu-harder/ (float32)
 #   harder32    ruler_fwe, then niah_single_1, at 32768 for it beside counting32's two rows, 20 samples (SAMPLES,
 #               TASKS; the rows' finished samples are kept, so it extends counting32).          -> cpu-32k/ (float32)
+#   string-offset  a training-free lever for ruler_fwe at 32768, not run yet: the headline model with STRING's
+#               shifted offset at half the length (S = 16384, so the farthest distance it sees is about 16.5k, where it
+#               scores 0.25, instead of about 22k with the paper's S = L/3), beside counting32's rows on the same
+#               samples (paired), 10 samples (SAMPLES, TASKS); never beside another part writing cpu-32k/. -> cpu-32k/
 #   combine     one card from every part that has run: bench/results/card/card.html (+ card.json, card.md, plots).
 #
 # Rows (one --models entry each; the methods after @ are that model's): the original model, unscaled, inside its
@@ -48,11 +52,11 @@
 set -uo pipefail
 # One brace group, read whole before anything runs: an edit made while a part runs cannot change what it does next.
 {
-PARTS="counting|counting32|ending|ruler|ruler-float32|tasks|best32|tasks32|harder|harder32|combine"
+PARTS="counting|counting32|ending|ruler|ruler-float32|tasks|best32|tasks32|harder|harder32|string-offset|combine"
 part=${1:?part: $PARTS}
 PYTHON=${PYTHON:-python}
 R=bench/results/card
-case "$part" in counting|counting32|ending|ruler|ruler-float32|tasks|best32|tasks32|harder|harder32|combine) ;; *) echo "unknown part $part ($PARTS)" >&2; exit 2 ;; esac
+case "$part" in counting|counting32|ending|ruler|ruler-float32|tasks|best32|tasks32|harder|harder32|string-offset|combine) ;; *) echo "unknown part $part ($PARTS)" >&2; exit 2 ;; esac
 if [ "$part" = combine ]; then
   folders=()
   for f in cpu cpu-float32 cpu-tasks cpu-32k cpu-32k-best cpu-32k-tasks ending; do [ -f "$R/$f/card.json" ] && folders+=("$R/$f"); done
@@ -112,6 +116,8 @@ harder)     card --models "base=smollm2-135m@none,fine-tuned=$MERGED@string:1,fi
                  --out $R/cpu-harder ;;
 harder32)   card --models "fine-tuned=$MERGED@string:1,base=smollm2-135m@yarn:4,fine-tuned on harder practice=$HARDER@string:1" \
                  --tasks "${TASKS:-ruler_fwe,niah_single_1}" --lengths 32768 --samples "${SAMPLES:-20}" --out $R/cpu-32k ;;
+string-offset) card --models "fine-tuned S 16384=$MERGED@string:1" --param shifted_offset=16384 --tasks "${TASKS:-ruler_fwe}" \
+                 --lengths 32768 --samples "${SAMPLES:-10}" --out $R/cpu-32k ;;
 tasks32)    card --models "fine-tuned=$MERGED@string:1,base=smollm2-135m@yarn:4;$BEST:4" "${TEXTS[@]}" \
                  --tasks perplexity,passkey,needle --lengths 32768 --samples "${SAMPLES:-10}" --out $R/cpu-32k-tasks ;;
 esac

@@ -540,7 +540,7 @@ def ending_caption(cells: Sequence[dict[str, Any]]) -> str:
 
 def _ending_rows(cells: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:
     """``(row, text)`` of the ending cells, in row order."""
-    return [(c["row"], c["text"]) for c in sorted(cells, key=lambda c: c["row_index"]) if c.get("kind") == "ending"]
+    return [(c["row"], c["text"]) for c in sorted(cells, key=lambda c: c["row_index"])]
 
 
 def markdown_card(cells: Sequence[dict[str, Any]], skipped: Sequence[dict[str, str]] = ()) -> str:
@@ -670,7 +670,7 @@ def write_card(out: str | os.PathLike, cells: Sequence[dict[str, Any]], skipped:
     table_cells = [c for c in cells if c.get("kind") != "ending"]
     lengths = sorted({c["length"] for c in table_cells})
     by_key = {(c["task"], c["row"], c["length"]): c for c in table_cells}
-    body = ["<table><tr><th>task</th><th>row</th>" + "".join(f"<th>{format_length(n)}</th>" for n in lengths) + "</tr>"]
+    body = ["<table><tr><th>task</th><th>row</th>" + "".join(f"<th>{format_length(n)}</th>" for n in lengths) + "</tr>"] if table_cells else []
     seen: list[tuple[str, str]] = []
     for cell in card_rows(table_cells):
         if (cell["task"], cell["row"]) in seen:
@@ -680,9 +680,8 @@ def write_card(out: str | os.PathLike, cells: Sequence[dict[str, Any]], skipped:
         texts = "".join(f"<td>{html.escape(by_key[(cell['task'], cell['row'], n)]['text']) if (cell['task'], cell['row'], n) in by_key else ''}</td>"
                         for n in lengths)
         body.append(f"<tr><td>{html.escape(cell['task'])}{mark}</td><td>{html.escape(cell['row'])}</td>{texts}</tr>")
-    body.append("</table>")
-    if not table_cells:
-        body = []
+    if table_cells:
+        body.append("</table>")
     if ending_cells:
         body.append(f"<h2>Chat endings</h2><p>{html.escape(ending_caption(ending_cells))}</p>"
                     "<table><tr><th>row</th><th>answers that end</th></tr>"

@@ -27,14 +27,16 @@
 # samples there have a key of their own (cdedcae441eb3275, not 8fd158b1639fb0cb): compare GPU rows with GPU rows.
 #
 # The next GPU session (15 device minutes, 10 per call; a machine takes about a minute to start). The card first
-# (issue: 50 samples a task at every length), resuming bench/results/card/gpu/ (2026-12-04: the headline model's
-# ruler_fwe at 32768, 49 of 50; the original's at 2048, 25 of 50):
+# (issue: 50 samples a task at every length), resuming bench/results/card/gpu/ (2026-12-04: ruler_fwe at 32768 is
+# done for the headline model and yarn x4, 50 each; the original model's ruler_fwe at 2048 has 25 of 50 under the
+# tokenizer key of before the eos fix, cdedcae441eb3275: the card refuses to extend it, so move that file aside before
+# a call that runs it):
 #   here:    bash bench/gpu_carry.sh slim && bash bench/gpu_carry.sh      (prints the calls: 2 on 2026-12-04)
 #   call 1 (carry p1 + whl, timeout 60):  nvidia-smi                       (the first part and the wheels land)
 #   call 2 (carry p2, at once: the machine goes back 30 s after a call; timeout 570):
-#     BOOKS=$PWD/data/books STAGE_TIMEOUT=500 CARD_ROWS='fine-tuned=@MERGED@@string:1,base=smollm2-135m@yarn:4' \
-#       CARD_TASKS=ruler_fwe,niah_single_1,niah_multikey_2 CARD_LENGTHS=32768 bash bench/gpu_session.sh card $OUT/c
-#     (yarn x4 beside the headline's 49 ruler_fwe samples: the paired comparison; about 100 samples a call)
+#     BOOKS=$PWD/data/books STAGE_TIMEOUT=510 CARD_ROWS='fine-tuned=@MERGED@@string:1,base=smollm2-135m@yarn:4' \
+#       CARD_TASKS=niah_single_1,niah_multikey_2 CARD_LENGTHS=32768 bash bench/gpu_session.sh card $OUT/c
+#     (the two needle tasks that count, paired; about 100 samples a call, so a third call finishes them)
 #   here:    tar xzf <files_at>/c/card.tgz; bash bench/gpu_carry.sh restore; commit bench/results/card/gpu/.
 # The other stages, in a later session (their results beside each benchmark's, bench/results/<script>/:
 # OUT/gpu_checks_cuda.json into bench/results/gpu_checks/, OUT/dca_cost_cuda.json into bench/results/dca_cost/, ...):

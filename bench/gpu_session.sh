@@ -24,7 +24,8 @@
 # a call; paths hidden by .git/info/exclude alone do not). `bash bench/gpu_carry.sh restore` before committing.
 # Stages that need the model assemble it from .gpu_carry/ once the last part is there. The image's transformers
 # (5.17 on 2026-12-04) builds a tokenizer whose hash differs from the CPU runs' 5.25 one, so the card's RULER
-# samples there have a key of their own (cdedcae441eb3275, not 8fd158b1639fb0cb): compare GPU rows with GPU rows.
+# samples there have a key of their own (a3e28c527ffcc3aa since SmolLM2's eos and pad are set from its GGUF file,
+# cdedcae441eb3275 before; 8fd158b1639fb0cb on the CPU): compare GPU rows with GPU rows.
 #
 # The next GPU session (15 device minutes, 10 per call; a machine takes about a minute to start). The card first
 # (issue: 50 samples a task at every length), resuming bench/results/card/gpu/ (2026-12-04: ruler_fwe at 32768 is
@@ -37,6 +38,10 @@
 #     BOOKS=$PWD/data/books STAGE_TIMEOUT=510 CARD_ROWS='fine-tuned=@MERGED@@string:1,base=smollm2-135m@yarn:4' \
 #       CARD_TASKS=niah_single_1,niah_multikey_2 CARD_LENGTHS=32768 bash bench/gpu_session.sh card $OUT/c
 #     (the two needle tasks that count, paired; about 100 samples a call, so a third call finishes them)
+#   call 3 (carry p2, timeout 400), a training-free lever for ruler_fwe at 32768 (both practice changes left the gap):
+#     STRING's shifted offset at L/2 on the headline model, paired with the two rows' 50 samples:
+#     BOOKS=$PWD/data/books STAGE_TIMEOUT=340 CARD_ROWS='fine-tuned S 16384=@MERGED@@string:1' \
+#       CARD_PARAM=shifted_offset=16384 CARD_TASKS=ruler_fwe CARD_LENGTHS=32768 bash bench/gpu_session.sh card $OUT/c
 #   here:    tar xzf <files_at>/c/card.tgz; bash bench/gpu_carry.sh restore; commit bench/results/card/gpu/.
 # The other stages, in a later session (their results beside each benchmark's, bench/results/<script>/:
 # OUT/gpu_checks_cuda.json into bench/results/gpu_checks/, OUT/dca_cost_cuda.json into bench/results/dca_cost/, ...):
@@ -243,7 +248,9 @@ card)
   # CARD_ROWS, CARD_TASKS, CARD_LENGTHS narrow one call to the cells that matter most (a 10-minute call does
   # not hold the whole card), e.g. the headline model and yarn x4 at 32768 on the tasks that count:
   #   CARD_ROWS='fine-tuned=@MERGED@@string:1,base=smollm2-135m@yarn:4' CARD_TASKS=ruler_fwe,niah_single_1 CARD_LENGTHS=32768
-  # (@MERGED@ stands for the headline model's merged folder, built here from its committed adapter).
+  # (@MERGED@ stands for the headline model's merged folder, built here from its committed adapter). CARD_PARAM: one
+  # --param for every method of the call's rows, e.g. CARD_PARAM=shifted_offset=16384 with
+  # CARD_ROWS='fine-tuned S 16384=@MERGED@@string:1' (bench/card_smollm2.sh string-offset's row).
   inputs
   F=${CARD_RESULTS:-$R/card/gpu}; BEST=${BEST:-dynamic-ntk}; DTYPE=${DTYPE:-bfloat16}
   merged() { VARIANT=$1 PYTHON=$PYTHON MODEL=$MODEL bash bench/finetune_retrieval_cpu.sh merge | tail -1; }
@@ -256,7 +263,7 @@ card)
   save() { tar czf "$OUT/card.tgz" "$F"; }
   cli eval card --models "$ROWS" \
       --tasks "${CARD_TASKS:-perplexity,passkey,needle,ruler}" --lengths "${CARD_LENGTHS:-2048,4096,8192,$L2,$L4}" \
-      --samples ${SAMPLES:-50} --skip-over-window \
+      --samples ${SAMPLES:-50} --skip-over-window ${CARD_PARAM:+--param "$CARD_PARAM"} \
       $G --dtype "$DTYPE" --ppl-data "$BOOKS/austen-emma.txt" --haystack "$BOOKS/melville-moby_dick.txt" \
       --sample-cache $R/card/ruler-samples --out "$F" --no-progress > "$OUT/card.log" 2>&1
   echo "card exit $?"; save

@@ -735,3 +735,17 @@ def test_skip_over_window_lists_the_cells_past_a_rows_window(tiny_folder, tmp_pa
     (skipped,) = [s for s in card["skipped"] if s["what"].startswith("base, unscaled")]
     assert f"window {LENGTH}" in skipped["reason"], skipped
 
+
+
+def test_a_tiny_test_model_is_refused_for_ruler_in_one_line(tmp_path, capsys):
+    """The tiny test models keep their tokenizer in memory only; lm-eval draws RULER samples from a saved one, so
+    the card names the fix instead of the hub's repo-id error."""
+    pytest.importorskip("lm_eval")
+    from hf_posext.cli import main
+
+    out = tmp_path / "card"
+    code = main(["eval", "card", "--models", "tiny:llama:1024", "--lengths", "512", "--tasks", "ruler_fwe",
+                 "--samples", "1", "--out", str(out), "--no-progress"])
+    error = capsys.readouterr().err.strip()
+    assert code != 0 and "tiny:llama:1024" in error and "save_pretrained(DIR)" in error and len(error.splitlines()) == 1, error
+    assert not out.exists()

@@ -423,9 +423,14 @@ def _parse_tasks(text: str) -> list[str]:
 
 
 def _tokenizer_path(spec: ModelSpec) -> str:
+    """The folder or hub name lm-eval reads the row's tokenizer from (RULER samples are drawn with it)."""
     from hf_posext.core.loading import check_tokenizer_files
     from hf_posext.models import resolve_model_path
 
+    if spec.model == "tiny" or spec.model.startswith("tiny:"):
+        raise ValueError(f"{spec.model}: the RULER tasks need a model whose tokenizer is saved (lm-eval draws the samples "
+                         "with it) and the tiny test models have none; save one to a folder (tiny_model(...).save_pretrained(DIR) "
+                         "and a tokenizer beside it) and pass DIR, or run the card's other tasks on it.")
     path = resolve_model_path(spec.model)
     check_tokenizer_files(path, spec.model)
     return path

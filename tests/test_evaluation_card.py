@@ -336,6 +336,19 @@ def test_combining_cards_refuses_overlapping_or_ambiguous_input_before_writing(t
     assert (out / "card.json").read_bytes() == before
 
 
+def test_rows_keep_the_earlier_cards_order_and_new_rows_follow_their_neighbour():
+    from hf_posext.evaluation.card import in_row_order, merged_row_order
+
+    assert merged_row_order([], ["b", "a"]) == {"b": 0, "a": 1}  # a first run: its own order
+    assert merged_row_order(["base", "yarn", "ntk", "tuned"], ["yarn", "tuned"]) == {"base": 0, "yarn": 1, "ntk": 2, "tuned": 3}
+    assert merged_row_order(["base", "yarn"], ["yarn", "new", "base"]) == {"base": 0, "yarn": 1, "new": 2}
+    assert merged_row_order(["base", "yarn"], ["new"]) == {"new": 0, "base": 1, "yarn": 2}
+    cells = [{"row": "yarn", "row_index": 0}, {"row": "base", "row_index": 1}, {"row": "other", "row_index": 2}]
+    placed, settings = in_row_order(cells, {"rows": [{"label": "yarn"}, {"label": "base"}], "x": 1}, {"base": 0, "yarn": 1})
+    assert [(c["row"], c["row_index"]) for c in placed] == [("yarn", 1), ("base", 0), ("other", 4)]
+    assert [r["label"] for r in settings["rows"]] == ["base", "yarn"] and settings["x"] == 1
+
+
 def test_a_run_into_a_card_folder_keeps_the_earlier_cells_it_does_not_cover(tmp_path):
     """A second run into the same --out with other tasks, rows or lengths keeps the first run's cells on the card
     (each with its own samples and dtype, its row after the new run's rows), drops those it covers; a damaged
@@ -651,8 +664,11 @@ def test_card_end_to_end_on_the_tiny_model(tiny_folder, tmp_path):
     # ... and the card it writes keeps the unscaled row's cells of the first run, read again from their files
     kept = json.loads((out / "card.json").read_text())
     assert sorted((c["task"], c["row"], c["n"]) for c in kept["cells"]) == sorted((c["task"], c["row"], c["n"]) for c in card["cells"])
-    assert {c["row_index"] for c in kept["cells"] if c["row"] == "base, unscaled"} == {1}  # after this run's one row
-    assert {c["row_index"] for c in kept["cells"] if c["row"] == "base, yarn ×2"} == {0}
+    # ... with its rows where they were: a run of some rows does not reorder the card (nor flip its pairs)
+    assert {c["row_index"] for c in kept["cells"] if c["row"] == "base, unscaled"} == {0}
+    assert {c["row_index"] for c in kept["cells"] if c["row"] == "base, yarn ×2"} == {1}
+    assert [r["label"] for r in kept["settings"]["rows"]] == ["base, unscaled", "base, yarn ×2"]
+    assert [(p["first"], p["second"]) for p in kept["paired"]] == [(p["first"], p["second"]) for p in card["paired"]]
     # a row given another label resumes the files written under the old one (nothing computed again), and the card
     # shows their cells once, under the new label
     renamed = [*yarn_only[:3], f"renamed={tiny_folder}", *yarn_only[4:]]

@@ -45,7 +45,8 @@ __all__ = [
     "ModelSpec", "parse_model_specs", "method_text", "row_label", "tokenizer_hash", "sample_cache_key",
     "SampleCache", "SampleResultsError", "SampleResults", "check_length_budget", "needs_full_budget", "first_budget",
     "score_summary", "beyond_base", "base_reference", "card_figure", "card_rows", "paired_comparisons", "markdown_card", "write_card",
-    "read_sample_records", "ruler_cell_fields", "CardFileError", "rewrite_card", "earlier_card", "combine_cards", "row_identity", "add_card_arguments",
+    "read_sample_records", "ruler_cell_fields", "CardFileError", "rewrite_card", "earlier_card", "merged_row_order",
+    "card_row_labels", "in_row_order", "combine_cards", "row_identity", "add_card_arguments",
 ]
 
 #: The RULER tasks of lm-eval that generate their samples locally (no download).
@@ -804,6 +805,48 @@ def _card_cells(folder: Path) -> tuple[list[dict[str, Any]], list[dict[str, str]
         used.add(found.resolve())
     cells.extend(_running_cells(folder, cells, settings, used, listed))
     return cells, skipped, settings
+
+
+def merged_row_order(earlier: Sequence[str], now: Sequence[str]) -> dict[str, int]:
+    """Row positions for a card that a run writes over an earlier one: the earlier card's order kept, each of the
+    run's other labels right after the label before it in the run (at the top where it has none).
+
+    A run of a subset of the rows (e.g. the extended rows at one more length) then leaves the card's rows, and
+    which row of a pair comes first, where they were; a first run gets its own order.
+    """
+    order = list(dict.fromkeys(earlier))
+    previous = None
+    for label in now:
+        if label not in order:
+            order.insert(order.index(previous) + 1 if previous is not None else 0, label)
+        previous = label
+    return {label: index for index, label in enumerate(order)}
+
+
+def card_row_labels(folder: str | os.PathLike) -> list[str]:
+    """The row labels of the card in ``folder``, in its order; none where there is no card yet.
+
+    Raises:
+        CardFileError: ``card.json`` is damaged (named, with the fix).
+    """
+    folder = Path(folder)
+    if not (folder / "card.json").is_file():
+        return []
+    rows = _read_card(folder)["settings"].get("rows") or []
+    return [str(row["label"]) for row in rows if isinstance(row, dict) and "label" in row]
+
+
+def in_row_order(cells: Sequence[dict[str, Any]], settings: dict[str, Any],
+                 position: dict[str, int]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """``cells`` and ``settings["rows"]`` with rows placed by ``position`` (:func:`merged_row_order`); a label it
+    lacks keeps its place after them."""
+    def where(label: str, index: int) -> int:
+        return position.get(label, len(position) + index)
+
+    placed = [{**cell, "row_index": where(cell["row"], int(cell.get("row_index", 0)))} for cell in cells]
+    rows = list(settings.get("rows") or [])
+    rows = [row for _, row in sorted(enumerate(rows), key=lambda item: where(str(item[1].get("label")), item[0]))]
+    return placed, {**settings, "rows": rows}
 
 
 def earlier_card(folder: str | os.PathLike, labels: Sequence[str],

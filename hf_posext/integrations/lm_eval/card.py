@@ -38,7 +38,7 @@ from hf_posext.api import describe, patch, unpatch
 from hf_posext.core.request import ScalingRequest, parse_param_items
 from hf_posext.evaluation.card import (
     CARD_TASKS, ENDING_BUDGET, RULER_DOWNLOAD_TASKS, RULER_OFFLINE_TASKS, SHORT_BUDGETS, ModelSpec, SampleCache, SampleResults,
-    check_length_budget, earlier_card, first_budget, needs_full_budget, parse_model_specs, row_identity, row_label, sample_cache_key, score_summary,
+    card_row_labels, check_length_budget, earlier_card, first_budget, in_row_order, merged_row_order, needs_full_budget, parse_model_specs, row_identity, row_label, sample_cache_key, score_summary,
     tokenizer_hash, ruler_cell_fields, write_card, markdown_card,
 )
 from hf_posext.integrations.lm_eval.launcher import import_harness
@@ -604,6 +604,12 @@ def run_card(args: Any) -> int:
     covered = {(task, row.label, length) for task in [*(t for t in tasks if t != "ruler"), *ruler] for row in rows for length in lengths}
     covered |= {("ending", row.label, None) for row in rows if "ending" in tasks}
     carried, carried_skipped, carried_rows = earlier_card(out, [row.label for row in rows], covered)
+    # the rows stay where the earlier card had them (a run of some of its rows does not reorder the card)
+    position = merged_row_order(card_row_labels(out), [row.label for row in rows])
+
+    def write(cells: list[dict[str, Any]], skipped_now: list[dict[str, str]], settings_now: dict[str, Any]) -> dict[str, Path]:
+        placed, placed_settings = in_row_order(cells, settings_now, position)
+        return write_card(out, placed, skipped_now, placed_settings)
     # a row relabelled since the earlier run (the same model and scaling) resumes that run's samples
     # (Row.sample_path): the cells this run covers are its own now, not an earlier row's to show beside it
     labels_now = {row_identity(row.spec.key, row.report): row.label for row in rows}
@@ -637,7 +643,7 @@ def run_card(args: Any) -> int:
     if "ending" in tasks:
         cells.extend(_ending_cells(rows, args, skipped))
     if plans:
-        write_card(out, cells + carried + waiting(cells), _merged(skipped, carried_skipped), settings(partial=True))
+        write(cells + carried + waiting(cells), _merged(skipped, carried_skipped), settings(partial=True))
 
     if plans:
         from hf_posext.integrations.lm_eval.model import PosextHFLM
@@ -669,12 +675,12 @@ def run_card(args: Any) -> int:
             cells.append({"task": task_name, "kind": "ruler", "row": row.label, "row_index": row.index, "length": length,
                           "base": row.base, "in_window": length <= row.window, "sample_key": key, "source": str(results.path),
                           **ruler_cell_fields(results.records, len(docs))})
-            write_card(out, cells + carried + waiting(cells), _merged(skipped, carried_skipped),
+            write(cells + carried + waiting(cells), _merged(skipped, carried_skipped),
                        settings(partial=True))  # a long run shows what it has so far
         held = None
         gc.collect()
 
-    paths = write_card(out, cells + carried, _merged(skipped, carried_skipped), settings(partial=False))
+    paths = write(cells + carried, _merged(skipped, carried_skipped), settings(partial=False))
     print(markdown_card(cells + carried, _merged(skipped, carried_skipped)))
     print(f"\ncard: {paths['html']} (+ {paths['json'].name}, {paths['markdown'].name}, plots); {time.time() - started:.0f} s")
     return 0

@@ -13,8 +13,9 @@
 #   ending      the chat-ending row: 16 instructions in the model's chat template, both fine-tunes. -> ending/ (float32)
 #   ruler       the six offline RULER tasks, every row, 2048-16384, 20 samples (resumes counting). -> cpu/ (bfloat16)
 #               GRID=floor: only the floor's three rows at 16384 (yarn x4, BEST x4, fine-tuned + string), the
-#               way to the floor on a CPU with native bfloat16 (4-5x faster there than float32 on an AVX2 one);
-#               the original model's own cells stay ruler-float32's.
+#               way to the floor on a CPU with native bfloat16 (a 16384-token sample: 80-100 s on an AMD EPYC
+#               with AVX-512 BF16, against 114 s in float32 on one without); GRID=base: the original model on
+#               niah_single_1 and ruler_fwe at 2048-8192 (its other four tasks are ruler-float32's).
 #   ruler-float32  the four RULER tasks the original model cannot do inside its window
 #               (niah_multikey_2/3, ruler_vt, ruler_cwe) on the floor's grid, for a CPU without native
 #               bfloat16: the original model at 2048/4096/8192 first (where each task's ability ends),
@@ -38,7 +39,8 @@
 #               shifted offset at half the length (S = 16384, so the farthest distance it sees is about 16.5k, where it
 #               scores 0.25, instead of about 22k with the paper's S = L/3), beside counting32's rows on the same
 #               samples (paired), 10 samples (SAMPLES, TASKS); never beside another part writing cpu-32k/. -> cpu-32k/
-#   combine     one card from every part that has run: bench/results/card/card.html (+ card.json, card.md, plots).
+#   combine     one card from every part that has run: bench/results/card/card.html (+ card.json, card.md, plots),
+#               and FLOOR.md: every cell the issue's sample floor needs, with what it has (bench/card_floor.py).
 #
 # Rows (one --models entry each; the methods after @ are that model's): the original model, unscaled, inside its
 # 8192 window (2048/4096/8192: where each task's ability ends; longer lengths are listed as skipped, over the
@@ -53,7 +55,8 @@
 # sample with the same responses (bench/results/cpu_retrieval_dtype/).
 # Environment: MERGED (default: the retrieval-varied merge), BEST (default dynamic-ntk), PYTHON, SAMPLES, TASKS
 # (counting32, harder32), BOOKS, GRID (ruler-float32 and tasks: base = the original model's cells only, floor = the
-# three rows at 16384 only, default both, in that order; ruler: floor = the three rows at 16384 only).
+# three rows at 16384 only, default both, in that order; ruler: floor = the three rows at 16384 only, base =
+# the original model's niah_single_1 and ruler_fwe).
 set -uo pipefail
 # One brace group, read whole before anything runs: an edit made while a part runs cannot change what it does next.
 {
@@ -65,7 +68,8 @@ case "$part" in counting|counting32|ending|ruler|ruler-float32|tasks|best32|task
 if [ "$part" = combine ]; then
   folders=()
   for f in cpu cpu-float32 cpu-tasks cpu-32k cpu-32k-best cpu-32k-tasks ending; do [ -f "$R/$f/card.json" ] && folders+=("$R/$f"); done
-  exec "$PYTHON" -m hf_posext.cli report "${folders[@]}" --out "$R"
+  "$PYTHON" -m hf_posext.cli report "${folders[@]}" --out "$R" || exit
+  exec "$PYTHON" bench/card_floor.py --card "$R/card.json"   # what the sample floor still needs: $R/FLOOR.md
 fi
 # BOOKS: a folder with austen-emma.txt and melville-moby_dick.txt for the perplexity and needle cells (default: the
 # lab's public-domain books where they are; elsewhere, as in a clone, the CLI's built-in text, said in one line).
@@ -106,6 +110,9 @@ ending)     card --models "base=smollm2-135m@none;yarn:4,fine-tuned=$MERGED@stri
                  --tasks ending --lengths 2048 --out $R/ending ;;
 ruler)      if [ "${GRID:-all}" = floor ]; then   # the floor's three rows at 16384 only (the original model's cells: cpu-float32/)
               card --models "$FLOOR_ROWS" --tasks ruler --lengths 16384 --samples "${SAMPLES:-20}" --out $R/cpu
+            elif [ "${GRID:-all}" = base ]; then  # the original model on the two tasks cpu/ holds for it (the other four: cpu-float32/)
+              card --models "$BASE_ROW" --tasks niah_single_1,ruler_fwe --lengths 2048,4096,8192 --samples "${SAMPLES:-20}" \
+                   --skip-over-window --out $R/cpu
             else
               card --models "$ALL_ROWS" --tasks ruler --lengths 2048,4096,8192,16384 --samples "${SAMPLES:-20}" --skip-over-window \
                    --out $R/cpu

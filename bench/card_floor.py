@@ -1,0 +1,116 @@
+"""How far is the SmolLM2 report card from its sample floor? Reads a card.json, writes what is missing.
+
+    python bench/card_floor.py                     # bench/results/card/card.json -> bench/results/card/FLOOR.md
+    python bench/card_floor.py --card bench/results/card/gpu/card.json --floor 50 --floor-32k 50 --out -
+
+The floor (the card's issue, "CPU floor"): every task at least ``--floor`` samples (20) for the original model
+inside its window (2048, 4096, 8192) and for yarn x4, the best training-free method x4 and the fine-tuned
+headline model at 16384; at 32768 at least ``--floor-32k`` (10) for the headline model and yarn x4. Two cells
+may be left out: at 32768 a task marked "beyond the base model" (the card's own mark), and the training-free row
+on a task where it scored 0 at 16384. A cell the card lists as skipped (over the model's window) is not needed.
+Perplexity counts as one cell (its segments are capped by the text, not by ``--floor``).
+
+Reads the card only (run ``bash bench/card_smollm2.sh combine`` first for the parts' latest samples); no
+model is loaded. The table lists every cell the floor needs with what it has, so a session knows which part
+to run next.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+TASKS = ("perplexity", "passkey", "needle", "niah_single_1", "niah_multikey_2", "niah_multikey_3", "ruler_vt",
+         "ruler_cwe", "ruler_fwe")
+BASE, YARN, BEST, HEADLINE = "base, unscaled", "base, yarn ×4", "base, dynamic-ntk ×4", "fine-tuned, yarn ×4 + string"
+
+
+def floor_cells(card: dict[str, Any], *, floor: int = 20, floor_32k: int = 10, base: str = BASE, yarn: str = YARN,
+                best: str = BEST, headline: str = HEADLINE) -> list[dict[str, Any]]:
+    """Every cell the floor needs: ``{"task", "row", "length", "have", "need", "why"}``; ``have >= need`` where met.
+
+    ``why`` says where a cell is not needed ("over the window", "beyond the base model", "0 at 16384"): those
+    have ``need`` 0.
+    """
+    cells = {(c["task"], c["row"], c["length"]): c for c in card.get("cells", [])}
+    skipped = {item.get("what") for item in card.get("skipped", [])}
+    beyond = {task for task, mark in (card.get("beyond_base_model") or {}).items() if mark}
+
+    def have(task: str, row: str, length: int) -> int:
+        cell = cells.get((task, row, length))
+        if cell is None:
+            return 0
+        return 1 if task == "perplexity" else int(cell.get("n") or 0)
+
+    out = []
+
+    def add(task: str, row: str, length: int, need: int) -> None:
+        why = ""
+        if f"{row}: {task} at {length}" in skipped:
+            need, why = 0, "over the window"
+        elif length == 32768 and task in beyond:
+            need, why = 0, "beyond the base model"
+        elif length == 32768 and row != headline and (task, row, 16384) in cells and task != "perplexity" \
+                and float(cells[(task, row, 16384)].get("mean") or 0) == 0 and have(task, row, 16384) >= floor:
+            need, why = 0, "0 at 16384"
+        out.append({"task": task, "row": row, "length": length, "have": have(task, row, length),
+                    "need": 1 if task == "perplexity" and need else need, "why": why})
+
+    for task in TASKS:
+        for length in (2048, 4096, 8192):
+            add(task, base, length, floor)
+        for row in (yarn, best, headline):
+            add(task, row, 16384, floor)
+        for row in (headline, yarn):
+            add(task, row, 32768, floor_32k)
+    return out
+
+
+def markdown(cells: list[dict[str, Any]], source: str) -> str:
+    missing = [c for c in cells if c["have"] < c["need"]]
+    samples = sum(c["need"] - c["have"] for c in missing if c["task"] != "perplexity")
+    lines = [f"# The card's sample floor: {len(cells) - len(missing)} of {len(cells)} cells met",
+             "",
+             f"From `{source}` (`python bench/card_floor.py`). Missing: {len(missing)} cells, {samples} samples"
+             " (perplexity counts as one cell).",
+             "",
+             "| task | row | length | have | need | |",
+             "|---|---|---:|---:|---:|---|"]
+    for c in cells:
+        state = c["why"] or ("met" if c["have"] >= c["need"] else "missing")
+        lines.append(f"| {c['task']} | {c['row']} | {c['length']} | {c['have']} | {c['need']} | {state} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--card", default="bench/results/card/card.json", help="a card.json (default: the combined SmolLM2 card)")
+    parser.add_argument("--floor", type=int, default=20, help="samples a cell up to 16384 (default 20; the GPU's: 50)")
+    parser.add_argument("--floor-32k", type=int, default=10, help="samples a cell at 32768 (default 10)")
+    parser.add_argument("--best", default=BEST, help=f"the best training-free row's label (default {BEST!r})")
+    parser.add_argument("--out", default=None, help="where to write the Markdown table (default FLOOR.md beside the card; - prints it)")
+    args = parser.parse_args(argv)
+    path = Path(args.card)
+    try:
+        card = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        print(f"card_floor: cannot read {path} ({error}); run `bash bench/card_smollm2.sh combine` first", file=sys.stderr)
+        return 2
+    cells = floor_cells(card, floor=args.floor, floor_32k=args.floor_32k, best=args.best)
+    text = markdown(cells, str(path))
+    if args.out == "-":
+        sys.stdout.write(text)
+        return 0
+    out = Path(args.out) if args.out else path.with_name("FLOOR.md")
+    partial = out.with_name(out.name + ".partial")
+    partial.write_text(text)
+    partial.replace(out)
+    print(text.splitlines()[0].lstrip("# ") + f": {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

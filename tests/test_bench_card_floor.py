@@ -1,0 +1,51 @@
+"""bench/card_floor.py: the cells the card's sample floor needs, with what the card has; the cells the floor lets
+a card leave out (beyond the base model at 32768, a training-free row that scored 0 at 16384, over the window)."""
+
+from __future__ import annotations
+
+import json
+
+from tests.bench_helpers import load_bench_script
+
+
+def _card() -> dict:
+    floor = load_bench_script("card_floor")
+    cells = [{"task": "niah_single_1", "row": floor.HEADLINE, "length": 16384, "n": 20, "mean": 1.0},
+             {"task": "niah_single_1", "row": floor.YARN, "length": 16384, "n": 19, "mean": 0.9},
+             {"task": "ruler_cwe", "row": floor.YARN, "length": 16384, "n": 20, "mean": 0.0},
+             {"task": "niah_multikey_2", "row": floor.YARN, "length": 16384, "n": 20, "mean": 0.0},
+             {"task": "perplexity", "row": floor.BASE, "length": 2048, "n": 8, "mean": 27.5}]
+    return {"cells": cells, "skipped": [{"what": f"{floor.BASE}: ruler_fwe at 8192", "reason": "over its window"}],
+            "beyond_base_model": {"ruler_cwe": True, "niah_multikey_2": False}}
+
+
+def test_the_floor_lists_each_cell_with_what_the_card_has():
+    floor = load_bench_script("card_floor")
+    cells = {(c["task"], c["row"], c["length"]): c for c in floor.floor_cells(_card())}
+    assert len(cells) == 9 * 8  # 9 tasks x (3 in-window + 3 rows at 16384 + 2 rows at 32768)
+    assert cells[("niah_single_1", floor.HEADLINE, 16384)] == {
+        "task": "niah_single_1", "row": floor.HEADLINE, "length": 16384, "have": 20, "need": 20, "why": ""}
+    assert cells[("niah_single_1", floor.YARN, 16384)]["have"] == 19  # one short: missing
+    assert cells[("perplexity", floor.BASE, 2048)]["have"] == cells[("perplexity", floor.BASE, 2048)]["need"] == 1
+    assert cells[("niah_single_1", floor.YARN, 32768)]["need"] == 10
+    # what the floor lets a card leave out
+    assert cells[("ruler_fwe", floor.BASE, 8192)]["why"] == "over the window" and cells[("ruler_fwe", floor.BASE, 8192)]["need"] == 0
+    assert cells[("ruler_cwe", floor.HEADLINE, 32768)]["why"] == "beyond the base model"
+    assert cells[("niah_multikey_2", floor.YARN, 32768)] == {
+        "task": "niah_multikey_2", "row": floor.YARN, "length": 32768, "have": 0, "need": 0, "why": "0 at 16384"}
+    # ... never the headline model's own cell, nor a task that counts where the row scored above 0
+    assert cells[("niah_multikey_2", floor.HEADLINE, 32768)]["need"] == 10
+    assert cells[("niah_single_1", floor.YARN, 32768)]["need"] == 10
+
+
+def test_the_table_is_written_beside_the_card_and_a_missing_card_is_named(tmp_path, capsys):
+    floor = load_bench_script("card_floor")
+    card = tmp_path / "card.json"
+    card.write_text(json.dumps(_card()))
+    assert floor.main(["--card", str(card)]) == 0
+    text = (tmp_path / "FLOOR.md").read_text()
+    assert text.startswith("# The card's sample floor: 8 of 72 cells met")  # 4 with their samples, 4 that the floor leaves out
+    assert "| niah_single_1 | base, yarn ×4 | 16384 | 19 | 20 | missing |" in text
+    assert not list(tmp_path.glob("*.partial"))
+    assert floor.main(["--card", str(tmp_path / "none.json")]) == 2
+    assert "bench/card_smollm2.sh combine" in capsys.readouterr().err

@@ -105,10 +105,16 @@ def test_a_corrupt_results_file_is_named_never_reused(tmp_path):
     with pytest.raises(SampleResultsError, match="line 2 has score 7"):
         SampleResults(path, header)
     path.write_text("\n".join(lines) + "\n")
-    with pytest.raises(SampleResultsError, match="another cell's samples"):
+    # refused in one line that names what differs, not two whole headers
+    with pytest.raises(SampleResultsError, match=r"another cell's samples \(length is \d+ in the file, 16 in this run\)") as refused:
         SampleResults(path, {**header, "length": 16})
-    with pytest.raises(SampleResultsError, match="another cell's samples"):
+    assert len(str(refused.value).splitlines()) == 1 and "move the file away" in str(refused.value)
+    with pytest.raises(SampleResultsError, match=r"another cell's samples \(dtype is in this run only\)"):
         SampleResults(path, {**header, "dtype": "bfloat16"})
+    keyed = tmp_path / "keyed.jsonl"
+    SampleResults(keyed, {**header, "sample_key": {"tokenizer": "cdedcae4", "seed": 0}}).add({"doc_id": 0, "score": 1.0, "response": "x"})
+    with pytest.raises(SampleResultsError, match=r"\(sample_key.tokenizer is 'cdedcae4' in the file, 'a3e28c52' in this run\)"):
+        SampleResults(keyed, {**header, "sample_key": {"tokenizer": "a3e28c52", "seed": 0}})
     # the row's label only presents the cell: a file written under another label is the same cell
     assert sorted(SampleResults(path, {**header, "row": "r, renamed"}).records) == [0, 1]
 

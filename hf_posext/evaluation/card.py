@@ -46,6 +46,7 @@ __all__ = [
     "SampleCache", "SampleResultsError", "SampleResults", "check_length_budget", "needs_full_budget", "first_budget",
     "score_summary", "beyond_base", "base_reference", "card_figure", "card_rows", "paired_comparisons", "markdown_card", "write_card",
     "read_sample_records", "ruler_cell_fields", "CardFileError", "rewrite_card", "earlier_card", "merged_row_order",
+    "header_differences",
     "card_row_labels", "in_row_order", "combine_cards", "row_identity", "add_card_arguments",
 ]
 
@@ -280,8 +281,9 @@ class SampleResults:
         if number == 1:
             value = _json_line(self.path, number, line)
             if _identity(value) != _identity(self.header):
-                raise SampleResultsError(f"{self.path} holds another cell's samples (its header {value!r} is not "
-                                         f"{self.header!r}); move it away.")
+                differences = header_differences(_identity(value), _identity(self.header))
+                raise SampleResultsError(f"{self.path} holds another cell's samples ({'; '.join(differences)}); move the "
+                                         "file away to compute this cell anew, or run with the settings it was made with.")
             return
         value = _sample_line(self.path, number, line)
         self.records[int(value["doc_id"])] = value
@@ -310,6 +312,23 @@ class SampleResults:
 #: Header fields that only present a cell (its row's label): a file whose header differs in them alone holds
 #: the same cell's samples (a label written by an older release reads as the same row).
 _PRESENTATION_FIELDS = ("row",)
+
+
+def header_differences(there: Any, here: Any, field: str = "", most: int = 3) -> list[str]:
+    """Where two sample-file headers differ, as ``"FIELD is A in the file, B in this run"`` (nested fields dotted:
+    ``sample_key.tokenizer``), at most ``most`` of them, so that a refusal names what changed in one line."""
+    if not (isinstance(there, dict) and isinstance(here, dict)):
+        return [] if there == here else [f"{field or 'the header'} is {there!r} in the file, {here!r} in this run"]
+    found: list[str] = []
+    for key in sorted(set(there) | set(here), key=str):
+        name = f"{field}.{key}" if field else str(key)
+        if key not in there or key not in here:
+            found.append(f"{name} is {'in this run only' if key not in there else 'in the file only'}")
+        else:
+            found += header_differences(there[key], here[key], name, most)
+        if len(found) >= most:
+            break
+    return found[:most]
 
 
 def _identity(header: Any) -> Any:

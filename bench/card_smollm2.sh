@@ -108,7 +108,9 @@ counting32) card --models "fine-tuned=$MERGED@string:1,base=smollm2-135m@yarn:4"
                  --lengths 32768 --samples "${SAMPLES:-10}" --out $R/cpu-32k ;;
 ending)     card --models "base=smollm2-135m@none;yarn:4,fine-tuned=$MERGED@string:1,fine-tuned on harder practice=$HARDER@string:1" \
                  --tasks ending --lengths 2048 --out $R/ending ;;
-ruler)      if [ "${GRID:-all}" = floor ]; then   # the floor's three rows at 16384 only (the original model's cells: cpu-float32/)
+ruler)
+            # GRID=floor: the floor's three rows at 16384 only; GRID=base: the original model's two tasks here
+            if [ "${GRID:-all}" = floor ]; then
               card --models "$FLOOR_ROWS" --tasks ruler --lengths 16384 --samples "${SAMPLES:-20}" --out $R/cpu
             elif [ "${GRID:-all}" = base ]; then  # the original model on the two tasks cpu/ holds for it (the other four: cpu-float32/)
               card --models "$BASE_ROW" --tasks niah_single_1,ruler_fwe --lengths 2048,4096,8192 --samples "${SAMPLES:-20}" \

@@ -46,8 +46,7 @@ __all__ = [
     "SampleCache", "SampleResultsError", "SampleResults", "check_length_budget", "needs_full_budget", "first_budget",
     "score_summary", "beyond_base", "base_reference", "card_figure", "card_rows", "paired_comparisons", "markdown_card", "write_card",
     "read_sample_records", "ruler_cell_fields", "CardFileError", "rewrite_card", "earlier_card", "merged_row_order",
-    "header_differences",
-    "card_row_labels", "in_row_order", "combine_cards", "row_identity", "add_card_arguments",
+    "card_row_labels", "in_row_order", "header_differences", "combine_cards", "row_identity", "add_card_arguments",
 ]
 
 #: The RULER tasks of lm-eval that generate their samples locally (no download).

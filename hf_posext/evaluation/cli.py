@@ -208,13 +208,12 @@ def _run_task(task: str, args: argparse.Namespace) -> int:
 def _check_prompt_lengths(task: str, args: argparse.Namespace, lengths: list[int]) -> None:
     """Refuse a length too short for the task's prompts before the weights load (only the tokenizer is read)."""
     from hf_posext.evaluation.arguments import parse_floats
-    from hf_posext.evaluation.loading import AsciiTokenizer
+    from hf_posext.evaluation.loading import AsciiTokenizer, is_tiny_model_name
     from hf_posext.evaluation.needle import check_needle_lengths
     from hf_posext.evaluation.passkey import check_passkey_lengths
     from hf_posext.models import load_tokenizer
 
-    tiny = args.model == "tiny" or args.model.startswith("tiny:")  # as load_model_and_tokenizer reads it
-    tokenizer = AsciiTokenizer() if tiny else load_tokenizer(args.model)
+    tokenizer = AsciiTokenizer() if is_tiny_model_name(args.model) else load_tokenizer(args.model)
     check = check_passkey_lengths if task == "passkey" else check_needle_lengths
     check(tokenizer, lengths, parse_floats(args.depths, "depth"), args.trials, args.seed, args.max_new_tokens)
 

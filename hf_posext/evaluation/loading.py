@@ -6,7 +6,7 @@ from typing import Any, Sequence
 
 import torch
 
-__all__ = ["AUTO_DTYPE", "AsciiTokenizer", "auto_dtype_note", "check_device_name", "check_dtype_name", "cpu_has_native_bfloat16", "evaluation_dtype", "load_model_and_tokenizer"]
+__all__ = ["AUTO_DTYPE", "AsciiTokenizer", "auto_dtype_note", "check_device_name", "check_dtype_name", "cpu_has_native_bfloat16", "evaluation_dtype", "is_tiny_model_name", "load_model_and_tokenizer"]
 
 #: ``--dtype auto``: the dtype each evaluation task runs in where none is given (:func:`evaluation_dtype`).
 AUTO_DTYPE = "auto"
@@ -118,6 +118,11 @@ def _dtype(dtype: str | torch.dtype) -> torch.dtype:
     return value
 
 
+def is_tiny_model_name(name: str) -> bool:
+    """Whether ``name`` asks for the tiny random test model (``tiny``, ``tiny:FAMILY``, ``tiny:FAMILY:WINDOW``)."""
+    return name == "tiny" or name.startswith("tiny:")
+
+
 def load_model_and_tokenizer(
     name: str,
     *,
@@ -159,7 +164,7 @@ def load_model_and_tokenizer(
         from hf_posext.adapters import check_adapter
 
         check_adapter(adapter, name)  # the base and scaling it was trained on, before anything loads
-    if name == "tiny" or name.startswith("tiny:"):
+    if is_tiny_model_name(name):
         _, family, window = (name.split(":") + ["", ""])[:3]
         overrides = {}
         if window:

@@ -425,9 +425,10 @@ def _parse_tasks(text: str) -> list[str]:
 def _tokenizer_path(spec: ModelSpec) -> str:
     """The folder or hub name lm-eval reads the row's tokenizer from (RULER samples are drawn with it)."""
     from hf_posext.core.loading import check_tokenizer_files
+    from hf_posext.evaluation.loading import is_tiny_model_name
     from hf_posext.models import resolve_model_path
 
-    if spec.model == "tiny" or spec.model.startswith("tiny:"):
+    if is_tiny_model_name(spec.model):
         raise ValueError(f"{spec.model}: the RULER tasks need a model whose tokenizer is saved (lm-eval draws the samples "
                          "with it) and the tiny test models have none; save one to a folder (tiny_model(...).save_pretrained(DIR) "
                          "and a tokenizer beside it) and pass DIR, or run the card's other tasks on it.")
@@ -680,7 +681,8 @@ def run_card(args: Any) -> int:
         held = None
         gc.collect()
 
-    paths = write(cells + carried, _merged(skipped, carried_skipped), settings(partial=False))
-    print(markdown_card(cells + carried, _merged(skipped, carried_skipped)))
+    final, final_settings = in_row_order(cells + carried, settings(partial=False), position)
+    paths = write_card(out, final, _merged(skipped, carried_skipped), final_settings)
+    print(markdown_card(final, _merged(skipped, carried_skipped)))  # the card.md just written
     print(f"\ncard: {paths['html']} (+ {paths['json'].name}, {paths['markdown'].name}, plots); {time.time() - started:.0f} s")
     return 0

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from hf_posext.evaluation.card import (
+    relabelled_rows,
     CardFileError, SampleCache, SampleResults, SampleResultsError, base_reference, beyond_base, card_figure, check_length_budget, combine_cards, earlier_card, method_text,
     first_budget, needs_full_budget, paired_comparisons, parse_model_specs, read_sample_records, rewrite_card, row_label,
     ruler_cell_fields, sample_cache_key, score_summary, tokenizer_hash, write_card,
@@ -454,6 +455,21 @@ def test_a_relabelled_row_finds_its_sample_files_by_model_method_dtype_and_devic
         assert other != old and "new-name" in other.name
     (folder / old.name.replace("old-name", "older-name")).write_text("")
     assert "new-name" in row("new name").sample_path(folder, "ruler_fwe", 4096, "float32", "cpu").name
+
+
+def test_a_row_measured_again_under_another_label_is_relabelled_but_not_one_with_other_method_parameters():
+    """A run into a card folder takes over an earlier row it measures again under a new label (its cells are the
+    run's now); a row of the same model and method with another parameter (STRING's shifted offset) is a row of
+    its own, and the earlier row stays on the card beside it."""
+    report = {"method": "string", "factor": 1.0, "current_window": 32768, "original_window": 32768,
+              "params": {"shifted_offset": 24576, "local_value": 128}}
+    earlier = [{"label": "fine-tuned", "model": "m", "report": report},
+               {"label": "yarn", "model": "base", "report": {"method": "yarn", "factor": 4.0}}]
+    assert relabelled_rows(earlier, [{"label": "tuned, string", "model": "m", "report": dict(report)}]) == {"fine-tuned": "tuned, string"}
+    offset = {**report, "params": {**report["params"], "shifted_offset": 16384}}
+    assert relabelled_rows(earlier, [{"label": "fine-tuned S 16384", "model": "m", "report": offset}]) == {}
+    assert relabelled_rows(earlier, [{"label": "fine-tuned", "model": "m", "report": report}]) == {}  # the same label
+    assert relabelled_rows(earlier, [{"label": "other model", "model": "n", "report": report}]) == {}
 
 
 def test_a_cell_still_running_is_shown_with_the_samples_it_has(tmp_path):

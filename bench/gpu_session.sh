@@ -276,10 +276,13 @@ card)
   ;;
 string)
   # one attention call, SmolLM2 shapes, S = 2703, w = 128: SDPA vs STRING prefill (target <= 2x) and one
-  # decode step, in the same run. Resumable: rerun the stage and the lengths already in the JSON are skipped.
+  # decode step, in the same run; string_split's prefill also at query blocks of 512 (the library's), 1024 and 2048
+  # (the card's STRING prefill on the H200 was about 100x SDPA's at 32768: kernel launches per block, or the
+  # kernels?). Resumable: rerun the stage and the lengths already in the JSON are skipped.
   # CPU smoke: DEVICE=cpu STRING_LENGTHS=1024,2048 STRING_DTYPE=float32 bash bench/gpu_session.sh string OUT
   timeout "$T" "$PYTHON" bench/string_cost.py --device "${DEVICE:-cuda}" --dtype "${STRING_DTYPE:-bfloat16}" --no-eager \
-      --repeats 5 --lengths "${STRING_LENGTHS:-8192,16384,32768}" --out "$OUT/string_cost_${DEVICE:-cuda}.json"
+      --repeats 5 --lengths "${STRING_LENGTHS:-8192,16384,32768}" \
+      --split-blocks "${STRING_BLOCKS:-512,1024,2048}" --out "$OUT/string_cost_${DEVICE:-cuda}.json"
   echo "string_cost exit $?"
   ;;
 *) echo "unknown stage $stage (checks|train|quality|q65k|longest|cost|finetune|adapters|trainingfree|string)" >&2; exit 2 ;;

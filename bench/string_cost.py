@@ -44,7 +44,8 @@ if not HELP_ONLY:  # `--help` answers without loading torch (tests/test_bench_he
 
 def _settings(args) -> dict:
     return {"device": args.device, "dtype": args.dtype, "shifted_offset": args.shifted_offset,
-            "local_value": args.local_value, "repeats": args.repeats, "eager": args.eager}
+            "local_value": args.local_value, "repeats": args.repeats, "eager": args.eager,
+            **({"split_blocks": args.split_blocks} if args.split_blocks else {})}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,6 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--no-eager", dest="eager", action="store_false", help="skip eager prefill (its n x n scores)")
+    parser.add_argument("--split-blocks", default="",
+                        help="also time string_split's prefill at these query-block sizes (comma-separated; the library's "
+                             "default is shifted_positions.SPLIT_QUERY_BLOCK): many small blocks cost kernel launches on a GPU")
     parser.add_argument("--threads", type=int, help="CPU threads (default: torch's)")
     parser.add_argument("--fresh", action="store_true", help="ignore the lengths already in --out")
     parser.add_argument("--out", help="JSON path (default bench/results/string_cost/string_cost_<device>.json)")
@@ -95,8 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     scaling = dim ** -0.5
     inv_freq = 1.0 / (1e5 ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
     module = SimpleNamespace(num_key_value_groups=heads // kv_heads, is_causal=True, training=False)
-    module._hf_posext_string = shifted_positions.StringLayerSettings(
+    layer = module._hf_posext_string = shifted_positions.StringLayerSettings(
         inv_freq, dim, False, args.shifted_offset, args.local_value, 1.0, "sdpa")
+    blocks = [int(v) for v in args.split_blocks.split(",") if v]
     generator = torch.Generator().manual_seed(0)
     for n in lengths:
         if any(row["length"] == n for row in result["rows"]):
@@ -114,6 +119,9 @@ def main(argv: list[str] | None = None) -> int:
             "string_step": lambda: shifted_positions.string_attention(module, q[:, :, -1:], k, v, None, scaling=scaling,
                                                                       position_ids=last),
         }
+        for block in blocks:  # string_split alone (the registered function adds one host sync): prefill only
+            calls[f"string_split_b{block}_prefill"] = (
+                lambda block=block: shifted_positions.string_split(q, k, v, None, 0, layer, scaling, block=block))
         if args.eager:
             causal = torch.full((n, n), torch.finfo(dtype).min, device=args.device, dtype=dtype).triu(1)[None, None]
             calls["eager_prefill"] = lambda: eager_attention_forward(module, q, k, v, causal, scaling=scaling)
@@ -157,6 +165,13 @@ def main(argv: list[str] | None = None) -> int:
             f"{cell(row, 'string_step_ms', 3)} | {cell(row, 'string_step_ratio', 2)} | "
             f"{cell(row, 'sdpa_step_kernels', 0)} / {cell(row, 'string_step_kernels', 0)} | {cell(row, 'string_step_syncs', 0)} |"
         )
+    blocks_timed = sorted({int(key[len("string_split_b"):-len("_prefill_ms")]) for row in result["rows"] for key in row
+                           if key.startswith("string_split_b") and key.endswith("_prefill_ms")})
+    if blocks_timed:
+        lines += ["", "`string_split` prefill alone by query-block size (ms; a block is at most S queries):", "",
+                  "| length | " + " | ".join(f"block {b}" for b in blocks_timed) + " |", "|---|" + "---|" * len(blocks_timed)]
+        for row in result["rows"]:
+            lines.append(f"| {row['length']} | " + " | ".join(cell(row, f"string_split_b{b}_prefill_ms", 1) for b in blocks_timed) + " |")
     table = "\n".join(lines)
     out.with_suffix(".md").write_text(table + "\n")
     print(table)

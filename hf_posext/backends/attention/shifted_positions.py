@@ -13,9 +13,9 @@ key as it is, so the key cache is read as it is and no key is ever rotated again
 
 Cost. While every distance is below S nothing changes (the SDPA path calls transformers' SDPA function).
 Past it, on the SDPA path, each block of queries runs attention calls merged exactly by their
-log-sum-exp (:func:`string_split`): up to five calls per block of queries, of which only two small
-``[block, block]`` triangles carry a mask (the rest is the causal diagonal and two unmasked ranges), and
-one rotation of the queries. A decode step (a few
+log-sum-exp (:func:`string_split`): up to six fused calls per block of queries, none with a mask (the
+causal diagonal, two unmasked ranges and the keys seen partly exact, partly shifted as two causal squares),
+and one rotation of the queries; with a padding mask, two ``[block, block]`` bands carry it instead. A decode step (a few
 queries, :func:`string_explicit`) scores the query twice against the key cache (exact and shifted), picks
 per key with one ``where``, then one softmax and one matmul with the values: no host synchronisation,
 the shift rotation's factors built once per layer. The eager path, a logit cap, training and per-row
@@ -74,8 +74,10 @@ _STATE_ATTRIBUTE = "_hf_posext_string_state"
 _LABEL = "STRING"
 #: Score elements materialised at once on the explicit path (~256 MB in float32).
 SCORE_BLOCK_ELEMENTS = 1 << 26
-#: Queries per block on the fused path.
-SPLIT_QUERY_BLOCK = 512
+#: Queries per block on the fused path (at most S). Without masks the block size hardly changes the work (2 CPU
+#: cores, 16384 tokens: 6.2 s at 512, 6.5 s at 2048, 6.0 s at 2703, ``bench/string_cost.py --split-blocks``), but
+#: each block costs a few dozen small operations, which dominate on a GPU: few large blocks.
+SPLIT_QUERY_BLOCK = 4096
 #: Calls with at most this many queries (decoding) skip the fused path (no host synchronisation).
 DECODE_QUERIES = 16
 
@@ -201,6 +203,33 @@ def string_explicit(
     return torch.cat(outputs, dim=2).transpose(1, 2).contiguous()
 
 
+def _triangle_parts(call, block_query: torch.Tensor, block_shifted: torch.Tensor, rows: slice, edge: int, near: int) -> list:
+    """The keys ``[edge, near)`` that a block of queries sees partly exact, partly shifted, as causal calls without a
+    mask (:func:`string_split`; no attention mask).
+
+    With n queries and m = ``near - edge`` keys (m <= n - 1), query r sees key c exactly when c >= r - (n - 1 - m),
+    shifted otherwise. So the shifted keys of the last m queries form a causal square (query r sees keys up to
+    r - (n - m)); the exact keys of the m queries before the last form the same square with queries and keys in
+    reverse order; the queries before those see every key exactly (an unmasked call); the last query sees none of
+    them exactly. Each part comes back padded to the block's n rows (output 0, log-sum-exp -inf where it has none).
+    """
+    n, m = rows.stop - rows.start, near - edge
+    padded = []
+
+    def pad(output: torch.Tensor, lse: torch.Tensor, first: int) -> None:
+        after = n - first - output.shape[2]
+        padded.append((torch.nn.functional.pad(output, (0, 0, first, after)),
+                       torch.nn.functional.pad(lse, (first, after), value=float("-inf"))))
+
+    pad(*call(block_shifted[:, :, n - m:], slice(rows.stop - m, rows.stop), edge, near, causal=True), n - m)
+    output, lse = call(block_query[:, :, n - 1 - m:n - 1].flip(2), slice(rows.stop - 1 - m, rows.stop - 1), edge, near,
+                       causal=True, flip=True)
+    pad(output.flip(2), lse.flip(2), n - 1 - m)
+    if n - 1 - m > 0:
+        pad(*call(block_query[:, :, :n - 1 - m], slice(rows.start, rows.start + n - 1 - m), edge, near), 0)
+    return padded
+
+
 def string_split(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -222,13 +251,14 @@ def string_split(
 
     * ``[a, b)``, the block's diagonal: true q, causal (no explicit mask);
     * ``[b - S, a)``: true q, within S of every query (no mask);
-    * ``[a - S + 1, b - S)``: true q where ``j > i - S``, shifted q where ``j <= i - S`` (two calls with a
-      ``[block, block]`` mask each);
+    * ``[a - S + 1, b - S)``: true q where ``j > i - S``, shifted q where ``j <= i - S``: two causal squares,
+      one with queries and keys reversed (:func:`_triangle_parts`), or with a padding mask two calls with a
+      ``[block, block]`` mask each;
     * ``[0, a - S + 1)``: shifted q, at least S from every query (no mask).
 
-    Almost all the work runs in fused kernels without a mask; only two small triangles per block are
-    masked. The reference code does the same with two flash-attention calls (a sliding window and a
-    shifted causal pass). With a bool ``attention_mask`` (padding) each set takes its slice.
+    All the work runs in fused kernels without a mask (with a padding mask, two small bands per block carry
+    it). The reference code does the same with two flash-attention calls (a sliding window and a shifted
+    causal pass). With a bool ``attention_mask`` (padding) each set takes its slice.
 
     Args: as :func:`string_explicit`; ``attention_mask`` None or bool ``[batch, 1, q_len, kv_len]``.
 
@@ -246,9 +276,12 @@ def string_split(
     def index(position: int) -> int:
         return min(max(position - first_key_position, 0), kv_len)
 
-    def call(q: torch.Tensor, rows: slice, low: int, high: int, causal: bool = False, band: torch.Tensor | None = None):
+    def call(q: torch.Tensor, rows: slice, low: int, high: int, causal: bool = False, band: torch.Tensor | None = None,
+             flip: bool = False):
         rows_n = rows.stop - rows.start
         k, v = key[:, :, low:high], value[:, :, low:high]
+        if flip:  # query and key order reversed: a causal call then sees, per query, the keys from its own on
+            k, v = k.flip(2), v.flip(2)
         mask = None if attention_mask is None else attention_mask[:, :, rows, low:high]
         if band is not None:
             mask = band[None, None] if mask is None else mask & band
@@ -272,7 +305,9 @@ def string_split(
         parts = [call(block_query, rows, diagonal, end, causal=True)]
         if near < diagonal:
             parts.append(call(block_query, rows, near, diagonal))
-        if edge < near:
+        if edge < near and attention_mask is None:
+            parts += _triangle_parts(call, block_query, block_shifted, rows, edge, near)
+        elif edge < near:
             query_at = torch.arange(a, b, device=key.device)[:, None]
             key_at = torch.arange(edge, near, device=key.device)[None, :] + first_key_position
             exact = key_at > query_at - shift

@@ -5,6 +5,8 @@ outcome depends on the device:
 
 - Self-Extend's cached generation against a full recompute (SDPA and eager), and its SDPA path
   against its eager path;
+- STRING's cached generation against a full recompute, its SDPA path (the prefill's fused calls merged by
+  log-sum-exp) against its eager path (explicit scores), and ``unpatch`` giving back the exact logits;
 - Dual Chunk Attention's cached generation against a full recompute (SDPA and eager: the prefill runs
   the fused calls merged by log-sum-exp — PyTorch's CUDA flash / memory-efficient kernels on a GPU —
   and the decode steps the explicit pass), its SDPA path against its eager path, and ``unpatch``
@@ -40,8 +42,11 @@ from typing import Any
 
 HELP_ONLY = __name__ == "__main__" and any(arg in ("-h", "--help") for arg in sys.argv[1:])
 if not HELP_ONLY:  # `--help` answers without loading torch (tests/test_bench_help.py)
+    from pathlib import Path
+
     import torch
 
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's hf_posext, installed or not
     import hf_posext
     from hf_posext.models import tiny_model
 
@@ -59,6 +64,9 @@ STOCK_ROPE = {
 #: Dual Chunk Attention on the 64-token tiny model: chunks of 24 - 4 = 20 tokens, so 120 tokens span six
 #: chunks and every kind of position index (intra, successive, inter) is used.
 DCA = {"factor": 4, "chunk_size": 24, "local_window": 4}
+#: STRING on the 64-token tiny model: distances from 40 on shifted, so the 90-token prefix runs string_split in
+#: blocks of 40 queries (the first one clamped at the first key, the others whole causal squares).
+STRING = {"factor": 2, "shifted_offset": 40, "local_value": 8}
 
 
 def position_sensitive_model(device: str, **overrides: Any) -> torch.nn.Module:
@@ -120,6 +128,7 @@ def run_checks(device: str) -> list[dict]:
     attention_methods = {
         "self-extend": ({"group_size": 3, "neighbor_window": 10}, "self-extend: SDPA path vs eager path", False),
         "dca": (DCA, "dca: SDPA path (fused calls, log-sum-exp merge) vs eager path (explicit scores)", True),
+        "string": (STRING, "string: SDPA path (causal squares, log-sum-exp merge) vs eager path (explicit scores)", True),
     }
     for method, (settings, paths_check, check_unpatch) in attention_methods.items():
         by_implementation = {}

@@ -38,12 +38,16 @@
 #     BOOKS=$PWD/data/books STAGE_TIMEOUT=440 CARD_ROWS='fine-tuned=@MERGED@@string:1,base=smollm2-135m@yarn:4' \
 #       CARD_TASKS=niah_multikey_2 CARD_LENGTHS=32768 bash bench/gpu_session.sh card $OUT/c
 #     (the third task that counts, paired; niah_single_1's 100 samples took 325 s in run 18)
-#   call 3 (carry p2, timeout 240): STRING's prefill against SDPA, one attention call (no weights; run 18's card
-#     samples showed STRING's prefill at 32768 about 100 times SDPA's on CUDA, 1.2-1.3 times on the CPU):
-#     STAGE_TIMEOUT=200 bash bench/gpu_session.sh string $OUT
+#   call 3 (carry p2, timeout 300): STRING's fused prefill checked on CUDA (the causal squares, new since run 18;
+#     tiny models, seconds), then its cost against SDPA, one attention call (no weights; run 18's card samples showed
+#     STRING's prefill at 32768 about 100 times SDPA's on CUDA, 1.2-1.3 times on the CPU):
+#     timeout 60 python3 bench/gpu_checks.py --out $OUT/gpu_checks_cuda.json
+#     STAGE_TIMEOUT=220 bash bench/gpu_session.sh string $OUT
+#     (call 2's niah_multikey_2 samples record the whole model's prefill per sample too: STRING against yarn x4's SDPA)
 #   here:    tar xzf <files_at>/c/card.tgz (the last card call's: it holds the earlier calls' cells while the machine
-#            stayed warm between them); bash bench/gpu_carry.sh restore; commit bench/results/card/gpu/ and
-#            $OUT/string_cost_cuda.json into bench/results/string_cost/.
+#            stayed warm between them); bash bench/gpu_carry.sh restore; commit bench/results/card/gpu/,
+#            $OUT/string_cost_cuda.json into bench/results/string_cost/ and $OUT/gpu_checks_cuda.json into
+#            bench/results/gpu_checks/.
 # The other stages, in a later session (their results beside each benchmark's, bench/results/<script>/:
 # OUT/gpu_checks_cuda.json into bench/results/gpu_checks/, OUT/dca_cost_cuda.json into bench/results/dca_cost/, ...):
 # checks (no weights), adapters, finetune, cost, trainingfree.
@@ -276,9 +280,10 @@ card)
   ;;
 string)
   # one attention call, SmolLM2 shapes, S = 2703, w = 128: SDPA vs STRING prefill (target <= 2x) and one
-  # decode step, in the same run; string_split's prefill also at query blocks of 512 (the library's), 1024 and 2048
-  # (the card's STRING prefill on the H200 was about 100x SDPA's at 32768: kernel launches per block, or the
-  # kernels?). Resumable: rerun the stage and the lengths already in the JSON are skipped.
+  # decode step, in the same run; string_split's prefill also at query blocks of 512, 1024 and 2048 (the library's
+  # is 4096, at most S: 2703 here). The card's STRING prefill on the H200 was about 100x SDPA's at 32768 (run 18 of
+  # bench/results/card/HISTORY.md, 512-query blocks with two masked calls each, before the causal-square split):
+  # per-block operations, or the kernels? Resumable: rerun the stage and the lengths already in the JSON are skipped.
   # CPU smoke: DEVICE=cpu STRING_LENGTHS=1024,2048 STRING_DTYPE=float32 bash bench/gpu_session.sh string OUT
   timeout "$T" "$PYTHON" bench/string_cost.py --device "${DEVICE:-cuda}" --dtype "${STRING_DTYPE:-bfloat16}" --no-eager \
       --repeats 5 --lengths "${STRING_LENGTHS:-8192,16384,32768}" \

@@ -22,7 +22,7 @@ def test_every_check_passes_on_cpu_with_a_margin_and_is_written(tmp_path):
     with pytest.warns(UserWarning, match="stored in torch.bfloat16"):  # the bf16 check casts a model
         failures = script.main(["--device", "cpu", "--out", str(out)])
     results = json.loads(out.read_text())["results"]
-    assert failures == 0 and len(results) == 15
+    assert failures == 0 and len(results) == 20
     assert all(r["passed"] and r["margin"] >= 100 for r in results)
     names = " / ".join(r["check"] for r in results)
     assert "cached generation vs full recompute" in names and "unpatch restores the exact logits" in names
@@ -73,7 +73,31 @@ def test_a_cache_that_drops_the_attention_method_fails_the_cache_checks(monkeypa
     monkeypatch.setattr(script, "cached_logits", cached_without_the_method)
     results = script.run_checks("cpu")
     assert _failed(results) == {f"{method} {implementation}: cached generation vs full recompute"
-                                for method in ("self-extend", "dca") for implementation in ("sdpa", "eager")}
+                                for method in ("self-extend", "dca", "string") for implementation in ("sdpa", "eager")}
+
+
+def test_string_causal_squares_in_key_order_fail_the_string_path_check(monkeypatch):
+    """The fused prefill's exact square left in reversed order (its output not flipped back): the SDPA path
+    disagrees with the eager one and with its own cached decode steps (explicit scores)."""
+    import torch
+
+    from hf_posext.backends.attention import shifted_positions
+
+    script = load_bench_script("gpu_checks")
+    real_flip = torch.Tensor.flip
+
+    def triangles_unflipped(call, block_query, block_shifted, rows, edge, near):
+        def call_kept(q, rows_, low, high, causal=False, band=None, flip=False):
+            output, lse = call(q, rows_, low, high, causal=causal, band=band, flip=flip)
+            # flipped once more here, so that the helper's flip back leaves them reversed
+            return (real_flip(output, 2), real_flip(lse, 2)) if flip else (output, lse)
+        return real_triangles(call_kept, block_query, block_shifted, rows, edge, near)
+
+    real_triangles = shifted_positions._triangle_parts
+    monkeypatch.setattr(shifted_positions, "_triangle_parts", triangles_unflipped)
+    results = [r for r in script.run_checks("cpu") if r["check"].startswith("string")]
+    assert _failed(results) == {"string sdpa: cached generation vs full recompute",
+                                "string: SDPA path (causal squares, log-sum-exp merge) vs eager path (explicit scores)"}
 
 
 def test_dca_index_sets_off_by_one_fail_the_dca_path_check(monkeypatch):

@@ -137,7 +137,7 @@ harder)     card --models "base=smollm2-135m@none,fine-tuned=$MERGED@string:1,fi
                  --out $R/cpu-harder ;;
 harder32)   card --models "fine-tuned=$MERGED@string:1,base=smollm2-135m@yarn:4,fine-tuned on harder practice=$HARDER@string:1" \
                  --tasks "${TASKS:-ruler_fwe,niah_single_1}" --lengths 32768 --samples "${SAMPLES:-20}" --out $R/cpu-32k ;;
-string-offset) card --models "fine-tuned S 16384=$MERGED@string:1" --param shifted_offset=16384 --tasks "${TASKS:-ruler_fwe}" \
+string-offset) card --models "fine-tuned=$MERGED@string:1" --param shifted_offset=16384 --tasks "${TASKS:-ruler_fwe}" \
                  --lengths 32768 --samples "${SAMPLES:-10}" --out $R/cpu-32k ;;
 tasks32)    card --models "fine-tuned=$MERGED@string:1,base=smollm2-135m@yarn:4;$BEST:4" "${TEXTS[@]}" \
                  --tasks perplexity,passkey,needle --lengths 32768 --samples "${SAMPLES:-10}" --out $R/cpu-32k-tasks ;;

@@ -255,7 +255,7 @@ card)
   #   CARD_ROWS='fine-tuned=@MERGED@@string:1,base=smollm2-135m@yarn:4' CARD_TASKS=ruler_fwe,niah_single_1 CARD_LENGTHS=32768
   # (@MERGED@ stands for the headline model's merged folder, built here from its committed adapter). CARD_PARAM: one
   # --param for every method of the call's rows, e.g. CARD_PARAM=shifted_offset=16384 with
-  # CARD_ROWS='fine-tuned S 16384=@MERGED@@string:1' (bench/card_smollm2.sh string-offset's row).
+  # CARD_ROWS='fine-tuned=@MERGED@@string:1' (bench/card_smollm2.sh string-offset's row).
   inputs
   F=${CARD_RESULTS:-$R/card/gpu}; BEST=${BEST:-dynamic-ntk}; DTYPE=${DTYPE:-bfloat16}
   merged() { VARIANT=$1 PYTHON=$PYTHON MODEL=$MODEL bash bench/finetune_retrieval_cpu.sh merge | tail -1; }

@@ -49,6 +49,11 @@ def tiny_folder(tmp_path_factory) -> str:
 def test_row_labels_read_like_a_sentence_and_name_a_saved_scaling():
     assert row_label("fine-tuned", {"method": "yarn+string", "factor": 4.0}) == "fine-tuned, yarn ×4 + string"
     assert method_text({"method": "none", "factor": 1.0}) == "unscaled"
+    # a parameter the run asked for tells two rows of one method apart
+    assert row_label("fine-tuned", {"method": "yarn+string", "factor": 4.0}, {"shifted_offset": 16384}) == (
+        "fine-tuned, yarn ×4 + string (shifted_offset 16384)")
+    assert row_label("base", {"method": "yarn", "factor": 4.0}, {"beta_fast": 16.0, "beta_slow": 2}) == (
+        "base, yarn ×4 (beta_fast 16, beta_slow 2)")
     # a model whose scaling lives in its config is described by that scaling, never "x1"
     assert method_text({"method": "yarn", "factor": 4.0}) == "yarn ×4"
     specs = parse_model_specs("smollm2-135m,tuned=runs/r/merged,smollm2-135m+runs/r/adapter")

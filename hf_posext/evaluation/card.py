@@ -151,9 +151,12 @@ def method_text(report: dict[str, Any]) -> str:
     return " + ".join([f"{parts[0]} ×{float(report.get('factor') or 1):g}", *parts[1:]])
 
 
-def row_label(spec_name: str, report: dict[str, Any]) -> str:
-    """``"fine-tuned, yarn ×4 + string"``."""
-    return f"{spec_name}, {method_text(report)}"
+def row_label(spec_name: str, report: dict[str, Any], params: dict[str, Any] | None = None) -> str:
+    """``"fine-tuned, yarn ×4 + string"``; with the parameters a run asked for (``--param``), after it in
+    brackets: ``"fine-tuned, yarn ×4 + string (shifted_offset 16384)"``, so that two rows of one method differ."""
+    asked = ", ".join(f"{name} {value:g}" if isinstance(value, float) else f"{name} {value}"
+                      for name, value in sorted((params or {}).items()))
+    return f"{spec_name}, {method_text(report)}" + (f" ({asked})" if asked else "")
 
 
 # ------------------------------------------------------------------ the RULER sample cache

@@ -202,11 +202,12 @@ class Row:
     @property
     def label(self) -> str:
         """``"fine-tuned, yarn ×4 + string"``: an attention method patched on a model whose frequency scaling
-        lives in its config is named with that scaling, which it runs on."""
+        lives in its config is named with that scaling, which it runs on; parameters the run asked for follow
+        (``"fine-tuned, yarn ×4 + string (shifted_offset 16384)"``)."""
         report, saved = self.report, self.saved or {}
         if report.get("kind") == "attention" and saved.get("kind") == "rope" and (saved.get("method") or "none") != "none":
             report = {**report, "method": f"{saved['method']}+{report['method']}", "factor": saved.get("factor")}
-        return row_label(self.spec.name, report)
+        return row_label(self.spec.name, report, dict(self.request.params) if self.request else None)
 
     @property
     def window(self) -> int:

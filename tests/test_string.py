@@ -196,6 +196,35 @@ def test_kernels_take_a_padding_mask():
     assert real > SHIFT  # the shift is exercised
 
 
+def test_blocks_that_write_out_their_scores_stay_bounded(monkeypatch):
+    """Without a mask (float32 on CPU: the fused kernel) a prefill runs in blocks as large as asked; with a padding
+    mask, whose calls write out [rows, keys], or a dtype without a fused kernel, the blocks shrink so that the
+    scores stay under SCORE_BLOCK_ELEMENTS (here made tiny), never below MASKED_QUERY_BLOCK."""
+    torch.manual_seed(2)
+    length = 70
+    q, k, v = torch.randn(1, 2, length, 8), torch.randn(1, 2, length, 8), torch.randn(1, 2, length, 8)
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, 8, 2).double() / 8))
+    layer = _layer(inv_freq)
+    mask = torch.ones(length, length, dtype=torch.bool).tril()[None, None].clone()
+    rows = []
+    real = shifted_positions.attention_with_lse
+
+    def spy(query, key, value, mask_, scaling, is_causal=False):
+        rows.append(query.shape[2])
+        return real(query, key, value, mask_, scaling, is_causal=is_causal)
+
+    monkeypatch.setattr(shifted_positions, "attention_with_lse", spy)
+    monkeypatch.setattr(shifted_positions, "SCORE_BLOCK_ELEMENTS", 2 * length * 6)
+    monkeypatch.setattr(shifted_positions, "MASKED_QUERY_BLOCK", 4)
+    unmasked = string_split(q, k, v, None, 0, layer, 8 ** -0.5, block=64)
+    assert max(rows) > 6  # one block: as asked (at most S)
+    for tensors, given in (((q, k, v), mask), ((q.double(), k.double(), v.double()), None)):
+        rows.clear()
+        bounded = string_split(*tensors, given, 0, layer, 8 ** -0.5, block=64)
+        assert max(rows) == 6  # 2 heads x 70 keys x 6 rows: the cap
+        torch.testing.assert_close(bounded.float(), unmasked, atol=1e-5, rtol=1e-5)
+
+
 def dataclass_replace(layer, **changes):
     import dataclasses
 

@@ -12,7 +12,7 @@ from typing import Any, Callable
 import torch
 
 __all__ = [
-    "rotate", "rotate_with", "rotation_factors", "partners", "rotate_by_factors", "attention_with_lse", "cuda_attention_with_lse",
+    "rotate", "rotate_with", "rotation_factors", "partners", "rotate_by_factors", "attention_with_lse", "fused_attention_with_lse", "cuda_attention_with_lse",
     "call_positions", "StepTables", "finish_decode", "finish_block", "fused_start",
 ]
 
@@ -97,6 +97,15 @@ def rotate_by_factors(states: torch.Tensor, c: torch.Tensor, s: torch.Tensor, ro
     work = torch.float32 if states.dtype in (torch.float16, torch.bfloat16) else states.dtype
     x = states.to(work)
     return torch.addcmul(x * c.to(work), partners(x, rotary_dim, interleaved), s.to(work)).to(states.dtype)
+
+
+def fused_attention_with_lse(query: torch.Tensor, mask: torch.Tensor | None) -> bool:
+    """Whether :func:`attention_with_lse` runs a fused kernel for these queries (no ``[q, k]`` scores written
+    out): PyTorch's CPU flash kernel for float32 and bfloat16, its CUDA memory-efficient kernel without a mask."""
+    if query.device.type == "cuda":
+        return mask is None and query.dtype in (torch.float32, torch.float16, torch.bfloat16)
+    return (query.device.type == "cpu" and mask is None and query.dtype in (torch.float32, torch.bfloat16)
+            and getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None) is not None)
 
 
 def attention_with_lse(query, key, value, mask, scaling, is_causal=False):

@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from hf_posext.backends.attention import registration
-from hf_posext.backends.attention.kernels import attention_with_lse, call_positions, finish_block, fused_start, head_groups, rotate_by_factors, rotation_factors
+from hf_posext.backends.attention.kernels import attention_with_lse, call_positions, finish_block, fused_attention_with_lse, fused_start, head_groups, rotate_by_factors, rotation_factors
 from hf_posext.backends.attention.registration import AttentionLayer, call_settings, plain_attention
 from hf_posext.core.record import CONFIG_KEY, ScalingReport, make_record
 from hf_posext.core.request import ScalingRequest
@@ -78,6 +78,9 @@ SCORE_BLOCK_ELEMENTS = 1 << 26
 #: cores, 16384 tokens: 6.2 s at 512, 6.5 s at 2048, 6.0 s at 2703, ``bench/string_cost.py --split-blocks``), but
 #: each block costs a few dozen small operations, which dominate on a GPU: few large blocks.
 SPLIT_QUERY_BLOCK = 4096
+#: Queries per block where a call writes out a ``[block, keys]`` mask or scores (a padding mask, or no fused kernel
+#: for the device and dtype): this many, or more while they stay under SCORE_BLOCK_ELEMENTS.
+MASKED_QUERY_BLOCK = 512
 #: Calls with at most this many queries (decoding) skip the fused path (no host synchronisation).
 DECODE_QUERIES = 16
 
@@ -269,6 +272,8 @@ def string_split(
     kv_heads, kv_len = key.shape[1], key.shape[2]
     groups = heads // kv_heads
     shift = layer.shifted_offset
+    if not fused_attention_with_lse(query, attention_mask):  # calls that write out [rows, keys]: bounded memory
+        block = min(block, max(MASKED_QUERY_BLOCK, SCORE_BLOCK_ELEMENTS // max(1, batch * heads * kv_len)))
     block = max(1, min(block, shift))
     first_key_position = first_query_position - (kv_len - q_len)
     query_shifted = _shifted_query(query, layer)

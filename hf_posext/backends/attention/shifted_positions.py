@@ -15,10 +15,10 @@ Cost. While every distance is below S nothing changes (the SDPA path calls trans
 Past it, on the SDPA path, each block of queries runs attention calls merged exactly by their
 log-sum-exp (:func:`string_split`): up to six fused calls per block of queries, none with a mask (the
 causal diagonal, two unmasked ranges and the keys seen partly exact, partly shifted as two causal squares),
-and one rotation of the queries; with a padding mask, two ``[block, block]`` bands carry it instead. A decode step (a few
-queries, :func:`string_explicit`) scores the query twice against the key cache (exact and shifted), picks
-per key with one ``where``, then one softmax and one matmul with the values: no host synchronisation,
-the shift rotation's factors built once per layer. The eager path, a logit cap, training and per-row
+and one rotation of the queries; with a padding mask, two ``[block, block]`` bands carry it instead. A
+decode step (a few queries, :func:`string_explicit`) scores the query twice against the key cache (exact
+and shifted), picks per key with one ``where``, then one softmax and one matmul with the values: no host
+synchronisation, the shift rotation's factors built once per layer. The eager path, a logit cap, training and per-row
 positions use the same explicit scores block by block. ``bench/string_cost.py`` measures prefill and a
 decode step against SDPA.
 """

@@ -47,3 +47,30 @@ def test_the_card_scripts_header_documents_every_part_it_runs():
     run = [p for labels in re.findall(r"^([a-z0-9|-]+)\)(?:\s+card |\s*$)", text, flags=re.M) for p in labels.split("|")]
     run += ["combine"]
     assert sorted(documented) == sorted(_parts()) == sorted(run)
+
+
+def test_the_gpu_card_stage_keeps_an_earlier_warm_calls_samples(tmp_path):
+    """Each call to the device machine gets a fresh copy of the working tree; ignored .gpu_carry/ stays while the
+    machine is warm. The card stage puts an earlier call's card folder back from there, so that the second call's
+    card.tgz holds both calls' samples (run 18 lost a row's cell without this). The card itself is a stub here."""
+    import tarfile
+
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / "gpu_session.sh").write_text((BENCH / "gpu_session.sh").read_text())
+    stub = tmp_path / "stub-python"
+    stub.write_text('#!/usr/bin/env bash\n# writes one sample file more into --out, as a card call that added a cell\n'
+                    'out=""; while [ $# -gt 0 ]; do [ "$1" = --out ] && out=$2; shift; done\n'
+                    'mkdir -p "$out/ruler"; n=$(ls "$out/ruler" | wc -l); echo x > "$out/ruler/s$n.jsonl"\n')
+    stub.chmod(0o755)
+    held = []
+    for call in (1, 2):
+        tree = tmp_path / "bench" / "results"
+        subprocess.run(["rm", "-rf", str(tree)], check=True)  # the tree each call gets holds no earlier call's results
+        done = subprocess.run(["bash", "bench/gpu_session.sh", "card", str(tmp_path / f"out{call}")], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=60,
+                              env={"PATH": "/usr/bin:/bin", "PYTHON": str(stub), "HF_POSEXT_SMOLLM2_GGUF": "unused",
+                                   "CARD_ROWS": "a=m@none"})
+        assert done.returncode == 0, done.stderr
+        with tarfile.open(tmp_path / f"out{call}" / "card.tgz") as archive:
+            held.append(sorted(Path(n).name for n in archive.getnames() if n.endswith(".jsonl")))
+    assert held == [["s0.jsonl"], ["s0.jsonl", "s1.jsonl"]]

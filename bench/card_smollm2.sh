@@ -25,6 +25,9 @@
 #               combined card refuses a cell held by two folders).                                -> cpu-float32/
 #   tasks       perplexity, passkey and needle on the same grid (the original model inside its window,
 #               then the three rows at 16384), 20 trials a cell.                                 -> cpu-tasks/ (float32)
+#   tasks-bfloat16  the same three tasks on the floor's three rows at 16384, for a CPU with native bfloat16
+#               (--dtype auto: perplexity in float32, passkey and needle in bfloat16); run it or `GRID=floor tasks`,
+#               never both (the combined card refuses a cell held by two folders).          -> cpu-tasks-16k/ (auto)
 #   best32      niah_single_1 and ruler_fwe at 32768 for BEST x4, 10 samples.                    -> cpu-32k-best/ (float32)
 #   tasks32     perplexity, passkey and needle at 32768 (fine-tuned + string, yarn x4, BEST x4), 10 trials.
 #               The other RULER tasks are beyond the base model: the floor lets 32768 skip them. -> cpu-32k-tasks/ (float32)
@@ -63,14 +66,14 @@
 set -uo pipefail
 # One brace group, read whole before anything runs: an edit made while a part runs cannot change what it does next.
 {
-PARTS="counting|counting32|ending|ruler|ruler-float32|tasks|best32|tasks32|harder|harder32|string-offset|combine"
+PARTS="counting|counting32|ending|ruler|ruler-float32|tasks|tasks-bfloat16|best32|tasks32|harder|harder32|string-offset|combine"
 part=${1:?part: $PARTS}
 PYTHON=${PYTHON:-python}
 R=bench/results/card
-case "$part" in counting|counting32|ending|ruler|ruler-float32|tasks|best32|tasks32|harder|harder32|string-offset|combine) ;; *) echo "unknown part $part ($PARTS)" >&2; exit 2 ;; esac
+case "$part" in counting|counting32|ending|ruler|ruler-float32|tasks|tasks-bfloat16|best32|tasks32|harder|harder32|string-offset|combine) ;; *) echo "unknown part $part ($PARTS)" >&2; exit 2 ;; esac
 if [ "$part" = combine ]; then
   folders=()
-  for f in cpu cpu-float32 cpu-tasks cpu-32k cpu-32k-best cpu-32k-tasks ending; do [ -f "$R/$f/card.json" ] && folders+=("$R/$f"); done
+  for f in cpu cpu-float32 cpu-tasks cpu-tasks-16k cpu-32k cpu-32k-best cpu-32k-tasks ending; do [ -f "$R/$f/card.json" ] && folders+=("$R/$f"); done
   "$PYTHON" -m hf_posext.cli report "${folders[@]}" --out "$R" || exit
   exec "$PYTHON" bench/card_floor.py --card "$R/card.json"   # what the sample floor still needs: $R/FLOOR.md
 fi
@@ -82,12 +85,12 @@ if [ -n "${BOOKS:-}" ]; then
   TEXTS=(--ppl-data "$BOOKS/austen-emma.txt" --haystack "$BOOKS/melville-moby_dick.txt")
 else
   TEXTS=()
-  case "$part" in tasks|tasks32) echo "no BOOKS folder: perplexity and needle use the CLI's built-in text (builtin:python-docs)" >&2 ;; esac
+  case "$part" in tasks|tasks-bfloat16|tasks32) echo "no BOOKS folder: perplexity and needle use the CLI's built-in text (builtin:python-docs)" >&2 ;; esac
 fi
 case "$part" in
-counting|ruler) DTYPE=bfloat16
+counting|ruler|tasks-bfloat16) DTYPE=bfloat16; [ "$part" = tasks-bfloat16 ] && DTYPE=auto  # auto: perplexity stays float32
   if ! "$PYTHON" -c "from hf_posext.evaluation.loading import cpu_has_native_bfloat16 as n; raise SystemExit(not n())"; then
-    echo "this CPU has no native bfloat16: $R/cpu holds bfloat16 samples, slow to extend here; run counting32, ruler-float32, tasks, best32 or tasks32 here" >&2
+    echo "this CPU has no native bfloat16: $part runs in bfloat16 (emulated here, about 5x float32's time); run counting32, ruler-float32, tasks, best32 or tasks32 here" >&2
     exit 2
   fi ;;
 *) DTYPE=float32 ;;
@@ -130,6 +133,8 @@ ruler-float32|tasks)
                    --skip-over-window --out $O || exit; fi
             if [ "${GRID:-all}" != base ]; then
               card --models "$FLOOR_ROWS" "${TEXTS[@]}" --tasks $T --lengths 16384 --samples "${SAMPLES:-20}" --out $O; fi ;;
+tasks-bfloat16) card --models "$FLOOR_ROWS" "${TEXTS[@]}" --tasks perplexity,passkey,needle --lengths 16384 \
+                 --samples "${SAMPLES:-20}" --out $R/cpu-tasks-16k ;;
 best32)     card --models "base=smollm2-135m@$BEST:4" --tasks niah_single_1,ruler_fwe --lengths 32768 --samples "${SAMPLES:-10}" \
                  --out $R/cpu-32k-best ;;
 harder)     card --models "base=smollm2-135m@none,fine-tuned=$MERGED@string:1,fine-tuned on harder practice=$HARDER@string:1" \

@@ -34,16 +34,20 @@
 # cdedcae441eb3275: the card refuses to extend it, so move that file aside before a call that runs it):
 #   here:    bash bench/gpu_carry.sh slim && bash bench/gpu_carry.sh      (prints the calls: 2 on 2026-12-04)
 #   call 1 (carry p1 + whl, timeout 60):  nvidia-smi                       (the first part and the wheels land)
-#   call 2 (carry p2, at once: the machine goes back 30 s after a call; timeout 480):
-#     BOOKS=$PWD/data/books STAGE_TIMEOUT=440 CARD_ROWS='fine-tuned=@MERGED@@string:1,base=smollm2-135m@yarn:4' \
-#       CARD_TASKS=niah_multikey_2 CARD_LENGTHS=32768 bash bench/gpu_session.sh card $OUT/c
-#     (the third task that counts, paired; niah_single_1's 100 samples took 325 s in run 18)
-#   call 3 (carry p2, timeout 300): STRING's fused prefill checked on CUDA (the causal squares, new since run 18;
-#     tiny models, seconds), then its cost against SDPA, one attention call (no weights; run 18's card samples showed
-#     STRING's prefill at 32768 about 100 times SDPA's on CUDA, 1.2-1.3 times on the CPU):
+#   call 2 (carry p2, at once: the machine goes back 30 s after a call; timeout 300): STRING's fused prefill checked
+#     on CUDA (the causal squares, new since run 18; tiny models, seconds), then its cost against SDPA, one attention
+#     call (no weights; run 18's card samples showed STRING's prefill at 32768 about 100 times SDPA's on CUDA, 1.2-1.3
+#     times on the CPU):
 #     timeout 60 python3 bench/gpu_checks.py --out $OUT/gpu_checks_cuda.json
 #     STAGE_TIMEOUT=220 bash bench/gpu_session.sh string $OUT
-#     (call 2's niah_multikey_2 samples record the whole model's prefill per sample too: STRING against yarn x4's SDPA)
+#   call 3 (carry p2, timeout 480): niah_multikey_2 (the third task that counts) at 32768, paired, and the fine-tune
+#     as saved (yarn x4 in its config, no STRING) beside the headline on ruler_fwe, the target it misses: STRING's
+#     shifted positions are one lever the task may not want (its 50 headline and yarn x4 samples are done, so only
+#     the new row runs there):
+#     BOOKS=$PWD/data/books STAGE_TIMEOUT=440 CARD_ROWS='fine-tuned=@MERGED@@string:1;as-saved,base=smollm2-135m@yarn:4' \
+#       CARD_TASKS=niah_multikey_2,ruler_fwe CARD_LENGTHS=32768 bash bench/gpu_session.sh card $OUT/c
+#     (niah_single_1's 100 samples took 325 s in run 18, most of it STRING's prefill; the samples record the whole
+#     model's prefill per sample: STRING's against yarn x4's SDPA, with call 2's kernel)
 #   here:    tar xzf <files_at>/c/card.tgz (the last card call's: it holds the earlier calls' cells while the machine
 #            stayed warm between them); bash bench/gpu_carry.sh restore; commit bench/results/card/gpu/,
 #            $OUT/string_cost_cuda.json into bench/results/string_cost/ and $OUT/gpu_checks_cuda.json into

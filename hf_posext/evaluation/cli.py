@@ -147,10 +147,7 @@ def run_task(task: str, args: argparse.Namespace) -> int:
 
 
 def _run_task(task: str, args: argparse.Namespace) -> int:
-    from hf_posext.evaluation import needle, passkey, perplexity
-    from hf_posext.evaluation.report import markdown_tables, write_plots
-    from hf_posext.evaluation.arguments import parse_floats, parse_lengths, parse_methods
-    from hf_posext.evaluation.loading import AUTO_DTYPE, auto_dtype_note, evaluation_dtype, load_model_and_tokenizer
+    from hf_posext.evaluation.arguments import parse_lengths, parse_methods
     from hf_posext.lm.distributed import Distributed
 
     started = time.time()
@@ -172,6 +169,37 @@ def _run_task(task: str, args: argparse.Namespace) -> int:
             args.factor = record.factor
     if task != "perplexity":
         _check_prompt_lengths(task, args, lengths)
+    # one run writes a results folder at a time (the main process holds it for every process)
+    with held_by_main(dist, args.out):
+        return _run_task_holding_folder(task, args, methods, lengths, dist, device, adapter, started)
+
+
+@contextlib.contextmanager
+def held_by_main(dist: Any, out: str) -> Iterator[None]:
+    """Hold ``out``'s lock in the main process; every process raises the same one line if another run holds it."""
+    from hf_posext.core.locks import FolderBusyError, hold_folder
+
+    with contextlib.ExitStack() as stack:
+        refusal = ""
+        if dist.is_main:
+            try:
+                stack.enter_context(hold_folder(out, "--out", "the results"))
+            except FolderBusyError as error:
+                refusal = str(error)
+        refusals = dist.gather([refusal] if refusal else [])
+        if refusals:
+            raise FolderBusyError(refusals[0])
+        yield
+
+
+def _run_task_holding_folder(task: str, args: argparse.Namespace, methods: Any, lengths: list[int], dist: Any, device: Any,
+                             adapter: str | None, started: float) -> int:
+    """:func:`_run_task` once its arguments are checked and its folder is held."""
+    from hf_posext.evaluation import needle, passkey, perplexity
+    from hf_posext.evaluation.report import markdown_tables, write_plots
+    from hf_posext.evaluation.arguments import parse_floats
+    from hf_posext.evaluation.loading import AUTO_DTYPE, auto_dtype_note, evaluation_dtype, load_model_and_tokenizer
+
     if args.dtype == AUTO_DTYPE and dist.is_main:
         print(auto_dtype_note([task], device), file=sys.stderr)
     args.dtype = evaluation_dtype(args.dtype, task, device)  # the dtype run, and the one the results are keyed by

@@ -538,9 +538,10 @@ def _ending_cells(rows: list[Row], args: Any, skipped: list[dict[str, str]]) -> 
 
 def run_card(args: Any) -> int:
     """Run ``hf-posext eval card`` with parsed ``args`` (see :func:`hf_posext.evaluation.card.add_card_arguments`)."""
+    from hf_posext.core.locks import hold_folder
     from hf_posext.core.paths import check_output_folder
     from hf_posext.evaluation.arguments import parse_lengths
-    from hf_posext.evaluation.loading import AUTO_DTYPE, auto_dtype_note, check_device_name, check_dtype_name, evaluation_dtype
+    from hf_posext.evaluation.loading import check_device_name, check_dtype_name
     from hf_posext.text_sources import check_text_source
 
     started = time.time()
@@ -558,6 +559,15 @@ def run_card(args: Any) -> int:
         if task in tasks:
             check_text_source(source)
     _check_requests(specs, args)  # a bad method or factor is named before any model loads
+    # one run writes a card folder at a time: a second would drop the first's newer cells from card.json
+    with hold_folder(args.out, "--out", "the card"):
+        return _run_card_holding_folder(args, specs, lengths, tasks, started)
+
+
+def _run_card_holding_folder(args: Any, specs: list[ModelSpec], lengths: list[int], tasks: list[str], started: float) -> int:
+    """:func:`run_card` once its arguments are checked and its folder is held."""
+    from hf_posext.evaluation.loading import AUTO_DTYPE, auto_dtype_note, evaluation_dtype
+
     ruler = _ruler_tasks(tasks)
     skipped = [{"what": name, "reason": f"needs a download ({why}); not run offline"}
                for name, why in RULER_DOWNLOAD_TASKS.items() if "ruler" in tasks or name in tasks]

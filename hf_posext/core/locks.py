@@ -1,0 +1,116 @@
+"""One writer per results folder.
+
+A card or an evaluation grid runs for hours and resumes from what its folder holds. Two runs writing the same
+folder at once would each keep the cells they read at their start, and the later writer's files would drop the
+other's newer cells without a word. A run therefore holds a lock on its folder while it writes; a second run is
+refused in one line that names the first (process, machine, start time, command) and the fix.
+
+The lock is ``fcntl.flock`` on a file in the folder: the operating system releases it when the process ends,
+however it ends, so a killed run never leaves a stale lock behind. Where ``fcntl`` does not exist (Windows) the
+folder is not locked. ``flock`` locks are not shared between machines on some network file systems (older NFS):
+there, two machines can still write one folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import shlex
+import socket
+import sys
+from pathlib import Path
+from typing import IO, Iterator
+
+__all__ = ["FolderBusyError", "LOCK_NAME", "hold_folder", "folder_holder"]
+
+#: The lock file a writing run holds in its folder while it runs (its line says who holds it).
+LOCK_NAME = ".hf-posext.lock"
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock; folders are not locked there
+    fcntl = None  # type: ignore[assignment]
+
+
+class FolderBusyError(ValueError):
+    """Another running process holds the folder's lock (the message names it and the fix)."""
+
+
+def folder_holder(folder: str | os.PathLike) -> str:
+    """What the lock file in ``folder`` says about the run that holds (or last held) it; ``""`` if nothing."""
+    try:
+        return (Path(folder) / LOCK_NAME).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return ""
+
+
+def _holder_line() -> str:
+    started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    command = " ".join(shlex.quote(part) for part in sys.argv)[:300]
+    return f"pid {os.getpid()} on {socket.gethostname()} since {started}: {command}"
+
+
+@contextlib.contextmanager
+def hold_folder(folder: str | os.PathLike, option: str = "--out", what: str = "the results") -> Iterator[Path]:
+    """Hold ``folder``'s lock for the block: refuse at once if another process holds it.
+
+    The folder is created if needed, and removed again if this call created it and the block left it empty (a
+    run refused by a later check). The lock file is removed when the block ends.
+
+    Args:
+        folder: the folder the run writes.
+        option: how the user gave it, named in the message.
+        what: what the folder holds, for the message.
+
+    Raises:
+        FolderBusyError: another process holds the lock: the message names it and says to wait or give
+            another folder.
+    """
+    folder = Path(folder).expanduser()
+    created = not folder.exists()
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / LOCK_NAME
+    if fcntl is None:
+        yield folder
+        return
+    handle = _locked(path)
+    if handle is None:
+        holder = folder_holder(folder) or "another process"
+        raise FolderBusyError(
+            f"{option} {folder} is being written by another run ({holder}); wait for it to finish, or give "
+            f"another {option} for {what}."
+        )
+    try:
+        handle.seek(0)
+        handle.truncate()
+        handle.write(_holder_line() + "\n")
+        handle.flush()
+        yield folder
+    finally:
+        # removed while still held: a run that opened it before can no longer lock it (_locked checks the
+        # file it locked is the one at the path), so a finished run leaves no lock file behind
+        path.unlink(missing_ok=True)
+        handle.close()  # releases the lock
+        if created:  # a run refused by a later check leaves no empty folder behind
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+
+
+def _locked(path: Path) -> IO[str] | None:
+    """``path`` opened and locked by this process, or None when another process holds it."""
+    for _ in range(10):
+        handle = open(path, "a+", encoding="utf-8")
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            return None
+        try:
+            same = os.stat(path).st_ino == os.fstat(handle.fileno()).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            return handle
+        handle.close()  # locked a file its holder had just removed: lock the one at the path now
+    raise OSError(f"could not lock {path}: it keeps being replaced")

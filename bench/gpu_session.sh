@@ -36,8 +36,8 @@
 #   call 1 (carry p1 + whl, timeout 60):  nvidia-smi                       (the first part and the wheels land)
 #   call 2 (carry p2, at once: the machine goes back 30 s after a call; timeout 300): STRING's fused prefill checked
 #     on CUDA (the causal squares, new since run 18; tiny models, seconds), then its cost against SDPA, one attention
-#     call (no weights; run 18's card samples showed STRING's prefill at 32768 about 100 times SDPA's on CUDA, 1.2-1.3
-#     times on the CPU):
+#     call (no weights; run 18's card samples showed STRING's prefill at 32768 at least 13 times SDPA's on CUDA, 3.24 s
+#     against 0.24 s for yarn x4's prefill and 10 tokens; 1.2-1.3 times on the CPU then):
 #     timeout 60 python3 bench/gpu_checks.py --out $OUT/gpu_checks_cuda.json
 #     STAGE_TIMEOUT=220 bash bench/gpu_session.sh string $OUT
 #   call 3 (carry p2, timeout 480): niah_multikey_2 (the third task that counts) at 32768, paired, and the fine-tune
@@ -285,7 +285,7 @@ card)
 string)
   # one attention call, SmolLM2 shapes, S = 2703, w = 128: SDPA vs STRING prefill (target <= 2x) and one
   # decode step, in the same run; string_split's prefill also at query blocks of 512, 1024 and 2048 (the library's
-  # is 4096, at most S: 2703 here). The card's STRING prefill on the H200 was about 100x SDPA's at 32768 (run 18 of
+  # is 4096, at most S: 2703 here). The card's STRING prefill on the H200 was at least 13x SDPA's at 32768 (run 18 of
   # bench/results/card/HISTORY.md, 512-query blocks with two masked calls each, before the causal-square split):
   # per-block operations, or the kernels? Resumable: rerun the stage and the lengths already in the JSON are skipped.
   # CPU smoke: DEVICE=cpu STRING_LENGTHS=1024,2048 STRING_DTYPE=float32 bash bench/gpu_session.sh string OUT

@@ -319,20 +319,28 @@ def _rows(specs: list[ModelSpec], args: Any, lengths: list[int]) -> list[Row]:
 
 
 class _ForwardTimer:
-    """Times the model's forward calls: the first of a generate call is the prefill, the rest are decoding."""
+    """Times the model's forward calls: the first of a generate call is the prefill, the rest are decoding.
+
+    On CUDA a forward returns once its kernels are queued, so each call is timed between two synchronizations:
+    without them a prefill of asynchronous kernels (SDPA) read as its launch time and its work was counted in
+    the first decode step, while one that waits for its results on the way (STRING's blocks) read in full.
+    """
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.calls: list[tuple[int, float]] = []
         self._start = 0.0
+        self._synchronize = _synchronizer(model)
         self._handles = [model.register_forward_pre_hook(self._pre, with_kwargs=True),
                          model.register_forward_hook(self._post, with_kwargs=True)]
 
     def _pre(self, module, args, kwargs):
+        self._synchronize()
         self._start = time.perf_counter()
         ids = kwargs.get("input_ids", args[0] if args else None)
         self._tokens = int(ids.shape[-1]) if ids is not None else 0
 
     def _post(self, module, args, kwargs, output):
+        self._synchronize()
         self.calls.append((self._tokens, time.perf_counter() - self._start))
 
     def reset(self) -> None:
@@ -341,6 +349,16 @@ class _ForwardTimer:
     def remove(self) -> None:
         for handle in self._handles:
             handle.remove()
+
+
+def _synchronizer(model: torch.nn.Module) -> Callable[[], None]:
+    """A call that waits for ``model``'s device to finish its queued work (nothing to wait for on the CPU)."""
+    devices = sorted({p.device for p in model.parameters() if p.device.type == "cuda"}, key=str)
+
+    def synchronize() -> None:
+        for device in devices:  # a model spread over several GPUs (device_map) waits for each
+            torch.cuda.synchronize(device)
+    return synchronize
 
 
 def _generate(lm: Any, timer: _ForwardTimer, context: str, gen_kwargs: dict[str, Any], budget: int) -> dict[str, Any]:

@@ -617,11 +617,16 @@ def test_ruler_samples_do_not_depend_on_what_the_process_generated_before(tiny_f
     assert runs[0] == runs[1] and len(runs[0]) == 2
 
 
-def test_card_end_to_end_on_the_tiny_model(tiny_folder, tmp_path):
+def test_card_end_to_end_on_the_tiny_model(tiny_folder, tmp_path, monkeypatch):
     pytest.importorskip("lm_eval")
     pytest.importorskip("wonderwords")
+    import requests
+
     from hf_posext.cli import main
     from hf_posext.evaluation.loading import evaluation_dtype
+
+    # offline, as CI is (HF_HUB_OFFLINE=1 stops the essays; SQuAD comes through requests, stopped here)
+    monkeypatch.setattr(requests, "get", lambda *a, **k: (_ for _ in ()).throw(requests.ConnectionError("offline")))
 
     out = tmp_path / "card"
     # ruler_vt is left out here: lm-eval's variable-tracking generator does not finish with a character-level
@@ -832,3 +837,101 @@ def test_the_synchronizer_waits_for_every_cuda_device_a_model_holds(monkeypatch)
     assert waited == ["cuda:0", "cuda:1"]
     _synchronizer(torch.nn.Linear(2, 2))()  # a CPU model waits for nothing
     assert waited == ["cuda:0", "cuda:1"]
+
+
+# ------------------------------------------------------------------ RULER tasks that need a download
+
+
+@pytest.fixture
+def fresh_downloads():
+    """Forget what this process fetched (or failed to) for the download tasks, before and after the test."""
+    pytest.importorskip("lm_eval")
+    import hf_posext.integrations.lm_eval.card as lm_card
+    from hf_posext.integrations.lm_eval.launcher import import_harness
+
+    import_harness()
+
+    def forget():
+        lm_card._fetch_problem.cache_clear()
+        scope = lm_card._task_config("niah_single_2")["custom_dataset"].__globals__
+        scope["get_haystack"].cache_clear()
+        qa = lm_card._task_config("ruler_qa_squad")["custom_dataset"].__globals__
+        for name in ("read_squad", "read_hotpotqa", "download_json"):
+            qa[name].cache_clear()
+    forget()
+    yield lm_card
+    forget()
+
+
+def test_a_download_task_that_cannot_fetch_is_skipped_with_the_reason(fresh_downloads, monkeypatch):
+    import requests
+
+    lm_card = fresh_downloads
+    # the tests run with HF_HUB_OFFLINE=1 (conftest): datasets refuses the essays at once, from its own check
+    reason = lm_card.download_problem("niah_multikey_1")
+    assert reason.startswith("needs a download (essay haystack: downloads baber/paul_graham_essays), which failed here (")
+    assert "Offline" in reason and reason.endswith("it runs where that can be fetched") and "\n" not in reason
+    assert lm_card.download_problem("niah_single_3") == reason.replace("niah_multikey_1", "niah_single_3")  # one source, tried once
+
+    def no_network(*args, **kwargs):
+        raise requests.ConnectionError("Failed to resolve 'rajpurkar.github.io'")
+
+    monkeypatch.setattr(requests, "get", no_network)
+    assert "ConnectionError: Failed to resolve 'rajpurkar.github.io'" in lm_card.download_problem("ruler_qa_squad")
+    # HotpotQA comes from the hub through requests, which would not honour HF_HUB_OFFLINE: not tried at all
+    monkeypatch.setattr(requests, "get", lambda *a, **k: pytest.fail("fetched from the hub with HF_HUB_OFFLINE set"))
+    assert "(HF_HUB_OFFLINE is set)" in lm_card.download_problem("ruler_qa_hotpot")
+
+
+def test_the_essay_tasks_also_need_nltks_sentence_data(fresh_downloads, monkeypatch):
+    import datasets
+    import nltk
+
+    lm_card = fresh_downloads
+    monkeypatch.setattr(datasets, "load_dataset", lambda name, *a, **k: {"text": ["An essay. Of two sentences."]})
+
+    def missing(resource, *args, **kwargs):
+        raise LookupError(f"Resource {resource} not found")
+
+    monkeypatch.setattr(nltk.data, "find", missing)
+    reason = lm_card.download_problem("niah_single_2")
+    assert "punkt_tab" in reason and "python -m nltk.downloader punkt_tab" in reason, reason
+
+
+def test_a_download_task_whose_data_can_be_fetched_runs_on_the_card(fresh_downloads, tiny_folder, tmp_path, monkeypatch):
+    """Where SQuAD can be fetched (here: a stand-in for its server), ruler_qa_squad runs like the offline tasks, on
+    samples drawn from that copy, fetched once; the essay task that cannot fetch is listed as skipped."""
+    import requests
+
+    from hf_posext.cli import main
+
+    paragraphs = [{"context": f"Paragraph {i} says that the city of Town{i} was founded by person{i}. " * 3,
+                   "qas": [{"question": f"Who founded Town{i}?", "answers": [{"text": f"person{i}"}], "is_impossible": False}]}
+                  for i in range(60)]
+    fetched = []
+
+    class Response:
+        def raise_for_status(self):
+            pass
+
+        def json(self):
+            return {"data": [{"paragraphs": paragraphs}]}
+
+    def server(url, *args, **kwargs):
+        fetched.append(url)
+        if "SQuAD" not in url:
+            raise requests.ConnectionError("no network")
+        return Response()
+
+    monkeypatch.setattr(requests, "get", server)
+    out = tmp_path / "card"
+    argv = ["eval", "card", "--models", f"base={tiny_folder}", "--methods", "none", "--lengths", str(LENGTH),
+            "--tasks", "ruler_qa_squad,niah_single_2", "--samples", "2", "--out", str(out), "--no-progress"]
+    assert main(argv) == 0
+    card = json.loads((out / "card.json").read_text())
+    assert [(c["task"], c["n"]) for c in card["cells"]] == [("ruler_qa_squad", 2)]
+    assert len(fetched) == 1 and "SQuAD" in fetched[0]  # fetched once: the samples were drawn from the copy checked
+    (samples,) = (out / "ruler-samples").glob("ruler_qa_squad-*.json")
+    assert "was founded by person" in json.loads(samples.read_text())["docs"][0]["input"]
+    assert [s["what"] for s in card["skipped"]] == ["niah_single_2"]
+    assert "Offline" in card["skipped"][0]["reason"]

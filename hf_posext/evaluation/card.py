@@ -51,15 +51,15 @@ __all__ = [
 
 #: The RULER tasks of lm-eval that generate their samples locally (no download).
 RULER_OFFLINE_TASKS = ("niah_single_1", "niah_multikey_2", "niah_multikey_3", "ruler_vt", "ruler_cwe", "ruler_fwe")
-#: RULER tasks that need a download, and why; listed on the card, skipped offline.
+#: RULER tasks that need a download, and what they fetch; run where it can be fetched, else listed as skipped.
 RULER_DOWNLOAD_TASKS = {
     "niah_single_2": "essay haystack: downloads baber/paul_graham_essays",
     "niah_single_3": "essay haystack: downloads baber/paul_graham_essays",
     "niah_multikey_1": "essay haystack: downloads baber/paul_graham_essays",
     "niah_multiquery": "essay haystack: downloads baber/paul_graham_essays",
     "niah_multivalue": "essay haystack: downloads baber/paul_graham_essays",
-    "ruler_qa_squad": "downloads SQuAD with requests (ignores the HF offline variables)",
-    "ruler_qa_hotpot": "downloads HotpotQA with requests (ignores the HF offline variables)",
+    "ruler_qa_squad": "SQuAD: downloads its dev set from rajpurkar.github.io",
+    "ruler_qa_hotpot": "HotpotQA: downloads its dev set from the hub with requests",
 }
 CARD_TASKS = ("perplexity", "passkey", "needle", "ruler", "ending")
 #: Tokens an answer of the ``ending`` row may take before it counts as not ended (hf_posext.evaluation.ending).
@@ -966,7 +966,8 @@ def combine_cards(folders: Sequence[str | os.PathLike], out: str | os.PathLike) 
             where[key] = folder
             index = labels.setdefault(cell["row"], len(labels))
             cells.append({**cell, "row_index": index, "dtype": dtypes.get(cell["task"], settings.get("dtype")), "card": str(folder)})
-        skipped += [item for item in part_skipped if item not in skipped]
+        # one entry per thing skipped: the first folder's word on it (a later run may give a task another reason)
+        skipped += [item for item in part_skipped if item.get("what") not in {earlier.get("what") for earlier in skipped}]
         sources.append({"folder": str(folder), "settings": settings})
     settings = {"combined_from": [os.path.relpath(folder.resolve(), out.resolve()) for folder in paths],
                 "partial": any(bool(s["settings"].get("partial")) or any(c.get("running") for c in part[1])

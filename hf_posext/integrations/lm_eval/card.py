@@ -24,6 +24,7 @@ import hashlib
 import json
 import logging
 import math
+import os
 import random
 import re
 import sys
@@ -43,7 +44,7 @@ from hf_posext.evaluation.card import (
 )
 from hf_posext.integrations.lm_eval.launcher import import_harness
 
-__all__ = ["Row", "ruler_docs", "ruler_task", "limit_ruler_samples", "run_ruler_cell", "run_card", "AS_SAVED"]
+__all__ = ["Row", "ruler_docs", "ruler_task", "limit_ruler_samples", "run_ruler_cell", "run_card", "download_problem", "AS_SAVED"]
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +97,61 @@ def limit_ruler_samples(dataset: Callable[..., Any], n: int) -> Callable[..., An
         finally:
             scope.update(saved)
     return run
+
+
+#: What each RULER task that needs a download fetches, as lm-eval's own loader in the task's module: the loader
+#: caches what it fetched, so the samples drawn next use the same copy (the keyword form is the one the tasks use).
+_DOWNLOAD_LOADERS: dict[str, tuple[str, dict[str, Any]]] = {
+    **{name: ("get_haystack", {"type_haystack": "essay"}) for name in
+       ("niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multiquery", "niah_multivalue")},
+    "ruler_qa_squad": ("read_squad", {}),
+    "ruler_qa_hotpot": ("read_hotpotqa", {}),
+}
+#: Loaders that fetch from the Hugging Face hub with ``requests``, which ignores ``HF_HUB_OFFLINE``.
+_HUB_BY_REQUESTS = {"read_hotpotqa"}
+
+
+def _hub_offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() not in ("", "0", "false", "no")
+
+
+@functools.lru_cache(maxsize=None)
+def _fetch_problem(task_name: str, loader: str) -> str | None:
+    """None once ``loader`` of ``task_name``'s module has fetched its data (or found it cached), else why not."""
+    if loader in _HUB_BY_REQUESTS and _hub_offline():
+        return "HF_HUB_OFFLINE is set"
+    function = _task_config(task_name)["custom_dataset"].__globals__.get(loader)
+    if not callable(function):
+        raise RuntimeError(f"lm-eval's {task_name} module has no {loader}(); this lm-eval release is not supported by "
+                           "hf-posext's card.")
+    try:
+        function(**_DOWNLOAD_LOADERS[task_name][1])
+    except Exception as error:  # a network, hub or HTTP error: the task is listed as skipped with it
+        text = " ".join(f"{type(error).__name__}: {error}".split())
+        return text if len(text) <= 200 else text[:197] + "..."
+    if loader == "get_haystack":  # the essay haystack is cut into sentences with nltk's punkt_tab (a download too)
+        import nltk
+
+        try:
+            nltk.data.find("tokenizers/punkt_tab")
+        except LookupError:
+            return ("nltk's punkt_tab sentence data is not installed, and lm-eval could not download it: "
+                    "python -m nltk.downloader punkt_tab")
+    return None
+
+
+def download_problem(task_name: str) -> str | None:
+    """Whether the RULER task ``task_name``, which needs a download, can run here: None once its data is fetched
+    (from the network, or lm-eval's or datasets' cache), else one line for the card's skipped list.
+
+    The data is fetched by lm-eval's own loader, the one its sample generator calls, so a task that passes runs on
+    the copy fetched here. Each source is tried once per process.
+    """
+    loader, _ = _DOWNLOAD_LOADERS[task_name]
+    problem = _fetch_problem(task_name if loader != "get_haystack" else "niah_single_2", loader)
+    if problem is None:
+        return None
+    return f"needs a download ({RULER_DOWNLOAD_TASKS[task_name]}), which failed here ({problem}); it runs where that can be fetched"
 
 
 def _ruler_folder() -> str:
@@ -587,11 +643,18 @@ def _run_card_holding_folder(args: Any, specs: list[ModelSpec], lengths: list[in
     from hf_posext.evaluation.loading import AUTO_DTYPE, auto_dtype_note, evaluation_dtype
 
     ruler = _ruler_tasks(tasks)
-    skipped = [{"what": name, "reason": f"needs a download ({why}); not run offline"}
-               for name, why in RULER_DOWNLOAD_TASKS.items() if "ruler" in tasks or name in tasks]
+    downloads = [name for name in RULER_DOWNLOAD_TASKS if "ruler" in tasks or name in tasks]
     out = Path(args.out)
-    if ruler:
+    if ruler or downloads:
         import_harness()
+    # the tasks that need a download run where their data can be fetched, and are listed as skipped elsewhere
+    skipped: list[dict[str, str]] = []
+    for name in downloads:
+        problem = download_problem(name)
+        if problem is None:
+            ruler.append(name)
+        else:
+            skipped.append({"what": name, "reason": problem})
     rows = _rows(specs, args, lengths)
 
     # RULER samples (generated once per tokenizer) and every length budget, before any model runs.
@@ -634,6 +697,7 @@ def _run_card_holding_folder(args: Any, specs: list[ModelSpec], lengths: list[in
     covered = {(task, row.label, length) for task in [*(t for t in tasks if t != "ruler"), *ruler] for row in rows for length in lengths}
     covered |= {("ending", row.label, None) for row in rows if "ending" in tasks}
     carried, carried_skipped, carried_rows = earlier_card(out, [row.label for row in rows], covered)
+    carried_skipped = [item for item in carried_skipped if item.get("what") not in downloads]  # this run's word on them
     # the rows stay where the earlier card had them (a run of some of its rows does not reorder the card)
     position = merged_row_order(card_row_labels(out), [row.label for row in rows])
 

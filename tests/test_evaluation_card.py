@@ -811,10 +811,10 @@ def test_the_forward_timer_waits_for_the_device_around_each_forward(monkeypatch)
     import hf_posext.integrations.lm_eval.card as lm_card
 
     events: list[str] = []
-    monkeypatch.setattr(lm_card, "_synchronizer", lambda model: lambda: events.append("sync"))
+    monkeypatch.setattr(lm_card, "device_synchronizer", lambda model: lambda: events.append("sync"))
     model = torch.nn.Embedding(10, 2)
     model.register_forward_hook(lambda *args: events.append("forward"))
-    timer = lm_card._ForwardTimer(model)
+    timer = lm_card.ForwardTimer(model)
     model(torch.zeros(1, 3, dtype=torch.long))  # a prefill of 3 tokens, then one decode step
     model(torch.zeros(1, 1, dtype=torch.long))
     timer.remove()
@@ -825,7 +825,7 @@ def test_the_forward_timer_waits_for_the_device_around_each_forward(monkeypatch)
 def test_the_synchronizer_waits_for_every_cuda_device_a_model_holds(monkeypatch):
     import torch
 
-    from hf_posext.integrations.lm_eval.card import _synchronizer
+    from hf_posext.integrations.lm_eval.card import device_synchronizer
 
     class Spread:
         def parameters(self):
@@ -833,9 +833,9 @@ def test_the_synchronizer_waits_for_every_cuda_device_a_model_holds(monkeypatch)
 
     waited: list[str] = []
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: waited.append(str(device)))
-    _synchronizer(Spread())()
+    device_synchronizer(Spread())()
     assert waited == ["cuda:0", "cuda:1"]
-    _synchronizer(torch.nn.Linear(2, 2))()  # a CPU model waits for nothing
+    device_synchronizer(torch.nn.Linear(2, 2))()  # a CPU model waits for nothing
     assert waited == ["cuda:0", "cuda:1"]
 
 
@@ -850,17 +850,9 @@ def fresh_downloads():
     from hf_posext.integrations.lm_eval.launcher import import_harness
 
     import_harness()
-
-    def forget():
-        lm_card._fetch_problem.cache_clear()
-        scope = lm_card._task_config("niah_single_2")["custom_dataset"].__globals__
-        scope["get_haystack"].cache_clear()
-        qa = lm_card._task_config("ruler_qa_squad")["custom_dataset"].__globals__
-        for name in ("read_squad", "read_hotpotqa", "download_json"):
-            qa[name].cache_clear()
-    forget()
+    lm_card.forget_downloads()
     yield lm_card
-    forget()
+    lm_card.forget_downloads()
 
 
 def test_a_download_task_that_cannot_fetch_is_skipped_with_the_reason(fresh_downloads, monkeypatch):

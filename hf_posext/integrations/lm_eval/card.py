@@ -44,7 +44,8 @@ from hf_posext.evaluation.card import (
 )
 from hf_posext.integrations.lm_eval.launcher import import_harness
 
-__all__ = ["Row", "ruler_docs", "ruler_task", "limit_ruler_samples", "run_ruler_cell", "run_card", "download_problem", "AS_SAVED"]
+__all__ = ["Row", "ruler_docs", "ruler_task", "limit_ruler_samples", "run_ruler_cell", "run_card", "download_problem", "forget_downloads",
+           "ForwardTimer", "device_synchronizer", "AS_SAVED"]
 
 logger = logging.getLogger(__name__)
 
@@ -138,6 +139,17 @@ def _fetch_problem(task_name: str, loader: str) -> str | None:
             return ("nltk's punkt_tab sentence data is not installed, and lm-eval could not download it: "
                     "python -m nltk.downloader punkt_tab")
     return None
+
+
+def forget_downloads() -> None:
+    """Forget what this process fetched, or failed to fetch, for the download tasks (lm-eval's loaders' copies
+    included): the next :func:`download_problem` tries again, e.g. once the network is back."""
+    _fetch_problem.cache_clear()
+    for task_name, (loader, _) in _DOWNLOAD_LOADERS.items():
+        scope = _task_config(task_name)["custom_dataset"].__globals__
+        for name in (loader, "download_json"):
+            if hasattr(scope.get(name), "cache_clear"):
+                scope[name].cache_clear()
 
 
 def download_problem(task_name: str) -> str | None:
@@ -374,7 +386,7 @@ def _rows(specs: list[ModelSpec], args: Any, lengths: list[int]) -> list[Row]:
 # ------------------------------------------------------------------ running RULER samples
 
 
-class _ForwardTimer:
+class ForwardTimer:
     """Times the model's forward calls: the first of a generate call is the prefill, the rest are decoding.
 
     On CUDA a forward returns once its kernels are queued, so each call is timed between two synchronizations:
@@ -385,7 +397,7 @@ class _ForwardTimer:
     def __init__(self, model: torch.nn.Module) -> None:
         self.calls: list[tuple[int, float]] = []
         self._start = 0.0
-        self._synchronize = _synchronizer(model)
+        self._synchronize = device_synchronizer(model)
         self._handles = [model.register_forward_pre_hook(self._pre, with_kwargs=True),
                          model.register_forward_hook(self._post, with_kwargs=True)]
 
@@ -407,7 +419,7 @@ class _ForwardTimer:
             handle.remove()
 
 
-def _synchronizer(model: torch.nn.Module) -> Callable[[], None]:
+def device_synchronizer(model: torch.nn.Module) -> Callable[[], None]:
     """A call that waits for ``model``'s device to finish its queued work (nothing to wait for on the CPU)."""
     devices = sorted({p.device for p in model.parameters() if p.device.type == "cuda"}, key=str)
 
@@ -417,7 +429,7 @@ def _synchronizer(model: torch.nn.Module) -> Callable[[], None]:
     return synchronize
 
 
-def _generate(lm: Any, timer: _ForwardTimer, context: str, gen_kwargs: dict[str, Any], budget: int) -> dict[str, Any]:
+def _generate(lm: Any, timer: ForwardTimer, context: str, gen_kwargs: dict[str, Any], budget: int) -> dict[str, Any]:
     from lm_eval.api.instance import Instance
 
     timer.reset()
@@ -440,7 +452,7 @@ def run_ruler_cell(lm: Any, task: Any, docs: list[dict[str, Any]], length: int, 
     """
     task_name = task.config.task
     task.build_all_requests(limit=None, rank=0, world_size=1)
-    timer = _ForwardTimer(lm.model)
+    timer = ForwardTimer(lm.model)
     try:
         for instance in sorted(task.instances, key=lambda i: i.doc_id):
             if results.has(instance.doc_id):

@@ -358,3 +358,31 @@ def test_chunked_loss_trains_like_the_plain_loss(tmp_path, mode):
     for plain, chunked in zip(logs["plain"], logs["chunked"]):
         for key in ("loss", "grad_norm"):
             assert abs(chunked[key] - plain[key]) <= 1e-5 * abs(plain[key]), (key, plain[key], chunked[key])
+
+
+def test_a_run_folder_another_run_is_writing_is_refused_before_anything_loads(finished_run, tmp_path, monkeypatch):
+    """A job started again while the first still runs: with --resume it would mix its checkpoints into the first's,
+    with --overwrite delete them. The run holding the folder is named; nothing loads, nothing in the folder changes."""
+    import shutil
+
+    import hf_posext.training.trainer as trainer_module
+    from hf_posext.core.locks import LOCK_NAME, FolderBusyError, hold_folder
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the model loaded for a run folder another run holds")
+
+    monkeypatch.setattr(trainer_module, "_load_base", no_loading)
+    full_out, _ = finished_run
+    out = tmp_path / "run"
+    shutil.copytree(full_out, out)
+    before = sorted(str(p.relative_to(out)) for p in out.rglob("*"))
+    with hold_folder(out, "output.dir", "the run"):
+        for kwargs in ({"resume": True}, {"overwrite": True}):
+            with pytest.raises(FolderBusyError, match=r"output\.dir .* is being written by another run \(pid \d+ on .*"
+                                                      r"give another output\.dir for the run"):
+                train(tiny_config(out), progress=False, **kwargs)
+        with pytest.raises(FolderBusyError):  # a new run into a folder another new run has just taken
+            with hold_folder(tmp_path / "new"):
+                train(tiny_config(tmp_path / "new"), progress=False)
+        assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == sorted([*before, LOCK_NAME])
+    assert not (out / LOCK_NAME).exists() and not (tmp_path / "new").exists()

@@ -1,9 +1,10 @@
 """One writer per results folder.
 
-A card or an evaluation grid runs for hours and resumes from what its folder holds. Two runs writing the same
-folder at once would each keep the cells they read at their start, and the later writer's files would drop the
-other's newer cells without a word. A run therefore holds a lock on its folder while it writes; a second run is
-refused in one line that names the first (process, machine, start time, command) and the fix.
+A card, an evaluation grid or a training run goes on for hours and resumes from what its folder holds. Two runs
+writing the same folder at once would each keep the cells they read at their start, and the later writer's files
+would drop the other's newer cells without a word (two trainings would mix their checkpoints). A run therefore
+holds a lock on its folder while it writes; a second run is refused in one line that names the first (process,
+machine, start time, command) and the fix.
 
 The lock is ``fcntl.flock`` on a file in the folder: the operating system releases it when the process ends,
 however it ends, so a killed run never leaves a stale lock behind. Where ``fcntl`` does not exist (Windows) the

@@ -27,6 +27,7 @@ the checkpoint's checksums, step and config are checked (:mod:`hf_posext.trainin
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -44,6 +45,7 @@ from hf_posext.adapters import (
     trained_module_names, write_adapter_record, write_trained_modules,
 )
 from hf_posext.core.errors import DamagedFileError
+from hf_posext.core.locks import LOCK_NAME, FolderBusyError, hold_folder
 from hf_posext.core.paths import check_output_folder
 from hf_posext.text_sources import check_text_source
 from hf_posext.api import describe, patch
@@ -552,7 +554,7 @@ def _prepare_output_dir(output_dir: Path, overwrite: bool, resuming: bool) -> No
         raise FileExistsError(str(error)) from None
     if resuming or not output_dir.exists():
         return
-    if not any(output_dir.iterdir()):
+    if not any(entry.name != LOCK_NAME for entry in output_dir.iterdir()):  # empty, or held by a run (refused next)
         return
     if not overwrite:
         raise FileExistsError(
@@ -564,6 +566,23 @@ def _prepare_output_dir(output_dir: Path, overwrite: bool, resuming: bool) -> No
             f"--overwrite refuses to delete {output_dir}: it holds no {CONFIG_FILE}, so it is not a training "
             "run folder. Choose another output.dir."
         )
+
+
+def _hold_run_folder(stack: contextlib.ExitStack, output_dir: Path, main: bool) -> None:
+    """Hold ``output_dir``'s lock in the main process until ``stack`` closes; with several processes, every
+    process raises the same one line if another run holds it (so that none waits for the others)."""
+    refusal = ""
+    if main:
+        try:
+            stack.enter_context(hold_folder(output_dir, "output.dir", "the run"))
+        except FolderBusyError as error:
+            refusal = str(error)
+    if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+        gathered: list[Any] = [None] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(gathered, refusal)
+        refusal = next((text for text in gathered if text), "")
+    if refusal:
+        raise FolderBusyError(refusal)
 
 
 def _check_resumable(resume_from: Path, config: TrainConfig, world: int) -> None:
@@ -793,93 +812,98 @@ def train(
             raise ConfigError(f"data.retrieval_records: {error}") from None
     _prepare_output_dir(output_dir, overwrite, resuming=resume_from is not None)
     _check_trackers(config.output.report_to)
+    # one run writes a run folder at a time: a second (a job started again while the first still runs) would mix
+    # its checkpoints into the first's, or delete them with --overwrite
+    with contextlib.ExitStack() as held:
+        _hold_run_folder(held, output_dir, main)
 
-    t, p = config.train, config.parallelism
-    dtype = torch.bfloat16 if (args.bf16 and config.finetune.mode == "lora") else torch.float32
-    model = _load_base(config, dtype)
-    # the base weights an adapter is trained on, recorded with it and checked wherever it is applied
-    base_weights = base_weights_fingerprints(model) if config.finetune.mode == "lora" else None
-    if config.finetune.init_adapter is not None:
-        try:
-            check_base_weights(config.finetune.init_adapter, model, config.model.name)
-        except AdapterMismatchError as error:
-            raise ConfigError(f"finetune.init_adapter: {error}") from None
-    patch(model, **config.scaling.to_request().patch_kwargs())
-    if p.sequence_parallel:
-        from hf_posext.training.parallel import validate_sp_heads
+        t, p = config.train, config.parallelism
+        dtype = torch.bfloat16 if (args.bf16 and config.finetune.mode == "lora") else torch.float32
+        model = _load_base(config, dtype)
+        # the base weights an adapter is trained on, recorded with it and checked wherever it is applied
+        base_weights = base_weights_fingerprints(model) if config.finetune.mode == "lora" else None
+        if config.finetune.init_adapter is not None:
+            try:
+                check_base_weights(config.finetune.init_adapter, model, config.model.name)
+            except AdapterMismatchError as error:
+                raise ConfigError(f"finetune.init_adapter: {error}") from None
+        patch(model, **config.scaling.to_request().patch_kwargs())
+        if p.sequence_parallel:
+            from hf_posext.training.parallel import validate_sp_heads
 
-        try:
-            validate_sp_heads(p.sp_size, model.config.num_attention_heads,
-                              getattr(model.config, "num_key_value_heads", None))
-        except ValueError as error:
-            raise ConfigError(str(error)) from None
-    pose_target = _pose_target(config, describe(model).current_window)
-    model.config.use_cache = False
-    extras = extra_parameter_names(model, config.finetune.train_embeddings, config.finetune.train_norms) if config.finetune.mode == "lora" else []
-    model = setup_trainable(model, config.finetune, seed=t.seed)
-    if t.loss == "chunked":
-        from hf_posext.lm.chunked_loss import check_output_head
+            try:
+                validate_sp_heads(p.sp_size, model.config.num_attention_heads,
+                                  getattr(model.config, "num_key_value_heads", None))
+            except ValueError as error:
+                raise ConfigError(str(error)) from None
+        pose_target = _pose_target(config, describe(model).current_window)
+        model.config.use_cache = False
+        extras = extra_parameter_names(model, config.finetune.train_embeddings, config.finetune.train_norms) if config.finetune.mode == "lora" else []
+        model = setup_trainable(model, config.finetune, seed=t.seed)
+        if t.loss == "chunked":
+            from hf_posext.lm.chunked_loss import check_output_head
 
-        try:
-            check_output_head(model)
-        except ValueError as error:
-            raise ConfigError(f"train.loss=chunked: {error}") from None
-    data = load_packed_sequences(config.data, tokenizer, t.seed, pose_target, progress=progress and main)
+            try:
+                check_output_head(model)
+            except ValueError as error:
+                raise ConfigError(f"train.loss=chunked: {error}") from None
+        data = load_packed_sequences(config.data, tokenizer, t.seed, pose_target, progress=progress and main)
 
-    # Everything loaded: only now create (or clear) the run folder and record the config.
-    if resume_from is None and main:
-        if output_dir.exists() and any(output_dir.iterdir()):
-            shutil.rmtree(output_dir)  # allowed by _prepare_output_dir: --overwrite on a run folder
-        output_dir.mkdir(parents=True, exist_ok=True)
-        (output_dir / CONFIG_FILE).write_text(
-            f"# written by hf_posext.training at the start of the run; resume with --config {CONFIG_FILE}\n" + config.to_yaml()
+        # Everything loaded: only now create (or clear) the run folder and record the config.
+        if resume_from is None and main:
+            for entry in output_dir.iterdir() if output_dir.exists() else ():  # allowed by _prepare_output_dir:
+                if entry.name != LOCK_NAME:                                   # --overwrite on a run folder
+                    shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+            output_dir.mkdir(parents=True, exist_ok=True)
+            (output_dir / CONFIG_FILE).write_text(
+                f"# written by hf_posext.training at the start of the run; resume with --config {CONFIG_FILE}\n" + config.to_yaml()
+            )
+        if resume_from is not None and main:
+            _truncate_log(output_dir / LOG_FILE, checkpoint_step(resume_from))
+
+        # The processes of one sequence- or context-parallel group share each sample: the data-parallel ranks are
+        # world / (sp_size x cp_size), as the Trainer counts them.
+        samples_per_step = t.batch_size * t.gradient_accumulation_steps * world // (p.sp_size * p.cp_size)
+        tokens_per_step = samples_per_step * data.sequence_length
+        run_info = {
+            "num_processes": world, "fingerprint": config.fingerprint(), "config": config.to_dict(),
+            "hf_posext_version": VERSION, "samples_per_step": samples_per_step,
+        }
+        log_callback = JsonlLogCallback(output_dir / LOG_FILE, tokens_per_step)
+        callbacks: list[TrainerCallback] = [log_callback, CheckpointIntegrityCallback(run_info)]
+        if stop_at_step is not None:
+            callbacks.append(StopAtStepCallback(stop_at_step))
+        start_step = checkpoint_step(resume_from) if resume_from is not None else 0
+        skip_in_dataset = p.sequence_parallel and resume_from is not None  # see parallelism_arguments
+        if p.sequence_parallel:
+            from hf_posext.training.parallel import init_deepspeed_distributed
+
+            init_deepspeed_distributed()
+        trainer = PosextTrainer(
+            model=model, args=args,
+            train_dataset=SequenceDataset(data, t.max_steps * samples_per_step,
+                                        first_sample=start_step * samples_per_step if skip_in_dataset else 0),
+            data_collator=collate_sequences, callbacks=callbacks, extra_parameter_names=extras, train_section=t,
+            rng_state_from=str(resume_from) if skip_in_dataset else None,
         )
-    if resume_from is not None and main:
-        _truncate_log(output_dir / LOG_FILE, checkpoint_step(resume_from))
-
-    # The processes of one sequence- or context-parallel group share each sample: the data-parallel ranks are
-    # world / (sp_size x cp_size), as the Trainer counts them.
-    samples_per_step = t.batch_size * t.gradient_accumulation_steps * world // (p.sp_size * p.cp_size)
-    tokens_per_step = samples_per_step * data.sequence_length
-    run_info = {
-        "num_processes": world, "fingerprint": config.fingerprint(), "config": config.to_dict(),
-        "hf_posext_version": VERSION, "samples_per_step": samples_per_step,
-    }
-    log_callback = JsonlLogCallback(output_dir / LOG_FILE, tokens_per_step)
-    callbacks: list[TrainerCallback] = [log_callback, CheckpointIntegrityCallback(run_info)]
-    if stop_at_step is not None:
-        callbacks.append(StopAtStepCallback(stop_at_step))
-    start_step = checkpoint_step(resume_from) if resume_from is not None else 0
-    skip_in_dataset = p.sequence_parallel and resume_from is not None  # see parallelism_arguments
-    if p.sequence_parallel:
-        from hf_posext.training.parallel import init_deepspeed_distributed
-
-        init_deepspeed_distributed()
-    trainer = PosextTrainer(
-        model=model, args=args,
-        train_dataset=SequenceDataset(data, t.max_steps * samples_per_step,
-                                    first_sample=start_step * samples_per_step if skip_in_dataset else 0),
-        data_collator=collate_sequences, callbacks=callbacks, extra_parameter_names=extras, train_section=t,
-        rng_state_from=str(resume_from) if skip_in_dataset else None,
-    )
-    began = time.perf_counter()
-    trainer.train(resume_from_checkpoint=str(resume_from) if resume_from is not None else None)
-    elapsed = time.perf_counter() - began
-    step = trainer.state.global_step
-    finished = step >= t.max_steps
-    done = step - start_step
-    result = TrainResult(
-        output_dir=str(output_dir), step=step, finished=finished, final_loss=log_callback.last_loss,
-        tokens_per_second=(done * tokens_per_step / elapsed) if done else None,
-        seconds_per_step=(elapsed / done) if done else None,
-        resumed_from=str(resume_from) if resume_from else None,
-    )
-    if finished:
-        _save_final(config, trainer.accelerator, trainer.model_wrapped, tokenizer, output_dir, dtype, base_weights)
-        if main:
-            write_json_atomic(output_dir / RESULT_FILE, result.__dict__)
-    trainer.accelerator.wait_for_everyone()
-    return result
+        began = time.perf_counter()
+        trainer.train(resume_from_checkpoint=str(resume_from) if resume_from is not None else None)
+        elapsed = time.perf_counter() - began
+        step = trainer.state.global_step
+        finished = step >= t.max_steps
+        done = step - start_step
+        result = TrainResult(
+            output_dir=str(output_dir), step=step, finished=finished, final_loss=log_callback.last_loss,
+            tokens_per_second=(done * tokens_per_step / elapsed) if done else None,
+            seconds_per_step=(elapsed / done) if done else None,
+            resumed_from=str(resume_from) if resume_from else None,
+        )
+        if finished:
+            _save_final(config, trainer.accelerator, trainer.model_wrapped, tokenizer, output_dir, dtype, base_weights)
+            if main:
+                write_json_atomic(output_dir / RESULT_FILE, result.__dict__)
+        trainer.accelerator.wait_for_everyone()
+        return result
 
 
 def load_run_config(folder: str | os.PathLike) -> TrainConfig:

@@ -1075,7 +1075,8 @@ def add_card_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--param", action="append", metavar="KEY=VALUE", help="method parameter for every method, repeatable")
     parser.add_argument("--lengths", required=True, help="comma-separated lengths in tokens, e.g. 2048,4096 or 4k,16k")
     parser.add_argument("--tasks", default="perplexity,passkey,needle,ruler,ending",
-                        help="perplexity, passkey, needle, ruler (all six offline tasks), RULER task names, or ending (short "
+                        help="perplexity, passkey, needle, ruler (RULER's six offline tasks, and its seven that need a download where "
+                             "their data can be fetched; the others are listed as skipped), RULER task names, or ending (short "
                              "chat-formatted instructions: does each answer end with the end-of-turn token?) (default: %(default)s)")
     parser.add_argument("--samples", type=int, default=20, help="samples per task and length (passkey/needle: trials over the depths; "
                         "perplexity: segments, at most 8) (default: %(default)s)")

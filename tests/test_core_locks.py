@@ -1,6 +1,7 @@
-"""One writer per results folder (``hf_posext.core.locks``), and the commands that hold it: a second card or
-evaluation run into a folder another run is writing is refused in one line naming that run, before anything
-loads, and nothing of the first run's folder changes. A killed holder releases the folder."""
+"""One writer per results folder (``hf_posext.core.locks``), and the commands that hold it: a second card run, or a
+second evaluation of the same task and model, into a folder another run is writing is refused in one line naming
+that run, before anything loads, and nothing of the first run's folder changes. A killed holder releases the
+folder."""
 
 from __future__ import annotations
 
@@ -12,21 +13,27 @@ from pathlib import Path
 
 import pytest
 
-from hf_posext.core.locks import LOCK_NAME, FolderBusyError, hold_folder
+from hf_posext.core.locks import LOCK_NAME, FolderBusyError, hold_folder, lock_name
 
 pytest.importorskip("fcntl")
 
 TINY = str(Path(__file__).parent / "data" / "training" / "tiny-llama")
 
 
+def hold_in_another_process(folder: Path, part: str | None = None) -> subprocess.Popen:
+    """Another process holding ``folder`` (or its ``part``) until killed."""
+    script = ("import sys, time\nfrom hf_posext.core.locks import hold_folder\n"
+              "with hold_folder(sys.argv[1], part=sys.argv[2] or None):\n    print('held', flush=True)\n    time.sleep(600)\n")
+    process = subprocess.Popen([sys.executable, "-c", script, str(folder), part or ""], stdout=subprocess.PIPE, text=True)
+    assert process.stdout.readline().strip() == "held"
+    return process
+
+
 @pytest.fixture
 def holder(tmp_path):
-    """Another process holding ``tmp_path / "held"`` (started by ``hf-posext``-like argv), killed at the end."""
+    """Another process holding ``tmp_path / "held"``, killed at the end."""
     folder = tmp_path / "held"
-    script = ("import sys, time\nfrom hf_posext.core.locks import hold_folder\n"
-              "with hold_folder(sys.argv[1]):\n    print('held', flush=True)\n    time.sleep(600)\n")
-    process = subprocess.Popen([sys.executable, "-c", script, str(folder)], stdout=subprocess.PIPE, text=True)
-    assert process.stdout.readline().strip() == "held"
+    process = hold_in_another_process(folder)
     yield folder, process
     if process.poll() is None:
         process.kill()
@@ -76,23 +83,45 @@ def test_the_same_process_cannot_hold_a_folder_twice(tmp_path):
                 pass
 
 
-def test_eval_into_a_held_folder_is_refused_before_loading(holder, capsys, monkeypatch):
+def test_parts_of_a_folder_are_held_apart(tmp_path):
+    with hold_folder(tmp_path / "out", part="passkey m"):
+        with hold_folder(tmp_path / "out", part="needle m"):  # another part: goes on
+            with pytest.raises(FolderBusyError, match="another passkey m run"):
+                with hold_folder(tmp_path / "out", part="passkey m"):
+                    pass
+    assert lock_name("a/b c") != lock_name("a b/c") and lock_name("a/b c").startswith(".hf-posext-a-b-c-")
+    assert not (tmp_path / "out").exists()
+
+
+def test_eval_of_a_task_and_model_another_run_is_writing_is_refused_before_loading(tmp_path, capsys, monkeypatch):
+    """Each task and model writes files of its own: a passkey run beside a perplexity run into one folder is fine, a
+    second passkey run of the same model is refused."""
     from hf_posext.cli import main
     import hf_posext.evaluation.loading as loading
 
-    folder, process = holder
+    folder = tmp_path / "results"
+    folder.mkdir()
     (folder / "kept.json").write_text("{}")
+    process = hold_in_another_process(folder, f"passkey {TINY}")
+    try:
+        def no_loading(*args, **kwargs):
+            raise AssertionError("the model was loaded for a task and model another run is writing")
 
-    def no_loading(*args, **kwargs):
-        raise AssertionError("the model was loaded into a folder another run holds")
-
-    monkeypatch.setattr(loading, "load_model_and_tokenizer", no_loading)
-    argv = ["eval", "passkey", "--model", TINY, "--methods", "none", "--lengths", "320", "--depths", "0.5", "--trials", "1",
-            "--no-generate", "--out", str(folder), "--no-progress"]
-    assert main(argv) == 2
-    error = capsys.readouterr().err.strip()
-    assert f"is being written by another run (pid {process.pid} " in error and len(error.splitlines()) == 1, error
-    assert sorted(p.name for p in folder.iterdir()) == sorted([LOCK_NAME, "kept.json"])
+        monkeypatch.setattr(loading, "load_model_and_tokenizer", no_loading)
+        argv = ["eval", "passkey", "--model", TINY, "--methods", "none", "--lengths", "320", "--depths", "0.5", "--trials", "1",
+                "--no-generate", "--out", str(folder), "--no-progress"]
+        assert main(argv) == 2
+        error = capsys.readouterr().err.strip()
+        assert f"is being written by another passkey {TINY} run (pid {process.pid} " in error, error
+        assert len(error.splitlines()) == 1
+        assert sorted(p.name for p in folder.iterdir()) == sorted([lock_name(f"passkey {TINY}"), "kept.json"])
+        # another task of the same model goes on beside it (it reaches the loading, stubbed here)
+        assert main(["eval", "perplexity", "--model", TINY, "--methods", "none", "--lengths", "64", "--out", str(folder),
+                     "--no-progress"]) == 1
+        assert "the model was loaded" in capsys.readouterr().err
+    finally:
+        process.kill()
+        process.wait()
 
 
 def test_card_into_a_held_folder_is_refused_before_loading(holder, capsys, monkeypatch):

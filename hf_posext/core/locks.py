@@ -16,14 +16,16 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import hashlib
 import os
+import re
 import shlex
 import socket
 import sys
 from pathlib import Path
 from typing import IO, Iterator
 
-__all__ = ["FolderBusyError", "LOCK_NAME", "hold_folder", "folder_holder"]
+__all__ = ["FolderBusyError", "LOCK_NAME", "hold_folder", "folder_holder", "lock_name"]
 
 #: The lock file a writing run holds in its folder while it runs (its line says who holds it).
 LOCK_NAME = ".hf-posext.lock"
@@ -38,10 +40,19 @@ class FolderBusyError(ValueError):
     """Another running process holds the folder's lock (the message names it and the fix)."""
 
 
-def folder_holder(folder: str | os.PathLike) -> str:
+def lock_name(part: str | None = None) -> str:
+    """The lock file's name: :data:`LOCK_NAME` for the whole folder, one per ``part`` otherwise."""
+    if part is None:
+        return LOCK_NAME
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", part).strip("-.")[:80]
+    digest = hashlib.sha1(part.encode()).hexdigest()[:8]  # two parts that slug alike keep two locks
+    return f".hf-posext-{slug}-{digest}.lock"
+
+
+def folder_holder(folder: str | os.PathLike, part: str | None = None) -> str:
     """What the lock file in ``folder`` says about the run that holds (or last held) it; ``""`` if nothing."""
     try:
-        return (Path(folder) / LOCK_NAME).read_text(encoding="utf-8").strip()
+        return (Path(folder) / lock_name(part)).read_text(encoding="utf-8").strip()
     except (OSError, UnicodeDecodeError):
         return ""
 
@@ -53,7 +64,8 @@ def _holder_line() -> str:
 
 
 @contextlib.contextmanager
-def hold_folder(folder: str | os.PathLike, option: str = "--out", what: str = "the results") -> Iterator[Path]:
+def hold_folder(folder: str | os.PathLike, option: str = "--out", what: str = "the results",
+                part: str | None = None) -> Iterator[Path]:
     """Hold ``folder``'s lock for the block: refuse at once if another process holds it.
 
     The folder is created if needed, and removed again if this call created it and the block left it empty (a
@@ -63,6 +75,8 @@ def hold_folder(folder: str | os.PathLike, option: str = "--out", what: str = "t
         folder: the folder the run writes.
         option: how the user gave it, named in the message.
         what: what the folder holds, for the message.
+        part: lock only this part of the folder (e.g. ``"passkey smollm2-135m"``: the files of one task and
+            model), so that runs writing other parts may run beside it; None locks the whole folder.
 
     Raises:
         FolderBusyError: another process holds the lock: the message names it and says to wait or give
@@ -71,17 +85,16 @@ def hold_folder(folder: str | os.PathLike, option: str = "--out", what: str = "t
     folder = Path(folder).expanduser()
     created = not folder.exists()
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / LOCK_NAME
+    path = folder / lock_name(part)
     if fcntl is None:
         yield folder
         return
     handle = _locked(path)
     if handle is None:
-        holder = folder_holder(folder) or "another process"
-        raise FolderBusyError(
-            f"{option} {folder} is being written by another run ({holder}); wait for it to finish, or give "
-            f"another {option} for {what}."
-        )
+        holder = folder_holder(folder, part) or "another process"
+        written = f"{option} {folder} is being written by another run" if part is None else \
+            f"{option} {folder} is being written by another {part} run"
+        raise FolderBusyError(f"{written} ({holder}); wait for it to finish, or give another {option} for {what}.")
     try:
         handle.seek(0)
         handle.truncate()

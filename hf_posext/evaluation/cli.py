@@ -169,21 +169,23 @@ def _run_task(task: str, args: argparse.Namespace) -> int:
             args.factor = record.factor
     if task != "perplexity":
         _check_prompt_lengths(task, args, lengths)
-    # one run writes a results folder at a time (the main process holds it for every process)
-    with held_by_main(dist, args.out):
+    # one run of a task and model writes a results folder at a time (the main process holds it for every process);
+    # other tasks or models may run beside it: each writes files of its own
+    with held_by_main(dist, args.out, f"{task} {args.model}" + (f"+{adapter}" if adapter else "")):
         return _run_task_holding_folder(task, args, methods, lengths, dist, device, adapter, started)
 
 
 @contextlib.contextmanager
-def held_by_main(dist: Any, out: str) -> Iterator[None]:
-    """Hold ``out``'s lock in the main process; every process raises the same one line if another run holds it."""
+def held_by_main(dist: Any, out: str, part: str | None = None) -> Iterator[None]:
+    """Hold ``out``'s lock (or its ``part``'s) in the main process; every process raises the same one line if
+    another run holds it."""
     from hf_posext.core.locks import FolderBusyError, hold_folder
 
     with contextlib.ExitStack() as stack:
         refusal = ""
         if dist.is_main:
             try:
-                stack.enter_context(hold_folder(out, "--out", "the results"))
+                stack.enter_context(hold_folder(out, "--out", "the results", part=part))
             except FolderBusyError as error:
                 refusal = str(error)
         refusals = dist.gather([refusal] if refusal else [])

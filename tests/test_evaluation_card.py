@@ -927,3 +927,34 @@ def test_a_download_task_whose_data_can_be_fetched_runs_on_the_card(fresh_downlo
     assert "was founded by person" in json.loads(samples.read_text())["docs"][0]["input"]
     assert [s["what"] for s in card["skipped"]] == ["niah_single_2"]
     assert "Offline" in card["skipped"][0]["reason"]
+
+
+def test_importing_the_ruler_generators_drops_nltks_punkt_noise_and_keeps_the_rest(tmp_path):
+    """lm-eval's niah generator module tries to download punkt_tab on import and then prints "Downloaded punkt_tab on
+    rank 0" whether it could or not (offline: four nltk error lines and that false line in every card log). Run in a
+    fresh interpreter, where the module is imported for the first time, with punkt_tab missing and the download
+    failing, as offline."""
+    pytest.importorskip("lm_eval")
+    import subprocess
+    import sys
+
+    script = """
+import sys
+import nltk
+def missing(resource, *args, **kwargs):
+    raise LookupError(resource)
+def failing(info_or_id=None, quiet=False, print_error_to=sys.stderr, **kwargs):
+    print("[nltk_data] Error loading", info_or_id, file=print_error_to)
+    return False
+nltk.data.find, nltk.download = missing, failing
+from hf_posext.integrations.lm_eval.launcher import import_harness
+import_harness()
+from hf_posext.integrations.lm_eval.card import import_ruler_generators
+import_ruler_generators()
+assert "lm_eval.tasks.ruler.prepare_niah" in sys.modules and nltk.download is failing
+print("imported")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "imported"
+    assert "punkt" not in done.stdout + done.stderr and "[nltk_data]" not in done.stderr, done.stdout + done.stderr

@@ -17,10 +17,12 @@ Perplexity, passkey and needle run through :mod:`hf_posext.evaluation` into ``OU
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import glob
 import gc
 import hashlib
+import io
 import json
 import logging
 import math
@@ -44,7 +46,7 @@ from hf_posext.evaluation.card import (
 )
 from hf_posext.integrations.lm_eval.launcher import import_harness
 
-__all__ = ["Row", "ruler_docs", "ruler_task", "limit_ruler_samples", "run_ruler_cell", "run_card", "download_problem", "forget_downloads",
+__all__ = ["Row", "ruler_docs", "ruler_task", "limit_ruler_samples", "run_ruler_cell", "run_card", "download_problem", "forget_downloads", "import_ruler_generators",
            "ForwardTimer", "device_synchronizer", "AS_SAVED"]
 
 logger = logging.getLogger(__name__)
@@ -60,10 +62,36 @@ AS_SAVED = "as-saved"
 _GENERATORS = ("generate_samples", "sys_vartrack_w_noise_random", "sys_word_pair_random", "sys_kwext")
 
 
-def _import_generators() -> None:
+def import_ruler_generators() -> None:
     """Import lm-eval's RULER generator modules. Their first import draws from ``random``: done before the
-    seed is set, the samples do not depend on whether this process generated others before."""
-    from lm_eval.tasks.ruler import common_utils, cwe_utils, fwe_utils, niah_utils, prepare_niah, vt_utils  # noqa: F401
+    seed is set, the samples do not depend on whether this process generated others before.
+
+    The first import also tries to download nltk's ``punkt_tab`` (only the essay-haystack tasks use it) and then
+    prints "Downloaded punkt_tab on rank 0" whether or not it could; offline that was four lines of nltk errors
+    and a false claim in every card log. Those lines are dropped (the essay tasks' check says whether punkt_tab
+    is there, :func:`download_problem`); anything else the import prints is passed on.
+    """
+    names = ("common_utils", "cwe_utils", "fwe_utils", "niah_utils", "prepare_niah", "vt_utils")
+    if all(f"lm_eval.tasks.ruler.{name}" in sys.modules for name in names):
+        return
+    import nltk
+
+    printed, errors = io.StringIO(), io.StringIO()
+    download = nltk.download
+
+    def quiet_download(*args: Any, **kwargs: Any) -> Any:  # nltk prints its errors to the stderr of its import time
+        return download(*args, **{"quiet": True, "print_error_to": errors, **kwargs})
+
+    nltk.download = quiet_download
+    try:
+        with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(errors):
+            from lm_eval.tasks.ruler import common_utils, cwe_utils, fwe_utils, niah_utils, prepare_niah, vt_utils  # noqa: F401
+    finally:
+        nltk.download = download
+    for text, stream in ((printed.getvalue(), sys.stdout), (errors.getvalue(), sys.stderr)):
+        kept = [line for line in text.splitlines(keepends=True)
+                if not line.startswith("[nltk_data]") and line.strip() != "Downloaded punkt_tab on rank 0"]
+        stream.write("".join(kept))
 
 
 def limit_ruler_samples(dataset: Callable[..., Any], n: int) -> Callable[..., Any]:
@@ -215,7 +243,7 @@ def ruler_docs(task_name: str, tokenizer_path: str, tokenizer: Any, length: int,
         return docs, key
     import numpy as np
 
-    _import_generators()
+    import_ruler_generators()
     manager = _task_manager(tokenizer_path, length)
     random.seed(seed)
     np.random.seed(seed)
@@ -659,6 +687,7 @@ def _run_card_holding_folder(args: Any, specs: list[ModelSpec], lengths: list[in
     out = Path(args.out)
     if ruler or downloads:
         import_harness()
+        import_ruler_generators()  # first, so that their import's nltk noise is dropped wherever a task loads them
     # the tasks that need a download run where their data can be fetched, and are listed as skipped elsewhere
     skipped: list[dict[str, str]] = []
     for name in downloads:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -61,13 +59,8 @@ def bitwise_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> boo
 
 
 def exit_without_teardown(code: int) -> None:
-    """Leave once every rank is done, skipping C++ static destructors: at interpreter exit, a gloo/DeepSpeed
-    shared-memory thread can abort one rank ("terminate called without an active exception", seen once in CI
-    after both ranks had finished and the results were written)."""
-    import torch
+    """Leave once every rank is done, skipping C++ static destructors (the training CLI's own way out of a
+    sequence-parallel run: :func:`hf_posext.training.cli.leave_without_teardown`)."""
+    from hf_posext.training.cli import leave_without_teardown
 
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.barrier()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    leave_without_teardown(code)

@@ -11,8 +11,8 @@ on a task where it scored 0 at 16384. A cell the card lists as skipped (over the
 Perplexity counts as one cell (its segments are capped by the text, not by ``--floor``).
 
 Reads the card only (run ``bash bench/card_smollm2.sh combine`` first for the parts' latest samples); no
-model is loaded. The table lists every cell the floor needs with what it has, so a session knows which part
-to run next.
+model is loaded. The table lists every cell the floor needs with what it has, and (for the CPU floor) which
+`bash bench/card_smollm2.sh` line fills the missing ones, so a session knows which part to run next.
 """
 
 from __future__ import annotations
@@ -69,16 +69,53 @@ def floor_cells(card: dict[str, Any], *, floor: int = 20, floor_32k: int = 10, b
     return out
 
 
-def markdown(cells: list[dict[str, Any]], source: str) -> str:
+#: The RULER tasks `ruler-float32` runs (on a CPU without native bfloat16; `cpu/` holds the other two in bfloat16).
+FLOAT32_RULER = ("niah_multikey_2", "niah_multikey_3", "ruler_vt", "ruler_cwe")
+
+
+def _command(part: str) -> str:
+    """``GRID=floor TASKS=x ruler`` -> ``GRID=floor TASKS=x bash bench/card_smollm2.sh ruler``."""
+    *settings, name = part.split()
+    return " ".join([*settings, "bash bench/card_smollm2.sh", name])
+
+
+def filling_part(task: str, row: str, length: int, base: str = BASE) -> tuple[str, str]:
+    """The command (CPU) that fills a cell of the floor, and where it runs (a bfloat16 part runs on a CPU with
+    native bfloat16 only; elsewhere its float32 twin)."""
+    retrieval = task in ("perplexity", "passkey", "needle")
+    if length == 32768:
+        return _command("tasks32" if retrieval else f"TASKS={task} counting32"), "any CPU (float32)"
+    if row == base:
+        if retrieval:
+            return _command("GRID=base tasks"), "any CPU (float32)"
+        return (_command("GRID=base ruler-float32"), "any CPU (float32)") if task in FLOAT32_RULER else (_command("GRID=base ruler"), "native bfloat16")
+    if retrieval:
+        return _command("tasks-bfloat16"), "native bfloat16; elsewhere `GRID=floor tasks`"
+    if task in FLOAT32_RULER:
+        return _command(f"GRID=floor TASKS={task} ruler"), "native bfloat16; elsewhere `GRID=floor ruler-float32`"
+    return _command(f"GRID=floor TASKS={task} ruler"), "native bfloat16"
+
+
+def markdown(cells: list[dict[str, Any]], source: str, parts: bool = True) -> str:
+    """FLOOR.md: the cells and, with ``parts``, the CPU runs that fill the missing ones (most samples first)."""
     missing = [c for c in cells if c["have"] < c["need"]]
     samples = sum(c["need"] - c["have"] for c in missing if c["task"] != "perplexity")
     lines = [f"# The card's sample floor: {len(cells) - len(missing)} of {len(cells)} cells met",
              "",
              f"From `{source}` (`python bench/card_floor.py`). Missing: {len(missing)} cells, {samples} samples"
              " (perplexity counts as one cell).",
-             "",
-             "| task | row | length | have | need | |",
-             "|---|---|---:|---:|---:|---|"]
+             ""]
+    if parts and missing:
+        runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        for c in missing:
+            runs.setdefault(filling_part(c["task"], c["row"], c["length"]), []).append(c)
+        lines += ["What fills them (each command resumes per sample):", "",
+                  "| command | runs on | cells | samples |", "|---|---|---:|---:|"]
+        for (part, where), group in sorted(runs.items(), key=lambda item: -sum(c["need"] - c["have"] for c in item[1])):
+            lines.append(f"| `{part}` | {where} | {len(group)} | {sum(c['need'] - c['have'] for c in group)} |")
+        lines.append("")
+    lines += ["| task | row | length | have | need | |",
+              "|---|---|---:|---:|---:|---|"]
     for c in cells:
         state = c["why"] or ("met" if c["have"] >= c["need"] else "missing")
         lines.append(f"| {c['task']} | {c['row']} | {c['length']} | {c['have']} | {c['need']} | {state} |")
@@ -100,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"card_floor: cannot read {path} ({error}); run `bash bench/card_smollm2.sh combine` first", file=sys.stderr)
         return 2
     cells = floor_cells(card, floor=args.floor, floor_32k=args.floor_32k, best=args.best)
-    text = markdown(cells, str(path))
+    # the CPU parts fill the CPU floor; the GPU's (--floor 50) is filled by `bash bench/gpu_session.sh card`
+    text = markdown(cells, str(path), parts=args.floor == 20 and args.floor_32k == 10)
     if args.out == "-":
         sys.stdout.write(text)
         return 0

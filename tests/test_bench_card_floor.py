@@ -49,3 +49,35 @@ def test_the_table_is_written_beside_the_card_and_a_missing_card_is_named(tmp_pa
     assert not list(tmp_path.glob("*.partial"))
     assert floor.main(["--card", str(tmp_path / "none.json")]) == 2
     assert "bench/card_smollm2.sh combine" in capsys.readouterr().err
+
+
+def test_each_missing_cell_is_named_with_the_command_that_fills_it(tmp_path):
+    """FLOOR.md says which `bench/card_smollm2.sh` line fills the missing cells, grouped, with their samples: every
+    command names a part the script has and settings it reads, and the groups add up to what is missing."""
+    import re
+
+    from tests.test_bench_scripts import BENCH
+
+    floor = load_bench_script("card_floor")
+    script = (BENCH / "card_smollm2.sh").read_text()
+    (parts,) = re.findall(r'^PARTS="([^"]+)"', script, flags=re.M)
+    card = tmp_path / "card.json"
+    card.write_text(json.dumps(_card()))
+    assert floor.main(["--card", str(card)]) == 0
+    text = (tmp_path / "FLOOR.md").read_text()
+    rows = re.findall(r"^\| `([^`]+)` \| [^|]+ \| (\d+) \| (\d+) \|$", text, flags=re.M)
+    assert rows, text
+    for command, _, _ in rows:
+        *settings, bash, path, part = command.split()
+        assert (bash, path) == ("bash", "bench/card_smollm2.sh") and part in parts.split("|"), command
+        assert all(setting.split("=")[0] in ("GRID", "TASKS") and f"${{{setting.split('=')[0]}" in script for setting in settings)
+    missing = [c for c in floor.floor_cells(_card()) if c["have"] < c["need"]]
+    assert sum(int(cells) for _, cells, _ in rows) == len(missing)
+    assert sum(int(samples) for _, _, samples in rows) == sum(c["need"] - c["have"] for c in missing)
+    # the cell one sample short is filled by the floor's RULER line, a base model's cell by its GRID=base line
+    assert floor.filling_part("niah_single_1", floor.YARN, 16384)[0] == "GRID=floor TASKS=niah_single_1 bash bench/card_smollm2.sh ruler"
+    assert floor.filling_part("ruler_vt", floor.BASE, 4096)[0] == "GRID=base bash bench/card_smollm2.sh ruler-float32"
+    assert floor.filling_part("passkey", floor.HEADLINE, 32768)[0] == "bash bench/card_smollm2.sh tasks32"
+    # the GPU's floor (50 samples) is filled by the GPU stage, not these parts
+    assert floor.main(["--card", str(card), "--floor", "50", "--floor-32k", "50"]) == 0
+    assert "bench/card_smollm2.sh" not in (tmp_path / "FLOOR.md").read_text()

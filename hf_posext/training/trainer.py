@@ -851,9 +851,14 @@ def train(
 
         # Everything loaded: only now create (or clear) the run folder and record the config.
         if resume_from is None and main:
-            for entry in output_dir.iterdir() if output_dir.exists() else ():  # allowed by _prepare_output_dir:
-                if entry.name != LOCK_NAME:                                   # --overwrite on a run folder
-                    shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+            # --overwrite on a run folder (allowed by _prepare_output_dir): clear it, all but the lock this run holds
+            for entry in list(output_dir.iterdir()) if output_dir.exists() else []:
+                if entry.name == LOCK_NAME:
+                    continue
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry)
+                else:
+                    entry.unlink()
             output_dir.mkdir(parents=True, exist_ok=True)
             (output_dir / CONFIG_FILE).write_text(
                 f"# written by hf_posext.training at the start of the run; resume with --config {CONFIG_FILE}\n" + config.to_yaml()

@@ -54,3 +54,24 @@ def test_two_processes_match_one_process_with_the_same_global_batch(tmp_path):
     print(f"2 processes vs 1: weights differ by {max_difference(a, b):.2e}, losses by {loss_error:.2e}")
     assert max_difference(a, b) < 1e-5
     assert losses == pytest.approx(single_losses, abs=1e-5)
+
+
+def test_two_processes_refuse_a_run_folder_another_run_holds_and_both_leave(tmp_path):
+    """The main process holds output.dir; the refusal reaches the other process too (no rank waits for a partner that
+    left), in one line, before any model loads."""
+    from hf_posext.core.locks import LOCK_NAME, hold_folder
+
+    out = tmp_path / "held"
+    command = [
+        sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(REPO / "recipes/accelerate/cpu_2proc.yaml"),
+        "--main_process_port", "0", str(REPO / "recipes/finetune.py"), "--config", str(TINY_RECIPE),
+        f"model.name={TINY_MODEL}", f"data.source={TINY_CORPUS}", f"output.dir={out}", "train.batch_size=1", *COMMON,
+        "--no-progress",
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    with hold_folder(out, "output.dir", "the run"):
+        done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode != 0
+        assert f"is being written by another run (pid {os.getpid()} " in done.stderr, done.stderr[-3000:]
+        assert [p.name for p in out.iterdir()] == [LOCK_NAME]
+    assert not out.exists()

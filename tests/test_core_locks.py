@@ -5,6 +5,7 @@ folder."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from hf_posext.core.locks import LOCK_NAME, FolderBusyError, hold_folder, lock_name
+from hf_posext.core.locks import LOCK_NAME, FolderBusyError, hold_folder, hold_folder_on_main, lock_name
 
 pytest.importorskip("fcntl")
 
@@ -91,6 +92,24 @@ def test_parts_of_a_folder_are_held_apart(tmp_path):
                     pass
     assert lock_name("a/b c") != lock_name("a b/c") and lock_name("a/b c").startswith(".hf-posext-a-b-c-")
     assert not (tmp_path / "out").exists()
+
+
+def test_on_main_every_process_raises_the_main_processs_refusal(holder):
+    folder, process = holder
+    shared: list[str] = []
+
+    def share(refusal: str) -> list[str]:  # two processes: what the main one found, then this one's
+        shared.append(refusal)
+        return [shared[0], refusal]
+
+    for main in (True, False):  # the main process finds the folder held; the other learns it from the gather
+        with contextlib.ExitStack() as stack, pytest.raises(FolderBusyError, match=f"pid {process.pid} on "):
+            hold_folder_on_main(stack, folder, "output.dir", "the run", main=main, share=share)
+    assert shared[0] and shared[1] == ""  # only the main process tried the lock
+    with contextlib.ExitStack() as stack:  # free folder: the main process holds it until the stack closes
+        hold_folder_on_main(stack, folder.parent / "free", "--out", "the card", main=True, share=lambda r: [r])
+        assert (folder.parent / "free" / LOCK_NAME).exists()
+    assert not (folder.parent / "free").exists()
 
 
 def test_eval_of_a_task_and_model_another_run_is_writing_is_refused_before_loading(tmp_path, capsys, monkeypatch):

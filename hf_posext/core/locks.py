@@ -23,9 +23,9 @@ import shlex
 import socket
 import sys
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO, Callable, Iterator
 
-__all__ = ["FolderBusyError", "LOCK_NAME", "hold_folder", "folder_holder", "lock_name"]
+__all__ = ["FolderBusyError", "LOCK_NAME", "hold_folder", "hold_folder_on_main", "folder_holder", "lock_name"]
 
 #: The lock file a writing run holds in its folder while it runs (its line says who holds it).
 LOCK_NAME = ".hf-posext.lock"
@@ -109,6 +109,33 @@ def hold_folder(folder: str | os.PathLike, option: str = "--out", what: str = "t
         if created:  # a run refused by a later check leaves no empty folder behind
             with contextlib.suppress(OSError):
                 folder.rmdir()
+
+
+def hold_folder_on_main(stack: contextlib.ExitStack, folder: str | os.PathLike, option: str, what: str, *, main: bool,
+                        share: Callable[[str], list[str]], part: str | None = None) -> None:
+    """Hold ``folder``'s lock (:func:`hold_folder`) in the main process until ``stack`` closes; with several
+    processes, every one raises the same one line when another run holds it, so that none waits at a barrier for
+    a process that already stopped.
+
+    Args:
+        stack: holds the lock until it closes.
+        folder, option, what, part: as for :func:`hold_folder`.
+        main: whether this is the process that takes the lock.
+        share: every process's refusal from this process's (``""`` when none): an all-gather over the processes,
+            or ``lambda refusal: [refusal]`` for one process.
+
+    Raises:
+        FolderBusyError: another run holds the lock (in every process).
+    """
+    refusal = ""
+    if main:
+        try:
+            stack.enter_context(hold_folder(folder, option, what, part=part))
+        except FolderBusyError as error:
+            refusal = str(error)
+    refusal = next((text for text in share(refusal) if text), "")
+    if refusal:
+        raise FolderBusyError(refusal)
 
 
 def _locked(path: Path) -> IO[str] | None:

@@ -179,18 +179,11 @@ def _run_task(task: str, args: argparse.Namespace) -> int:
 def held_by_main(dist: Any, out: str, part: str | None = None) -> Iterator[None]:
     """Hold ``out``'s lock (or its ``part``'s) in the main process; every process raises the same one line if
     another run holds it."""
-    from hf_posext.core.locks import FolderBusyError, hold_folder
+    from hf_posext.core.locks import hold_folder_on_main
 
     with contextlib.ExitStack() as stack:
-        refusal = ""
-        if dist.is_main:
-            try:
-                stack.enter_context(hold_folder(out, "--out", "the results", part=part))
-            except FolderBusyError as error:
-                refusal = str(error)
-        refusals = dist.gather([refusal] if refusal else [])
-        if refusals:
-            raise FolderBusyError(refusals[0])
+        hold_folder_on_main(stack, out, "--out", "the results", main=dist.is_main, part=part,
+                            share=lambda refusal: dist.gather([refusal] if refusal else []))
         yield
 
 

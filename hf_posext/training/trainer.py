@@ -45,7 +45,7 @@ from hf_posext.adapters import (
     trained_module_names, write_adapter_record, write_trained_modules,
 )
 from hf_posext.core.errors import DamagedFileError
-from hf_posext.core.locks import LOCK_NAME, FolderBusyError, hold_folder
+from hf_posext.core.locks import LOCK_NAME, hold_folder_on_main
 from hf_posext.core.paths import check_output_folder
 from hf_posext.text_sources import check_text_source
 from hf_posext.api import describe, patch
@@ -568,21 +568,13 @@ def _prepare_output_dir(output_dir: Path, overwrite: bool, resuming: bool) -> No
         )
 
 
-def _hold_run_folder(stack: contextlib.ExitStack, output_dir: Path, main: bool) -> None:
-    """Hold ``output_dir``'s lock in the main process until ``stack`` closes; with several processes, every
-    process raises the same one line if another run holds it (so that none waits for the others)."""
-    refusal = ""
-    if main:
-        try:
-            stack.enter_context(hold_folder(output_dir, "output.dir", "the run"))
-        except FolderBusyError as error:
-            refusal = str(error)
-    if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
-        gathered: list[Any] = [None] * torch.distributed.get_world_size()
-        torch.distributed.all_gather_object(gathered, refusal)
-        refusal = next((text for text in gathered if text), "")
-    if refusal:
-        raise FolderBusyError(refusal)
+def _all_refusals(refusal: str) -> list[str]:
+    """Every process's refusal (one process: this one's)."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1):
+        return [refusal]
+    gathered: list[Any] = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(gathered, refusal)
+    return gathered
 
 
 def _check_resumable(resume_from: Path, config: TrainConfig, world: int) -> None:
@@ -815,7 +807,7 @@ def train(
     # one run writes a run folder at a time: a second (a job started again while the first still runs) would mix
     # its checkpoints into the first's, or delete them with --overwrite
     with contextlib.ExitStack() as held:
-        _hold_run_folder(held, output_dir, main)
+        hold_folder_on_main(held, output_dir, "output.dir", "the run", main=main, share=_all_refusals)
 
         t, p = config.train, config.parallelism
         dtype = torch.bfloat16 if (args.bf16 and config.finetune.mode == "lora") else torch.float32

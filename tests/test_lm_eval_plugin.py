@@ -137,6 +137,42 @@ def test_dynamic_method_sets_the_harness_context_to_the_scaled_window(tiny_dir):
     assert math.isfinite(_rolling_loglikelihood(lm, PASSAGE))
 
 
+def test_a_dynamic_method_generating_inside_its_scaled_window_gets_no_false_length_reminder(tiny_dir):
+    """Dynamic methods keep max_position_embeddings at the original window (64), so transformers warns that a
+    generation "exceeded the model's predefined maximum length" however far inside the scaled window (128) it is.
+    The plugin drops that reminder inside the scaled window and keeps it past it."""
+    import logging
+
+    import transformers.utils.logging as transformers_logging
+    from lm_eval.api.instance import Instance
+
+    seen: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record.getMessage())
+
+    def generate(lm: PosextHFLM, characters: int) -> None:
+        transformers_logging.warning_once.cache_clear()  # a warning_once: shown again for each call here
+        request = Instance("generate_until", {}, (PASSAGE[:characters], {"max_gen_toks": 4, "until": ["\n\n"]}), 0)
+        lm.generate_until([request], disable_tqdm=True)
+
+    handler, verbosity = Keep(), transformers_logging.get_verbosity()
+    logging.getLogger("transformers").addHandler(handler)
+    transformers_logging.set_verbosity_warning()  # the suite runs at error level
+    try:
+        lm = PosextHFLM(pretrained=tiny_dir, device="cpu", posext_method="dynamic-ntk", posext_factor=2)
+        assert lm.model.config.max_position_embeddings == 64 and lm.max_length == 128
+        generate(lm, 100)  # 104 tokens: past the declared window, inside the scaled one
+        assert not [m for m in seen if "friendly reminder" in m], seen
+        past = PosextHFLM(pretrained=tiny_dir, device="cpu", posext_method="dynamic-ntk", posext_factor=2, max_length=300)
+        generate(past, 200)  # 204 tokens: past the scaled window too, where the reminder is true
+        assert [m for m in seen if "friendly reminder" in m], seen
+    finally:
+        logging.getLogger("transformers").removeHandler(handler)
+        transformers_logging.set_verbosity(verbosity)
+
+
 def test_saved_patched_model_gets_its_scaling_back(tiny_dir, tmp_path):
     # dynamic-yarn is not a transformers rope type: stock loading drops it, the plugin re-applies it.
     model = hf_posext.patch(tiny_model("llama"), "dynamic-yarn", factor=2)

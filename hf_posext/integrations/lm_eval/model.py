@@ -27,7 +27,9 @@ trained norms/embeddings are loaded with it. Any other PEFT adapter is loaded as
 
 When ``max_length`` is not given, the harness's context limit is the scaled window
 (``describe(model).current_window``), not the config's ``max_position_embeddings``, which dynamic
-methods leave at the original window.
+methods leave at the original window. For the same reason transformers' "friendly reminder - the current text
+generation call has exceeded the model's predefined maximum length" is dropped for a generation that fits the
+scaled window (it would be false there); past the scaled window it is shown.
 
 Example:
     >>> import lm_eval, hf_posext.integrations.lm_eval.model  # registers "hf-posext"
@@ -38,8 +40,9 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from typing import Any
+from typing import Any, Iterator
 
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
@@ -100,6 +103,30 @@ def _saved_record(pretrained: Any) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None  # the harness's own loader reports a missing or unreadable model
     return read_record(pretrained, config)
+
+
+#: transformers' logger and the start of its warning for a generation past ``config.max_position_embeddings``.
+_REMINDER_LOGGER = "transformers.generation.stopping_criteria"
+_REMINDER = "This is a friendly reminder - the current text generation call has exceeded the model's predefined"
+
+
+class _DropWindowReminder(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(_REMINDER)
+
+
+@contextlib.contextmanager
+def _without_window_reminder() -> Iterator[None]:
+    """transformers' reminder dropped for the block. It is a ``warning_once``: once dropped, a later generation past
+    the same declared window in this process does not show it either (the harness's own generations stop at
+    ``max_length``, the scaled window by default). A reworded reminder is shown, not dropped."""
+    reminder_logger = logging.getLogger(_REMINDER_LOGGER)
+    dropping = _DropWindowReminder()
+    reminder_logger.addFilter(dropping)
+    try:
+        yield
+    finally:
+        reminder_logger.removeFilter(dropping)
 
 
 class _LoadWithHfPosext:
@@ -223,6 +250,14 @@ class PosextHFLM(HFLM):
         report = describe(model)
         self.posext_report = report.to_dict()
         logger.info("hf-posext: evaluating a model scaled as follows:\n%s", report)
+
+    def _model_generate(self, context, max_length: int, stop: list[str], **generation_kwargs):
+        window = int(self.posext_report["current_window"]) if self.posext_report is not None else None
+        declared = getattr(self._patch_target().config, "max_position_embeddings", None)
+        if window is None or not isinstance(declared, int) or not declared < max_length <= window:
+            return super()._model_generate(context, max_length, stop, **generation_kwargs)
+        with _without_window_reminder():  # inside the scaled window, past the declared one (dynamic methods)
+            return super()._model_generate(context, max_length, stop, **generation_kwargs)
 
     @property
     def max_length(self) -> int:

@@ -71,6 +71,59 @@ def test_a_stopped_evaluation_keeps_its_finished_cells(tmp_path, monkeypatch):
     assert next(iter(again.cells.values()))["units"] == next(iter(stored.values()))["units"]
 
 
+def test_a_run_stopped_inside_a_cell_resumes_at_its_next_unit(tmp_path, monkeypatch):
+    # Eight perplexity segments of 32768 tokens are one cell and hours on a CPU: a run stopped inside it keeps the
+    # segments it finished (apart from the cells, which no report reads unfinished) and the next run scores only
+    # the rest, to the same perplexity as a run never stopped.
+    from hf_posext.evaluation import perplexity
+
+    real = perplexity.chunked_nll
+    scored: list[list[int]] = []
+
+    def stops_at_the_third_segment(model, ids, chunk_size):
+        if len(scored) == 2:
+            raise KeyboardInterrupt
+        scored.append(ids[0].tolist())
+        return real(model, ids, chunk_size)
+
+    tiny = tiny_model("llama", seed=0, max_position_embeddings=256)
+    text = " ".join(f"line {i} of the text, with words to count" for i in range(400))
+    common = dict(data=[text], methods=parse_methods("none"), lengths=[128], max_segments=4, progress=False)
+    monkeypatch.setattr(perplexity, "chunked_nll", stops_at_the_third_segment)
+    with pytest.raises(KeyboardInterrupt):
+        perplexity.evaluate_perplexity(tiny, TOKENIZER, out_dir=tmp_path / "stopped", **common)
+    [path] = (tmp_path / "stopped").glob("perplexity-*.json")
+    saved = json.loads(path.read_text())
+    assert saved["cells"] == {} and [len(e["units"]) for e in saved["partial"].values()] == [2]
+
+    rescored: list[list[int]] = []
+
+    def counting(model, ids, chunk_size):
+        rescored.append(ids[0].tolist())
+        return real(model, ids, chunk_size)
+
+    monkeypatch.setattr(perplexity, "chunked_nll", counting)
+    resumed = perplexity.evaluate_perplexity(tiny, TOKENIZER, out_dir=tmp_path / "stopped", **common)
+    assert len(rescored) == 2 and not any(ids in scored for ids in rescored)  # only the two it had not scored
+    assert "partial" not in json.loads(path.read_text())
+    whole = perplexity.evaluate_perplexity(tiny, TOKENIZER, out_dir=tmp_path / "whole", **common)
+    [(done)], [(reference)] = resumed.cells.values(), whole.cells.values()
+    assert done["windows"] == reference["windows"] == 4
+    assert done["nll"] == pytest.approx(reference["nll"], rel=1e-6)
+
+    # unfinished units computed on other weights (a model retrained into the same folder) are not reused
+    stopped_again = tmp_path / "other"
+    monkeypatch.setattr(perplexity, "chunked_nll", stops_at_the_third_segment)
+    scored.clear()
+    with pytest.raises(KeyboardInterrupt):
+        perplexity.evaluate_perplexity(tiny, TOKENIZER, out_dir=stopped_again, **common)
+    rescored.clear()
+    monkeypatch.setattr(perplexity, "chunked_nll", counting)
+    retrained = tiny_model("llama", seed=1, max_position_embeddings=256)
+    perplexity.evaluate_perplexity(retrained, TOKENIZER, out_dir=stopped_again, **common)
+    assert len(rescored) == 4
+
+
 def test_records_carry_the_loaded_models_window_before_scaling(tmp_path):
     # A model saved with yarn x2 in its config (window 256 -> 512) and evaluated at x1 with STRING: its records
     # say supported_window 512, and the plot's "original window" line must sit at 256, the window the model had

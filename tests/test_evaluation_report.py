@@ -135,6 +135,9 @@ _GOOD_CELL = _record("none", 1.0, 64, ppl=10.0, nll=log(10.0), tokens=63)
     (json.dumps({"task": "passkey", "config": {}, "cells": {"a": _record("none", 1.0, 64, depth=1.5, trials=4,
                                                                         teacher_forced_accuracy=0.5)}}).encode(),
      "cell 'a' has depth 1.5, outside [0, 1]"),
+    # the finished units of an unfinished cell, damaged: named, never resumed from
+    (json.dumps({"task": "perplexity", "config": {}, "cells": {}, "partial": {"a": {"units": [{}], "unit_keys": []}}}).encode(),
+     "has a 'partial' entry (the finished units of unfinished cells) that is not an object of unit lists"),
 ])
 def test_report_names_a_corrupt_results_file(tmp_path, capsys, content, problem):
     # a damaged file beside good ones stops the report with its name; nothing is written

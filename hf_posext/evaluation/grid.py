@@ -256,7 +256,9 @@ def _run_step(job: _Job, step: _Step, cells: list[Cell], ids: list[str], memo: d
     """Compute the cells of one (method, length) that are missing or stale, reusing ``memo`` where allowed.
 
     Cells are evaluated and stored group by group (see :func:`cell_groups`), so an evaluation stopped part way
-    keeps every cell it finished: the next run computes only the rest.
+    keeps every cell it finished: the next run computes only the rest. Within a group, the units finished so far
+    are kept after every batch (:meth:`ResultStore.put_partial`), so a run stopped inside a cell (eight
+    perplexity segments of 32768 tokens take hours on a CPU) resumes at its next unit.
     """
     stale = _stale_cells(job.store, ids, step)
     if stale:
@@ -268,6 +270,9 @@ def _run_step(job: _Job, step: _Step, cells: list[Cell], ids: list[str], memo: d
     pending = []
     for cell, i in zip(cells, ids):
         stored = stored_units(job.store.get(i), cell) if job.store.has(i) and i not in stale else {}
+        partial = job.store.partial(i)
+        if partial is not None and not _computed_otherwise(partial, step):
+            stored = {**stored_units(partial, cell), **stored}
         if len(stored) < len(cell.units):
             pending.append(cell)
             kept.update({id(cell.units[index]): result for index, result in stored.items()})
@@ -284,18 +289,53 @@ def _run_step(job: _Job, step: _Step, cells: list[Cell], ids: list[str], memo: d
                desc=f"{job.description}{step.method.label} @ {step.length}",
                disable=not (job.progress and job.dist.is_main))
     computed = dict(kept)
+    chunk = job.dist.world_size * job.batch_size
     for group, units in groups:
-        gathered = _evaluate_units(job, units, bar)
-        for index, unit in enumerate(units):
-            computed[id(unit)] = gathered[index]
-            if fingerprint is not None:
-                memo[(fingerprint, unit.key)] = (gathered[index], step.label)
+        for start in range(0, max(len(units), 1), chunk):  # the same number of steps on every process
+            part = units[start : start + chunk]
+            gathered = _evaluate_units(job, part, bar)
+            for index, unit in enumerate(part):
+                computed[id(unit)] = gathered[index]
+                if fingerprint is not None:
+                    memo[(fingerprint, unit.key)] = (gathered[index], step.label)
+            if start + chunk < len(units):  # more of this group to come: keep what its cells have so far
+                _keep_partial(job.store, step, group, computed)
         for cell in group:
             unit_results, reused_from = _unit_results(cell, computed, memo, fingerprint)
             record = _cell_record(step, cell, job.aggregate(unit_results), unit_results, reused_from, warning is not None)
             job.store.put(cell_id(step.method, step.factor, step.length, cell.coords), record)
     bar.close()
     job.dist.barrier()
+
+
+def _check_fields(step: _Step) -> dict[str, Any]:
+    """What a record keeps of the function that computed it (checked by :func:`_stale_cells`)."""
+    fields: dict[str, Any] = {}
+    if step.frequencies is not None:
+        fields["rope_frequencies"] = step.frequencies
+    if step.attention is not None:
+        fields["attention_function"] = step.attention
+    if step.weights is not None:
+        fields["model_weights"] = step.weights
+    return fields
+
+
+def _computed_otherwise(entry: dict[str, Any], step: _Step) -> bool:
+    """An unfinished cell's units were computed with other rotary frequencies, attention or weights than now."""
+    return bool(entry.get("rope_frequencies") is not None and step.frequencies is not None
+                and not same_frequencies(entry["rope_frequencies"], step.frequencies)
+                or "attention_function" in entry and not same_attention_function(entry["attention_function"], step.attention)
+                or entry.get("model_weights") not in (None, step.weights))
+
+
+def _keep_partial(store: ResultStore, step: _Step, group: list[Cell], computed: dict[int, dict[str, Any]]) -> None:
+    """Keep the finished units of ``group``'s unfinished cells (:meth:`ResultStore.put_partial`)."""
+    for cell in group:
+        done = [unit for unit in cell.units if id(unit) in computed]
+        if done and len(done) < len(cell.units):
+            store.put_partial(cell_id(step.method, step.factor, step.length, cell.coords), {
+                **_check_fields(step), "unit_keys": [json.loads(_unit_key_text(unit.key)) for unit in done],
+                "units": [computed[id(unit)] for unit in done]})
 
 
 def cell_groups(cells: list[Cell], needed: set[int], group_units: int) -> list[tuple[list[Cell], list[Unit]]]:
@@ -375,10 +415,5 @@ def _cell_record(step: _Step, cell: Cell, metrics: dict[str, Any], unit_results:
         record["reused_from"] = sorted(reused_from)
     if step.fingerprint is not None:
         record["rope_fingerprint"] = step.fingerprint
-    if step.frequencies is not None:
-        record["rope_frequencies"] = step.frequencies
-    if step.attention is not None:
-        record["attention_function"] = step.attention
-    if step.weights is not None:
-        record["model_weights"] = step.weights
+    record.update(_check_fields(step))
     return record

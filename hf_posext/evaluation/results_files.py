@@ -145,6 +145,11 @@ def check_results(data: Any) -> str | None:
     runs = data.get("runs", [])
     if not isinstance(runs, list) or not all(isinstance(run, dict) for run in runs):
         return "has a 'runs' entry that is not a list of objects"
+    partial = data.get("partial", {})
+    if not isinstance(partial, dict) or not all(
+            isinstance(entry, dict) and isinstance(entry.get("units"), list) and isinstance(entry.get("unit_keys"), list)
+            and len(entry["units"]) == len(entry["unit_keys"]) for entry in partial.values()):
+        return "has a 'partial' entry (the finished units of unfinished cells) that is not an object of unit lists"
     for cell_id, record in data["cells"].items():
         problem = check_cell(data["task"], cell_id, record)
         if problem:

@@ -89,6 +89,8 @@ class ResultStore:
             previous = read_results_file(self.path)  # a damaged file is named, never reused or silently replaced
             self.data["cells"] = previous["cells"]
             self.data["runs"] = previous.get("runs", [])
+            if previous.get("partial"):
+                self.data["partial"] = previous["partial"]
         self._started = time.time()
         # Cells of one file can come from several runs on different machines (a CPU and a GPU, say): each
         # run keeps its own versions, and each cell the index of the run that computed it.
@@ -111,7 +113,25 @@ class ResultStore:
 
     def put(self, cell_id: str, record: dict[str, Any]) -> None:
         self.data["cells"][cell_id] = {**record, "run": len(self.data["runs"]) - 1}
+        self.drop_partial(cell_id)
         self.save()
+
+    def partial(self, cell_id: str) -> dict[str, Any] | None:
+        """The units a stopped run finished of a cell it did not finish (``unit_keys``, ``units`` and what computed
+        them), or None. Kept apart from :attr:`cells`, so that no report reads an unfinished cell."""
+        return self.data.get("partial", {}).get(cell_id)
+
+    def put_partial(self, cell_id: str, entry: dict[str, Any]) -> None:
+        """Keep (and save) the finished units of an unfinished cell, so that a run stopped in it resumes there."""
+        self.data.setdefault("partial", {})[cell_id] = entry
+        self.save()
+
+    def drop_partial(self, cell_id: str) -> None:
+        """Forget a cell's unfinished units (called once the cell is stored whole; saved with it)."""
+        partial = self.data.get("partial", {})
+        partial.pop(cell_id, None)
+        if not partial:
+            self.data.pop("partial", None)
 
     def save(self, **run_info: Any) -> None:
         self.data["runs"][-1]["seconds"] = round(time.time() - self._started, 2)

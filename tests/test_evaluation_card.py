@@ -785,6 +785,26 @@ def test_skip_over_window_lists_the_cells_past_a_rows_window(tiny_folder, tmp_pa
 
 
 
+def test_no_progress_leaves_a_card_log_without_loading_bars_or_lm_evals_metadata_note(tiny_folder, tmp_path):
+    """A card's log is read by people: with --no-progress it held transformers' "Loading weights" bars at every
+    model load, and lm-eval's advice to pass lengths with --metadata at every RULER task it built (the card passes
+    them itself). Both are gone; the log still says what the card wrote."""
+    pytest.importorskip("lm_eval")
+    pytest.importorskip("wonderwords")
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "card"
+    done = subprocess.run([sys.executable, "-m", "hf_posext.cli", "eval", "card", "--models", f"base={tiny_folder}@none",
+                           "--lengths", str(LENGTH), "--tasks", "passkey,niah_single_1", "--samples", "1", "--out", str(out),
+                           "--no-progress"], capture_output=True, text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    log = done.stdout + done.stderr
+    assert done.returncode == 0, log[-3000:]
+    assert "Loading weights" not in log and "--metadata" not in log, log[-3000:]
+    assert (out / "card.html").exists() and "card.html" in log
+
+
 def test_a_tiny_test_model_is_refused_for_ruler_in_one_line(tmp_path, capsys):
     """The tiny test models keep their tokenizer in memory only; lm-eval draws RULER samples from a saved one, so
     the card names the fix instead of the hub's repo-id error."""

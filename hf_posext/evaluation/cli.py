@@ -125,23 +125,10 @@ def check_task_arguments(task: str, args: argparse.Namespace) -> None:
     check_output_folder(args.out, "--out", "the results")
 
 
-@contextlib.contextmanager
-def transformers_progress_bars(enabled: bool) -> Iterator[None]:
-    """Turn transformers' own progress bars (loading weights) off inside the block when not ``enabled``."""
-    from transformers.utils import logging as hf_logging
-
-    was_enabled = hf_logging.is_progress_bar_enabled()
-    if not enabled:
-        hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was_enabled and not enabled:
-            hf_logging.enable_progress_bar()
-
-
 def run_task(task: str, args: argparse.Namespace) -> int:
     """Run evaluation ``task`` with parsed ``args``; prints a summary table and writes plots."""
+    from hf_posext.evaluation.loading import transformers_progress_bars
+
     with transformers_progress_bars(args.progress):
         return _run_task(task, args)
 

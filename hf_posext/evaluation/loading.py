@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import contextlib
+from typing import Any, Iterator, Sequence
 
 import torch
 
-__all__ = ["AUTO_DTYPE", "AsciiTokenizer", "auto_dtype_note", "check_device_name", "check_dtype_name", "cpu_has_native_bfloat16", "evaluation_dtype", "is_tiny_model_name", "load_model_and_tokenizer"]
+__all__ = ["AUTO_DTYPE", "AsciiTokenizer", "auto_dtype_note", "check_device_name", "check_dtype_name", "cpu_has_native_bfloat16", "evaluation_dtype", "is_tiny_model_name", "load_model_and_tokenizer", "transformers_progress_bars"]
 
 #: ``--dtype auto``: the dtype each evaluation task runs in where none is given (:func:`evaluation_dtype`).
 AUTO_DTYPE = "auto"
@@ -188,3 +189,18 @@ def load_model_and_tokenizer(
 
         return load_adapted_model(name, adapter, dtype=torch_dtype, device=device, **kwargs), tokenizer
     return load_model(name, dtype=torch_dtype, device=device, **kwargs), tokenizer
+
+
+@contextlib.contextmanager
+def transformers_progress_bars(enabled: bool) -> Iterator[None]:
+    """Turn transformers' own progress bars (loading weights) off inside the block when not ``enabled``."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    if not enabled:
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled and not enabled:
+            hf_logging.enable_progress_bar()

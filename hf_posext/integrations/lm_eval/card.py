@@ -249,7 +249,7 @@ def ruler_docs(task_name: str, tokenizer_path: str, tokenizer: Any, length: int,
     np.random.seed(seed)
     config = _task_config(task_name)
     config["custom_dataset"] = limit_ruler_samples(config["custom_dataset"], n)
-    task = next(iter(manager.load_task_or_group([config]).values()))
+    task = _load_task(manager, config)
     docs = [dict(doc) for doc in task.eval_docs][:n]
     if len(docs) < n or any(not doc.get("outputs") for doc in docs):
         raise ValueError(f"lm-eval's {task_name} generator gives {len(docs)} usable samples at length {length}, fewer than the "
@@ -259,6 +259,26 @@ def ruler_docs(task_name: str, tokenizer_path: str, tokenizer: Any, length: int,
         raise ValueError(f"lm-eval's {task_name} samples at {length} differ from the cached {cache.path(key)}; delete it.")
     cache.put(key, docs)
     return docs, key
+
+
+#: lm-eval's note, at every RULER task it builds, that lengths may be passed with ``--metadata``: the card passes them
+#: itself (``--lengths``), so in a card's log the note only misleads.
+_METADATA_NOTE = "Custom kwargs can be passed to `--metadata`"
+
+
+class _DropMetadataNote(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return _METADATA_NOTE not in str(record.msg)
+
+
+def _load_task(manager: Any, config: dict[str, Any]) -> Any:
+    """lm-eval's task for ``config``, built without its ``--metadata`` note (other messages pass)."""
+    task_logger, dropping = logging.getLogger("lm_eval.api.task"), _DropMetadataNote()
+    task_logger.addFilter(dropping)
+    try:
+        return next(iter(manager.load_task_or_group([config]).values()))
+    finally:
+        task_logger.removeFilter(dropping)
 
 
 def _task_config(task_name: str) -> dict[str, Any]:
@@ -277,8 +297,7 @@ def ruler_task(task_name: str, docs: list[dict[str, Any]], tokenizer_path: str, 
 
     config = _task_config(task_name)
     config["custom_dataset"] = lambda **_: {"test": datasets.Dataset.from_list(docs)}
-    manager = _task_manager(tokenizer_path, length)
-    return next(iter(manager.load_task_or_group([config]).values()))
+    return _load_task(_task_manager(tokenizer_path, length), config)
 
 
 # ------------------------------------------------------------------ rows
@@ -655,7 +674,7 @@ def run_card(args: Any) -> int:
     from hf_posext.core.locks import hold_folder
     from hf_posext.core.paths import check_output_folder
     from hf_posext.evaluation.arguments import parse_lengths
-    from hf_posext.evaluation.loading import check_device_name, check_dtype_name
+    from hf_posext.evaluation.loading import check_device_name, check_dtype_name, transformers_progress_bars
     from hf_posext.text_sources import check_text_source
 
     started = time.time()
@@ -674,7 +693,7 @@ def run_card(args: Any) -> int:
             check_text_source(source)
     _check_requests(specs, args)  # a bad method or factor is named before any model loads
     # one run writes a card folder at a time: a second would drop the first's newer cells from card.json
-    with hold_folder(args.out, "--out", "the card"):
+    with hold_folder(args.out, "--out", "the card"), transformers_progress_bars(args.progress):
         return _run_card_holding_folder(args, specs, lengths, tasks, started)
 
 

@@ -71,7 +71,7 @@ def test_a_stopped_evaluation_keeps_its_finished_cells(tmp_path, monkeypatch):
     assert next(iter(again.cells.values()))["units"] == next(iter(stored.values()))["units"]
 
 
-def test_a_run_stopped_inside_a_cell_resumes_at_its_next_unit(tmp_path, monkeypatch):
+def test_a_run_stopped_inside_a_cell_resumes_at_its_next_unit(tmp_path, monkeypatch, capsys):
     # Eight perplexity segments of 32768 tokens are one cell and hours on a CPU: a run stopped inside it keeps the
     # segments it finished (apart from the cells, which no report reads unfinished) and the next run scores only
     # the rest, to the same perplexity as a run never stopped.
@@ -105,6 +105,7 @@ def test_a_run_stopped_inside_a_cell_resumes_at_its_next_unit(tmp_path, monkeypa
     monkeypatch.setattr(perplexity, "chunked_nll", counting)
     resumed = perplexity.evaluate_perplexity(tiny, TOKENIZER, out_dir=tmp_path / "stopped", **common)
     assert len(rescored) == 2 and not any(ids in scored for ids in rescored)  # only the two it had not scored
+    assert "perplexity none x1 @ 128: resuming after 2 unit(s) a stopped run finished" in capsys.readouterr().err
     assert "partial" not in json.loads(path.read_text())
     whole = perplexity.evaluate_perplexity(tiny, TOKENIZER, out_dir=tmp_path / "whole", **common)
     [(done)], [(reference)] = resumed.cells.values(), whole.cells.values()
@@ -120,8 +121,9 @@ def test_a_run_stopped_inside_a_cell_resumes_at_its_next_unit(tmp_path, monkeypa
     rescored.clear()
     monkeypatch.setattr(perplexity, "chunked_nll", counting)
     retrained = tiny_model("llama", seed=1, max_position_embeddings=256)
+    capsys.readouterr()
     perplexity.evaluate_perplexity(retrained, TOKENIZER, out_dir=stopped_again, **common)
-    assert len(rescored) == 4
+    assert len(rescored) == 4 and "resuming" not in capsys.readouterr().err
 
 
 def test_records_carry_the_loaded_models_window_before_scaling(tmp_path):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import sys
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -268,16 +269,22 @@ def _run_step(job: _Job, step: _Step, cells: list[Cell], ids: list[str], memo: d
                       stacklevel=3)
     kept: dict[int, dict[str, Any]] = {}  # id(unit) -> its stored result, for cells stored with fewer units
     pending = []
+    resumed = 0  # units a stopped run finished in cells it did not finish
     for cell, i in zip(cells, ids):
         stored = stored_units(job.store.get(i), cell) if job.store.has(i) and i not in stale else {}
         partial = job.store.partial(i)
         if partial is not None and not _computed_otherwise(partial, step):
-            stored = {**stored_units(partial, cell), **stored}
+            unfinished = stored_units(partial, cell)
+            resumed += len(unfinished.keys() - stored.keys())
+            stored = {**unfinished, **stored}
         if len(stored) < len(cell.units):
             pending.append(cell)
             kept.update({id(cell.units[index]): result for index, result in stored.items()})
     if not pending:
         return
+    if resumed and job.dist.is_main:
+        print(f"{job.description}{step.label} @ {step.length}: resuming after {resumed} unit(s) a stopped run finished",
+              file=sys.stderr)
     warning = check_length(step.report, step.length, step.method.label)
     fingerprint = step.fingerprint if job.reuse_identical else None
     needed = {id(u) for cell in pending for u in cell.units

@@ -5,12 +5,21 @@
 
 A score says how often a row is right; this says what it writes when it is wrong. Each response of the card's sample
 files (``FOLDER/*/ruler/TASK-*.jsonl``, the files ``hf-posext eval card`` writes, one per row, task, length and
-dtype) is put in one class:
+dtype) is put in one class. For the word tasks (``ruler_fwe``, ``ruler_cwe``, ``ruler_vt``):
 
 * ``counting``: a numbered list with nothing in it (`` 1. 2. 3. 4. ...``), the model counting instead of answering;
 * ``empty``: no word at all;
 * ``one word``: one distinct word (of 3 or more letters), however often repeated;
 * ``several words``: more than one.
+
+For the needle tasks (``niah_*``), from the first value in the response shaped like the answer (a 7-digit number, a
+UUID), read against the sample's own text (the card's RULER sample cache, ``--samples``):
+
+* ``right``: it scored;
+* ``another key's value``: a value the text gives for another key (a distractor: ``niah_multikey_*`` hide hundreds);
+* ``not in the text``: a value of the answer's shape that the text never gives;
+* ``no value``: nothing shaped like the answer;
+* ``unread``: a wrong answer whose sample text is not in the cache (it holds fewer samples than the file).
 
 For each file: the samples, the mean score, the samples in each class, and the mean score of the samples that are
 not ``counting``, which says what the row scores where it answers at all. Reads the committed sample files only; no
@@ -27,6 +36,8 @@ from pathlib import Path
 from typing import Any
 
 CLASSES = ("counting", "empty", "one word", "several words")
+NEEDLE_CLASSES = ("right", "another key's value", "not in the text", "no value")
+_VALUE_SHAPES = (re.compile(r"\d{7}"), re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"))
 _NUMBERED_ONLY = re.compile(r"\s*(\d+\s*\.\s*){3,}\d*\s*\.?\s*")
 _WORD = re.compile(r"[A-Za-z]{3,}")
 
@@ -41,8 +52,32 @@ def response_class(response: str) -> str:
     return "one word" if len(words) == 1 else "several words"
 
 
-def summarize_file(path: Path) -> dict[str, Any] | None:
-    """One sample file's row, length, dtype, samples and classes (None: no scored sample yet)."""
+def needle_class(response: str, score: float, doc: dict[str, Any]) -> str:
+    """The class of one needle-task response (:data:`NEEDLE_CLASSES`), read against its sample ``doc``."""
+    if score >= 1:
+        return "right"
+    shape = next((pattern for pattern in _VALUE_SHAPES if all(pattern.fullmatch(str(o)) for o in doc["outputs"])), None)
+    found = shape.search(response) if shape is not None else None
+    if found is None:
+        return "no value"
+    return "another key's value" if found.group(0) in doc["input"] else "not in the text"
+
+
+def sample_docs(cache: Path, key: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """The RULER samples the card cached under ``key`` (its sample files' ``sample_key``), or None."""
+    if not key:
+        return None
+    pattern = f"{key['task']}-{key['length']}-seed{key['seed']}-{str(key['tokenizer'])[:8]}-*.json"
+    for path in sorted(cache.glob(pattern)):
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if data.get("key") == key:
+            return data["docs"]
+    return None
+
+
+def summarize_file(path: Path, cache: Path | None = None) -> dict[str, Any] | None:
+    """One sample file's row, length, dtype, samples and classes (None: no scored sample yet). A needle task's
+    responses are read against their samples in ``cache`` (without it, or without its samples: the word classes)."""
     lines = path.read_text(encoding="utf-8").splitlines()
     header = json.loads(lines[0])
     samples = []
@@ -55,38 +90,56 @@ def summarize_file(path: Path) -> dict[str, Any] | None:
             samples.append(record)
     if not samples:
         return None
-    classes = [response_class(str(record.get("response", ""))) for record in samples]
+    if str(header.get("task", "")).startswith("niah"):
+        # the card's cache, then the file's own card folder's; a cache may hold fewer samples than the file (a GPU
+        # card's 50 beside the CPU's committed 20): a sample whose text is not found is "unread"
+        caches = [folder for folder in (cache, path.parent.parent / "ruler-samples") if folder is not None]
+        docs = next((found for folder in caches if (found := sample_docs(folder, header.get("sample_key") or {}))), [])
+        names = NEEDLE_CLASSES + ("unread",)
+        classes = [needle_class(str(record.get("response", "")), record["score"], docs[record["doc_id"]])
+                   if record["doc_id"] < len(docs) else "right" if record["score"] >= 1 else "unread" for record in samples]
+    else:
+        names = CLASSES
+        classes = [response_class(str(record.get("response", ""))) for record in samples]
     answering = [record["score"] for record, kind in zip(samples, classes) if kind != "counting"]
     return {
         "file": str(path), "row": header.get("row"), "task": header.get("task"), "length": header.get("length"),
         "dtype": header.get("dtype"), "device": header.get("device"), "samples": len(samples),
         "mean": round(sum(record["score"] for record in samples) / len(samples), 4),
-        "classes": {kind: classes.count(kind) for kind in CLASSES},
+        "classes": {kind: classes.count(kind) for kind in names},
         "mean_without_counting": round(sum(answering) / len(answering), 4) if answering else None,
         "counting_docs": [record.get("doc_id") for record, kind in zip(samples, classes) if kind == "counting"],
     }
 
 
-def summarize(folder: Path, task: str) -> list[dict[str, Any]]:
-    """Every sample file of ``task`` under ``folder``, sorted by row, length and file."""
-    found = [summarize_file(path) for path in sorted(folder.glob(f"*/ruler/{task}-*.jsonl"))]
+def summarize(folder: Path, task: str, cache: Path | None = None) -> list[dict[str, Any]]:
+    """Every sample file of ``task`` under ``folder``, sorted by row, length and file (``cache``: the RULER sample
+    cache, for the needle tasks' classes)."""
+    found = [summarize_file(path, cache) for path in sorted(folder.glob(f"*/ruler/{task}-*.jsonl"))]
     return sorted((item for item in found if item), key=lambda item: (str(item["row"]), int(item["length"]), item["file"]))
 
 
 def markdown(items: list[dict[str, Any]], folder: Path, task: str) -> str:
+    needle = any("right" in item["classes"] for item in items)
+    names = NEEDLE_CLASSES if needle else CLASSES
+    if any(item["classes"].get("unread") for item in items):
+        names += ("unread",)
+    explained = ("right, another key's value (a value the sample's text gives for another key), not in the text (a "
+                 "value of the answer's shape the text never gives), no value, unread (a wrong answer whose sample text "
+                 "the cache does not hold)" if needle else
+                 "counting (a numbered list with nothing in it), empty (no word), one word (one distinct word, however "
+                 "often), several words. \"without counting\": the mean score of the samples that are not counting")
     lines = [f"# How `{task}` answers fail: the responses of every sample file under `{folder}`", "",
-             f"`python bench/ruler_responses.py --folder {folder} --task {task}`. Classes: "
-             "counting (a numbered list with nothing in it), empty (no word), one word (one distinct word, however "
-             "often), several words. \"without counting\": the mean score of the samples that are not counting.", "",
-             "| row | length | dtype | n | mean | counting | empty | one word | several words | mean without counting | file |",
-             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+             f"`python bench/ruler_responses.py --folder {folder} --task {task}`. Classes: {explained}.", "",
+             "| row | length | dtype | n | mean | " + " | ".join(names) + ("" if needle else " | mean without counting") + " | file |",
+             "|---|---:|---|---:|---:|" + "---:|" * (len(names) + (0 if needle else 1)) + "---|"]
     for item in items:
         classes = item["classes"]
-        without = "" if item["mean_without_counting"] is None else f"{item['mean_without_counting']:.2f}"
+        counts = " | ".join(str(classes.get(name, 0)) for name in names)
+        without = "" if needle else " | " + ("" if item["mean_without_counting"] is None else f"{item['mean_without_counting']:.2f}")
         relative = Path(item["file"]).relative_to(folder) if Path(item["file"]).is_relative_to(folder) else item["file"]
         lines.append(f"| {item['row']} | {item['length']} | {item['dtype']} | {item['samples']} | {item['mean']:.2f} | "
-                     f"{classes['counting']} | {classes['empty']} | {classes['one word']} | {classes['several words']} | "
-                     f"{without} | `{relative}` |")
+                     f"{counts}{without} | `{relative}` |")
     return "\n".join(lines) + "\n"
 
 
@@ -95,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--folder", default="bench/results/card", help="a card's results folder, or a folder of them "
                         "(default: %(default)s)")
     parser.add_argument("--task", default="ruler_fwe", help="a RULER task (default: %(default)s)")
+    parser.add_argument("--samples", help="the card's RULER sample cache, for the needle tasks' classes (default: "
+                        "FOLDER/ruler-samples)")
     parser.add_argument("--out", default="bench/results/ruler_responses",
                         help="folder for TASK.json and TASK.md, or - to print the table (default: %(default)s)")
     args = parser.parse_args(argv)
@@ -102,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     if not folder.is_dir():
         print(f"--folder {folder} is not a folder; give a card's results folder (hf-posext eval card --out).", file=sys.stderr)
         return 2
-    items = summarize(folder, args.task)
+    items = summarize(folder, args.task, Path(args.samples) if args.samples else folder / "ruler-samples")
     if not items:
         print(f"no {args.task} sample files under {folder}/*/ruler/; run a card with --tasks {args.task} first.", file=sys.stderr)
         return 1

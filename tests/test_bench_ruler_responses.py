@@ -35,3 +35,31 @@ def test_a_folder_of_sample_files_is_summarized_per_file(tmp_path):
     assert responses.main(["--folder", str(tmp_path / "card"), "--out", str(tmp_path / "out")]) == 0
     assert "| fine-tuned | 32768 | float32 | 3 | 0.33 | 1 | 0 | 1 | 1 | 0.50 |" in (tmp_path / "out" / "ruler_fwe.md").read_text()
     assert responses.main(["--folder", str(tmp_path / "card"), "--task", "ruler_vt", "--out", "-"]) == 1
+
+
+def test_a_needle_answer_is_read_against_its_samples_text(tmp_path):
+    responses = load_bench_script("ruler_responses")
+    doc = {"input": "The value for ab-cd is: 1234567. The value for ef-gh is: 7654321. What is the value for ab-cd?",
+           "outputs": ["1234567"]}
+    assert responses.needle_class(": 1234567.", 1.0, doc) == "right"
+    assert responses.needle_class(": 7654321.", 0.0, doc) == "another key's value"
+    assert responses.needle_class(": 7654320.", 0.0, doc) == "not in the text"
+    assert responses.needle_class(": the value", 0.0, doc) == "no value"
+    uuid_doc = {"input": "id 7f411fed-1e70-4799-b3a1-d1c2ad4ab155 and 62584ab3-6877-4bab-85c1-42624d849ec5",
+                "outputs": ["7f411fed-1e70-4799-b3a1-d1c2ad4ab155"]}
+    assert responses.needle_class(" 62584ab3-6877-4bab-85c1-42624d849ec5", 0.0, uuid_doc) == "another key's value"
+
+    card, key = tmp_path / "card", {"task": "niah_multikey_2", "length": 2048, "seed": 0, "tokenizer": "8fd158b1639fb0cb"}
+    (card / "part" / "ruler").mkdir(parents=True)
+    (card / "ruler-samples").mkdir()
+    (card / "ruler-samples" / "niah_multikey_2-2048-seed0-8fd158b1-0000000000.json").write_text(
+        json.dumps({"key": {**key, "seed": 1}, "docs": []}))  # another seed's samples: never read for this file
+    (card / "ruler-samples" / "niah_multikey_2-2048-seed0-8fd158b1-1111111111.json").write_text(json.dumps({"key": key, "docs": [doc]}))
+    header = {"row": "base", "task": "niah_multikey_2", "length": 2048, "dtype": "float32", "sample_key": key}
+    (card / "part" / "ruler" / "niah_multikey_2-2048-x.jsonl").write_text(
+        json.dumps(header) + "\n" + json.dumps({"doc_id": 0, "score": 0.0, "response": ": 7654321."}) + "\n"
+        + json.dumps({"doc_id": 1, "score": 0.0, "response": ": 7654321."}) + "\n")  # its text is not in the cache
+    [item] = responses.summarize(card, "niah_multikey_2", card / "ruler-samples")
+    assert item["classes"] == {"right": 0, "another key's value": 1, "not in the text": 0, "no value": 0, "unread": 1}
+    assert responses.main(["--folder", str(card), "--task", "niah_multikey_2", "--out", str(tmp_path / "out")]) == 0
+    assert "| base | 2048 | float32 | 2 | 0.00 | 0 | 1 | 0 | 0 | 1 |" in (tmp_path / "out" / "niah_multikey_2.md").read_text()

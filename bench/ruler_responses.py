@@ -75,6 +75,16 @@ def sample_docs(cache: Path, key: dict[str, Any]) -> list[dict[str, Any]] | None
     return None
 
 
+def card_labels(card_folder: Path) -> dict[str, str]:
+    """Sample file name -> its row's label on the card in ``card_folder`` (a file keeps the label of the run that
+    started it; the card relabels rows, e.g. "fine-tuned, string ×1" became "fine-tuned, yarn ×4 + string")."""
+    try:
+        card = json.loads((card_folder / "card.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return {Path(cell["source"]).name: cell["row"] for cell in card.get("cells", []) if cell.get("source") and cell.get("row")}
+
+
 def summarize_file(path: Path, cache: Path | None = None) -> dict[str, Any] | None:
     """One sample file's row, length, dtype, samples and classes (None: no scored sample yet). A needle task's
     responses are read against their samples in ``cache`` (without it, or without its samples: the word classes)."""
@@ -103,7 +113,7 @@ def summarize_file(path: Path, cache: Path | None = None) -> dict[str, Any] | No
         classes = [response_class(str(record.get("response", ""))) for record in samples]
     answering = [record["score"] for record, kind in zip(samples, classes) if kind != "counting"]
     return {
-        "file": str(path), "row": header.get("row"), "task": header.get("task"), "length": header.get("length"),
+        "file": str(path), "row": card_labels(path.parent.parent).get(path.name) or header.get("row"), "task": header.get("task"), "length": header.get("length"),
         "dtype": header.get("dtype"), "device": header.get("device"), "samples": len(samples),
         "mean": round(sum(record["score"] for record in samples) / len(samples), 4),
         "classes": {kind: classes.count(kind) for kind in names},

@@ -30,10 +30,14 @@ def test_a_folder_of_sample_files_is_summarized_per_file(tmp_path):
     (folder / "niah_single_1-32768-x.jsonl").write_text(json.dumps({**header, "task": "niah_single_1"}) + "\n")
     [item] = responses.summarize(tmp_path / "card", "ruler_fwe")
     assert (item["row"], item["length"], item["samples"]) == ("fine-tuned", 32768, 3)  # the cut-off last line is not read
+    (tmp_path / "card" / "part" / "card.json").write_text(json.dumps({"cells": [
+        {"row": "fine-tuned, yarn ×4 + string", "source": "elsewhere/part/ruler/ruler_fwe-32768-x.jsonl"}]}))
+    [item] = responses.summarize(tmp_path / "card", "ruler_fwe")
+    assert item["row"] == "fine-tuned, yarn ×4 + string"  # the card's label, not the one the file started under
     assert item["classes"] == {"counting": 1, "empty": 0, "one word": 1, "several words": 1}
     assert item["mean"] == round(1 / 3, 4) and item["mean_without_counting"] == 0.5 and item["counting_docs"] == [0]
     assert responses.main(["--folder", str(tmp_path / "card"), "--out", str(tmp_path / "out")]) == 0
-    assert "| fine-tuned | 32768 | float32 | 3 | 0.33 | 1 | 0 | 1 | 1 | 0.50 |" in (tmp_path / "out" / "ruler_fwe.md").read_text()
+    assert "| fine-tuned, yarn ×4 + string | 32768 | float32 | 3 | 0.33 | 1 | 0 | 1 | 1 | 0.50 |" in (tmp_path / "out" / "ruler_fwe.md").read_text()
     assert responses.main(["--folder", str(tmp_path / "card"), "--task", "ruler_vt", "--out", "-"]) == 1
 
 

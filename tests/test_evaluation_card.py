@@ -978,3 +978,24 @@ print("imported")
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "imported"
     assert "punkt" not in done.stdout + done.stderr and "[nltk_data]" not in done.stderr, done.stdout + done.stderr
+
+
+def test_a_card_stopped_after_some_rows_tasks_keeps_them_on_its_card(tiny_folder, tmp_path, monkeypatch):
+    """Perplexity, passkey and needle at 16384 take hours on a CPU: the card is written after each row's task, so a
+    run stopped later (a session's end) leaves a card with the cells it finished, marked partial, for the combined
+    card to show; before, its card was written only at the very end."""
+    from hf_posext.cli import main
+    from hf_posext.evaluation import passkey
+
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(passkey, "evaluate_passkey", stopped)
+    out = tmp_path / "card"
+    argv = ["eval", "card", "--models", f"base={tiny_folder}@none;yarn:2", "--lengths", "256", "--tasks", "perplexity,passkey",
+            "--samples", "1", "--ppl-data", "builtin:python-docs", "--dtype", "float32", "--out", str(out), "--no-progress"]
+    with pytest.raises(KeyboardInterrupt):
+        main(argv)
+    card = json.loads((out / "card.json").read_text())
+    assert [(c["task"], c["row"]) for c in card["cells"]] == [("perplexity", "base, unscaled")]
+    assert card["settings"]["partial"] is True

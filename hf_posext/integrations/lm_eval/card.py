@@ -571,8 +571,11 @@ def _tokenizer_path(spec: ModelSpec) -> str:
     return path
 
 
-def _evaluation_cells(rows: list[Row], tasks: list[str], lengths: list[int], args: Any) -> list[dict[str, Any]]:
-    """Perplexity, passkey and needle for every row through hf_posext.evaluation (resumable per cell)."""
+def _evaluation_cells(rows: list[Row], tasks: list[str], lengths: list[int], args: Any,
+                      done: Callable[[list[dict[str, Any]]], None] | None = None) -> list[dict[str, Any]]:
+    """Perplexity, passkey and needle for every row through hf_posext.evaluation (resumable per segment and trial);
+    ``done`` gets the cells so far after each row's task (the card is written then: a run of hours shows them, and
+    a run stopped later keeps them on its card)."""
     from hf_posext.evaluation import needle, passkey, perplexity
     from hf_posext.evaluation.loading import evaluation_dtype, load_model_and_tokenizer
     from hf_posext.evaluation.proportions import pooled_proportion
@@ -615,6 +618,8 @@ def _evaluation_cells(rows: list[Row], tasks: list[str], lengths: list[int], arg
                         low, high = pooled.interval
                         cells.append({**base, "n": pooled.trials, "k": pooled.successes, "mean": pooled.rate, "low": low,
                                       "high": high, "text": pooled.text()})
+                if done is not None:
+                    done(list(cells))
         del model
         gc.collect()
     return cells
@@ -791,7 +796,10 @@ def _run_card_holding_folder(args: Any, specs: list[ModelSpec], lengths: list[in
 
     if args.dtype == AUTO_DTYPE:
         print(auto_dtype_note(["ruler" if task in ruler else task for task in tasks], args.device), file=sys.stderr)
-    cells = _evaluation_cells(rows, tasks, lengths, args)
+    def written_so_far(done: list[dict[str, Any]]) -> None:
+        write(done + carried + waiting(done), _merged(skipped, carried_skipped), settings(partial=True))
+
+    cells = _evaluation_cells(rows, tasks, lengths, args, written_so_far)
     if "ending" in tasks:
         cells.extend(_ending_cells(rows, args, skipped))
     if plans:

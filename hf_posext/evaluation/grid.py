@@ -239,18 +239,7 @@ def _stale_cells(store: ResultStore, ids: list[str], step: _Step) -> list[str]:
     the same folder); records from before weights were kept are trusted, and records from before every
     element was hashed are checked by the sampled hash they carry.
     """
-
-    def stale(record: dict[str, Any]) -> bool:
-        other_rope = (step.frequencies is not None and record.get("rope_frequencies") is not None
-                      and not same_frequencies(record["rope_frequencies"], step.frequencies))
-        other_attention = ("attention_function" in record
-                           and not same_attention_function(record["attention_function"], step.attention))
-        recorded = record.get("model_weights")
-        current = step.weights if recorded is None or is_full_weights_fingerprint(recorded) else step.sampled_weights
-        other_weights = recorded is not None and current is not None and recorded != current
-        return other_rope or other_attention or other_weights
-
-    return [i for i in ids if store.has(i) and stale(store.get(i))]
+    return [i for i in ids if store.has(i) and _computed_otherwise(store.get(i), step)]
 
 
 def _run_step(job: _Job, step: _Step, cells: list[Cell], ids: list[str], memo: dict) -> None:
@@ -327,12 +316,17 @@ def _check_fields(step: _Step) -> dict[str, Any]:
     return fields
 
 
-def _computed_otherwise(entry: dict[str, Any], step: _Step) -> bool:
-    """An unfinished cell's units were computed with other rotary frequencies, attention or weights than now."""
-    return bool(entry.get("rope_frequencies") is not None and step.frequencies is not None
-                and not same_frequencies(entry["rope_frequencies"], step.frequencies)
-                or "attention_function" in entry and not same_attention_function(entry["attention_function"], step.attention)
-                or entry.get("model_weights") not in (None, step.weights))
+def _computed_otherwise(record: dict[str, Any], step: _Step) -> bool:
+    """A stored cell (or an unfinished cell's units) was computed with other rotary frequencies, attention or model
+    weights than ``step`` has now (see :func:`_stale_cells`)."""
+    other_rope = (step.frequencies is not None and record.get("rope_frequencies") is not None
+                  and not same_frequencies(record["rope_frequencies"], step.frequencies))
+    other_attention = ("attention_function" in record
+                       and not same_attention_function(record["attention_function"], step.attention))
+    recorded = record.get("model_weights")
+    current = step.weights if recorded is None or is_full_weights_fingerprint(recorded) else step.sampled_weights
+    other_weights = recorded is not None and current is not None and recorded != current
+    return other_rope or other_attention or other_weights
 
 
 def _keep_partial(store: ResultStore, step: _Step, group: list[Cell], computed: dict[int, dict[str, Any]]) -> None:

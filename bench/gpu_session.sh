@@ -49,7 +49,8 @@
 #     (niah_single_1's 100 samples took 325 s in run 18, most of it STRING's prefill; the samples record the whole
 #     model's prefill per sample: STRING's against yarn x4's SDPA, with call 2's kernel)
 #   here:    tar xzf <files_at>/c/card.tgz (the last card call's: it holds the earlier calls' cells while the machine
-#            stayed warm between them); bash bench/gpu_carry.sh restore; commit bench/results/card/gpu/,
+#            stayed warm between them); tar xzf <files_at>/c/card-samples.tgz -C bench/results/card/ruler-samples
+#            (the RULER samples the GPU rows saw); bash bench/gpu_carry.sh restore; commit bench/results/card/gpu/,
 #            $OUT/string_cost_cuda.json into bench/results/string_cost/ and $OUT/gpu_checks_cuda.json into
 #            bench/results/gpu_checks/; then `python bench/ruler_responses.py --task ruler_fwe` (and `--task
 #            niah_multikey_2`): does the fine-tune as saved count "1. 2. 3." where the headline does (27 of 50)?
@@ -273,9 +274,19 @@ card)
   # Each call's tree is a fresh copy of the local one: the card folder of an earlier call of the same warm machine
   # (kept under the ignored .gpu_carry/, which stays while the machine is warm) is put back first, so that this
   # call's card.tgz holds every call's samples and card.
-  KEPT=.gpu_carry/card-kept
+  # The RULER samples this machine generates (its tokenizer key is its own) come back too, in card-samples.tgz, kept
+  # the same way: bench/ruler_responses.py reads them to say whose value a wrong needle answer is.
+  KEPT=.gpu_carry/card-kept; CACHE=$R/card/ruler-samples; KEPT_CACHE=.gpu_carry/card-samples
   if [ -d "$KEPT" ]; then mkdir -p "$F" && cp -r "$KEPT"/. "$F"/; fi
-  save() { mkdir -p "$KEPT" && cp -r "$F"/. "$KEPT"/; tar czf "$OUT/card.tgz" "$F"; }
+  mkdir -p "$CACHE" "$KEPT_CACHE" && cp -r "$KEPT_CACHE"/. "$CACHE"/
+  BEFORE=.gpu_carry/card-samples.md5; (cd "$CACHE" && md5sum -- * 2>/dev/null) > "$BEFORE"
+  save() {
+    mkdir -p "$KEPT" && cp -r "$F"/. "$KEPT"/; tar czf "$OUT/card.tgz" "$F"
+    # the cache files this stage wrote or extended: not in the checksums taken before it ran
+    (cd "$CACHE" && md5sum -- * 2>/dev/null) | grep -vxFf "$BEFORE" | cut -d' ' -f3- \
+      | while IFS= read -r name; do cp "$CACHE/$name" "$KEPT_CACHE/"; done
+    tar czf "$OUT/card-samples.tgz" -C "$KEPT_CACHE" .
+  }
   # the machine reaches nothing outside: HF_HUB_OFFLINE makes the download tasks' check fail at once (33 s without)
   HF_HUB_OFFLINE=1 cli eval card --models "$ROWS" \
       --tasks "${CARD_TASKS:-perplexity,passkey,needle,ruler}" --lengths "${CARD_LENGTHS:-2048,4096,8192,$L2,$L4}" \

@@ -59,13 +59,18 @@ def test_the_gpu_card_stage_keeps_an_earlier_warm_calls_samples(tmp_path):
     (tmp_path / "bench" / "gpu_session.sh").write_text((BENCH / "gpu_session.sh").read_text())
     stub = tmp_path / "stub-python"
     stub.write_text('#!/usr/bin/env bash\n# writes one sample file more into --out, as a card call that added a cell\n'
-                    'out=""; while [ $# -gt 0 ]; do [ "$1" = --out ] && out=$2; shift; done\n'
-                    'mkdir -p "$out/ruler"; n=$(ls "$out/ruler" | wc -l); echo x > "$out/ruler/s$n.jsonl"\n')
+                    '# and one RULER sample file more into --sample-cache, as a call that generated samples\n'
+                    'out=""; cache=""; while [ $# -gt 0 ]; do [ "$1" = --out ] && out=$2\n'
+                    '  [ "$1" = --sample-cache ] && cache=$2; shift; done\n'
+                    'mkdir -p "$out/ruler"; n=$(ls "$out/ruler" | wc -l); echo x > "$out/ruler/s$n.jsonl"\n'
+                    'echo "gpu $n" > "$cache/gpu-key-$n.json"\n')
     stub.chmod(0o755)
-    held = []
+    held, samples = [], []
     for call in (1, 2):
         tree = tmp_path / "bench" / "results"
         subprocess.run(["rm", "-rf", str(tree)], check=True)  # the tree each call gets holds no earlier call's results
+        (tree / "card" / "ruler-samples").mkdir(parents=True)  # ... but the committed (CPU) sample cache
+        (tree / "card" / "ruler-samples" / "cpu key.json").write_text("committed")
         done = subprocess.run(["bash", "bench/gpu_session.sh", "card", str(tmp_path / f"out{call}")], cwd=tmp_path,
                               capture_output=True, text=True, timeout=60,
                               env={"PATH": "/usr/bin:/bin", "PYTHON": str(stub), "HF_POSEXT_SMOLLM2_GGUF": "unused",
@@ -73,4 +78,8 @@ def test_the_gpu_card_stage_keeps_an_earlier_warm_calls_samples(tmp_path):
         assert done.returncode == 0, done.stderr
         with tarfile.open(tmp_path / f"out{call}" / "card.tgz") as archive:
             held.append(sorted(Path(n).name for n in archive.getnames() if n.endswith(".jsonl")))
+        with tarfile.open(tmp_path / f"out{call}" / "card-samples.tgz") as archive:
+            samples.append(sorted(Path(n).name for n in archive.getnames() if n.endswith(".json")))
     assert held == [["s0.jsonl"], ["s0.jsonl", "s1.jsonl"]]
+    # the samples this machine generated come back, those the tree brought do not
+    assert samples == [["gpu-key-0.json"], ["gpu-key-0.json", "gpu-key-1.json"]]

@@ -44,6 +44,10 @@
 #               (paired), 10 samples (SAMPLES, TASKS); never beside another part writing cpu-32k/. Not run on the
 #               CPU: on the H200 (run 18) it scored 0.03 against the default offset's 0.10 (paired 3:12, p = 0.035),
 #               so it is not taken.                                                              -> cpu-32k/
+#   as-saved32  ruler_fwe at 32768 for the fine-tuned model as saved (yarn x4 in its config, no STRING) beside
+#               counting32's rows on the same samples (paired), 10 samples (SAMPLES, TASKS): does the headline's
+#               degenerate answer (an empty numbered list, or one word repeated) come from STRING's remapped
+#               positions or from the fine-tune? Never beside another part writing cpu-32k/.          -> cpu-32k/
 #   combine     one card from every part that has run: bench/results/card/card.html (+ card.json, card.md, plots),
 #               and FLOOR.md: every cell the issue's sample floor needs, with what it has (bench/card_floor.py).
 #
@@ -66,11 +70,11 @@
 set -uo pipefail
 # One brace group, read whole before anything runs: an edit made while a part runs cannot change what it does next.
 {
-PARTS="counting|counting32|ending|ruler|ruler-float32|tasks|tasks-bfloat16|best32|tasks32|harder|harder32|string-offset|combine"
+PARTS="counting|counting32|ending|ruler|ruler-float32|tasks|tasks-bfloat16|best32|tasks32|harder|harder32|string-offset|as-saved32|combine"
 part=${1:?part: $PARTS}
 PYTHON=${PYTHON:-python}
 R=bench/results/card
-case "$part" in counting|counting32|ending|ruler|ruler-float32|tasks|tasks-bfloat16|best32|tasks32|harder|harder32|string-offset|combine) ;; *) echo "unknown part $part ($PARTS)" >&2; exit 2 ;; esac
+case "$part" in counting|counting32|ending|ruler|ruler-float32|tasks|tasks-bfloat16|best32|tasks32|harder|harder32|string-offset|as-saved32|combine) ;; *) echo "unknown part $part ($PARTS)" >&2; exit 2 ;; esac
 if [ "$part" = combine ]; then
   folders=()
   for f in cpu cpu-float32 cpu-tasks cpu-tasks-16k cpu-32k cpu-32k-best cpu-32k-tasks ending; do [ -f "$R/$f/card.json" ] && folders+=("$R/$f"); done
@@ -144,6 +148,8 @@ harder32)   card --models "fine-tuned=$MERGED@string:1,base=smollm2-135m@yarn:4,
                  --tasks "${TASKS:-ruler_fwe,niah_single_1}" --lengths 32768 --samples "${SAMPLES:-20}" --out $R/cpu-32k ;;
 string-offset) card --models "fine-tuned=$MERGED@string:1" --param shifted_offset=16384 --tasks "${TASKS:-ruler_fwe}" \
                  --lengths 32768 --samples "${SAMPLES:-10}" --out $R/cpu-32k ;;
+as-saved32) card --models "fine-tuned=$MERGED@as-saved" --tasks "${TASKS:-ruler_fwe}" --lengths 32768 --samples "${SAMPLES:-10}" \
+                 --out $R/cpu-32k ;;
 tasks32)    card --models "fine-tuned=$MERGED@string:1,base=smollm2-135m@yarn:4;$BEST:4" "${TEXTS[@]}" \
                  --tasks perplexity,passkey,needle --lengths 32768 --samples "${SAMPLES:-10}" --out $R/cpu-32k-tasks ;;
 esac

@@ -261,3 +261,24 @@ def test_cells_stored_before_weights_were_recorded_are_trusted(model, tmp_path, 
     calls = _count_forwards(monkeypatch)
     _run(tiny_model("llama", seed=1, initializer_range=0.1), tmp_path, methods="yarn", params={})
     assert calls == []
+
+
+def test_only_a_model_without_known_positions_goes_unfingerprinted(model, monkeypatch):
+    """A model hf-posext does not recognise has nothing to pin down (None); any other failure of ``describe`` is a
+    bug and is raised: swallowing it would store cells with no fingerprint, trusted after any later change."""
+    from hf_posext.core.errors import UnsupportedModelError
+
+    def unsupported(_model):
+        raise UnsupportedModelError("no positions")
+
+    def broken(_model):
+        raise RuntimeError("a bug in describe")
+
+    monkeypatch.setattr(fingerprints, "describe", unsupported)
+    assert fingerprints.rope_frequencies(model, 128) is None
+    assert fingerprints.attention_function(model) is None
+    monkeypatch.setattr(fingerprints, "describe", broken)
+    with pytest.raises(RuntimeError, match="a bug in describe"):
+        fingerprints.rope_frequencies(model, 128)
+    with pytest.raises(RuntimeError, match="a bug in describe"):
+        fingerprints.attention_function(model)

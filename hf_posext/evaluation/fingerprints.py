@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from hf_posext.api import describe, fixed_length
+from hf_posext.core.errors import UnsupportedModelError
 
 __all__ = [
     "rope_fingerprint",
@@ -87,7 +88,7 @@ def rope_frequencies(model: torch.nn.Module, length: int) -> list[dict[str, Any]
     try:
         if describe(model).kind not in ("rope", "attention", "rope+attention"):  # an attention-level method keeps RoPE
             return None
-    except Exception:
+    except UnsupportedModelError:  # no positions hf-posext knows: nothing to pin down (any other error is a bug: raised)
         return None
     entries: list[dict[str, Any]] = []
     with fixed_length(model, length):
@@ -194,7 +195,7 @@ def attention_function(model: torch.nn.Module) -> dict[str, Any] | None:
     """
     try:
         report = describe(model)
-    except Exception:
+    except UnsupportedModelError:
         return None
     attention = report.parts[-1] if report.parts else report  # a composition (yarn+string): its attention part
     if attention.kind != "attention":

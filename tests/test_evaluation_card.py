@@ -13,7 +13,7 @@ import pytest
 from hf_posext.evaluation.card import (
     relabelled_rows,
     CardFileError, SampleCache, SampleResults, SampleResultsError, base_reference, beyond_base, card_figure, check_length_budget, combine_cards, earlier_card, method_text,
-    first_budget, needs_full_budget, paired_comparisons, parse_model_specs, read_sample_records, rewrite_card, row_label,
+    first_budget, is_base_row, needs_full_budget, paired_comparisons, parse_model_specs, read_sample_records, rewrite_card, row_label,
     ruler_cell_fields, sample_cache_key, score_summary, tokenizer_hash, write_card,
 )
 
@@ -61,6 +61,38 @@ def test_row_labels_read_like_a_sentence_and_name_a_saved_scaling():
         ("smollm2-135m", "smollm2-135m", None), ("tuned", "runs/r/merged", None), ("fine-tuned", "smollm2-135m", "runs/r/adapter")]
     with pytest.raises(ValueError, match="two rows the name"):
         parse_model_specs("a=x,a=y")
+
+
+def test_the_base_row_is_the_first_model_as_published_and_unscaled():
+    """The reference of "beyond the base model" and of the plots' dashed line: a fine-tune whose config holds its
+    yarn x4 is never the base, also listed first and as saved (its 32768 window would pass for the original's)."""
+    plain, merged = {"kind": "rope", "method": "none"}, {"kind": "rope", "method": "yarn", "factor": 4.0}
+    base, tuned = parse_model_specs("base=smollm2-135m,tuned=runs/merged")
+    assert is_base_row(0, base, None, plain) and is_base_row(0, base, "none", plain)
+    assert not is_base_row(0, base, "yarn", plain)  # a scaled row of the base model
+    assert not is_base_row(1, base, None, plain)  # only the first model
+    assert not is_base_row(0, tuned, None, merged) and not is_base_row(0, tuned, "none", merged)
+    (adapter,) = parse_model_specs("smollm2-135m+runs/r/adapter")
+    assert not is_base_row(0, adapter, None, plain)
+
+
+def test_a_card_of_a_merged_fine_tune_as_saved_has_no_base_row(tiny_folder, tmp_path):
+    """Through the card's rows, on a tiny model saved with yarn x2 in its config (as a merged fine-tune is)."""
+    from types import SimpleNamespace
+
+    from hf_posext import load, patch
+    from hf_posext.integrations.lm_eval.card import _rows
+
+    merged = tmp_path / "merged"
+    model = load(tiny_folder)
+    patch(model, "yarn", factor=2)
+    model.save_pretrained(merged)
+    _char_tokenizer().save_pretrained(merged)
+    args = SimpleNamespace(param=[], factor=None, methods="none")
+    rows = _rows(parse_model_specs(f"tuned={merged}@as-saved;none,base={tiny_folder}@none"), args, [LENGTH])
+    assert [(r.label, r.base) for r in rows] == [("tuned, yarn ×2", False), ("tuned, unscaled", False), ("base, unscaled", False)]
+    rows = _rows(parse_model_specs(f"base={tiny_folder}@as-saved;yarn:2,tuned={merged}@as-saved"), args, [LENGTH])
+    assert [(r.label, r.base) for r in rows] == [("base, unscaled", True), ("base, yarn ×2", False), ("tuned, yarn ×2", False)]
 
 
 def test_cache_key_follows_the_tokenizer_not_its_files(tmp_path):

@@ -42,7 +42,7 @@ from hf_posext.evaluation.proportions import Proportion, sign_test_p_value
 
 __all__ = [
     "RULER_OFFLINE_TASKS", "RULER_DOWNLOAD_TASKS", "CARD_TASKS", "ENDING_BUDGET", "SHORT_BUDGETS", "BEYOND_BASE_THRESHOLD",
-    "ModelSpec", "parse_model_specs", "method_text", "row_label", "tokenizer_hash", "sample_cache_key",
+    "ModelSpec", "parse_model_specs", "is_base_row", "method_text", "row_label", "tokenizer_hash", "sample_cache_key",
     "SampleCache", "SampleResultsError", "SampleResults", "check_length_budget", "needs_full_budget", "first_budget",
     "score_summary", "beyond_base", "base_reference", "card_figure", "card_rows", "paired_comparisons", "markdown_card", "write_card",
     "read_sample_records", "ruler_cell_fields", "CardFileError", "rewrite_card", "earlier_card", "merged_row_order",
@@ -136,6 +136,21 @@ def parse_model_specs(text: str) -> list[ModelSpec]:
     if not specs:
         raise ValueError("--models is empty; pass e.g. --models smollm2-135m.")
     return specs
+
+
+def is_base_row(spec_index: int, spec: ModelSpec, method: str | None, saved: dict[str, Any]) -> bool:
+    """Whether a row is the base model inside its own window: the reference of "beyond the base model" and of
+    the plots' dashed line.
+
+    The base model is the first ``--models`` entry when it is a pretrained model as published: no adapter, and no
+    scaling saved in its config (``saved``: its :func:`hf_posext.describe` report before any patch). Its base row
+    is the one evaluated unscaled (``method`` ``"none"``, or None for as saved). A fine-tuned model whose config holds
+    its scaling (a merged ``yarn`` ×4) is never the base, also as saved or listed first: its window is the scaled
+    one, and its in-window scores would pass for the original model's.
+    """
+    if spec_index != 0 or spec.adapter is not None or (method is not None and method != "none"):
+        return False
+    return (saved.get("method") or "none") == "none"
 
 
 def method_text(report: dict[str, Any]) -> str:

@@ -41,6 +41,7 @@ from hf_posext.api import describe, patch, unpatch
 from hf_posext.core.request import ScalingRequest, parse_param_items
 from hf_posext.evaluation.card import (
     CARD_TASKS, ENDING_BUDGET, RULER_DOWNLOAD_TASKS, RULER_OFFLINE_TASKS, SHORT_BUDGETS, ModelSpec, SampleCache, SampleResults,
+    is_base_row,
     card_row_labels, check_length_budget, earlier_card, first_budget, in_row_order, merged_row_order, needs_full_budget, parse_model_specs, relabelled_rows, row_label, sample_cache_key, score_summary,
     tokenizer_hash, ruler_cell_fields, write_card, markdown_card,
 )
@@ -423,7 +424,7 @@ def _rows(specs: list[ModelSpec], args: Any, lengths: list[int]) -> list[Row]:
                 patch(model, request.method, request.factor, **request.params_dict)
                 report = describe(model).to_dict()
                 unpatch(model)
-            rows.append(Row(len(rows), spec, request, report, base=spec_index == 0 and (request is None or request.method == "none"),
+            rows.append(Row(len(rows), spec, request, report, base=is_base_row(spec_index, spec, request.method if request else None, saved),
                             saved=saved))
         del model
         gc.collect()

@@ -41,9 +41,10 @@
 #     timeout 60 python3 bench/gpu_checks.py --out $OUT/gpu_checks_cuda.json
 #     STAGE_TIMEOUT=220 bash bench/gpu_session.sh string $OUT
 #   call 3 (carry p2, timeout 480): niah_multikey_2 (the third task that counts) at 32768, paired, and the fine-tune
-#     as saved (yarn x4 in its config, no STRING) beside the headline on ruler_fwe, the target it misses: STRING's
-#     shifted positions are one lever the task may not want (its 50 headline and yarn x4 samples are done, so only
-#     the new row runs there):
+#     as saved (yarn x4 in its config, no STRING) beside the headline on ruler_fwe, the target it misses. On the CPU
+#     (card run 22, 10 float32 samples) the fine-tune as saved scored 0.07 against the headline's 0.13 on the same
+#     samples (5:1 for the headline): STRING is not what costs the score, so 50 samples here would confirm it; its
+#     headline and yarn x4 samples are done, so only the new row runs there:
 #     BOOKS=$PWD/data/books STAGE_TIMEOUT=440 CARD_ROWS='fine-tuned=@MERGED@@string:1;as-saved,base=smollm2-135m@yarn:4' \
 #       CARD_TASKS=niah_multikey_2,ruler_fwe CARD_LENGTHS=32768 bash bench/gpu_session.sh card $OUT/c
 #     (niah_single_1's 100 samples took 325 s in run 18, most of it STRING's prefill; the samples record the whole

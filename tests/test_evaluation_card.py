@@ -13,7 +13,7 @@ import pytest
 from hf_posext.evaluation.card import (
     relabelled_rows,
     CardFileError, SampleCache, SampleResults, SampleResultsError, base_reference, beyond_base, card_figure, check_length_budget, combine_cards, earlier_card, method_text,
-    first_budget, is_base_row, needs_full_budget, paired_comparisons, parse_model_specs, read_sample_records, rewrite_card, row_label,
+    first_budget, is_base_row, markdown_card, needs_full_budget, unmarked_note, paired_comparisons, parse_model_specs, read_sample_records, rewrite_card, row_label,
     ruler_cell_fields, sample_cache_key, score_summary, tokenizer_hash, write_card,
 )
 
@@ -210,6 +210,13 @@ def test_scores_intervals_and_beyond_the_base_model():
              {"task": "b", "kind": "ruler", "base": True, "in_window": True, "mean": 0.25},
              {"task": "a", "kind": "ruler", "base": False, "in_window": True, "mean": 1.0}]
     assert beyond_base(cells) == {"a": True, "b": False}
+    # a task no base row ran inside its window is neither: the card says so in one line, never silently
+    unknown = cells + [{"task": "c", "kind": "ruler", "base": False, "in_window": True, "mean": 0.9}]
+    assert beyond_base(unknown) == {"a": True, "b": False, "c": None}
+    assert unmarked_note(beyond_base(cells)) == ""
+    assert unmarked_note(beyond_base(unknown)).startswith("Not marked as counting or beyond the base model: c (no base row")
+    table = [{**cell, "row": f"r{index}", "row_index": index, "length": 2048, "text": "0.5"} for index, cell in enumerate(unknown)]
+    assert unmarked_note(beyond_base(unknown)) in markdown_card(table)
 
 
 KEY = {"task": "niah_single_1", "length": 4096, "seed": 0}

@@ -44,7 +44,7 @@ __all__ = [
     "RULER_OFFLINE_TASKS", "RULER_DOWNLOAD_TASKS", "CARD_TASKS", "ENDING_BUDGET", "SHORT_BUDGETS", "BEYOND_BASE_THRESHOLD",
     "ModelSpec", "parse_model_specs", "is_base_row", "method_text", "row_label", "tokenizer_hash", "sample_cache_key",
     "SampleCache", "SampleResultsError", "SampleResults", "check_length_budget", "needs_full_budget", "first_budget",
-    "score_summary", "beyond_base", "base_reference", "card_figure", "card_rows", "paired_comparisons", "markdown_card", "write_card",
+    "score_summary", "beyond_base", "unmarked_note", "base_reference", "card_figure", "card_rows", "paired_comparisons", "markdown_card", "write_card",
     "read_sample_records", "ruler_cell_fields", "CardFileError", "rewrite_card", "earlier_card", "merged_row_order",
     "card_row_labels", "in_row_order", "header_differences", "combine_cards", "row_identity", "relabelled_rows", "add_card_arguments",
 ]
@@ -502,6 +502,16 @@ def beyond_base(cells: Sequence[dict[str, Any]], threshold: float = BEYOND_BASE_
     return {task: (best[task] < threshold if task in best else None) for task in sorted(tasks)}
 
 
+def unmarked_note(marks: dict[str, bool | None]) -> str:
+    """One line naming the RULER tasks the card can neither count nor mark "beyond the base model" (no base row
+    ran them inside its window: see :func:`is_base_row`), or "" when every task has its reference."""
+    unmarked = [task for task, beyond in marks.items() if beyond is None]
+    if not unmarked:
+        return ""
+    return (f"Not marked as counting or beyond the base model: {', '.join(unmarked)} (no base row ran it inside its window; "
+            "the base row is the first model as published, unscaled).")
+
+
 def card_rows(cells: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Cells sorted for the table: by task order, then row, then length."""
     order = {task: i for i, task in enumerate(["perplexity", "passkey", "needle", *RULER_OFFLINE_TASKS])}
@@ -596,6 +606,8 @@ def markdown_card(cells: Sequence[dict[str, Any]], skipped: Sequence[dict[str, s
         task = cell["task"] + (" (beyond the base model)" if marks.get(cell["task"]) else "")
         texts = [by_key[(cell["task"], cell["row"], n)]["text"] if (cell["task"], cell["row"], n) in by_key else "" for n in lengths]
         lines.append(f"| {task} | {cell['row']} | " + " | ".join(texts) + " |")
+    if unmarked_note(marks):
+        lines += ["", unmarked_note(marks)]
     if ending_cells:
         lines += ["", ending_caption(ending_cells), "", "| row | answers that end |", "|---|---:|"]
         lines += [f"| {row} | {text} |" for row, text in _ending_rows(ending_cells)]
@@ -752,6 +764,7 @@ def write_card(out: str | os.PathLike, cells: Sequence[dict[str, Any]], skipped:
             "<h1>Report card</h1><p>k/n [95% Wilson interval] for scores that are 0 or 1 per sample; mean [95% bootstrap "
             f"interval] otherwise; perplexity as a number. A task is <em>beyond the base model</em> when the base model's best "
             f"score inside its own window is below {BEYOND_BASE_THRESHOLD:.0%}.</p>"
+            + (f"<p>{html.escape(unmarked_note(marks))}</p>" if unmarked_note(marks) else "")
             + ("<p><strong>Partial card:</strong> written while the run goes on; cells it has not reached show an earlier run's samples, or are missing.</p>"
                if settings.get("partial") else "") + "\n".join(body) + "</body></html>")
     _write_text(out / "card.html", page)

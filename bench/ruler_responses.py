@@ -9,7 +9,11 @@ dtype) is put in one class. For the word tasks (``ruler_fwe``, ``ruler_cwe``, ``
 
 * ``counting``: a numbered list with nothing in it (`` 1. 2. 3. 4. ...``), the model counting instead of answering;
 * ``empty``: no word at all;
-* ``one word``: one distinct word (of 3 or more letters), however often repeated;
+* ``prompt repeated``: nothing but lines of the prompt said again (`` The three most frequently appeared words are:``,
+  once or over and over): a line repeats the prompt when its first five words (three at least; a word cut off by the
+  budget counts) stand in the sample's question or answer prefix, read from the card's RULER sample cache (a file
+  whose samples the cache lacks never gets this class);
+* ``one word``: one distinct word (of 3 or more letters), however often repeated, beside any repeated prompt lines;
 * ``several words``: more than one.
 
 For the needle tasks (``niah_*``), from the first value in the response shaped like the answer (a 7-digit number, a
@@ -35,20 +39,34 @@ import sys
 from pathlib import Path
 from typing import Any
 
-CLASSES = ("counting", "empty", "one word", "several words")
+CLASSES = ("counting", "empty", "prompt repeated", "one word", "several words")
 NEEDLE_CLASSES = ("right", "another key's value", "not in the text", "no value")
 _VALUE_SHAPES = (re.compile(r"\d{7}"), re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"))
 _NUMBERED_ONLY = re.compile(r"\s*(\d+\s*\.\s*){3,}\d*\s*\.?\s*")
 _WORD = re.compile(r"[A-Za-z]{3,}")
 
 
-def response_class(response: str) -> str:
-    """The class of one response (:data:`CLASSES`)."""
+def _plain(text: str) -> str:
+    return " ".join(re.findall(r"[a-z]+", text.lower()))
+
+
+def repeats_prompt(line: str, prompt: str) -> bool:
+    """Whether ``line`` says the prompt again: its first five words (at least three) are a phrase of ``prompt``
+    (letters only, any case; the last word may be cut off, as a generation budget leaves it)."""
+    words = _plain(line).split()
+    return len(words) >= 3 and f" {' '.join(words[:5])}" in f" {_plain(prompt)}"
+
+
+def response_class(response: str, prompt: str | None = None) -> str:
+    """The class of one response (:data:`CLASSES`); ``prompt``: its sample's question and answer prefix, without
+    which ``prompt repeated`` is never given."""
     if _NUMBERED_ONLY.fullmatch(response):
         return "counting"
-    words = {word.lower() for word in _WORD.findall(response)}
+    lines = response.splitlines()
+    kept = [line for line in lines if not (prompt and repeats_prompt(line, prompt))]
+    words = {word.lower() for line in kept for word in _WORD.findall(line)}
     if not words:
-        return "empty"
+        return "prompt repeated" if len(kept) < len(lines) else "empty"
     return "one word" if len(words) == 1 else "several words"
 
 
@@ -61,6 +79,12 @@ def needle_class(response: str, score: float, doc: dict[str, Any]) -> str:
     if found is None:
         return "no value"
     return "another key's value" if found.group(0) in doc["input"] else "not in the text"
+
+
+def _prompt(doc: dict[str, Any]) -> str:
+    """A sample's question and answer prefix: the end of its input (the haystack before it is the task's text) and
+    its ``gen_prefix``."""
+    return str(doc.get("input", ""))[-2000:] + "\n" + str(doc.get("gen_prefix") or "")
 
 
 def sample_docs(cache: Path, key: dict[str, Any]) -> list[dict[str, Any]] | None:
@@ -100,17 +124,18 @@ def summarize_file(path: Path, cache: Path | None = None) -> dict[str, Any] | No
             samples.append(record)
     if not samples:
         return None
+    # the card's cache, then the file's own card folder's; a cache may hold fewer samples than the file (a GPU
+    # card's 50 beside the CPU's committed 20): a needle answer whose sample text is not found is "unread"
+    caches = [folder for folder in (cache, path.parent.parent / "ruler-samples") if folder is not None]
+    docs = next((found for folder in caches if (found := sample_docs(folder, header.get("sample_key") or {}))), [])
     if str(header.get("task", "")).startswith("niah"):
-        # the card's cache, then the file's own card folder's; a cache may hold fewer samples than the file (a GPU
-        # card's 50 beside the CPU's committed 20): a sample whose text is not found is "unread"
-        caches = [folder for folder in (cache, path.parent.parent / "ruler-samples") if folder is not None]
-        docs = next((found for folder in caches if (found := sample_docs(folder, header.get("sample_key") or {}))), [])
         names = NEEDLE_CLASSES + ("unread",)
         classes = [needle_class(str(record.get("response", "")), record["score"], docs[record["doc_id"]])
                    if record["doc_id"] < len(docs) else "right" if record["score"] >= 1 else "unread" for record in samples]
     else:
         names = CLASSES
-        classes = [response_class(str(record.get("response", ""))) for record in samples]
+        prompts = [_prompt(docs[record["doc_id"]]) if record.get("doc_id", len(docs)) < len(docs) else None for record in samples]
+        classes = [response_class(str(record.get("response", "")), prompt) for record, prompt in zip(samples, prompts)]
     answering = [record["score"] for record, kind in zip(samples, classes) if kind != "counting"]
     return {
         "file": str(path), "row": card_labels(path.parent.parent).get(path.name) or header.get("row"), "task": header.get("task"), "length": header.get("length"),
@@ -137,8 +162,8 @@ def markdown(items: list[dict[str, Any]], folder: Path, task: str) -> str:
     explained = ("right, another key's value (a value the sample's text gives for another key), not in the text (a "
                  "value of the answer's shape the text never gives), no value, unread (a wrong answer whose sample text "
                  "the cache does not hold)" if needle else
-                 "counting (a numbered list with nothing in it), empty (no word), one word (one distinct word, however "
-                 "often), several words. \"without counting\": the mean score of the samples that are not counting")
+                 "counting (a numbered list with nothing in it), empty (no word), prompt repeated (nothing but lines of "
+                 "the question or answer prefix said again), one word (one distinct word, however often), several words. \"without counting\": the mean score of the samples that are not counting")
     lines = [f"# How `{task}` answers fail: the responses of every sample file under `{folder}`", "",
              f"`python bench/ruler_responses.py --folder {folder} --task {task}`. Classes: {explained}.", "",
              "| row | length | dtype | n | mean | " + " | ".join(names) + ("" if needle else " | mean without counting") + " | file |",

@@ -18,6 +18,20 @@ def test_each_response_falls_in_one_class():
     assert responses.response_class(" 1. uxihtk 2. jwkmne 3. tothot") == "several words"
 
 
+def test_a_response_that_only_says_the_prompt_again_is_told_apart_given_the_prompt():
+    responses = load_bench_script("ruler_responses")
+    prompt = ("... tothot ... jvzrja\nQuestion: What are the three most frequently appeared words in the above coded text?\n"
+              "Answer: According to the coded text above, the three most frequently appeared words are:")
+    echo = "\n\nThe three most frequently appeared words are:\n\nThe three most frequently appeared words are:\n\nThe three most freque"
+    assert responses.repeats_prompt("The three most frequently appeared words in the above coded text are", prompt)
+    assert responses.repeats_prompt("The three most freque", prompt)  # cut off by the budget
+    assert not responses.repeats_prompt("The answer is: 3", prompt) and not responses.repeats_prompt("tothot", prompt)
+    assert responses.response_class(echo, prompt) == "prompt repeated"
+    assert responses.response_class(echo) == "several words"  # without the prompt: the words it says
+    assert responses.response_class("\n1. tijnuo\n2. tijnuo\nThe three most frequently appeared words are:", prompt) == "one word"
+    assert responses.response_class("", prompt) == "empty"
+
+
 def test_a_folder_of_sample_files_is_summarized_per_file(tmp_path):
     responses = load_bench_script("ruler_responses")
     folder = tmp_path / "card" / "part" / "ruler"
@@ -34,10 +48,10 @@ def test_a_folder_of_sample_files_is_summarized_per_file(tmp_path):
         {"row": "fine-tuned, yarn ×4 + string", "source": "elsewhere/part/ruler/ruler_fwe-32768-x.jsonl"}]}))
     [item] = responses.summarize(tmp_path / "card", "ruler_fwe")
     assert item["row"] == "fine-tuned, yarn ×4 + string"  # the card's label, not the one the file started under
-    assert item["classes"] == {"counting": 1, "empty": 0, "one word": 1, "several words": 1}
+    assert item["classes"] == {"counting": 1, "empty": 0, "prompt repeated": 0, "one word": 1, "several words": 1}
     assert item["mean"] == round(1 / 3, 4) and item["mean_without_counting"] == 0.5 and item["counting_docs"] == [0]
     assert responses.main(["--folder", str(tmp_path / "card"), "--out", str(tmp_path / "out")]) == 0
-    assert "| fine-tuned, yarn ×4 + string | 32768 | float32 | 3 | 0.33 | 1 | 0 | 1 | 1 | 0.50 |" in (tmp_path / "out" / "ruler_fwe.md").read_text()
+    assert "| fine-tuned, yarn ×4 + string | 32768 | float32 | 3 | 0.33 | 1 | 0 | 0 | 1 | 1 | 0.50 |" in (tmp_path / "out" / "ruler_fwe.md").read_text()
     assert responses.main(["--folder", str(tmp_path / "card"), "--task", "ruler_vt", "--out", "-"]) == 1
 
 
@@ -67,3 +81,19 @@ def test_a_needle_answer_is_read_against_its_samples_text(tmp_path):
     assert item["classes"] == {"right": 0, "another key's value": 1, "not in the text": 0, "no value": 0, "unread": 1}
     assert responses.main(["--folder", str(card), "--task", "niah_multikey_2", "--out", str(tmp_path / "out")]) == 0
     assert "| base | 2048 | float32 | 2 | 0.00 | 0 | 1 | 0 | 0 | 1 |" in (tmp_path / "out" / "niah_multikey_2.md").read_text()
+
+
+def test_a_word_tasks_prompt_comes_from_the_cards_sample_cache(tmp_path):
+    responses = load_bench_script("ruler_responses")
+    card, key = tmp_path / "card", {"task": "ruler_fwe", "length": 2048, "seed": 0, "tokenizer": "8fd158b1639fb0cb"}
+    (card / "part" / "ruler").mkdir(parents=True)
+    (card / "ruler-samples").mkdir()
+    doc = {"input": "ab ab cd\nQuestion: What are the three most frequently appeared words in the above coded text?",
+           "gen_prefix": "Answer: the three most frequently appeared words are:", "outputs": ["ab", "cd", "ef"]}
+    (card / "ruler-samples" / "ruler_fwe-2048-seed0-8fd158b1-1111111111.json").write_text(json.dumps({"key": key, "docs": [doc]}))
+    header = {"row": "tuned", "task": "ruler_fwe", "length": 2048, "dtype": "float32", "sample_key": key}
+    echo = {"score": 0.0, "response": "\nThe three most frequently appeared words are:\nThe three most frequently"}
+    (card / "part" / "ruler" / "ruler_fwe-2048-x.jsonl").write_text(
+        "\n".join(json.dumps(r) for r in [header, {"doc_id": 0, **echo}, {"doc_id": 1, **echo}]) + "\n")  # doc 1: not cached
+    [item] = responses.summarize(card, "ruler_fwe", card / "ruler-samples")
+    assert item["classes"]["prompt repeated"] == 1 and item["classes"]["several words"] == 1

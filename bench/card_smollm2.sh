@@ -29,7 +29,8 @@
 #               (--dtype auto: perplexity in float32, passkey and needle in bfloat16); run it or `GRID=floor tasks`,
 #               never both (the combined card refuses a cell held by two folders).          -> cpu-tasks-16k/ (auto)
 #   best32      niah_single_1 and ruler_fwe at 32768 for BEST x4, 10 samples.                    -> cpu-32k-best/ (float32)
-#   tasks32     perplexity, passkey and needle at 32768 (fine-tuned + string, yarn x4, BEST x4), 10 trials.
+#   tasks32     perplexity, passkey and needle at 32768 (fine-tuned + string and yarn x4, the floor's two rows there;
+#               WITH_BEST=1 adds BEST x4 as a third row, which the floor does not need), 10 trials.
 #               The other RULER tasks are beyond the base model: the floor lets 32768 skip them. -> cpu-32k-tasks/ (float32)
 #   harder      the fine-tune on the harder practice (VARIANT=retrieval-tasks of bench/finetune_retrieval_cpu.sh)
 #               beside the committed fine-tune and the original model, paired on the same samples: ruler_fwe and
@@ -62,7 +63,7 @@
 # start on a CPU without native bfloat16 (there it is emulated: 5.2x float32's time for a 4096-token forward,
 # bench/cpu_forward_dtype.py); on one with it, retrieval in bfloat16 took 0.43x float32's time per 16384-token
 # sample with the same responses (bench/results/cpu_retrieval_dtype/).
-# Environment: MERGED (default: the retrieval-varied merge), BEST (default dynamic-ntk), PYTHON, SAMPLES, TASKS
+# Environment: MERGED (default: the retrieval-varied merge), BEST (default dynamic-ntk), WITH_BEST (tasks32), PYTHON, SAMPLES, TASKS
 # (counting32, harder32, string-offset, and GRID=floor ruler: e.g. TASKS=niah_multikey_2,ruler_fwe for the tasks
 # that count first), BOOKS, GRID (ruler-float32 and tasks: base = the original model's cells only, floor = the
 # three rows at 16384 only, default both, in that order; ruler: floor = the three rows at 16384 only, base =
@@ -150,7 +151,7 @@ string-offset) card --models "fine-tuned=$MERGED@string:1" --param shifted_offse
                  --lengths 32768 --samples "${SAMPLES:-10}" --out $R/cpu-32k ;;
 as-saved32) card --models "fine-tuned=$MERGED@as-saved" --tasks "${TASKS:-ruler_fwe}" --lengths 32768 --samples "${SAMPLES:-10}" \
                  --out $R/cpu-32k ;;
-tasks32)    card --models "fine-tuned=$MERGED@string:1,base=smollm2-135m@yarn:4;$BEST:4" "${TEXTS[@]}" \
+tasks32)    card --models "fine-tuned=$MERGED@string:1,base=smollm2-135m@yarn:4${WITH_BEST:+;$BEST:4}" "${TEXTS[@]}" \
                  --tasks perplexity,passkey,needle --lengths 32768 --samples "${SAMPLES:-10}" --out $R/cpu-32k-tasks ;;
 esac
 exit

@@ -1094,8 +1094,9 @@ def _running_cells(folder: Path, cells: list[dict[str, Any]], settings: dict[str
 def add_card_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``hf-posext eval card``."""
     parser.add_argument("--models", required=True,
-                        help="comma-separated [LABEL=]MODEL[+ADAPTER]: hub name, folder, smollm2-135m; the first is the base model "
-                             "(e.g. smollm2-135m,fine-tuned=runs/r/merged)")
+                        help="comma-separated [LABEL=]MODEL[+ADAPTER][@METHOD[:FACTOR];...]: hub name, folder, smollm2-135m; the first, "
+                             "when it has no adapter and no scaling saved in its config, is the base model, and its unscaled row "
+                             "the reference of 'beyond the base model' (e.g. smollm2-135m,fine-tuned=runs/r/merged@as-saved;string:1)")
     parser.add_argument("--methods", default="none",
                         help="comma-separated methods applied to every model; none = unscaled, as-saved = the model's own saved "
                              "scaling (default: %(default)s)")

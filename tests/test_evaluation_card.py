@@ -81,7 +81,7 @@ def test_a_card_of_a_merged_fine_tune_as_saved_has_no_base_row(tiny_folder, tmp_
     from types import SimpleNamespace
 
     from hf_posext import load, patch
-    from hf_posext.integrations.lm_eval.card import _rows
+    from hf_posext.integrations.lm_eval.card import card_model_rows
 
     merged = tmp_path / "merged"
     model = load(tiny_folder)
@@ -89,9 +89,9 @@ def test_a_card_of_a_merged_fine_tune_as_saved_has_no_base_row(tiny_folder, tmp_
     model.save_pretrained(merged)
     _char_tokenizer().save_pretrained(merged)
     args = SimpleNamespace(param=[], factor=None, methods="none")
-    rows = _rows(parse_model_specs(f"tuned={merged}@as-saved;none,base={tiny_folder}@none"), args, [LENGTH])
+    rows = card_model_rows(parse_model_specs(f"tuned={merged}@as-saved;none,base={tiny_folder}@none"), args, [LENGTH])
     assert [(r.label, r.base) for r in rows] == [("tuned, yarn ×2", False), ("tuned, unscaled", False), ("base, unscaled", False)]
-    rows = _rows(parse_model_specs(f"base={tiny_folder}@as-saved;yarn:2,tuned={merged}@as-saved"), args, [LENGTH])
+    rows = card_model_rows(parse_model_specs(f"base={tiny_folder}@as-saved;yarn:2,tuned={merged}@as-saved"), args, [LENGTH])
     assert [(r.label, r.base) for r in rows] == [("base, unscaled", True), ("base, yarn ×2", False), ("tuned, yarn ×2", False)]
 
 

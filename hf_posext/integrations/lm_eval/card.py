@@ -47,7 +47,7 @@ from hf_posext.evaluation.card import (
 )
 from hf_posext.integrations.lm_eval.launcher import import_harness
 
-__all__ = ["Row", "ruler_docs", "ruler_task", "limit_ruler_samples", "run_ruler_cell", "run_card", "download_problem", "forget_downloads", "import_ruler_generators",
+__all__ = ["Row", "card_model_rows", "ruler_docs", "ruler_task", "limit_ruler_samples", "run_ruler_cell", "run_card", "download_problem", "forget_downloads", "import_ruler_generators",
            "ForwardTimer", "device_synchronizer", "AS_SAVED"]
 
 logger = logging.getLogger(__name__)
@@ -377,7 +377,7 @@ def _requests(methods: str, params: dict[str, Any], factor: float | None, length
 
 
 def _check_requests(specs: list[ModelSpec], args: Any) -> None:
-    """Every row's method names, parameters and given factors, checked as :func:`_rows` will use them (a factor
+    """Every row's method names, parameters and given factors, checked as :func:`card_model_rows` will use them (a factor
     sized from a model's window is checked there, once the window is known).
 
     Raises:
@@ -403,7 +403,7 @@ def _as_request(report: dict[str, Any]) -> ScalingRequest:
     return ScalingRequest(report["method"], float(report.get("factor") or 1), params=tuple(sorted(params.items())))
 
 
-def _rows(specs: list[ModelSpec], args: Any, lengths: list[int]) -> list[Row]:
+def card_model_rows(specs: list[ModelSpec], args: Any, lengths: list[int]) -> list[Row]:
     """Every row with its report, computed on each model (loaded once, patched and restored per method)."""
     from hf_posext.evaluation.loading import load_model_and_tokenizer
 
@@ -721,7 +721,7 @@ def _run_card_holding_folder(args: Any, specs: list[ModelSpec], lengths: list[in
             ruler.append(name)
         else:
             skipped.append({"what": name, "reason": problem})
-    rows = _rows(specs, args, lengths)
+    rows = card_model_rows(specs, args, lengths)
 
     # RULER samples (generated once per tokenizer) and every length budget, before any model runs.
     cache = SampleCache(args.sample_cache or out / "ruler-samples")

@@ -152,7 +152,7 @@ def test_card_into_a_held_folder_is_refused_before_loading(holder, capsys, monke
     def no_rows(*args, **kwargs):
         raise AssertionError("the card went on into a folder another run holds")
 
-    monkeypatch.setattr(card, "_rows", no_rows)
+    monkeypatch.setattr(card, "card_model_rows", no_rows)
     code = main(["eval", "card", "--models", TINY, "--methods", "none", "--tasks", "perplexity", "--lengths", "64",
                  "--samples", "1", "--out", str(folder), "--no-progress"])
     error = capsys.readouterr().err.strip()

@@ -34,6 +34,8 @@ import math
 import os
 import shutil
 import tempfile
+import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -585,6 +587,16 @@ def _copy_into_base(model: Any, saved: dict[str, torch.Tensor], path: Path, expe
             parameters[name].copy_(value.to(parameters[name].device, parameters[name].dtype))
 
 
+@contextmanager
+def _without_peft_deprecation_noise() -> Iterator[None]:
+    """PEFT 0.21 reads ``model.is_gradient_checkpointing``, which transformers 5 deprecates with a FutureWarning on
+    every adapter load: a warning about two libraries' internals that a user can do nothing about. Only that
+    message is silenced; every other warning passes."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+        yield
+
+
 def apply_adapter(model: torch.nn.Module, folder: str | os.PathLike, *, is_trainable: bool = False,
                   extras_in_place: bool = False, expected_extras: list[str] | None = None) -> Any:
     """Wrap ``model`` (the patched base) in the PEFT adapter of ``folder``, trained norms/embeddings included.
@@ -610,7 +622,8 @@ def apply_adapter(model: torch.nn.Module, folder: str | os.PathLike, *, is_train
 
     folder = Path(folder)
     if is_old_format(folder) or not extras_in_place:
-        adapted = PeftModel.from_pretrained(model, str(folder), is_trainable=is_trainable)
+        with _without_peft_deprecation_noise():
+            adapted = PeftModel.from_pretrained(model, str(folder), is_trainable=is_trainable)
         load_trainable_extras(adapted, folder, expected=expected_extras if extras_in_place else None)
         return adapted
     config = PeftConfig.from_pretrained(str(folder))
@@ -618,7 +631,8 @@ def apply_adapter(model: torch.nn.Module, folder: str | os.PathLike, *, is_train
     config.modules_to_save = None
     if hasattr(config, "ensure_weight_tying"):
         config.ensure_weight_tying = False
-    adapted = PeftModel.from_pretrained(model, str(folder), config=config, is_trainable=is_trainable)
+    with _without_peft_deprecation_noise():
+        adapted = PeftModel.from_pretrained(model, str(folder), config=config, is_trainable=is_trainable)
     saved = {k[len(PEFT_KEY_PREFIX):]: v for k, v in load_file(str(folder / ADAPTER_WEIGHTS)).items()
              if k.startswith(PEFT_KEY_PREFIX) and k[len(PEFT_KEY_PREFIX):].rsplit(".", 1)[0] in modules}
     _copy_into_base(adapted, saved, folder / ADAPTER_WEIGHTS, expected_extras)

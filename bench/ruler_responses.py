@@ -39,6 +39,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from hf_posext.evaluation.proportions import sign_test_p_value
+
 CLASSES = ("counting", "empty", "prompt repeated", "one word", "several words")
 NEEDLE_CLASSES = ("right", "another key's value", "not in the text", "no value")
 _VALUE_SHAPES = (re.compile(r"\d{7}"), re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"))
@@ -144,7 +146,31 @@ def summarize_file(path: Path, cache: Path | None = None) -> dict[str, Any] | No
         "classes": {kind: classes.count(kind) for kind in names},
         "mean_without_counting": round(sum(answering) / len(answering), 4) if answering else None,
         "counting_docs": [record.get("doc_id") for record, kind in zip(samples, classes) if kind == "counting"],
+        "sample_key": header.get("sample_key"),
+        "doc_classes": {str(record.get("doc_id")): kind for record, kind in zip(samples, classes)},
     }
+
+
+def paired_counting(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """For every two files on the same samples (task, length, dtype and RULER sample key): on how many samples the
+    first counts ("1. 2. 3.") and the second does not, the reverse, and the exact sign test's p of the two. Pairs where
+    neither counts are left out."""
+    pairs = []
+    for i, first in enumerate(items):
+        for second in items[i + 1:]:
+            same = ("task", "length", "dtype", "sample_key")
+            if any(first.get(name) != second.get(name) for name in same) or not first.get("sample_key"):
+                continue
+            docs = sorted(set(first["doc_classes"]) & set(second["doc_classes"]), key=int)
+            counts = [(first["doc_classes"][d] == "counting", second["doc_classes"][d] == "counting") for d in docs]
+            only_first = sum(a and not b for a, b in counts)
+            only_second = sum(b and not a for a, b in counts)
+            if only_first + only_second + sum(a and b for a, b in counts) == 0:
+                continue
+            pairs.append({"first": first["row"], "second": second["row"], "task": first["task"], "length": first["length"],
+                          "dtype": first["dtype"], "samples": len(docs), "only_first": only_first, "only_second": only_second,
+                          "both": sum(a and b for a, b in counts), "p": sign_test_p_value(only_first, only_second)})
+    return pairs
 
 
 def summarize(folder: Path, task: str, cache: Path | None = None) -> list[dict[str, Any]]:
@@ -175,6 +201,15 @@ def markdown(items: list[dict[str, Any]], folder: Path, task: str) -> str:
         relative = Path(item["file"]).relative_to(folder) if Path(item["file"]).is_relative_to(folder) else item["file"]
         lines.append(f"| {item['row']} | {item['length']} | {item['dtype']} | {item['samples']} | {item['mean']:.2f} | "
                      f"{counts}{without} | `{relative}` |")
+    pairs = [] if needle else paired_counting(items)
+    if pairs:
+        lines += ["", "## Paired: who counts where the other does not", "",
+                  "Two rows on the same samples (same length, dtype and RULER samples): the samples only the first row "
+                  "answers with a numbered list and nothing in it, only the second, both; p: exact sign test.", "",
+                  "| first row | second row | length | dtype | n | only first counts | only second counts | both | p |",
+                  "|---|---|---:|---|---:|---:|---:|---:|---:|"]
+        lines += [f"| {pair['first']} | {pair['second']} | {pair['length']} | {pair['dtype']} | {pair['samples']} | "
+                  f"{pair['only_first']} | {pair['only_second']} | {pair['both']} | {pair['p']:.2g} |" for pair in pairs]
     return "\n".join(lines) + "\n"
 
 
@@ -202,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    for name, text in ((f"{args.task}.json", json.dumps({"folder": str(folder), "task": args.task, "files": items}, indent=1)),
+    for name, text in ((f"{args.task}.json", json.dumps({"folder": str(folder), "task": args.task, "files": items,
+                                                     "pairs": paired_counting(items)}, indent=1)),
                        (f"{args.task}.md", table)):
         temporary = out / (name + ".tmp")
         temporary.write_text(text + ("" if text.endswith("\n") else "\n"), encoding="utf-8")

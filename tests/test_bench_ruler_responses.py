@@ -97,3 +97,26 @@ def test_a_word_tasks_prompt_comes_from_the_cards_sample_cache(tmp_path):
         "\n".join(json.dumps(r) for r in [header, {"doc_id": 0, **echo}, {"doc_id": 1, **echo}]) + "\n")  # doc 1: not cached
     [item] = responses.summarize(card, "ruler_fwe", card / "ruler-samples")
     assert item["classes"]["prompt repeated"] == 1 and item["classes"]["several words"] == 1
+
+
+def test_two_rows_on_the_same_samples_are_paired_on_who_counts(tmp_path):
+    responses = load_bench_script("ruler_responses")
+    folder = tmp_path / "card" / "part" / "ruler"
+    folder.mkdir(parents=True)
+    key = {"task": "ruler_fwe", "length": 32768, "seed": 0, "tokenizer": "8fd158b1639fb0cb"}
+    counting, word = " 1. 2. 3. 4. 5.", " 1. tothot"
+    rows = {"headline": [counting] * 9 + [counting, word], "harder": [word] * 9 + [counting, counting],
+            "other samples": [counting] * 11}
+    for name, answers in rows.items():
+        header = {"row": name, "task": "ruler_fwe", "length": 32768, "dtype": "float32",
+                  "sample_key": {**key, "seed": 1} if name == "other samples" else key}
+        records = [{"doc_id": i, "score": 0.0, "response": answer} for i, answer in enumerate(answers)]
+        (folder / f"ruler_fwe-32768-{name}.jsonl").write_text("\n".join(json.dumps(r) for r in [header, *records]) + "\n")
+    items = responses.summarize(tmp_path / "card", "ruler_fwe")
+    [pair] = responses.paired_counting(items)  # "other samples" has another seed: never paired
+    assert (pair["first"], pair["second"]) == ("harder", "headline")
+    assert (pair["only_first"], pair["only_second"], pair["both"], pair["samples"]) == (1, 9, 1, 11)
+    assert pair["p"] == responses.sign_test_p_value(1, 9) and 0.02 < pair["p"] < 0.03
+    assert responses.main(["--folder", str(tmp_path / "card"), "--out", str(tmp_path / "out")]) == 0
+    assert "| harder | headline | 32768 | float32 | 11 | 1 | 9 | 1 | 0.021 |" in (tmp_path / "out" / "ruler_fwe.md").read_text()
+    assert json.loads((tmp_path / "out" / "ruler_fwe.json").read_text())["pairs"] == [pair]

@@ -39,8 +39,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hf_posext.evaluation.proportions import sign_test_p_value
-
 CLASSES = ("counting", "empty", "prompt repeated", "one word", "several words")
 NEEDLE_CLASSES = ("right", "another key's value", "not in the text", "no value")
 _VALUE_SHAPES = (re.compile(r"\d{7}"), re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"))
@@ -155,6 +153,8 @@ def paired_counting(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """For every two files on the same samples (task, length, dtype and RULER sample key): on how many samples the
     first counts ("1. 2. 3.") and the second does not, the reverse, and the exact sign test's p of the two. Pairs where
     neither counts are left out."""
+    from hf_posext.evaluation.proportions import sign_test_p_value  # here: --help must not import torch
+
     pairs = []
     for i, first in enumerate(items):
         for second in items[i + 1:]:

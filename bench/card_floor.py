@@ -84,7 +84,7 @@ def filling_part(task: str, row: str, length: int, base: str = BASE) -> tuple[st
     native bfloat16 only; elsewhere its float32 twin)."""
     retrieval = task in ("perplexity", "passkey", "needle")
     if length == 32768:
-        return _command("tasks32" if retrieval else f"TASKS={task} counting32"), "any CPU (float32)"
+        return _command("tasks32" if retrieval else f"TASKS={task} counting32"), ("any CPU (--dtype auto)" if retrieval else "any CPU (float32)")
     if row == base:
         if retrieval:
             return _command("GRID=base tasks"), "any CPU (float32)"

@@ -30,8 +30,10 @@
 #               never both (the combined card refuses a cell held by two folders).          -> cpu-tasks-16k/ (auto)
 #   best32      niah_single_1 and ruler_fwe at 32768 for BEST x4, 10 samples.                    -> cpu-32k-best/ (float32)
 #   tasks32     perplexity, passkey and needle at 32768 (fine-tuned + string and yarn x4, the floor's two rows there;
-#               WITH_BEST=1 adds BEST x4 as a third row, which the floor does not need), 10 trials.
-#               The other RULER tasks are beyond the base model: the floor lets 32768 skip them. -> cpu-32k-tasks/ (float32)
+#               WITH_BEST=1 adds BEST x4 as a third row, which the floor does not need), 10 trials; --dtype auto:
+#               passkey and needle in bfloat16 where the CPU runs it natively (a 4096-token forward took 0.70x float32's time on an
+#               AMD EPYC with AVX-512 BF16), in float32 elsewhere; perplexity always float32.
+#               The other RULER tasks are beyond the base model: the floor lets 32768 skip them. -> cpu-32k-tasks/ (auto)
 #   harder      the fine-tune on the harder practice (VARIANT=retrieval-tasks of bench/finetune_retrieval_cpu.sh)
 #               beside the committed fine-tune and the original model, paired on the same samples: ruler_fwe and
 #               niah_single_1 at 2048 and 8192, 20 samples. A float32 side study for a CPU without native
@@ -98,6 +100,7 @@ counting|ruler|tasks-bfloat16) DTYPE=bfloat16; [ "$part" = tasks-bfloat16 ] && D
     echo "this CPU has no native bfloat16: $part runs in bfloat16 (emulated here, about 5x float32's time); run counting32, ruler-float32, tasks, best32 or tasks32 here" >&2
     exit 2
   fi ;;
+tasks32) DTYPE=auto ;;  # perplexity float32; passkey and needle bfloat16 where the CPU runs it natively, else float32
 *) DTYPE=float32 ;;
 esac
 BEST=${BEST:-dynamic-ntk}

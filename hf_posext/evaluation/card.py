@@ -606,8 +606,8 @@ def markdown_card(cells: Sequence[dict[str, Any]], skipped: Sequence[dict[str, s
         task = cell["task"] + (" (beyond the base model)" if marks.get(cell["task"]) else "")
         texts = [by_key[(cell["task"], cell["row"], n)]["text"] if (cell["task"], cell["row"], n) in by_key else "" for n in lengths]
         lines.append(f"| {task} | {cell['row']} | " + " | ".join(texts) + " |")
-    if unmarked_note(marks):
-        lines += ["", unmarked_note(marks)]
+    if note := unmarked_note(marks):
+        lines += ["", note]
     if ending_cells:
         lines += ["", ending_caption(ending_cells), "", "| row | answers that end |", "|---|---:|"]
         lines += [f"| {row} | {text} |" for row, text in _ending_rows(ending_cells)]
@@ -764,7 +764,7 @@ def write_card(out: str | os.PathLike, cells: Sequence[dict[str, Any]], skipped:
             "<h1>Report card</h1><p>k/n [95% Wilson interval] for scores that are 0 or 1 per sample; mean [95% bootstrap "
             f"interval] otherwise; perplexity as a number. A task is <em>beyond the base model</em> when the base model's best "
             f"score inside its own window is below {BEYOND_BASE_THRESHOLD:.0%}.</p>"
-            + (f"<p>{html.escape(unmarked_note(marks))}</p>" if unmarked_note(marks) else "")
+            + (f"<p>{html.escape(note)}</p>" if (note := unmarked_note(marks)) else "")
             + ("<p><strong>Partial card:</strong> written while the run goes on; cells it has not reached show an earlier run's samples, or are missing.</p>"
                if settings.get("partial") else "") + "\n".join(body) + "</body></html>")
     _write_text(out / "card.html", page)

@@ -33,8 +33,8 @@
 #               WITH_BEST=1 adds BEST x4 as a third row, which the floor does not need), 10 trials; --dtype auto:
 #               passkey and needle in bfloat16 where the CPU runs it natively (a 4096-token forward took 0.70x float32's time on an
 #               AMD EPYC with AVX-512 BF16), in float32 elsewhere; perplexity always float32.
-#               WITH_HARDER=1 adds the harder-practice fine-tune (see harder) as a row, on the same trials: is it as
-#               good a headline at 32768?
+#               WITH_HARDER=1 adds the harder-practice fine-tune (see harder) as the second row, on the same trials: is
+#               it as good a headline at 32768? TASKS: some of the three, in the card's order (rows one after another).
 #               The other RULER tasks are beyond the base model: the floor lets 32768 skip them. -> cpu-32k-tasks/ (auto)
 #   harder      the fine-tune on the harder practice (VARIANT=retrieval-tasks of bench/finetune_retrieval_cpu.sh)
 #               beside the committed fine-tune and the original model, paired on the same samples: ruler_fwe and
@@ -158,8 +158,8 @@ string-offset) card --models "fine-tuned=$MERGED@string:1" --param shifted_offse
                  --lengths 32768 --samples "${SAMPLES:-10}" --out $R/cpu-32k ;;
 as-saved32) card --models "fine-tuned=$MERGED@as-saved" --tasks "${TASKS:-ruler_fwe}" --lengths 32768 --samples "${SAMPLES:-10}" \
                  --out $R/cpu-32k ;;
-tasks32)    card --models "fine-tuned=$MERGED@string:1,base=smollm2-135m@yarn:4${WITH_BEST:+;$BEST:4}${WITH_HARDER:+,fine-tuned on harder practice=$HARDER@string:1}" "${TEXTS[@]}" \
-                 --tasks perplexity,passkey,needle --lengths 32768 --samples "${SAMPLES:-10}" --out $R/cpu-32k-tasks ;;
+tasks32)    card --models "fine-tuned=$MERGED@string:1${WITH_HARDER:+,fine-tuned on harder practice=$HARDER@string:1},base=smollm2-135m@yarn:4${WITH_BEST:+;$BEST:4}" \
+                 "${TEXTS[@]}" --tasks "${TASKS:-perplexity,passkey,needle}" --lengths 32768 --samples "${SAMPLES:-10}" --out $R/cpu-32k-tasks ;;
 esac
 exit
 }

@@ -274,6 +274,24 @@ def test_paired_comparisons_count_the_samples_each_row_won():
     assert paired_comparisons([{k: v for k, v in yarn.items() if k != "scores"}, tuned]) == []
 
 
+
+def test_passkey_and_needle_rows_are_paired_trial_by_trial():
+    """Passkey and needle cells carry each trial's outcome ("DEPTH/TRIAL"), and pair like RULER samples; trials of
+    another seed never pair."""
+    from hf_posext.integrations.lm_eval.card import trial_scores
+
+    units = [{"greedy": True}, {"greedy": False}, {"greedy": None}]
+    keys = [["needle", 4096, 0.5, 0], ["needle", 4096, 0.5, 1], ["needle", 4096, 0.5, 2]]
+    assert trial_scores([{"unit_keys": keys, "units": units}, {"trials": 4}]) == {"0.5/0": 1.0, "0.5/1": 0.0}
+    key = {"task": "needle", "length": 16384, "seed": 0, "depths": [0.0, 1.0], "trials": 2}
+    tuned = {**_cell("tuned", 1, {}), "kind": "needle", "task": "needle", "sample_key": key,
+             "scores": {"0/0": 1.0, "0/1": 1.0, "1/0": 1.0, "1/1": 1.0}}
+    yarn = {**tuned, "row": "yarn", "row_index": 0, "scores": {"0/0": 0.0, "0/1": 1.0, "1/0": 0.0, "1/1": 0.0}}
+    other = {**yarn, "row": "other seed", "row_index": 2, "sample_key": {**key, "seed": 1}}
+    (pair,) = paired_comparisons([yarn, tuned, other])
+    assert (pair["task"], pair["first"], pair["second"], pair["higher"], pair["lower"], pair["n"]) == ("needle", "tuned", "yarn", 3, 0, 4)
+
+
 def _sample_file(path: Path, scores: list[float], cut_tail: bool = False, **header) -> None:
     lines = [json.dumps({"record_version": 1, "row": "r", "task": "niah_single_1", "length": 4096, **header})]
     lines += [json.dumps({"doc_id": i, "score": v, "response": " 1", "timing": {"prefill_s": 1.0, "generate_s": 0.5,
@@ -713,10 +731,14 @@ def test_card_end_to_end_on_the_tiny_model(tiny_folder, tmp_path, monkeypatch):
     assert set(tasks.split(",")) <= set(seen[0]["settings"]["dtypes"])
     assert main(argv) == 0 and json.loads((out / "card.json").read_text())["cells"] == card["cells"]
     # every pair of rows compared on the same samples, task by task
-    assert {p["task"] for p in card["paired"]} == set(tasks.split(",")) and all(p["n"] == 2 for p in card["paired"])
+    # and passkey trial by trial: 2 samples -> one trial at each of 5 depths
+    assert {p["task"] for p in card["paired"]} == {*tasks.split(","), "passkey"}
+    assert all(p["n"] == (5 if p["task"] == "passkey" else 2) for p in card["paired"])
+    passkey_cells = [c for c in card["cells"] if c["kind"] == "passkey"]
+    assert all(len(c["scores"]) == c["n"] == 5 and sum(c["scores"].values()) == c["k"] for c in passkey_cells)
     for pair in card["paired"]:
-        first, second = ({int(k): v for k, v in c["scores"].items()} for name in (pair["first"], pair["second"])
-                         for c in ruler if c["task"] == pair["task"] and c["row"] == name)
+        first, second = (c["scores"] for name in (pair["first"], pair["second"])
+                         for c in [*ruler, *passkey_cells] if c["task"] == pair["task"] and c["row"] == name)
         assert pair["higher"] == sum(first[i] > second[i] for i in first) and pair["lower"] == sum(first[i] < second[i] for i in first)
 
     # the full budget scores every sample exactly as the short one did (and is refused past the window)

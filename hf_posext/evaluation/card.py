@@ -44,7 +44,7 @@ __all__ = [
     "RULER_OFFLINE_TASKS", "RULER_DOWNLOAD_TASKS", "CARD_TASKS", "ENDING_BUDGET", "SHORT_BUDGETS", "BEYOND_BASE_THRESHOLD",
     "ModelSpec", "parse_model_specs", "is_base_row", "method_text", "row_label", "tokenizer_hash", "sample_cache_key",
     "SampleCache", "SampleResultsError", "SampleResults", "check_length_budget", "needs_full_budget", "first_budget",
-    "score_summary", "beyond_base", "unmarked_note", "base_reference", "card_figure", "card_rows", "paired_comparisons", "markdown_card", "write_card",
+    "score_summary", "beyond_base", "unmarked_note", "base_reference", "card_figure", "card_rows", "PAIRED_KINDS", "paired_comparisons", "markdown_card", "write_card",
     "read_sample_records", "ruler_cell_fields", "CardFileError", "rewrite_card", "earlier_card", "merged_row_order",
     "card_row_labels", "in_row_order", "header_differences", "combine_cards", "row_identity", "relabelled_rows", "add_card_arguments",
 ]
@@ -518,8 +518,13 @@ def card_rows(cells: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(cells, key=lambda c: (order.get(c["task"], 99), c["task"], c["row_index"], c["length"]))
 
 
+#: The kinds of cell compared sample by sample (or trial by trial) in the card's paired table.
+PAIRED_KINDS = ("ruler", "passkey", "needle")
+
+
 def paired_comparisons(cells: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Every two rows that ran a RULER task at a length on the same samples, compared sample by sample.
+    """Every two rows that ran a RULER task, passkey or needle at a length on the same samples (the same seeded
+    trials), compared sample by sample.
 
     Cells must carry ``scores`` (``{doc_id: score}``, as :func:`write_card` keeps them). Two cells pair when
     they have the same task, length and sample key; only the samples both scored count. Within a task a
@@ -533,7 +538,7 @@ def paired_comparisons(cells: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """
     groups: dict[tuple[str, int, str], list[dict[str, Any]]] = defaultdict(list)
     for cell in card_rows(cells):
-        if cell.get("kind") == "ruler" and cell.get("scores"):
+        if cell.get("kind") in PAIRED_KINDS and cell.get("scores"):
             groups[(cell["task"], cell["length"], json.dumps(cell.get("sample_key"), sort_keys=True))].append(cell)
     found: dict[tuple[str, int, int], dict[int, tuple[list[float], list[float]]]] = defaultdict(dict)
     rows: dict[int, str] = {}
@@ -543,7 +548,7 @@ def paired_comparisons(cells: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 if a["row_index"] == b["row_index"]:
                     continue
                 first, second = sorted((a, b), key=lambda c: c["row_index"])
-                common = sorted(set(first["scores"]) & set(second["scores"]), key=int)
+                common = sorted(set(first["scores"]) & set(second["scores"]))
                 if common:
                     rows.update({first["row_index"]: first["row"], second["row_index"]: second["row"]})
                     found[(task, first["row_index"], second["row_index"])][length] = (
@@ -565,8 +570,9 @@ def paired_comparisons(cells: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 #: How the paired table reads (markdown and HTML).
-PAIRED_CAPTION = ("Paired samples (RULER): the samples on which the first row scored higher : those on which the second "
-                  "did, of the samples both ran (ties count in neither); exact two-sided sign test.")
+PAIRED_CAPTION = ("Paired samples (RULER) and trials (passkey, needle: the same seeded trials): the samples on which the "
+                  "first row scored higher : those on which the second did, of the samples both ran (ties count in neither); "
+                  "exact two-sided sign test.")
 
 
 def _paired_table(comparisons: Sequence[dict[str, Any]]) -> tuple[list[int], list[tuple[str, str, dict[int, str]]]]:

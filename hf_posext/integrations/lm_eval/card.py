@@ -48,7 +48,7 @@ from hf_posext.evaluation.card import (
 from hf_posext.integrations.lm_eval.launcher import import_harness
 
 __all__ = ["Row", "card_model_rows", "ruler_docs", "ruler_task", "limit_ruler_samples", "run_ruler_cell", "run_card", "download_problem", "forget_downloads", "import_ruler_generators",
-           "ForwardTimer", "device_synchronizer", "AS_SAVED"]
+           "ForwardTimer", "device_synchronizer", "AS_SAVED", "trial_scores"]
 
 logger = logging.getLogger(__name__)
 
@@ -617,13 +617,27 @@ def _evaluation_cells(rows: list[Row], tasks: list[str], lengths: list[int], arg
                     else:
                         pooled = pooled_proportion(at, "greedy_accuracy") or pooled_proportion(at, "teacher_forced_accuracy")
                         low, high = pooled.interval
+                        trial_key = {"task": task, "length": length, "seed": args.seed, "depths": list(depths), "trials": trials,
+                                     **({"haystack": str(args.haystack)} if task == "needle" else {})}
                         cells.append({**base, "n": pooled.trials, "k": pooled.successes, "mean": pooled.rate, "low": low,
-                                      "high": high, "text": pooled.text()})
+                                      "high": high, "text": pooled.text(), "sample_key": trial_key, "scores": trial_scores(at)})
                 if done is not None:
                     done(list(cells))
         del model
         gc.collect()
     return cells
+
+
+def trial_scores(records: list[dict[str, Any]]) -> dict[str, float]:
+    """``{"DEPTH/TRIAL": 1.0 or 0.0}``: each passkey or needle trial's greedy outcome, from its cell records' kept
+    units (records written before trials were kept give none), so that the card pairs rows trial by trial."""
+    scores: dict[str, float] = {}
+    for record in records:
+        for key, unit in zip(record.get("unit_keys") or [], record.get("units") or []):
+            if isinstance(unit, dict) and unit.get("greedy") is not None:
+                _task, _length, depth, trial = key
+                scores[f"{float(depth):g}/{int(trial)}"] = 1.0 if unit["greedy"] else 0.0
+    return scores
 
 
 def _ending_cells(rows: list[Row], args: Any, skipped: list[dict[str, str]]) -> list[dict[str, Any]]:

@@ -53,6 +53,10 @@
 #       CARD_TASKS=niah_multikey_2,niah_single_1,ruler_fwe CARD_LENGTHS=32768 bash bench/gpu_session.sh card $OUT/c
 #     (niah_single_1's 100 samples took 325 s in run 18, most of it STRING's prefill; the samples record the whole
 #     model's prefill per sample: STRING's against yarn x4's SDPA, with call 2's kernel)
+#   call 4, only if a later session has device time to spare (calls 1-3 fill this one's 15 minutes): the README's
+#     headline protocol (long4x: 10 trials x 5 depths, passkey and needle at 32768) for the harder-practice fine-tune,
+#     which it needs before it can be the headline (the headline's own 50/50 and 48/50 came from the CPU):
+#     L2=32768 ADAPTERS=string:retrieval-tasks STAGE_TIMEOUT=440 bash bench/gpu_session.sh adapters $OUT/a
 #   here:    tar xzf <files_at>/c/card.tgz (the last card call's: it holds the earlier calls' cells while the machine
 #            stayed warm between them); tar xzf <files_at>/c/card-samples.tgz -C bench/results/card/ruler-samples
 #            (the RULER samples the GPU rows saw); bash bench/gpu_carry.sh restore; commit bench/results/card/gpu/,

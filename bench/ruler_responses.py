@@ -165,11 +165,12 @@ def paired_counting(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
             counts = [(first["doc_classes"][d] == "counting", second["doc_classes"][d] == "counting") for d in docs]
             only_first = sum(a and not b for a, b in counts)
             only_second = sum(b and not a for a, b in counts)
-            if only_first + only_second + sum(a and b for a, b in counts) == 0:
+            both = sum(a and b for a, b in counts)
+            if only_first + only_second + both == 0:
                 continue
             pairs.append({"first": first["row"], "second": second["row"], "task": first["task"], "length": first["length"],
                           "dtype": first["dtype"], "samples": len(docs), "only_first": only_first, "only_second": only_second,
-                          "both": sum(a and b for a, b in counts), "p": sign_test_p_value(only_first, only_second)})
+                          "both": both, "p": sign_test_p_value(only_first, only_second)})
     return pairs
 
 

@@ -38,9 +38,33 @@ def test_an_answer_that_stops_on_the_end_token_ended_and_one_that_runs_out_did_n
     letter = tokenizer.convert_tokens_to_ids("a")
     running = answer_endings(_always(letter), tokenizer, INSTRUCTIONS[:2], max_new_tokens=8)
     assert [(r["ended"], r["generated_tokens"], r["response"]) for r in running] == [(False, 8, "a" * 8)] * 2
-    assert ended_like(running, ended) == {"reference_ended": 2, "also_ended": 0}
-    assert ended_like(ended, running) == {"reference_ended": 0, "also_ended": 0}
-    assert ended_like(ended, ended) == {"reference_ended": 2, "also_ended": 2}
+    assert ended_like(running, ended) == {"reference_ended": 2, "also_ended": 0, "only_reference": 2, "only_here": 0}
+    assert ended_like(ended, running) == {"reference_ended": 0, "also_ended": 0, "only_reference": 0, "only_here": 2}
+    assert ended_like(ended, ended) == {"reference_ended": 2, "also_ended": 2, "only_reference": 0, "only_here": 0}
+
+
+def test_ended_like_pairs_by_instruction_and_leaves_out_instructions_one_side_lacks():
+    reference = [{"instruction": "a", "ended": True}, {"instruction": "b", "ended": False}, {"instruction": "c", "ended": True},
+                 {"instruction": "d", "ended": True}]
+    records = [{"instruction": "c", "ended": False}, {"instruction": "b", "ended": True}, {"instruction": "a", "ended": True},
+               {"instruction": "e", "ended": True}]  # d unanswered here, e unanswered by the reference
+    assert ended_like(records, reference) == {"reference_ended": 3, "also_ended": 1, "only_reference": 1, "only_here": 1}
+
+
+def test_the_card_pairs_the_rows_chat_endings_instruction_by_instruction():
+    from hf_posext.evaluation.card import markdown_card
+
+    def cell(row, index, ended, key="k"):
+        return {"task": "ending", "kind": "ending", "row": row, "row_index": index, "length": 256, "base": index == 0,
+                "in_window": True, "text": f"{sum(ended)}/{len(ended)}", "sample_key": key,
+                "scores": {str(i): float(e) for i, e in enumerate(ended)}}
+
+    base, tuned = [True] * 8, [i >= 6 for i in range(8)]  # 6 of the base model's 8 endings lost
+    markdown = markdown_card([cell("base", 0, base), cell("tuned", 1, tuned)])
+    assert "| base vs tuned | 6:0 of 8 (p = 0.031) |" in markdown and "| tuned | 2/8 |" in markdown
+    assert "Paired samples (RULER)" not in markdown  # the endings' pairs stay in their own section
+    # answers to another instruction set (another sample key) are not paired
+    assert "| pair | paired |" not in markdown_card([cell("base", 0, base), cell("tuned", 1, tuned, key="other")])
 
 
 def test_the_prompt_is_the_chat_template_with_the_assistant_turn_opened():
@@ -52,9 +76,13 @@ def test_the_prompt_is_the_chat_template_with_the_assistant_turn_opened():
         chat_prompt(plain, "Hi?")
 
 
-def test_the_card_ending_row_on_a_tiny_model(tmp_path):
+def test_the_card_ending_row_on_a_tiny_model(tmp_path, monkeypatch, capsys):
     pytest.importorskip("lm_eval")
     from hf_posext.cli import main
+    from hf_posext.evaluation import ending
+
+    # four of the instructions: a tiny model runs out its whole budget on each (the full set took 191 s under load)
+    monkeypatch.setattr(ending, "INSTRUCTIONS", INSTRUCTIONS[:4])
 
     folder = tmp_path / "model"
     tiny_model("llama", max_position_embeddings=LENGTH).save_pretrained(folder)
@@ -68,12 +96,35 @@ def test_the_card_ending_row_on_a_tiny_model(tmp_path):
     card = json.loads((out / "card.json").read_text())
     cells = {c["row"]: c for c in card["cells"]}
     assert set(cells) == {"base, unscaled", "base, yarn ×2"}
-    assert all(c["n"] == len(INSTRUCTIONS) and c["reference_ended"] == cells["base, unscaled"]["k"] for c in cells.values())
+    assert all(c["n"] == 4 and c["reference_ended"] == cells["base, unscaled"]["k"] for c in cells.values())
     assert [s for s in card["skipped"] if s["what"] == "plain: ending" and "no chat template" in s["reason"]]
     # its own table, not a length column beside the card's lengths
     markdown = (out / "card.md").read_text()
     assert "Chat endings: short instructions" in markdown and "| task | row |" not in markdown
-    assert f"| base, yarn ×2 | {cells['base, yarn ×2']['text']} |" in markdown
+    yarn = cells["base, yarn ×2"]
+    assert {"only_reference", "only_here"} <= set(yarn) and yarn["also_ended"] + yarn["only_reference"] == yarn["reference_ended"]
+    assert f"| base, yarn ×2 | {yarn['text']} |" in markdown
+    (pair,) = [p for p in card["paired"] if p["task"] == "ending"]
+    assert pair["n"] == 4 and f"| {pair['first']} vs {pair['second']} | {pair['text']} |" in markdown
     assert "<h2>Chat endings</h2>" in (out / "card.html").read_text()
-    stored = json.loads(next((out / "tasks").glob("ending-base-yarn-x2-*.json")).read_text())
-    assert len(stored["records"]) == len(INSTRUCTIONS) and stored["budget"] == 128
+    path = next((out / "tasks").glob("ending-base-yarn-x2-*.json"))
+    stored = json.loads(path.read_text())
+    assert len(stored["records"]) == 4 and stored["budget"] == 128
+
+    # a second run reads the answers back; other instructions are answered again; a damaged file is named
+    def refuse(*args, **kwargs):
+        raise AssertionError("answered again")
+
+    monkeypatch.setattr(ending, "answer_endings", refuse)
+    assert main(["eval", "card", "--models", f"base={folder}@none;yarn:2", "--lengths", str(LENGTH), "--tasks", "ending",
+                 "--out", str(out), "--no-progress"]) == 0
+    assert json.loads((out / "card.json").read_text())["cells"] == card["cells"]
+    monkeypatch.setattr(ending, "INSTRUCTIONS", INSTRUCTIONS[4:6])
+    capsys.readouterr()
+    assert main(["eval", "card", "--models", f"base={folder}@none", "--lengths", str(LENGTH), "--tasks", "ending", "--out", str(out),
+                 "--no-progress"]) != 0
+    assert "answered again" in capsys.readouterr().err
+    path.write_text("{not json")
+    assert main(["eval", "card", "--models", f"base={folder}@yarn:2", "--lengths", str(LENGTH), "--tasks", "ending", "--out",
+                 str(out), "--no-progress"]) != 0
+    assert f"chat-ending results {path} are not readable" in capsys.readouterr().err

@@ -519,7 +519,7 @@ def card_rows(cells: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 #: The kinds of cell compared sample by sample (or trial by trial) in the card's paired table.
-PAIRED_KINDS = ("ruler", "passkey", "needle")
+PAIRED_KINDS = ("ruler", "passkey", "needle", "ending")
 
 
 def paired_comparisons(cells: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -596,6 +596,16 @@ def _ending_rows(cells: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:
     return [(c["row"], c["text"]) for c in sorted(cells, key=lambda c: c["row_index"])]
 
 
+#: How the chat endings' pairs read (markdown and HTML).
+ENDING_PAIRED_CAPTION = ("Paired on the same instructions: the answers only the first row ended : those only the second "
+                         "ended, of the instructions both answered; exact two-sided sign test.")
+
+
+def _ending_pairs(comparisons: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:
+    """``(pair, text)`` of the chat endings' paired comparisons."""
+    return [(f"{c['first']} vs {c['second']}", c["text"]) for c in comparisons if c["task"] == "ending"]
+
+
 def markdown_card(cells: Sequence[dict[str, Any]], skipped: Sequence[dict[str, str]] = ()) -> str:
     """The card as markdown: one table, task × row × length, then the chat endings and the paired comparisons."""
     marks = beyond_base(cells)
@@ -617,6 +627,9 @@ def markdown_card(cells: Sequence[dict[str, Any]], skipped: Sequence[dict[str, s
     if ending_cells:
         lines += ["", ending_caption(ending_cells), "", "| row | answers that end |", "|---|---:|"]
         lines += [f"| {row} | {text} |" for row, text in _ending_rows(ending_cells)]
+        if ending_pairs := _ending_pairs(paired_comparisons(ending_cells)):
+            lines += ["", ENDING_PAIRED_CAPTION, "", "| pair | paired |", "|---|---:|"]
+            lines += [f"| {pair} | {text} |" for pair, text in ending_pairs]
     comparisons = paired_comparisons(cells)
     if comparisons:
         paired_lengths, paired = _paired_table(comparisons)
@@ -742,6 +755,11 @@ def write_card(out: str | os.PathLike, cells: Sequence[dict[str, Any]], skipped:
                     "<table><tr><th>row</th><th>answers that end</th></tr>"
                     + "".join(f"<tr><td>{html.escape(row)}</td><td>{html.escape(text)}</td></tr>" for row, text in _ending_rows(ending_cells))
                     + "</table>")
+        if ending_pairs := _ending_pairs(comparisons):
+            body.append(f"<p>{html.escape(ENDING_PAIRED_CAPTION)}</p><table><tr><th>pair</th><th>paired</th></tr>"
+                        + "".join(f"<tr><td>{html.escape(pair)}</td><td>{html.escape(text)}</td></tr>" for pair, text in ending_pairs)
+                        + "</table>")
+    comparisons = [c for c in comparisons if c["task"] != "ending"]
     if comparisons:
         paired_lengths, paired = _paired_table(comparisons)
         body.append(f"<h2>Paired samples</h2><p>{html.escape(PAIRED_CAPTION)}</p><table><tr><th>task</th><th>pair</th>"

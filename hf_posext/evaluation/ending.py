@@ -16,7 +16,8 @@ import torch
 
 __all__ = ["INSTRUCTIONS", "END_OF_TURN_TOKENS", "end_token_ids", "chat_prompt", "answer_endings", "ended_like"]
 
-#: Everyday instructions, each answerable in a sentence or two.
+#: Everyday instructions, each answerable in a sentence or two (48: enough that a fine-tune which loses the ending
+#: on a fifth of the answers shows it in a paired sign test against the original model, p < 0.01).
 INSTRUCTIONS = (
     "What is the capital of France?",
     "Name three colours of the rainbow.",
@@ -34,6 +35,38 @@ INSTRUCTIONS = (
     "Which planet is closest to the Sun?",
     "What is water made of?",
     "Give one tip for sleeping well.",
+    "Name a fruit that is yellow.",
+    "What is the boiling point of water in Celsius?",
+    "Give an example of a mammal that can fly.",
+    "What colour do you get by mixing blue and yellow?",
+    "Write one sentence about a rainy day.",
+    "How many legs does a spider have?",
+    "What is the plural of mouse?",
+    "Name a musical instrument with strings.",
+    "Which season comes after winter?",
+    "Suggest a title for a short story about a lost cat.",
+    "What is the largest ocean on Earth?",
+    "Give a word that rhymes with light.",
+    "What do you call a baby dog?",
+    "In one sentence, what does a library do?",
+    "What is 9 times 3?",
+    "Name one vegetable that grows underground.",
+    "Which language is spoken in Brazil?",
+    "Write a one-line thank-you note to a neighbour.",
+    "What is the main ingredient of guacamole?",
+    "How many minutes are there in an hour?",
+    "Give one reason to drink water every day.",
+    "What shape has three sides?",
+    "Name a bird that cannot fly.",
+    "What is the freezing point of water in Fahrenheit?",
+    "Describe the moon in one sentence.",
+    "Which instrument has black and white keys?",
+    "What do caterpillars turn into?",
+    "Give an antonym of early.",
+    "Name a popular breakfast food.",
+    "What gas do plants take in from the air?",
+    "Write a short sentence inviting a friend to lunch.",
+    "Which continent is Egypt in?",
 )
 
 #: End-of-turn tokens of common chat templates, used where the tokenizer knows them.
@@ -99,11 +132,18 @@ def answer_endings(model: torch.nn.Module, tokenizer: Any, instructions: Sequenc
 
 
 def ended_like(records: Sequence[dict[str, Any]], reference: Sequence[dict[str, Any]]) -> dict[str, int]:
-    """On the instructions the reference (the original model) ended, how many ``records`` ended too.
+    """``records`` against the reference's (the original model's) on the same instructions, matched by instruction.
 
     Returns:
-        ``{"reference_ended": k, "also_ended": j}`` (j <= k), matched by instruction.
+        ``reference_ended`` (k: the instructions the reference ended), ``also_ended`` (j <= k: of those, the ones
+        ``records`` ended too), and the discordant pairs for a sign test: ``only_reference`` (ended by the
+        reference only, k - j) and ``only_here`` (ended here, not by the reference); instructions only one side
+        answered are left out.
     """
     ended = {r["instruction"]: bool(r["ended"]) for r in records}
-    wanted = [r["instruction"] for r in reference if r["ended"]]
-    return {"reference_ended": len(wanted), "also_ended": sum(ended.get(i, False) for i in wanted)}
+    theirs = {r["instruction"]: bool(r["ended"]) for r in reference}
+    wanted = [i for i, done in theirs.items() if done]
+    also = sum(ended.get(i, False) for i in wanted)
+    return {"reference_ended": len(wanted), "also_ended": also,
+            "only_reference": sum(1 for i in wanted if i in ended) - also,
+            "only_here": sum(1 for i, done in ended.items() if done and i in theirs and not theirs[i])}

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from hf_posext.evaluation.labels import series_name
 from hf_posext.evaluation.proportions import sign_test_p_value
 from hf_posext.evaluation.tables import Table, TableCell, task_records
 
-__all__ = ["TRIAL_SETTINGS", "PairedCount", "paired_counts", "comparison_tables"]
+__all__ = ["TRIAL_SETTINGS", "PairedCount", "kept_trials", "paired_counts", "comparison_tables"]
 
 #: Run settings that make a trial's prompt or its scoring: two series are paired only where these agree.
 TRIAL_SETTINGS = ("seed", "format", "haystack", "haystack_start", "needle", "max_new_tokens")
@@ -62,21 +62,34 @@ def _series(records: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]
     return grouped
 
 
+def kept_trials(record: dict[str, Any], metric: str = "greedy_accuracy") -> Iterator[tuple[int, float, int, dict[str, Any]]]:
+    """``(length, depth, trial, unit)`` for each trial of one retrieval cell record that kept its outcome for
+    ``metric`` (``unit[field]`` is its truth value; records written before trials were kept yield nothing).
+
+    Args:
+        record: one cell of a passkey or needle results file (``unit_keys`` = ``[task, length, depth, trial]``
+            beside ``units``).
+        metric: ``greedy_accuracy`` or ``teacher_forced_accuracy``.
+    """
+    field = _UNIT_FIELDS[metric]
+    for key, unit in zip(record.get("unit_keys") or [], record.get("units") or []):
+        if isinstance(unit, dict) and unit.get(field) is not None:
+            _task, length, depth, trial = key
+            yield int(length), float(depth), int(trial), unit
+
+
 def _outcomes(records: Sequence[dict[str, Any]], metric: str, settings: dict[str, dict[str, Any]]) -> dict[tuple, tuple]:
     """``(length, depth, trial)`` -> ``(found, value, settings, file)`` for every trial of one series that kept
-    its outcome (records written before trials were kept have no ``units`` and are left out)."""
+    its outcome (:func:`kept_trials`)."""
     field = _UNIT_FIELDS[metric]
     outcomes: dict[tuple, tuple] = {}
     for record in records:
-        for key, unit in zip(record.get("unit_keys") or [], record.get("units") or []):
-            if unit.get(field) is None:
-                continue
-            _task, length, depth, trial = key
+        for length, depth, trial, unit in kept_trials(record, metric):
             entry = (bool(unit[field]), unit.get("value"), settings.get(record["_file"], {}), record["_file"])
-            seen = outcomes.setdefault((int(length), float(depth), int(trial)), entry)
+            seen = outcomes.setdefault((length, depth, trial), entry)
             differs = [s for s in TRIAL_SETTINGS if seen[2].get(s) != entry[2].get(s)]
             if differs:
-                raise ValueError(f"{series_name(record)!r} holds trial {int(trial) + 1} at length {length}, depth {float(depth):g} "
+                raise ValueError(f"{series_name(record)!r} holds trial {trial + 1} at length {length}, depth {depth:g} "
                                  f"twice, with different {differs[0]} ({seen[3]} and {entry[3]}); report them from separate "
                                  "folders to compare them.")
     return outcomes

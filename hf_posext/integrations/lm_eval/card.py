@@ -45,10 +45,12 @@ from hf_posext.evaluation.card import (
     card_row_labels, check_length_budget, earlier_card, first_budget, in_row_order, merged_row_order, needs_full_budget, parse_model_specs, relabelled_rows, row_label, sample_cache_key, score_summary,
     tokenizer_hash, ruler_cell_fields, write_card, markdown_card,
 )
+from hf_posext.evaluation.paired import kept_trials
 from hf_posext.integrations.lm_eval.launcher import import_harness
 
 __all__ = ["Row", "card_model_rows", "ruler_docs", "ruler_task", "limit_ruler_samples", "run_ruler_cell", "run_card", "download_problem", "forget_downloads", "import_ruler_generators",
-           "ForwardTimer", "device_synchronizer", "AS_SAVED", "trial_scores"]
+           "ForwardTimer", "device_synchronizer", "AS_SAVED", "trial_scores",
+           "stored_endings", "ending_sample_key"]
 
 logger = logging.getLogger(__name__)
 
@@ -631,18 +633,43 @@ def _evaluation_cells(rows: list[Row], tasks: list[str], lengths: list[int], arg
 def trial_scores(records: list[dict[str, Any]]) -> dict[str, float]:
     """``{"DEPTH/TRIAL": 1.0 or 0.0}``: each passkey or needle trial's greedy outcome, from its cell records' kept
     units (records written before trials were kept give none), so that the card pairs rows trial by trial."""
-    scores: dict[str, float] = {}
-    for record in records:
-        for key, unit in zip(record.get("unit_keys") or [], record.get("units") or []):
-            if isinstance(unit, dict) and unit.get("greedy") is not None:
-                _task, _length, depth, trial = key
-                scores[f"{float(depth):g}/{int(trial)}"] = 1.0 if unit["greedy"] else 0.0
-    return scores
+    return {f"{depth:g}/{trial}": 1.0 if unit["greedy"] else 0.0
+            for record in records for _length, depth, trial, unit in kept_trials(record)}
+
+
+def stored_endings(path: Path, model: str, dtype: str, instructions: tuple[str, ...] | list[str]) -> list[dict[str, Any]] | None:
+    """A row's chat-ending records from an earlier run, when ``path`` holds them for the same model, dtype,
+    budget (:data:`ENDING_BUDGET`) and instructions in the same order; None when there is no such file, or it holds
+    another model's, dtype's, budget's or instruction set's (then the row is answered again and the file replaced).
+
+    Raises:
+        DamagedFileError: ``path`` is not a readable ending results file (named, never reused).
+    """
+    from hf_posext.core.errors import DamagedFileError
+
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        records = data["records"]
+        asked = [record["instruction"] for record in records]
+    except (UnicodeDecodeError, ValueError, KeyError, TypeError) as error:
+        raise DamagedFileError(f"chat-ending results {path} are not readable ({type(error).__name__}); delete the file to "
+                               "answer the instructions again.") from None
+    same = (data.get("model"), data.get("dtype"), data.get("budget")) == (model, dtype, ENDING_BUDGET)
+    return records if same and asked == list(instructions) else None
+
+
+def ending_sample_key(instructions: tuple[str, ...] | list[str]) -> dict[str, Any]:
+    """What makes two rows' chat endings comparable answer by answer: the same instructions and budget."""
+    digest = hashlib.sha1(json.dumps(list(instructions)).encode()).hexdigest()[:16]
+    return {"instructions": digest, "count": len(instructions), "budget": ENDING_BUDGET}
 
 
 def _ending_cells(rows: list[Row], args: Any, skipped: list[dict[str, str]]) -> list[dict[str, Any]]:
     """The short-context row: each row's answers to a few chat-formatted instructions, and whether they end
-    with the end-of-turn token within :data:`ENDING_BUDGET` tokens (where the original model's end)."""
+    with the end-of-turn token within :data:`ENDING_BUDGET` tokens (where the original model's end). A row whose
+    results file holds its answers to the same instructions (:func:`stored_endings`) is read back, not run again."""
     from hf_posext.evaluation.ending import INSTRUCTIONS, answer_endings, chat_prompt, ended_like
     from hf_posext.evaluation.loading import evaluation_dtype, load_model_and_tokenizer
 
@@ -659,24 +686,28 @@ def _ending_cells(rows: list[Row], args: Any, skipped: list[dict[str, str]]) -> 
             continue
         length = 1 << (longest + ENDING_BUDGET - 1).bit_length()
         for row in (r for r in rows if r.spec == spec):
-            if row.request is not None and row.request.method != "none":
-                patch(model, row.request.method, row.request.factor, **row.request.params_dict)
-            try:
-                records = answer_endings(model, tokenizer, INSTRUCTIONS, max_new_tokens=ENDING_BUDGET)
-            finally:
+            path = out / f"ending-{row.results_name(dtype, args.device)}.json"
+            records = stored_endings(path, spec.key, dtype, INSTRUCTIONS)
+            if records is None:
                 if row.request is not None and row.request.method != "none":
-                    unpatch(model)
+                    patch(model, row.request.method, row.request.factor, **row.request.params_dict)
+                try:
+                    records = answer_endings(model, tokenizer, INSTRUCTIONS, max_new_tokens=ENDING_BUDGET)
+                finally:
+                    if row.request is not None and row.request.method != "none":
+                        unpatch(model)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                temporary = path.with_name(path.name + ".tmp")
+                temporary.write_text(json.dumps({"row": row.label, "model": spec.key, "budget": ENDING_BUDGET, "dtype": dtype,
+                                                 "records": records}, indent=1))
+                temporary.replace(path)
             if row.base and reference is None:
                 reference = records
-            path = out / f"ending-{row.results_name(dtype, args.device)}.json"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            temporary = path.with_name(path.name + ".tmp")
-            temporary.write_text(json.dumps({"row": row.label, "model": spec.key, "budget": ENDING_BUDGET, "dtype": dtype,
-                                             "records": records}, indent=1))
-            temporary.replace(path)
+            scores = [1.0 if r["ended"] else 0.0 for r in records]
             cells.append({"task": "ending", "kind": "ending", "row": row.label, "row_index": row.index, "length": length,
                           "base": row.base, "in_window": length <= row.window, "source": str(path), "records": records,
-                          **score_summary([1.0 if r["ended"] else 0.0 for r in records])})
+                          "sample_key": ending_sample_key(INSTRUCTIONS), "scores": {str(i): v for i, v in enumerate(scores)},
+                          **score_summary(scores)})
         del model
         gc.collect()
     if reference is not None:

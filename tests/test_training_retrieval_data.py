@@ -331,16 +331,16 @@ UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}
 @pytest.mark.parametrize("wording", ["fixed", "varied", "harder", "harder-chat"])
 def test_the_practice_data_never_uses_ruler_or_the_evaluation_prompts(wording):
     """The fine-tune must be measured on tasks it never practised: no RULER template, key word or UUID value, and
-    neither the passkey nor the needle prompt, in any wording of any sample; the harder practice's codes are never
-    7 digits long (RULER's needle values)."""
-    from hf_posext.evaluation import needle, passkey
+    neither the passkey nor the needle prompt nor a chat-ending instruction of the card, in any wording of any sample;
+    the harder practice's codes are never 7 digits long (RULER's needle values)."""
+    from hf_posext.evaluation import ending, needle, passkey
 
     if wording.startswith("harder"):
         records = harder(records=6, **({"chat": 0.5, "chat_template": chat_template} if wording == "harder-chat" else {}))
     else:
         records = RetrievalRecords(chars, records=8, wording=wording)
     evaluation_prompts = (needle.NEEDLE.split("{")[0], needle.QUESTION.split("{")[0], passkey.QUESTION,
-                          passkey.passkey_line(12345).split("12345")[0], passkey.FILLER[:40])
+                          passkey.passkey_line(12345).split("12345")[0], passkey.FILLER[:40], *ending.INSTRUCTIONS)
     long_filler = torch.arange(4000, dtype=torch.long) % 500
     for seed in range(30):
         input_ids, _ = records.apply(long_filler, torch.Generator().manual_seed(seed))

@@ -41,6 +41,10 @@
 #               niah_single_1 at 2048 and 8192, 20 samples. A float32 side study for a CPU without native
 #               bfloat16 (cpu/ holds these cells in bfloat16), so its card is not combined (its cells would be
 #               the same rows and lengths as cpu/'s): read cpu-harder/card.html.               -> cpu-harder/ (float32)
+#   harder16    the harder-practice fine-tune on the RULER tasks that count, at 16384 beside the floor's rows there (same
+#               samples, paired), 20 samples: niah_multikey_2 first (the task of distractors that share a key's wording,
+#               which only the harder practice practised, in its own wordings), then ruler_fwe and niah_single_1 (TASKS,
+#               SAMPLES). Does it hold up on tasks it never practised as well as the headline does? -> cpu/ (bfloat16)
 #   harder32    ruler_fwe, then niah_single_1, at 32768 for it beside counting32's two rows, 20 samples (SAMPLES,
 #               TASKS; the rows' finished samples are kept, so it extends counting32).          -> cpu-32k/ (float32)
 #   string-offset  a training-free lever for ruler_fwe at 32768: the headline model with STRING's shifted offset
@@ -75,11 +79,11 @@
 set -uo pipefail
 # One brace group, read whole before anything runs: an edit made while a part runs cannot change what it does next.
 {
-PARTS="counting|counting32|ending|ruler|ruler-float32|tasks|tasks-bfloat16|best32|tasks32|harder|harder32|string-offset|as-saved32|combine"
+PARTS="counting|counting32|ending|ruler|ruler-float32|tasks|tasks-bfloat16|best32|tasks32|harder|harder16|harder32|string-offset|as-saved32|combine"
 part=${1:?part: $PARTS}
 PYTHON=${PYTHON:-python}
 R=bench/results/card
-case "$part" in counting|counting32|ending|ruler|ruler-float32|tasks|tasks-bfloat16|best32|tasks32|harder|harder32|string-offset|as-saved32|combine) ;; *) echo "unknown part $part ($PARTS)" >&2; exit 2 ;; esac
+case "$part" in counting|counting32|ending|ruler|ruler-float32|tasks|tasks-bfloat16|best32|tasks32|harder|harder16|harder32|string-offset|as-saved32|combine) ;; *) echo "unknown part $part ($PARTS)" >&2; exit 2 ;; esac
 if [ "$part" = combine ]; then
   folders=()
   for f in cpu cpu-float32 cpu-tasks cpu-tasks-16k cpu-32k cpu-32k-best cpu-32k-tasks ending; do [ -f "$R/$f/card.json" ] && folders+=("$R/$f"); done
@@ -97,7 +101,7 @@ else
   case "$part" in tasks|tasks-bfloat16|tasks32) echo "no BOOKS folder: perplexity and needle use the CLI's built-in text (builtin:python-docs)" >&2 ;; esac
 fi
 case "$part" in
-counting|ruler|tasks-bfloat16) DTYPE=bfloat16; [ "$part" = tasks-bfloat16 ] && DTYPE=auto  # auto: perplexity stays float32
+counting|ruler|tasks-bfloat16|harder16) DTYPE=bfloat16; [ "$part" = tasks-bfloat16 ] && DTYPE=auto  # auto: perplexity stays float32
   if ! "$PYTHON" -c "from hf_posext.evaluation.loading import cpu_has_native_bfloat16 as n; raise SystemExit(not n())"; then
     echo "this CPU has no native bfloat16: $part runs in bfloat16 (emulated here, about 5x float32's time); run counting32, ruler-float32, tasks, best32 or tasks32 here" >&2
     exit 2
@@ -112,7 +116,7 @@ ALL_ROWS="base=smollm2-135m@none;yarn:4;$BEST:4,fine-tuned=$MERGED@as-saved;stri
 BASE_ROW="base=smollm2-135m@none"
 FLOOR_ROWS="base=smollm2-135m@yarn:4;$BEST:4,fine-tuned=$MERGED@string:1"
 # the harder practice's fine-tune, merged with its yarn x4 (needs its kept adapter): its parts, and tasks32 WITH_HARDER
-case "$part" in harder|harder32|ending) NEEDS_HARDER=1 ;; tasks32) NEEDS_HARDER=${WITH_HARDER:-} ;; *) NEEDS_HARDER= ;; esac
+case "$part" in harder|harder16|harder32|ending) NEEDS_HARDER=1 ;; tasks32) NEEDS_HARDER=${WITH_HARDER:-} ;; *) NEEDS_HARDER= ;; esac
 if [ -n "$NEEDS_HARDER" ]; then
   HARDER=${HARDER:-$(VARIANT=retrieval-tasks PYTHON=$PYTHON bash bench/finetune_retrieval_cpu.sh merge | tail -1)}
   [ -f "$HARDER/config.json" ] || { echo "no merged harder-practice model: VARIANT=retrieval-tasks bash bench/finetune_retrieval_cpu.sh train, keep, then merge" >&2; exit 1; }
@@ -152,6 +156,8 @@ best32)     card --models "base=smollm2-135m@$BEST:4" --tasks niah_single_1,rule
 harder)     card --models "base=smollm2-135m@none,fine-tuned=$MERGED@string:1,fine-tuned on harder practice=$HARDER@string:1" \
                  --tasks ruler_fwe,niah_single_1 --lengths 2048,8192 --samples "${SAMPLES:-20}" --skip-over-window \
                  --out $R/cpu-harder ;;
+harder16)   card --models "fine-tuned on harder practice=$HARDER@string:1" --tasks "${TASKS:-niah_multikey_2,ruler_fwe,niah_single_1}" \
+                 --lengths 16384 --samples "${SAMPLES:-20}" --out $R/cpu ;;
 harder32)   card --models "fine-tuned=$MERGED@string:1,base=smollm2-135m@yarn:4,fine-tuned on harder practice=$HARDER@string:1" \
                  --tasks "${TASKS:-ruler_fwe,niah_single_1}" --lengths 32768 --samples "${SAMPLES:-20}" --out $R/cpu-32k ;;
 string-offset) card --models "fine-tuned=$MERGED@string:1" --param shifted_offset=16384 --tasks "${TASKS:-ruler_fwe}" \

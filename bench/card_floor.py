@@ -96,6 +96,36 @@ def filling_part(task: str, row: str, length: int, base: str = BASE) -> tuple[st
     return _command(f"GRID=floor TASKS={task} ruler"), "native bfloat16"
 
 
+def filling_runs(cells: list[dict[str, Any]]) -> list[tuple[str, str, list[dict[str, Any]]]]:
+    """``(command, where it runs, missing cells)`` for the CPU floor's missing cells, grouped by the command that fills
+    them, most missing samples first (FLOOR.md's order)."""
+    runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for c in cells:
+        if c["have"] < c["need"]:
+            runs.setdefault(filling_part(c["task"], c["row"], c["length"]), []).append(c)
+    ordered = sorted(runs.items(), key=lambda item: -sum(c["need"] - c["have"] for c in item[1]))
+    return [(part, where, group) for (part, where), group in ordered]
+
+
+def commands_for_this_cpu(runs: list[tuple[str, str, list[dict[str, Any]]]], native_bfloat16: bool) -> tuple[list[str], list[str]]:
+    """The commands that fill the missing cells on this CPU, in order, each once; and the ones it cannot run (a
+    bfloat16 part with no float32 twin, on a CPU without native bfloat16). A bfloat16 part's float32 twin stands in
+    for it where the CPU has no native bfloat16 (FLOOR.md's "elsewhere")."""
+    commands: list[str] = []
+    cannot: list[str] = []
+    for part, where, _cells in runs:
+        if native_bfloat16 or where.startswith("any CPU"):
+            command = part
+        elif "elsewhere `" in where:
+            command = _command(where.split("elsewhere `", 1)[1].split("`", 1)[0])
+        else:
+            cannot.append(part)
+            continue
+        if command not in commands:
+            commands.append(command)
+    return commands, cannot
+
+
 def markdown(cells: list[dict[str, Any]], source: str, parts: bool = True) -> str:
     """FLOOR.md: the cells and, with ``parts``, the CPU runs that fill the missing ones (most samples first)."""
     missing = [c for c in cells if c["have"] < c["need"]]
@@ -106,12 +136,10 @@ def markdown(cells: list[dict[str, Any]], source: str, parts: bool = True) -> st
              " (perplexity counts as one cell).",
              ""]
     if parts and missing:
-        runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
-        for c in missing:
-            runs.setdefault(filling_part(c["task"], c["row"], c["length"]), []).append(c)
-        lines += ["What fills them (each command resumes per sample):", "",
+        lines += ["What fills them (each command resumes per sample; `bash bench/card_smollm2.sh floor` runs them all, in this "
+                  "order, on this CPU or their float32 twins):", "",
                   "| command | runs on | cells | samples |", "|---|---|---:|---:|"]
-        for (part, where), group in sorted(runs.items(), key=lambda item: -sum(c["need"] - c["have"] for c in item[1])):
+        for part, where, group in filling_runs(cells):
             lines.append(f"| `{part}` | {where} | {len(group)} | {sum(c['need'] - c['have'] for c in group)} |")
         lines.append("")
     lines += ["| task | row | length | have | need | |",
@@ -129,6 +157,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--floor-32k", type=int, default=10, help="samples a cell at 32768 (default 10)")
     parser.add_argument("--best", default=BEST, help=f"the best training-free row's label (default {BEST!r})")
     parser.add_argument("--out", default=None, help="where to write the Markdown table (default FLOOR.md beside the card; - prints it)")
+    parser.add_argument("--commands", action="store_true",
+                        help="print, one a line, the commands that fill the CPU floor's missing cells on this CPU (float32 twins "
+                             "where it has no native bfloat16), in FLOOR.md's order, and write nothing (what `bash "
+                             "bench/card_smollm2.sh floor` runs)")
     args = parser.parse_args(argv)
     path = Path(args.card)
     try:
@@ -137,6 +169,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"card_floor: cannot read {path} ({error}); run `bash bench/card_smollm2.sh combine` first", file=sys.stderr)
         return 2
     cells = floor_cells(card, floor=args.floor, floor_32k=args.floor_32k, best=args.best)
+    if args.commands:
+        if (args.floor, args.floor_32k) != (20, 10):
+            print("card_floor: --commands lists the CPU floor's parts (--floor 20 --floor-32k 10); the GPU's floor is "
+                  "`bash bench/gpu_session.sh card`'s", file=sys.stderr)
+            return 2
+        from hf_posext.evaluation.loading import cpu_has_native_bfloat16  # here: --help must not import torch
+
+        commands, cannot = commands_for_this_cpu(filling_runs(cells), cpu_has_native_bfloat16())
+        for part in cannot:
+            print(f"card_floor: `{part}` needs a CPU with native bfloat16 (this one has none); run it on one", file=sys.stderr)
+        sys.stdout.write("".join(f"{command}\n" for command in commands))
+        return 0
     # the CPU parts fill the CPU floor; the GPU's (--floor 50) is filled by `bash bench/gpu_session.sh card`
     text = markdown(cells, str(path), parts=args.floor == 20 and args.floor_32k == 10)
     if args.out == "-":

@@ -57,6 +57,9 @@
 #               counting32's rows on the same samples (paired), 10 samples (SAMPLES, TASKS): does the headline's
 #               degenerate answer (an empty numbered list, or one word repeated) come from STRING's remapped
 #               positions or from the fine-tune? Never beside another part writing cpu-32k/.          -> cpu-32k/
+#   floor       every part the CPU floor still needs, one after another, in FLOOR.md's order (`python bench/card_floor.py
+#               --commands`: float32 twins on a CPU without native bfloat16), then combine: the one line that resumes
+#               the floor where a session left it (hours: run it in the background, commit as it grows).
 #   combine     one card from every part that has run: bench/results/card/card.html (+ card.json, card.md, plots),
 #               and FLOOR.md: every cell the issue's sample floor needs, with what it has (bench/card_floor.py).
 #
@@ -79,11 +82,21 @@
 set -uo pipefail
 # One brace group, read whole before anything runs: an edit made while a part runs cannot change what it does next.
 {
-PARTS="counting|counting32|ending|ruler|ruler-float32|tasks|tasks-bfloat16|best32|tasks32|harder|harder16|harder32|string-offset|as-saved32|combine"
+PARTS="counting|counting32|ending|ruler|ruler-float32|tasks|tasks-bfloat16|best32|tasks32|harder|harder16|harder32|string-offset|as-saved32|floor|combine"
 part=${1:?part: $PARTS}
 PYTHON=${PYTHON:-python}
 R=bench/results/card
-case "$part" in counting|counting32|ending|ruler|ruler-float32|tasks|tasks-bfloat16|best32|tasks32|harder|harder16|harder32|string-offset|as-saved32|combine) ;; *) echo "unknown part $part ($PARTS)" >&2; exit 2 ;; esac
+case "$part" in counting|counting32|ending|ruler|ruler-float32|tasks|tasks-bfloat16|best32|tasks32|harder|harder16|harder32|string-offset|as-saved32|floor|combine) ;; *) echo "unknown part $part ($PARTS)" >&2; exit 2 ;; esac
+if [ "$part" = floor ]; then
+  bash "$0" combine > /dev/null || exit
+  commands=$("$PYTHON" bench/card_floor.py --commands) || exit
+  [ -n "$commands" ] || { echo "the CPU floor is met: $R/FLOOR.md"; exit 0; }
+  while IFS= read -r command; do
+    echo "floor: $command ($(date -u +%T) UTC)"
+    eval "$command" < /dev/null || echo "floor: $command stopped with status $? ($(date -u +%T) UTC)" >&2
+  done <<< "$commands"
+  exec bash "$0" combine
+fi
 if [ "$part" = combine ]; then
   folders=()
   for f in cpu cpu-float32 cpu-tasks cpu-tasks-16k cpu-32k cpu-32k-best cpu-32k-tasks ending; do [ -f "$R/$f/card.json" ] && folders+=("$R/$f"); done

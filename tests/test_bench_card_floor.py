@@ -81,3 +81,30 @@ def test_each_missing_cell_is_named_with_the_command_that_fills_it(tmp_path):
     # the GPU's floor (50 samples) is filled by the GPU stage, not these parts
     assert floor.main(["--card", str(card), "--floor", "50", "--floor-32k", "50"]) == 0
     assert "bench/card_smollm2.sh" not in (tmp_path / "FLOOR.md").read_text()
+
+
+def test_the_floor_commands_for_this_cpu_take_the_float32_twins_where_it_has_no_native_bfloat16(tmp_path, capsys, monkeypatch):
+    """`bash bench/card_smollm2.sh floor` runs what `card_floor.py --commands` prints: each command once, in FLOOR.md's
+    order; on a CPU without native bfloat16 a bfloat16 part's float32 twin instead, and a part with none is named."""
+    from hf_posext.evaluation import loading
+
+    floor = load_bench_script("card_floor")
+    card = tmp_path / "card.json"
+    card.write_text(json.dumps(_card()))
+    runs = floor.filling_runs(floor.floor_cells(_card()))
+    native, cannot = floor.commands_for_this_cpu(runs, native_bfloat16=True)
+    assert native == [part for part, _, _ in runs] and cannot == []
+    twins, cannot = floor.commands_for_this_cpu(runs, native_bfloat16=False)
+    assert "GRID=floor bash bench/card_smollm2.sh ruler-float32" in twins and len(twins) == len(set(twins))
+    assert not [c for c in twins if c.endswith(" ruler") or c.endswith(" tasks-bfloat16")]
+    # niah_single_1 and ruler_fwe are `ruler`'s alone (bfloat16): inside the window and at 16384
+    assert "GRID=base bash bench/card_smollm2.sh ruler" in cannot
+    assert "GRID=floor TASKS=niah_single_1 bash bench/card_smollm2.sh ruler" in cannot and all(c.endswith(" ruler") for c in cannot)
+    assert len(twins) < len(native)  # the four RULER tasks' float32 part runs once for all of them
+    monkeypatch.setattr(loading, "cpu_has_native_bfloat16", lambda: False)
+    capsys.readouterr()
+    assert floor.main(["--card", str(card), "--commands"]) == 0
+    out, err = capsys.readouterr()
+    assert out.splitlines() == twins and err.count("needs a CPU with native bfloat16") == len(cannot)
+    assert not (tmp_path / "FLOOR.md").exists()  # --commands writes nothing
+    assert floor.main(["--card", str(card), "--commands", "--floor", "50"]) == 2

@@ -45,7 +45,7 @@ def test_the_card_scripts_header_documents_every_part_it_runs():
     documented = re.findall(r"^#   ([a-z0-9-]+)\s{2,}", header, flags=re.M)
     # a part's branch: "part) card ..." on one line, or "part|part)" with its commands on the lines below
     run = [p for labels in re.findall(r"^([a-z0-9|-]+)\)(?:\s+card |\s*$)", text, flags=re.M) for p in labels.split("|")]
-    run += ["combine"]
+    run += ["combine", "floor"]
     assert sorted(documented) == sorted(_parts()) == sorted(run)
 
 
@@ -83,3 +83,30 @@ def test_the_gpu_card_stage_keeps_an_earlier_warm_calls_samples(tmp_path):
     assert held == [["s0.jsonl"], ["s0.jsonl", "s1.jsonl"]]
     # the samples this machine generated come back, those the tree brought do not
     assert samples == [["gpu-key-0.json"], ["gpu-key-0.json", "gpu-key-1.json"]]
+
+
+def test_the_card_floor_part_runs_each_command_card_floor_lists_with_its_settings_then_combines(tmp_path):
+    """`bash bench/card_smollm2.sh floor`: combine, then every line of `card_floor.py --commands`, in order and each
+    with its own settings (a failing one does not stop the rest), then combine again. Python is a stub that logs its
+    calls; the listed commands are the script's own `combine`, so nothing loads a model."""
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / "card_smollm2.sh").write_text((BENCH / "card_smollm2.sh").read_text())
+    log = tmp_path / "calls.log"
+    stub = tmp_path / "stub-python"
+    stub.write_text('#!/usr/bin/env bash\n'
+                    f'echo "${{TASKS:--}} $*" >> {log}\n'
+                    'if [ "$*" = "bench/card_floor.py --commands" ]; then\n'
+                    '  echo "TASKS=first bash bench/card_smollm2.sh combine"; echo "TASKS=second bash bench/card_smollm2.sh combine"; fi\n'
+                    '[ "${TASKS:-}" = first ] && [ "$1" = -m ] && exit 1\n'  # the first command's combine fails
+                    'exit 0\n')
+    stub.chmod(0o755)
+    done = subprocess.run(["bash", "bench/card_smollm2.sh", "floor"], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                          env={"PATH": "/usr/bin:/bin", "PYTHON": str(stub)})
+    assert done.returncode == 0, done.stderr
+    calls = [line.split(" ", 1) for line in log.read_text().splitlines()]
+    combine = ["-m hf_posext.cli report", "bench/card_floor.py --card"]
+    kinds = [(tasks, next((c for c in [*combine, "bench/card_floor.py --commands"] if args.startswith(c)), args)) for tasks, args in calls]
+    assert kinds == [("-", combine[0]), ("-", combine[1]), ("-", "bench/card_floor.py --commands"),
+                     ("first", combine[0]),  # failed: its card_floor is not reached, and the next command still runs
+                     ("second", combine[0]), ("second", combine[1]), ("-", combine[0]), ("-", combine[1])]
+    assert "floor: TASKS=first bash bench/card_smollm2.sh combine stopped with status 1" in done.stderr

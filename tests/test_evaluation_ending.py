@@ -104,6 +104,9 @@ def test_the_card_ending_row_on_a_tiny_model(tmp_path, monkeypatch, capsys):
     yarn = cells["base, yarn ×2"]
     assert {"only_reference", "only_here"} <= set(yarn) and yarn["also_ended"] + yarn["only_reference"] == yarn["reference_ended"]
     assert f"| base, yarn ×2 | {yarn['text']} |" in markdown
+    assert yarn["mean_generated_tokens"] == sum(r["generated_tokens"] for r in json.loads(
+        next((out / "tasks").glob("ending-base-yarn-x2-*.json")).read_text())["records"]) / 4
+    assert yarn["text"].endswith(f"; {yarn['mean_generated_tokens']:.0f} tokens an answer")
     (pair,) = [p for p in card["paired"] if p["task"] == "ending"]
     assert pair["n"] == 4 and f"| {pair['first']} vs {pair['second']} | {pair['text']} |" in markdown
     assert "<h2>Chat endings</h2>" in (out / "card.html").read_text()

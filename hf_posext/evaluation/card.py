@@ -587,8 +587,9 @@ def ending_caption(cells: Sequence[dict[str, Any]]) -> str:
     """What the chat-ending table shows (its prompts' length is not one of the card's lengths)."""
     longest = max(c["length"] for c in cells)
     return (f"Chat endings: short instructions in each model's own chat template (prompt and answer within {longest} "
-            f"tokens, at most {ENDING_BUDGET} generated); the answers that end with the end-of-turn token, and of those "
-            "where the base model's answer ends, how many end here too.")
+            f"tokens, at most {ENDING_BUDGET} generated); the answers that end with the end-of-turn token, of those "
+            "where the base model's answer ends how many end here too, and the mean generated tokens an answer (an answer "
+            "that ends may still be terse or empty: read the records).")
 
 
 def _ending_rows(cells: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:

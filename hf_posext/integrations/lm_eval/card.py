@@ -707,13 +707,15 @@ def _ending_cells(rows: list[Row], args: Any, skipped: list[dict[str, str]]) -> 
             cells.append({"task": "ending", "kind": "ending", "row": row.label, "row_index": row.index, "length": length,
                           "base": row.base, "in_window": length <= row.window, "source": str(path), "records": records,
                           "sample_key": ending_sample_key(INSTRUCTIONS), "scores": {str(i): v for i, v in enumerate(scores)},
+                          "mean_generated_tokens": sum(r["generated_tokens"] for r in records) / len(records),
                           **score_summary(scores)})
         del model
         gc.collect()
     if reference is not None:
         for cell in cells:
             cell.update(ended_like(cell.pop("records"), reference))
-            cell["text"] += f"; {cell['also_ended']}/{cell['reference_ended']} where the base model's end"
+            cell["text"] += (f"; {cell['also_ended']}/{cell['reference_ended']} where the base model's end; "
+                             f"{cell['mean_generated_tokens']:.0f} tokens an answer")
     else:
         for cell in cells:
             cell.pop("records")

@@ -5,6 +5,7 @@ folder (``hf-posext report CARD``), and the card end to end on a tiny model."""
 from __future__ import annotations
 
 import json
+import re
 import string
 from pathlib import Path
 
@@ -674,7 +675,7 @@ def test_ruler_samples_do_not_depend_on_what_the_process_generated_before(tiny_f
     assert runs[0] == runs[1] and len(runs[0]) == 2
 
 
-def test_card_end_to_end_on_the_tiny_model(tiny_folder, tmp_path, monkeypatch):
+def test_card_end_to_end_on_the_tiny_model(tiny_folder, tmp_path, monkeypatch, capsys):
     pytest.importorskip("lm_eval")
     pytest.importorskip("wonderwords")
     import requests
@@ -704,10 +705,17 @@ def test_card_end_to_end_on_the_tiny_model(tiny_folder, tmp_path, monkeypatch):
     assert (out / "card-niah_single_1.png").exists() and "beyond the base model" in (out / "card.html").read_text()
     record = json.loads((out / "ruler").glob("ruler_fwe-*.jsonl").__next__().read_text().splitlines()[1])
     assert set(record["timing"]) == {"prefill_s", "generate_s", "harness_s", "total_s"} and record["prompt_tokens"] <= LENGTH
+    # --no-progress: the log has one line a RULER sample (row, task, score, time) and one a passkey cell
+    log = capsys.readouterr().err
+    sample_lines = re.findall(rf"^ruler_fwe @ {LENGTH}, base, yarn ×2: sample (\d) scored [01]\.\d\d in \d+ s \((\d) of 2 to run\)$",
+                              log, flags=re.M)
+    assert sorted(sample_lines) == [("0", "1"), ("1", "2")]
+    assert len(re.findall(r"^passkey .* @ \d+, depth [\d.]+: \d+/\d+ found \(greedy\), \d+ s$", log, flags=re.M)) >= 2
 
     # a second run recomputes nothing: every sample file is left as it was
     files = {p: p.read_bytes() for p in (out / "ruler").glob("*.jsonl")}
     assert main(argv) == 0
+    assert " scored " not in capsys.readouterr().err  # nothing ran, nothing logged
     assert {p: p.read_bytes() for p in files} == files
     assert card["settings"]["partial"] is False
     # a run stopped before it reaches the cells it covers leaves them on its partial card (the earlier run's

@@ -148,3 +148,22 @@ def test_records_carry_the_loaded_models_window_before_scaling(tmp_path):
     dotted = [list(line.get_xdata()) for line in figure.axes[0].lines if line.get_linestyle() == ":"]
     plt.close(figure)
     assert dotted == [[256, 256]]
+
+
+def test_without_a_progress_bar_each_finished_cell_is_one_line_on_stderr(tmp_path, capsys):
+    # A run in the background (--no-progress) writes its log line by line: one per cell, with its count and time.
+    from hf_posext.evaluation.grid import record_summary
+
+    tiny = tiny_model("llama", seed=0, max_position_embeddings=256)
+    common = dict(methods=parse_methods("none"), lengths=[400], depths=(0.0, 1.0), trials=2, out_dir=tmp_path)
+    store = passkey.evaluate_passkey(tiny, TOKENIZER, progress=False, **common)
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("passkey ")]
+    records = sorted(store.cells.values(), key=lambda r: r["depth"])
+    assert lines == [f"passkey none x1 @ 400, depth {r['depth']:g}: {r['greedy_correct']}/2 found (greedy), {r['seconds']:.0f} s"
+                     for r in records]
+    assert record_summary({"teacher_forced_correct": 1, "trials": 2}) == "1/2 found (teacher-forced)"
+    assert record_summary({"ppl": 24.356, "seconds": 310.4}) == "perplexity 24.36, 310 s"
+    # with a bar (an interactive run), no such lines; a finished run prints nothing again
+    passkey.evaluate_passkey(tiny, TOKENIZER, progress=True, out_dir=tmp_path / "bar", **{k: v for k, v in common.items() if k != "out_dir"})
+    passkey.evaluate_passkey(tiny, TOKENIZER, progress=False, **common)
+    assert not [line for line in capsys.readouterr().err.splitlines() if line.startswith("passkey none x1 @ 400, depth")]

@@ -40,7 +40,8 @@ from hf_posext.evaluation.fingerprints import (
 from hf_posext.evaluation.store import ResultStore
 from hf_posext.lm.distributed import Distributed
 
-__all__ = ["Unit", "Cell", "cell_id", "stored_units", "resolve_factor_for", "apply_method", "check_length", "cell_groups", "run_grid"]
+__all__ = ["Unit", "Cell", "cell_id", "stored_units", "resolve_factor_for", "apply_method", "check_length", "cell_groups", "run_grid",
+           "cell_text", "record_summary"]
 
 
 def resolve_factor_for(method: ScalingRequest, factor: float | None, lengths: Sequence[int], original_window: int) -> float:
@@ -300,8 +301,29 @@ def _run_step(job: _Job, step: _Step, cells: list[Cell], ids: list[str], memo: d
             unit_results, reused_from = _unit_results(cell, computed, memo, fingerprint)
             record = _cell_record(step, cell, job.aggregate(unit_results), unit_results, reused_from, warning is not None)
             job.store.put(cell_id(step.method, step.factor, step.length, cell.coords), record)
+            if not job.progress and job.dist.is_main:  # no bar (a run in the background): one line a finished cell
+                print(f"{job.description}{step.label} @ {step.length}{cell_text(cell.coords)}: {record_summary(record)}",
+                      file=sys.stderr, flush=True)
     bar.close()
     job.dist.barrier()
+
+
+def cell_text(coords: dict[str, Any]) -> str:
+    """``", depth 0.5"``: a cell's coordinates beside its method and length in a log line."""
+    return "".join(f", {name} {value:g}" if isinstance(value, float) else f", {name} {value}" for name, value in coords.items())
+
+
+def record_summary(record: dict[str, Any]) -> str:
+    """One finished cell in a few words for a log line: ``2/2 found (greedy), 1120 s`` or ``perplexity 24.36, 310 s``."""
+    if record.get("greedy_correct") is not None:
+        text = f"{record['greedy_correct']}/{record.get('trials')} found (greedy)"
+    elif record.get("teacher_forced_correct") is not None:
+        text = f"{record['teacher_forced_correct']}/{record.get('trials')} found (teacher-forced)"
+    elif record.get("ppl") is not None:
+        text = f"perplexity {record['ppl']:.2f}"
+    else:
+        text = "done"
+    return text + (f", {record['seconds']:.0f} s" if isinstance(record.get("seconds"), (int, float)) else "")
 
 
 def _check_fields(step: _Step) -> dict[str, Any]:

@@ -52,7 +52,6 @@ __all__ = ["Row", "card_model_rows", "ruler_docs", "ruler_task", "limit_ruler_sa
            "ForwardTimer", "device_synchronizer", "AS_SAVED", "trial_scores",
            "stored_endings", "ending_sample_key"]
 
-logger = logging.getLogger(__name__)
 
 #: The method name that evaluates a model with the scaling saved in it (none would remove it).
 AS_SAVED = "as-saved"
@@ -494,19 +493,24 @@ def _generate(lm: Any, timer: ForwardTimer, context: str, gen_kwargs: dict[str, 
 
 
 def run_ruler_cell(lm: Any, task: Any, docs: list[dict[str, Any]], length: int, results: SampleResults,
-                   budget_mode: str = "short", progress: bool = False) -> list[float]:
+                   budget_mode: str = "short", progress: bool = False, label: str = "") -> list[float]:
     """Score every sample of one (row, task, length) not yet in ``results``; returns every sample's score.
 
     Each sample is generated with lm-eval's request (context, generation settings) for that doc, scored with
-    the task's own ``process_results``, and appended to ``results`` with its timings.
+    the task's own ``process_results``, and appended to ``results`` with its timings. With ``progress`` a bar
+    counts the samples; without (``--no-progress``, a run in the background) each finished sample is one line on
+    stderr, so that the run's log shows how far it is.
     """
+    from tqdm.auto import tqdm
+
     task_name = task.config.task
     task.build_all_requests(limit=None, rank=0, world_size=1)
+    pending = [i for i in sorted(task.instances, key=lambda i: i.doc_id) if not results.has(i.doc_id)]
+    where = f"{task_name} @ {length}" + (f", {label}" if label else "")
     timer = ForwardTimer(lm.model)
+    bar = tqdm(total=len(pending), desc=where, leave=False, disable=not progress)
     try:
-        for instance in sorted(task.instances, key=lambda i: i.doc_id):
-            if results.has(instance.doc_id):
-                continue
+        for done, instance in enumerate(pending, start=1):
             context, gen_kwargs = instance.args
             full = int(gen_kwargs.get("max_gen_toks", lm.max_gen_toks))
             short = min(full, SHORT_BUDGETS.get(task_name, full))
@@ -523,9 +527,13 @@ def run_ruler_cell(lm: Any, task: Any, docs: list[dict[str, Any]], length: int, 
                 record.update(score=score, response=again["response"], generated_tokens=again["generated_tokens"], escalated=True,
                               timing_full={k: round(v, 4) for k, v in again.items() if k.endswith("_s")})
             results.add(record)
-            if progress:
-                logger.info("%s %d doc %d: %.2f", task_name, length, instance.doc_id, score)
+            bar.update(1)
+            if not progress:
+                seconds = record["timing"].get("total_s", 0.0) + record.get("timing_full", {}).get("total_s", 0.0)
+                print(f"{where}: sample {instance.doc_id} scored {score:.2f} in {seconds:.0f} s ({done} of {len(pending)} "
+                      "to run)", file=sys.stderr, flush=True)
     finally:
+        bar.close()
         timer.remove()
     return results.scores(range(len(docs)))
 
@@ -879,7 +887,7 @@ def _run_card_holding_folder(args: Any, specs: list[ModelSpec], lengths: list[in
                       "task": task_name, "length": length, "sample_key": key, "budget": args.budget,
                       "dtype": ruler_dtype, "device": args.device}
             results = SampleResults(row.sample_path(out / "ruler", task_name, length, ruler_dtype, args.device), header)
-            run_ruler_cell(lm, task, docs, length, results, args.budget, args.progress)
+            run_ruler_cell(lm, task, docs, length, results, args.budget, args.progress, row.label)
             cells.append({"task": task_name, "kind": "ruler", "row": row.label, "row_index": row.index, "length": length,
                           "base": row.base, "in_window": length <= row.window, "sample_key": key, "source": str(results.path),
                           **ruler_cell_fields(results.records, len(docs))})

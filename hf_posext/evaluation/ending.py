@@ -16,8 +16,9 @@ import torch
 
 __all__ = ["INSTRUCTIONS", "END_OF_TURN_TOKENS", "end_token_ids", "chat_prompt", "answer_endings", "ended_like"]
 
-#: Everyday instructions, each answerable in a sentence or two (48: enough that a fine-tune which loses the ending
-#: on a fifth of the answers shows it in a paired sign test against the original model, p < 0.01).
+#: Everyday instructions, each answerable in a sentence or two. 48, not the 16 of before 2026-12-05: on 16, 13 endings
+#: against 15 could not be told apart; paired on 48, 9 answers that end in one row only and none in the other give
+#: p = 0.004 (the sign test).
 INSTRUCTIONS = (
     "What is the capital of France?",
     "Name three colours of the rainbow.",

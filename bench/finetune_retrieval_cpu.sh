@@ -57,6 +57,9 @@
 #   retrieval-tasks   8k_to_32k_stage2_retrieval_tasks_cpu.yaml: retrieval-varied with harder practice (distractors,
 #                     several values, chains, word values, half of the retrieval samples in the chat template),
 #                     from the kept lr6e-4 adapter
+#   retrieval-aggregation  8k_to_32k_stage2_retrieval_aggregation_cpu.yaml: retrieval-tasks with a fifth kind of
+#                     question, most_often (who did a thing most often; aggregation), 5 questions a sample,
+#                     from the kept lr6e-4 adapter
 set -euo pipefail
 # The whole script is one brace group, read before anything runs: bash reads a script as it executes it,
 # so an edit made while a long `compare` runs would otherwise end it mid-way (it happened, 2026-11-27).
@@ -77,7 +80,8 @@ case "${VARIANT:-}" in
   retrieval-far) CONFIG=$R/8k_to_32k_retrieval_mixed_cpu.yaml; OVERRIDES=(data.pose_far_fraction=0.25) ;;
   retrieval-varied) CONFIG=$R/8k_to_32k_stage2_retrieval_cpu.yaml; OVERRIDES=(finetune.init_adapter=$STAGE1_ADAPTER) ;;
   retrieval-tasks) CONFIG=$R/8k_to_32k_stage2_retrieval_tasks_cpu.yaml; OVERRIDES=(finetune.init_adapter=$STAGE1_ADAPTER) ;;
-  *) echo "unknown VARIANT=$VARIANT: use lr6e-4, steps400, retrieval, retrieval-mixed, retrieval-far, retrieval-varied or retrieval-tasks, or leave it unset for the base run" >&2; exit 2 ;;
+  retrieval-aggregation) CONFIG=$R/8k_to_32k_stage2_retrieval_aggregation_cpu.yaml; OVERRIDES=(finetune.init_adapter=$STAGE1_ADAPTER) ;;
+  *) echo "unknown VARIANT=$VARIANT: use lr6e-4, steps400, retrieval, retrieval-mixed, retrieval-far, retrieval-varied, retrieval-tasks or retrieval-aggregation, or leave it unset for the base run" >&2; exit 2 ;;
 esac
 if [ -n "${VARIANT:-}" ]; then
   RUN=$RUN-$VARIANT; KEPT=$KEPT-$VARIANT

@@ -328,20 +328,22 @@ EVALUATION_WORDS = ("special magic", "magic number", "mentioned in the provided 
 UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
-@pytest.mark.parametrize("wording", ["fixed", "varied", "harder", "harder-chat"])
+@pytest.mark.parametrize("wording", ["fixed", "varied", "harder", "harder-chat", "most-often", "most-often-chat"])
 def test_the_practice_data_never_uses_ruler_or_the_evaluation_prompts(wording):
     """The fine-tune must be measured on tasks it never practised: no RULER template, key word or UUID value, and
     neither the passkey nor the needle prompt nor a chat-ending instruction of the card, in any wording of any sample;
     the harder practice's codes are never 7 digits long (RULER's needle values)."""
     from hf_posext.evaluation import ending, needle, passkey
 
-    if wording.startswith("harder"):
-        records = harder(records=6, **({"chat": 0.5, "chat_template": chat_template} if wording == "harder-chat" else {}))
+    if wording.startswith(("harder", "most-often")):
+        tasks = {"tasks": ALL_TASKS + ("most_often",)} if wording.startswith("most-often") else {}
+        chat = {"chat": 0.5, "chat_template": chat_template} if wording.endswith("chat") else {}
+        records = harder(records=6, **tasks, **chat)
     else:
         records = RetrievalRecords(chars, records=8, wording=wording)
     evaluation_prompts = (needle.NEEDLE.split("{")[0], needle.QUESTION.split("{")[0], passkey.QUESTION,
                           passkey.passkey_line(12345).split("12345")[0], passkey.FILLER[:40], *ending.INSTRUCTIONS)
-    long_filler = torch.arange(4000, dtype=torch.long) % 500
+    long_filler = torch.arange(8000 if wording.startswith("most-often") else 4000, dtype=torch.long) % 500  # characters
     for seed in range(30):
         input_ids, _ = records.apply(long_filler, torch.Generator().manual_seed(seed))
         text = text_of(input_ids.tolist()).replace("_", "")
@@ -352,7 +354,7 @@ def test_the_practice_data_never_uses_ruler_or_the_evaluation_prompts(wording):
         for prompt in evaluation_prompts:
             assert prompt.strip() and prompt.strip() not in text, (wording, seed, prompt)
         assert not UUID.search(lowered), (wording, seed)
-        if wording.startswith("harder"):
+        if wording.startswith(("harder", "most-often")):
             assert not re.search(r"(?<!\d)\d{7}(?!\d)", text), (wording, seed)
 
 
@@ -469,9 +471,59 @@ def test_a_chat_sample_trains_each_answer_up_to_the_end_of_its_turn_and_nothing_
     assert 30 < chats < 70
 
 
+def most_often_answers(text: str) -> list[tuple[str, list[str], str]]:
+    """(activity, the names ranked by how often the records say they did it, the answer) of each most_often
+    question of a sample's text, plain or chat; the counts must all differ."""
+    from hf_posext.training.retrieval_data import (ACTIVITIES, ACTIVITY_RECORDS, CHAT_MOST_OFTEN_QUESTIONS,
+                                                   CHAT_TOP_THREE_QUESTIONS, MOST_OFTEN_QUESTIONS, TOP_THREE_QUESTIONS)
+
+    found = []
+    name = r"[A-Z]\w+ [A-Z]\w+"
+    answer = r"(?:\n<assistant>\n| )(?P<answer>[^\n]*?)\.(?:E|\n|$)"
+    for form in MOST_OFTEN_QUESTIONS + TOP_THREE_QUESTIONS + CHAT_MOST_OFTEN_QUESTIONS + CHAT_TOP_THREE_QUESTIONS:
+        chat_form = form in CHAT_MOST_OFTEN_QUESTIONS + CHAT_TOP_THREE_QUESTIONS
+        for activity in ACTIVITIES:
+            asked = re.escape(form.format(activity=activity)) + ("E" if chat_form else "") + answer
+            for m in re.finditer(asked, text):
+                counts: dict[str, int] = {}
+                # one alternation, scanned left to right: " That day Ada Weston ..." is one record, not also " Ada Weston ..."
+                pattern = "|".join(re.escape(record).replace(re.escape("{name}"), f"(?P<name{i}>{name})").replace(
+                    re.escape("{activity}"), re.escape(activity)) for i, record in enumerate(ACTIVITY_RECORDS))
+                for r in re.finditer(pattern, text[: m.start()]):
+                    who = next(v for k, v in r.groupdict().items() if v)
+                    counts[who] = counts.get(who, 0) + 1
+                assert len(set(counts.values())) == len(counts) >= 3, counts  # no ties
+                found.append((activity, sorted(counts, key=counts.get, reverse=True), m["answer"]))
+    return found
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_a_most_often_question_is_answered_from_how_often_its_records_say_each_person_did_it(chat):
+    """Aggregation: the answer is the person the records name most often for the activity (or the three, most often
+    first), and a sample asks at most one such question."""
+    extra = {"chat": 1.0, "chat_template": chat_template} if chat else {}
+    records = harder(records=5, tasks=ALL_TASKS + ("most_often",), **extra)
+    long_filler = torch.arange(6000, dtype=torch.long) % 500
+    seen = {"one": 0, "three": 0, "none": 0}
+    for seed in range(60):
+        input_ids, labels = records.apply(long_filler, torch.Generator().manual_seed(seed))
+        assert input_ids.shape == labels.shape == long_filler.shape
+        text = text_of(input_ids.tolist()).replace("_", "")
+        questions = most_often_answers(text)
+        assert len(questions) <= 1, (seed, questions)
+        for _, ranked, answer in questions:
+            three = "," in answer
+            assert answer == (f"{ranked[0]}, {ranked[1]} and {ranked[2]}" if three else ranked[0]), (seed, ranked, answer)
+            assert answer + "." in text_of(labels[labels != IGNORED].tolist())
+            seen["three" if three else "one"] += 1
+        seen["none"] += not questions
+    assert all(count >= 5 for count in seen.values()), seen
+
+
 def test_the_harder_practice_bounds_its_longest_sample():
     long_filler = torch.arange(6000, dtype=torch.long) % 500
-    for kwargs in ({}, {"chat": 0.5, "chat_template": chat_template}, {"tasks": ("several_values",)}):
+    for kwargs in ({}, {"chat": 0.5, "chat_template": chat_template}, {"tasks": ("several_values",)},
+                   {"tasks": ("most_often",)}, {"tasks": ALL_TASKS + ("most_often",), "chat": 0.5, "chat_template": chat_template}):
         records = harder(records=3, **kwargs)
         inserted = [int((records.apply(long_filler, torch.Generator().manual_seed(s))[0] >= 1000).sum()) for s in range(150)]
         assert max(inserted) <= records.most_tokens(), kwargs

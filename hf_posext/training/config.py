@@ -169,7 +169,8 @@ class DataSection:
         "drawn from several wordings and attributes (hf_posext.training.retrieval_data)", "fixed")
     retrieval_tasks: list = _help(
         "kinds of question, drawn per question: lookup, distractors (records that share the key's wording), "
-        "several_values (a list answer), chain (a record naming another key); beyond lookup needs "
+        "several_values (a list answer), chain (a record naming another key), most_often (who did a thing most "
+        "often: aggregation, at most one a sample); beyond lookup needs "
         "retrieval_wording: varied", factory=lambda: ["lookup"])
     retrieval_values: str = _help(
         "'digits': every value is a code; 'digits_and_words': a code or a two-word phrase, drawn per fact", "digits")

@@ -39,7 +39,12 @@ does not test): each question is one of :data:`TASKS`, drawn per question,
 * ``several_values``: two or three records of one person and attribute, asked for together, in the order they
   were given (a list answer: ``4410, 5120 and 77.``);
 * ``chain``: a record that names another person (``Ada Whitlock uses the same badge number as Hugo Engel.``)
-  and that person's record; the question asks for the first person's value (two hops).
+  and that person's record; the question asks for the first person's value (two hops);
+* ``most_often``: aggregation. Three or four people each do one thing (:data:`ACTIVITIES`) a different number of
+  times, one to six, each time in a record of its own scattered through the text (``Later, Vera Varga fed the
+  cat.``); the question asks who did it most often (``Vera Varga.``), or which three did it most often, most often
+  first (``Vera Varga, Hugo Engel and Ada Whitlock.``). A sample asks at most one: once drawn, the kind leaves
+  the draw for the sample's other questions (its records take many tokens).
 
 Its codes have 3 to 6 digits, never the 7 of RULER's needles. ``values="digits_and_words"`` makes each fact's
 value either such a code or a two-word phrase
@@ -61,7 +66,9 @@ import torch
 
 __all__ = ["RECORD", "QUESTION", "ATTRIBUTES", "VARIED_RECORDS", "VARIED_QUESTIONS", "WORDINGS", "FIRST_NAMES", "SURNAMES",
            "TASKS", "VALUES", "WORD_ATTRIBUTES", "VALUE_ADJECTIVES", "VALUE_NOUNS", "SEVERAL_RECORDS", "SEVERAL_QUESTIONS",
-           "CHAIN_RECORDS", "CHAT_QUESTIONS", "CHAT_SEVERAL_QUESTIONS", "RetrievalRecords", "retrieval_records_for"]
+           "CHAIN_RECORDS", "CHAT_QUESTIONS", "CHAT_SEVERAL_QUESTIONS", "ACTIVITIES", "ACTIVITY_RECORDS",
+           "MOST_OFTEN_QUESTIONS", "TOP_THREE_QUESTIONS", "CHAT_MOST_OFTEN_QUESTIONS", "CHAT_TOP_THREE_QUESTIONS",
+           "MOST_OFTEN_PEOPLE", "MOST_OFTEN_TIMES", "RetrievalRecords", "retrieval_records_for"]
 
 RECORD = " The locker code of {name} is {code}."
 QUESTION = "\nQuestion: What is the locker code of {name}? Answer:"
@@ -84,7 +91,7 @@ VARIED_QUESTIONS = (
 )
 WORDINGS = ("fixed", "varied")
 #: The kinds of question a sample's facts are asked in (drawn per question; see the module docstring).
-TASKS = ("lookup", "distractors", "several_values", "chain")
+TASKS = ("lookup", "distractors", "several_values", "chain", "most_often")
 #: ``digits``: every value is a code (3 to 6 digits in the harder practice); ``digits_and_words``: a code or a two-word
 #: phrase, drawn per fact.
 VALUES = ("digits", "digits_and_words")
@@ -116,6 +123,22 @@ CHAT_QUESTIONS = (
     "Tell me the {attribute} of {name}, as stated in the text.",
 )
 CHAT_SEVERAL_QUESTIONS = ("Which {attribute}s does {name} hold, in the order given?",)
+#: ``most_often``: what the people of the question do, in the past tense.
+ACTIVITIES = ("rang the bell", "fed the cat", "locked the gate", "watered the garden", "called the office",
+              "signed the guest book", "swept the porch", "borrowed the ladder", "mended the fence", "lit the stove")
+#: ``most_often``: one time that a person did the activity (each time its own record, its wording drawn).
+ACTIVITY_RECORDS = (" {name} {activity}.", " Later, {name} {activity}.", " That day {name} {activity}.")
+#: ``most_often``: the one-person question (answer: the name) and the three-person one (answer: three names, most
+#: often first), in plain text and in a chat turn.
+MOST_OFTEN_QUESTIONS = ("\nQuestion: Who {activity} most often? Answer:",
+                        "\nOf everyone in the text, who {activity} the most times? It was")
+TOP_THREE_QUESTIONS = ("\nQuestion: Which three people {activity} most often, most often first? Answer:",)
+CHAT_MOST_OFTEN_QUESTIONS = ("Who {activity} most often in the text?",)
+CHAT_TOP_THREE_QUESTIONS = ("Which three people {activity} most often in the text, most often first?",)
+#: ``most_often``: how many people share an activity, and the most times one of them does it (each a different
+#: number of times, from 1 up).
+MOST_OFTEN_PEOPLE = (3, 4)
+MOST_OFTEN_TIMES = 6
 #: Stand-ins for the context and the answers while a conversation goes through the chat template (private-use
 #: characters: no template or text has them).
 _CONTEXT_MARK, _ANSWER_MARK = "\ue000", "\ue001"
@@ -307,9 +330,18 @@ class RetrievalRecords:
         question = longest(forms(VARIED_QUESTIONS + CHAT_QUESTIONS)) + slack
         several_question = longest(forms(SEVERAL_QUESTIONS + CHAT_SEVERAL_QUESTIONS)) + slack
         one, three = (len(self.encode(text)) + slack for text in (f" {value}.", f" {value}, {value} and {value}."))
+        activity = lambda group: longest(form.format(name=name, activity=a) for form in group for a in ACTIVITIES) + slack  # noqa: E731
+        times = sum(range(MOST_OFTEN_TIMES - MOST_OFTEN_PEOPLE[1] + 1, MOST_OFTEN_TIMES + 1))  # the most records of one question
+        names_answer = len(self.encode(f" {name}, {name} and {name}.")) + slack
         cost = {"lookup": record + question + one, "distractors": 3 * record + question + one,
-                "several_values": 3 * several_record + several_question + three, "chain": record + chain + question + one}
-        most = self.records * max(cost[task] for task in self.tasks)
+                "several_values": 3 * several_record + several_question + three, "chain": record + chain + question + one,
+                "most_often": times * activity(ACTIVITY_RECORDS) + activity(MOST_OFTEN_QUESTIONS + TOP_THREE_QUESTIONS
+                              + CHAT_MOST_OFTEN_QUESTIONS + CHAT_TOP_THREE_QUESTIONS) + names_answer}
+        others = [cost[task] for task in self.tasks if task != "most_often"]
+        if "most_often" in self.tasks:  # at most one most_often question a sample
+            most = cost["most_often"] + (self.records - 1) * max(others or [cost["lookup"]])
+        else:
+            most = self.records * max(others)
         if self.chat:
             turns = self._render([(_CONTEXT_MARK, "")] + [("", "")] * (self.records - 1), ["."] * self.records)
             assert turns is not None  # checked in __post_init__
@@ -324,8 +356,15 @@ class RetrievalRecords:
         records: list[str] = []
         lists: list[list[int]] = []  # the indices in ``records`` of each several_values question's records
         asked: list[tuple[str, str]] = []  # (question text, answer text)
+        tasks = list(self.tasks)
         for _ in range(self.records):
-            task = self.tasks[_draw_index(len(self.tasks), generator)]
+            task = tasks[_draw_index(len(tasks), generator)]
+            if task == "most_often":  # once a sample: its records take many tokens
+                tasks = [t for t in tasks if t != "most_often"] or ["lookup"]
+                records_of, asked_of = _most_often(names, ACTIVITIES[_draw_index(len(ACTIVITIES), generator)], chat, generator)
+                records += records_of
+                asked.append(asked_of)
+                continue
             words = self.values != "digits" and bool(_draw_index(2, generator))
             attributes = WORD_ATTRIBUTES if words else ATTRIBUTES
             attribute = attributes[_draw_index(len(attributes), generator)]
@@ -385,6 +424,26 @@ class RetrievalRecords:
                 pieces += question + answer
                 labels += (question if train_context else [IGNORED] * len(question)) + answer
         return torch.tensor(pieces, dtype=torch.long), torch.tensor(labels, dtype=torch.long)
+
+
+def _most_often(names: "_NameDraw", activity: str, chat: bool, generator: torch.Generator) -> tuple[list[str], tuple[str, str]]:
+    """One ``most_often`` question: the records of 3 or 4 people doing ``activity`` a different number of times
+    each (1 to :data:`MOST_OFTEN_TIMES`), and ``(question, answer)``: who did it most often, or the three who did
+    it most often, most often first (the answer's leading space only in plain text, as for the other kinds)."""
+    low, high = MOST_OFTEN_PEOPLE
+    people = low + _draw_index(high - low + 1, generator)
+    times = sorted((torch.randperm(MOST_OFTEN_TIMES, generator=generator)[:people] + 1).tolist(), reverse=True)
+    ranked = [names.next() for _ in times]  # most often first
+    records = [ACTIVITY_RECORDS[_draw_index(len(ACTIVITY_RECORDS), generator)].format(name=name, activity=activity)
+               for name, count in zip(ranked, times) for _ in range(count)]
+    three = bool(_draw_index(2, generator))
+    if chat:
+        group = CHAT_TOP_THREE_QUESTIONS if three else CHAT_MOST_OFTEN_QUESTIONS
+    else:
+        group = TOP_THREE_QUESTIONS if three else MOST_OFTEN_QUESTIONS
+    question = group[_draw_index(len(group), generator)].format(activity=activity)
+    answer = f"{ranked[0]}, {ranked[1]} and {ranked[2]}." if three else f"{ranked[0]}."
+    return records, (question, answer if chat else f" {answer}")
 
 
 def _draw_indices(choices: int, count: int, generator: torch.Generator) -> list[int]:

@@ -10,7 +10,7 @@
 #               20 samples: the original model, training-free yarn x4, fine-tuned + string.        -> cpu/ (bfloat16)
 #   counting32  the same two tasks at 32768, 10 samples (SAMPLES, TASKS: their order; more samples
 #               extend the cells on the same first samples): fine-tuned + string, then yarn x4.  -> cpu-32k/ (float32)
-#   ending      the chat-ending row: 16 instructions in the model's chat template, both fine-tunes. -> ending/ (float32)
+#   ending      the chat-ending row: 48 instructions in the model's chat template, the three fine-tunes. -> ending/ (float32)
 #   ruler       the six offline RULER tasks, every row, 2048-16384, 20 samples (resumes counting). -> cpu/ (bfloat16)
 #               GRID=floor: only the floor's three rows at 16384 (yarn x4, BEST x4, fine-tuned + string), the
 #               way to the floor on a CPU with native bfloat16 (a 16384-token sample: 80-100 s on an AMD EPYC
@@ -47,6 +47,12 @@
 #               SAMPLES). Does it hold up on tasks it never practised as well as the headline does? -> cpu/ (bfloat16)
 #   harder32    ruler_fwe, then niah_single_1, at 32768 for it beside counting32's two rows, 20 samples (SAMPLES,
 #               TASKS; the rows' finished samples are kept, so it extends counting32).          -> cpu-32k/ (float32)
+#   aggregation16  the fine-tune with aggregation practice (VARIANT=retrieval-aggregation of
+#               bench/finetune_retrieval_cpu.sh: the harder practice plus most_often questions, who did a thing most
+#               often) on ruler_fwe, then niah_single_1, at 16384 beside the floor's rows there (same samples, paired),
+#               20 samples (TASKS, SAMPLES): does practice at counting lift word-frequency extraction?  -> cpu/ (bfloat16)
+#   aggregation32  the same at 32768 beside counting32's rows (and harder32's), 20 samples (SAMPLES, TASKS): the
+#               ruler_fwe target's task and length.                                              -> cpu-32k/ (float32)
 #   string-offset  a training-free lever for ruler_fwe at 32768: the headline model with STRING's shifted offset
 #               at half the length (S = 16384, so the farthest distance it sees is about 16.5k, where it scores
 #               0.25, instead of about 22k with the paper's S = L/3), beside counting32's rows on the same samples
@@ -82,11 +88,11 @@
 set -uo pipefail
 # One brace group, read whole before anything runs: an edit made while a part runs cannot change what it does next.
 {
-PARTS="counting|counting32|ending|ruler|ruler-float32|tasks|tasks-bfloat16|best32|tasks32|harder|harder16|harder32|string-offset|as-saved32|floor|combine"
+PARTS="counting|counting32|ending|ruler|ruler-float32|tasks|tasks-bfloat16|best32|tasks32|harder|harder16|harder32|aggregation16|aggregation32|string-offset|as-saved32|floor|combine"
 part=${1:?part: $PARTS}
 PYTHON=${PYTHON:-python}
 R=bench/results/card
-case "$part" in counting|counting32|ending|ruler|ruler-float32|tasks|tasks-bfloat16|best32|tasks32|harder|harder16|harder32|string-offset|as-saved32|floor|combine) ;; *) echo "unknown part $part ($PARTS)" >&2; exit 2 ;; esac
+case "$part" in counting|counting32|ending|ruler|ruler-float32|tasks|tasks-bfloat16|best32|tasks32|harder|harder16|harder32|aggregation16|aggregation32|string-offset|as-saved32|floor|combine) ;; *) echo "unknown part $part ($PARTS)" >&2; exit 2 ;; esac
 if [ "$part" = floor ]; then
   bash "$0" combine > /dev/null || exit
   commands=$("$PYTHON" bench/card_floor.py --commands) || exit
@@ -114,7 +120,7 @@ else
   case "$part" in tasks|tasks-bfloat16|tasks32) echo "no BOOKS folder: perplexity and needle use the CLI's built-in text (builtin:python-docs)" >&2 ;; esac
 fi
 case "$part" in
-counting|ruler|tasks-bfloat16|harder16) DTYPE=bfloat16; [ "$part" = tasks-bfloat16 ] && DTYPE=auto  # auto: perplexity stays float32
+counting|ruler|tasks-bfloat16|harder16|aggregation16) DTYPE=bfloat16; [ "$part" = tasks-bfloat16 ] && DTYPE=auto  # auto: perplexity stays float32
   if ! "$PYTHON" -c "from hf_posext.evaluation.loading import cpu_has_native_bfloat16 as n; raise SystemExit(not n())"; then
     echo "this CPU has no native bfloat16: $part runs in bfloat16 (emulated here, about 5x float32's time); run counting32, ruler-float32, tasks, best32 or tasks32 here" >&2
     exit 2
@@ -134,6 +140,11 @@ if [ -n "$NEEDS_HARDER" ]; then
   HARDER=${HARDER:-$(VARIANT=retrieval-tasks PYTHON=$PYTHON bash bench/finetune_retrieval_cpu.sh merge | tail -1)}
   [ -f "$HARDER/config.json" ] || { echo "no merged harder-practice model: VARIANT=retrieval-tasks bash bench/finetune_retrieval_cpu.sh train, keep, then merge" >&2; exit 1; }
 fi
+# the fine-tune with aggregation practice, merged with its yarn x4 (needs its kept adapter): its parts and the ending row
+case "$part" in aggregation16|aggregation32|ending)
+  AGGREGATION=${AGGREGATION:-$(VARIANT=retrieval-aggregation PYTHON=$PYTHON bash bench/finetune_retrieval_cpu.sh merge | tail -1)}
+  [ -f "$AGGREGATION/config.json" ] || { echo "no merged aggregation-practice model: VARIANT=retrieval-aggregation bash bench/finetune_retrieval_cpu.sh train, keep, then merge" >&2; exit 1; } ;;
+esac
 card() { OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} "$PYTHON" -m hf_posext.cli eval card --dtype "$DTYPE" --device "${DEVICE:-cpu}" \
            --no-progress --sample-cache $R/ruler-samples "$@"; }
 case "$part" in
@@ -141,7 +152,7 @@ counting)   card --models "base=smollm2-135m@none;yarn:4,fine-tuned=$MERGED@stri
                  --lengths 2048,8192,16384 --samples "${SAMPLES:-20}" --skip-over-window --out $R/cpu ;;
 counting32) card --models "fine-tuned=$MERGED@string:1,base=smollm2-135m@yarn:4" --tasks "${TASKS:-niah_single_1,ruler_fwe}" \
                  --lengths 32768 --samples "${SAMPLES:-10}" --out $R/cpu-32k ;;
-ending)     card --models "base=smollm2-135m@none;yarn:4,fine-tuned=$MERGED@string:1,fine-tuned on harder practice=$HARDER@string:1" \
+ending)     card --models "base=smollm2-135m@none;yarn:4,fine-tuned=$MERGED@string:1,fine-tuned on harder practice=$HARDER@string:1,fine-tuned with aggregation practice=$AGGREGATION@string:1" \
                  --tasks ending --lengths 2048 --out $R/ending ;;
 ruler)
             # GRID=floor: the floor's three rows at 16384 only; GRID=base: the original model's two tasks here
@@ -173,6 +184,10 @@ harder16)   card --models "fine-tuned on harder practice=$HARDER@string:1" --tas
                  --lengths 16384 --samples "${SAMPLES:-20}" --out $R/cpu ;;
 harder32)   card --models "fine-tuned=$MERGED@string:1,base=smollm2-135m@yarn:4,fine-tuned on harder practice=$HARDER@string:1" \
                  --tasks "${TASKS:-ruler_fwe,niah_single_1}" --lengths 32768 --samples "${SAMPLES:-20}" --out $R/cpu-32k ;;
+aggregation16) card --models "fine-tuned with aggregation practice=$AGGREGATION@string:1" --tasks "${TASKS:-ruler_fwe,niah_single_1}" \
+                 --lengths 16384 --samples "${SAMPLES:-20}" --out $R/cpu ;;
+aggregation32) card --models "fine-tuned with aggregation practice=$AGGREGATION@string:1" --tasks "${TASKS:-ruler_fwe,niah_single_1}" \
+                 --lengths 32768 --samples "${SAMPLES:-20}" --out $R/cpu-32k ;;
 string-offset) card --models "fine-tuned=$MERGED@string:1" --param shifted_offset=16384 --tasks "${TASKS:-ruler_fwe}" \
                  --lengths 32768 --samples "${SAMPLES:-10}" --out $R/cpu-32k ;;
 as-saved32) card --models "fine-tuned=$MERGED@as-saved" --tasks "${TASKS:-ruler_fwe}" --lengths 32768 --samples "${SAMPLES:-10}" \

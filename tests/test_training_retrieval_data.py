@@ -586,10 +586,10 @@ def test_a_tiny_run_with_the_harder_practice_finishes_and_its_model_card_says_wh
     from hf_posext.training.trainer import train
 
     out = tmp_path / "run"
-    config = tiny_config(out, "data.sequence_length=768", "scaling.factor=16", "data.retrieval_records=1", "data.retrieval_wording=varied",
-                         "data.retrieval_tasks=[distractors,several_values,chain]", "data.retrieval_values=digits_and_words",
+    config = tiny_config(out, "data.sequence_length=2048", "scaling.factor=64", "data.retrieval_records=1", "data.retrieval_wording=varied",
+                         "data.retrieval_tasks=[distractors,several_values,chain,most_often]", "data.retrieval_values=digits_and_words",
                          "train.max_steps=3")
     assert train(config, progress=False).finished
     card = (out / "adapter" / "README.md").read_text()
-    assert "questions drawn from distractors, several values, chain (`data.retrieval_tasks`)" in card
+    assert "questions drawn from distractors, several values, chain, most often (`data.retrieval_tasks`)" in card
     assert "values codes or two-word phrases" in card

@@ -34,7 +34,8 @@
 #               passkey and needle in bfloat16 where the CPU runs it natively (a 4096-token forward took 0.70x float32's time on an
 #               AMD EPYC with AVX-512 BF16), in float32 elsewhere; perplexity always float32.
 #               WITH_HARDER=1 adds the harder-practice fine-tune (see harder) as the second row, on the same trials: is
-#               it as good a headline at 32768? TASKS: some of the three, in the card's order (rows one after another).
+#               it as good a headline at 32768? WITH_AGGREGATION=1 adds the aggregation-practice fine-tune (see
+#               aggregation16) after it, the same way. TASKS: some of the three, in the card's order (rows one after another).
 #               The other RULER tasks are beyond the base model: the floor lets 32768 skip them. -> cpu-32k-tasks/ (auto)
 #   harder      the fine-tune on the harder practice (VARIANT=retrieval-tasks of bench/finetune_retrieval_cpu.sh)
 #               beside the committed fine-tune and the original model, paired on the same samples: ruler_fwe and
@@ -80,7 +81,7 @@
 # start on a CPU without native bfloat16 (there it is emulated: 5.2x float32's time for a 4096-token forward,
 # bench/cpu_forward_dtype.py); on one with it, retrieval in bfloat16 took 0.43x float32's time per 16384-token
 # sample with the same responses (bench/results/cpu_retrieval_dtype/).
-# Environment: MERGED (default: the retrieval-varied merge), BEST (default dynamic-ntk), WITH_BEST and WITH_HARDER (tasks32), PYTHON, SAMPLES, TASKS
+# Environment: MERGED (default: the retrieval-varied merge), BEST (default dynamic-ntk), WITH_BEST, WITH_HARDER and WITH_AGGREGATION (tasks32), PYTHON, SAMPLES, TASKS
 # (counting32, harder32, string-offset, and GRID=floor ruler: e.g. TASKS=niah_multikey_2,ruler_fwe for the tasks
 # that count first), BOOKS, GRID (ruler-float32 and tasks: base = the original model's cells only, floor = the
 # three rows at 16384 only, default both, in that order; ruler: floor = the three rows at 16384 only, base =
@@ -141,10 +142,11 @@ if [ -n "$NEEDS_HARDER" ]; then
   [ -f "$HARDER/config.json" ] || { echo "no merged harder-practice model: VARIANT=retrieval-tasks bash bench/finetune_retrieval_cpu.sh train, keep, then merge" >&2; exit 1; }
 fi
 # the fine-tune with aggregation practice, merged with its yarn x4 (needs its kept adapter): its parts and the ending row
-case "$part" in aggregation16|aggregation32|ending)
+case "$part" in aggregation16|aggregation32|ending) NEEDS_AGGREGATION=1 ;; tasks32) NEEDS_AGGREGATION=${WITH_AGGREGATION:-} ;; *) NEEDS_AGGREGATION= ;; esac
+if [ -n "$NEEDS_AGGREGATION" ]; then
   AGGREGATION=${AGGREGATION:-$(VARIANT=retrieval-aggregation PYTHON=$PYTHON bash bench/finetune_retrieval_cpu.sh merge | tail -1)}
-  [ -f "$AGGREGATION/config.json" ] || { echo "no merged aggregation-practice model: VARIANT=retrieval-aggregation bash bench/finetune_retrieval_cpu.sh train, keep, then merge" >&2; exit 1; } ;;
-esac
+  [ -f "$AGGREGATION/config.json" ] || { echo "no merged aggregation-practice model: VARIANT=retrieval-aggregation bash bench/finetune_retrieval_cpu.sh train, keep, then merge" >&2; exit 1; }
+fi
 card() { OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} "$PYTHON" -m hf_posext.cli eval card --dtype "$DTYPE" --device "${DEVICE:-cpu}" \
            --no-progress --sample-cache $R/ruler-samples "$@"; }
 case "$part" in
@@ -192,7 +194,7 @@ string-offset) card --models "fine-tuned=$MERGED@string:1" --param shifted_offse
                  --lengths 32768 --samples "${SAMPLES:-10}" --out $R/cpu-32k ;;
 as-saved32) card --models "fine-tuned=$MERGED@as-saved" --tasks "${TASKS:-ruler_fwe}" --lengths 32768 --samples "${SAMPLES:-10}" \
                  --out $R/cpu-32k ;;
-tasks32)    card --models "fine-tuned=$MERGED@string:1${WITH_HARDER:+,fine-tuned on harder practice=$HARDER@string:1},base=smollm2-135m@yarn:4${WITH_BEST:+;$BEST:4}" \
+tasks32)    card --models "fine-tuned=$MERGED@string:1${WITH_HARDER:+,fine-tuned on harder practice=$HARDER@string:1}${WITH_AGGREGATION:+,fine-tuned with aggregation practice=$AGGREGATION@string:1},base=smollm2-135m@yarn:4${WITH_BEST:+;$BEST:4}" \
                  "${TEXTS[@]}" --tasks "${TASKS:-perplexity,passkey,needle}" --lengths 32768 --samples "${SAMPLES:-10}" --out $R/cpu-32k-tasks ;;
 esac
 exit

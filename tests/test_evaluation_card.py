@@ -711,6 +711,8 @@ def test_card_end_to_end_on_the_tiny_model(tiny_folder, tmp_path, monkeypatch, c
                               log, flags=re.M)
     assert sorted(sample_lines) == [("0", "1"), ("1", "2")]
     assert len(re.findall(r"^passkey .* @ \d+, depth [\d.]+: \d+/\d+ found \(greedy\), \d+ s$", log, flags=re.M)) >= 2
+    # and no progress bar, lm-eval's own (building requests, generating RULER samples) included (`2/2 [00:00<00:00, ...]`)
+    assert not re.search(r"\d+/\d+ \[\d\d:\d\d", log), sorted({m.split("|")[0] for m in re.findall(r"[^\r\n]*\d+/\d+ \[\d\d:\d\d", log)})
 
     # a second run recomputes nothing: every sample file is left as it was
     files = {p: p.read_bytes() for p in (out / "ruler").glob("*.jsonl")}

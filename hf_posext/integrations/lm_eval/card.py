@@ -230,8 +230,10 @@ def _index():
 
 
 def ruler_docs(task_name: str, tokenizer_path: str, tokenizer: Any, length: int, n: int, seed: int,
-               cache: SampleCache) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+               cache: SampleCache, progress: bool = True) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The first ``n`` samples of a RULER task at ``length``, from the cache or generated (and cached).
+
+    Without ``progress``, lm-eval's generators draw no bar.
 
     Returns:
         ``(docs, key)``.
@@ -251,8 +253,9 @@ def ruler_docs(task_name: str, tokenizer_path: str, tokenizer: Any, length: int,
     np.random.seed(seed)
     config = _task_config(task_name)
     config["custom_dataset"] = limit_ruler_samples(config["custom_dataset"], n)
-    task = _load_task(manager, config)
-    docs = [dict(doc) for doc in task.eval_docs][:n]
+    with _harness_bars(progress):
+        task = _load_task(manager, config)
+        docs = [dict(doc) for doc in task.eval_docs][:n]
     if len(docs) < n or any(not doc.get("outputs") for doc in docs):
         raise ValueError(f"lm-eval's {task_name} generator gives {len(docs)} usable samples at length {length}, fewer than the "
                          f"{n} asked; use a longer length (the prompt template and answers leave too little room).")
@@ -492,6 +495,35 @@ def _generate(lm: Any, timer: ForwardTimer, context: str, gen_kwargs: dict[str, 
             "harness_s": max(0.0, total - prefill - decode), "total_s": total}
 
 
+#: lm-eval modules that draw a progress bar through their own ``tqdm`` name and take no switch for it: building a
+#: task's requests, and RULER's sample generators.
+_BAR_MODULES = ("lm_eval.api.task", "lm_eval.tasks.ruler.prepare_niah", "lm_eval.tasks.ruler.cwe_utils",
+                "lm_eval.tasks.ruler.fwe_utils", "lm_eval.tasks.ruler.vt_utils", "lm_eval.tasks.ruler.qa_utils")
+
+
+@contextlib.contextmanager
+def _harness_bars(progress: bool):
+    """Without ``progress`` (``--no-progress``), turn off the bars lm-eval draws while it builds requests and RULER samples.
+
+    Those calls take no switch for it: each calls the ``tqdm`` of its own module, so this swaps that name for a
+    disabled bar while the block runs, in each module of ``_BAR_MODULES`` already imported that has one (a later
+    lm-eval without it draws nothing this could turn off).
+    """
+    swapped = []
+    if not progress:
+        for name in _BAR_MODULES:
+            module = sys.modules.get(name)
+            bar = getattr(module, "tqdm", None)
+            if callable(bar):
+                swapped.append((module, bar))
+                module.tqdm = functools.partial(bar, disable=True)
+    try:
+        yield
+    finally:
+        for module, bar in swapped:
+            module.tqdm = bar
+
+
 def run_ruler_cell(lm: Any, task: Any, docs: list[dict[str, Any]], length: int, results: SampleResults,
                    budget_mode: str = "short", progress: bool = False, label: str = "") -> list[float]:
     """Score every sample of one (row, task, length) not yet in ``results``; returns every sample's score.
@@ -504,7 +536,8 @@ def run_ruler_cell(lm: Any, task: Any, docs: list[dict[str, Any]], length: int, 
     from tqdm.auto import tqdm
 
     task_name = task.config.task
-    task.build_all_requests(limit=None, rank=0, world_size=1)
+    with _harness_bars(progress):
+        task.build_all_requests(limit=None, rank=0, world_size=1)
     pending = [i for i in sorted(task.instances, key=lambda i: i.doc_id) if not results.has(i.doc_id)]
     where = f"{task_name} @ {length}" + (f", {label}" if label else "")
     timer = ForwardTimer(lm.model)
@@ -793,7 +826,7 @@ def _run_card_holding_folder(args: Any, specs: list[ModelSpec], lengths: list[in
             for length in lengths:
                 for row in rows:
                     path, tokenizer = tokenizers[row.spec.key]
-                    docs, key = ruler_docs(task_name, path, tokenizer, length, args.samples, args.seed, cache)
+                    docs, key = ruler_docs(task_name, path, tokenizer, length, args.samples, args.seed, cache, args.progress)
                     task = ruler_task(task_name, docs, path, length)
                     full = int(task.config.generation_kwargs.get("max_gen_toks", 256))
                     prompt = max(len(tokenizer(task.doc_to_text(doc) + " " + doc.get("gen_prefix", ""))["input_ids"]) for doc in docs)

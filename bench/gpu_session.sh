@@ -62,7 +62,7 @@
 #            (the RULER samples the GPU rows saw); bash bench/gpu_carry.sh restore; commit bench/results/card/gpu/,
 #            $OUT/string_cost_cuda.json into bench/results/string_cost/ and $OUT/gpu_checks_cuda.json into
 #            bench/results/gpu_checks/; then `python bench/ruler_responses.py --task ruler_fwe` (and `--task
-#            niah_multikey_2`): does the aggregation-practice fine-tune count "1. 2. 3." where the headline does (27 of 50)?
+#            niah_multikey_2`): does the aggregation-practice fine-tune count "1. 2. 3." where the headline does (28 of 50)?
 # The other stages, in a later session (their results beside each benchmark's, bench/results/<script>/:
 # OUT/gpu_checks_cuda.json into bench/results/gpu_checks/, OUT/dca_cost_cuda.json into bench/results/dca_cost/, ...):
 # checks (no weights), adapters, finetune, cost, trainingfree.

@@ -7,7 +7,10 @@ A score says how often a row is right; this says what it writes when it is wrong
 files (``FOLDER/*/ruler/TASK-*.jsonl``, the files ``hf-posext eval card`` writes, one per row, task, length and
 dtype) is put in one class. For the word tasks (``ruler_fwe``, ``ruler_cwe``, ``ruler_vt``):
 
-* ``counting``: a numbered list with nothing in it (`` 1. 2. 3. 4. ...``), the model counting instead of answering;
+* ``counting``: it begins with a numbered list with nothing in it (`` 1. 2. 3. 4. ...``: its first line that is not
+  blank is nothing but three or more numbers, each with its dot), the model counting instead of answering, whatever
+  follows on later lines (often the question again, or another made-up one: a list with nothing in it, the whole
+  response, was the class's bound until 2026-12-05, and it missed those);
 * ``empty``: no word at all;
 * ``prompt repeated``: nothing but lines of the prompt said again (`` The three most frequently appeared words are:``,
   once or over and over): a line repeats the prompt when its first five words (three at least; a word cut off by the
@@ -60,9 +63,9 @@ def repeats_prompt(line: str, prompt: str) -> bool:
 def response_class(response: str, prompt: str | None = None) -> str:
     """The class of one response (:data:`CLASSES`); ``prompt``: its sample's question and answer prefix, without
     which ``prompt repeated`` is never given."""
-    if _NUMBERED_ONLY.fullmatch(response):
-        return "counting"
     lines = response.splitlines()
+    if _NUMBERED_ONLY.fullmatch(next((line for line in lines if line.strip()), "")):
+        return "counting"
     kept = [line for line in lines if not (prompt and repeats_prompt(line, prompt))]
     words = {word.lower() for line in kept for word in _WORD.findall(line)}
     if not words:

@@ -13,6 +13,10 @@ def test_each_response_falls_in_one_class():
     assert responses.response_class(" 1. 2. 3. 4. 5. 6. 7. 8. 9. 10. 11. 12. 13. 14. 15") == "counting"
     assert responses.response_class(" 1. 1. 2. 3. 4. 5.") == "counting"
     assert responses.response_class(" 1. 2.") == "empty"  # too short to call a loop
+    # counting, then the question again or another made-up one on later lines: still counting (missed before 2026-12-05)
+    assert responses.response_class(" 1. 2. 3. 4. 5.\n\nWhat is the first and last letter of the three") == "counting"
+    assert responses.response_class(" 1. 2. 3. 4.\nThe three most frequently appeared words are: 1. 2. 3.") == "counting"
+    assert responses.response_class("\n1. tijnuo\n2. 3. 4. 5.") == "one word"  # its first line names a word
     assert responses.response_class("") == "empty" and responses.response_class("\n\nThe") == "one word"
     assert responses.response_class(" 1. tothot ... tothot ... tothot") == "one word"
     assert responses.response_class(" 1. uxihtk 2. jwkmne 3. tothot") == "several words"

@@ -12,7 +12,8 @@
 #               extend the cells on the same first samples): fine-tuned + string, then yarn x4.  -> cpu-32k/ (float32)
 #   ending      the chat-ending row: 48 instructions in the model's chat template, the three fine-tunes. -> ending/ (float32)
 #   ruler       the six offline RULER tasks, every row, 2048-16384, 20 samples (resumes counting). -> cpu/ (bfloat16)
-#               GRID=floor: only the floor's three rows at 16384 (yarn x4, BEST x4, fine-tuned + string), the
+#               GRID=training-free: only yarn x4 and BEST x4 at 16384 (the floor's cells that do not depend on which
+#               fine-tune is the headline). GRID=floor: only the floor's three rows at 16384 (yarn x4, BEST x4, fine-tuned + string), the
 #               way to the floor on a CPU with native bfloat16 (a 16384-token sample: 80-100 s on an AMD EPYC
 #               with AVX-512 BF16, against 114 s in float32 on one without); GRID=base: the original model on
 #               niah_single_1 and ruler_fwe at 2048-8192 (its other four tasks are ruler-float32's).
@@ -157,9 +158,11 @@ counting32) card --models "fine-tuned=$MERGED@string:1,base=smollm2-135m@yarn:4"
 ending)     card --models "base=smollm2-135m@none;yarn:4,fine-tuned=$MERGED@string:1,fine-tuned on harder practice=$HARDER@string:1,fine-tuned with aggregation practice=$AGGREGATION@string:1" \
                  --tasks ending --lengths 2048 --out $R/ending ;;
 ruler)
-            # GRID=floor: the floor's three rows at 16384 only; GRID=base: the original model's two tasks here
-            if [ "${GRID:-all}" = floor ]; then
-              card --models "$FLOOR_ROWS" --tasks "${TASKS:-ruler}" --lengths 16384 --samples "${SAMPLES:-20}" --out $R/cpu
+            # GRID=floor: the floor's three rows at 16384 only; GRID=training-free: its two training-free rows there
+            # (what does not wait on which fine-tune is the headline); GRID=base: the original model's two tasks here
+            if [ "${GRID:-all}" = floor ] || [ "${GRID:-all}" = training-free ]; then
+              rows=$FLOOR_ROWS; [ "$GRID" = training-free ] && rows="base=smollm2-135m@yarn:4;$BEST:4"
+              card --models "$rows" --tasks "${TASKS:-ruler}" --lengths 16384 --samples "${SAMPLES:-20}" --out $R/cpu
             elif [ "${GRID:-all}" = base ]; then  # the original model on the two tasks cpu/ holds for it (the other four: cpu-float32/)
               card --models "$BASE_ROW" --tasks niah_single_1,ruler_fwe --lengths 2048,4096,8192 --samples "${SAMPLES:-20}" \
                    --skip-over-window --out $R/cpu

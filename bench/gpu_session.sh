@@ -45,8 +45,8 @@
 #   call 3 (carry p3, the last part: the model is put together there; timeout 480): at 32768, paired, the
 #     aggregation-practice fine-tune (VARIANT=retrieval-aggregation) on ruler_fwe, then niah_single_1 (the headline's
 #     and yarn x4's 50 samples there are done, so only its row runs), then niah_multikey_2 for all three rows. On the
-#     CPU it is the first stage 2 to lift ruler_fwe at 32768 (card run 25: 0.27 against the headline's 0.18 on the
-#     same 15 samples) and it keeps the chat endings the headline loses (48/48): 50 samples a task here say whether it
+#     CPU it is the first stage 2 to lift ruler_fwe at 32768 (card run 26: 0.23 against the headline's 0.13 on the
+#     same 20 samples, paired 7:1) and it keeps the chat endings the headline loses (48/48): 50 samples a task here say whether it
 #     should be the headline. The stage stops at its timeout and resumes per sample: what is not reached waits for
 #     the next session.
 #     BOOKS=$PWD/data/books STAGE_TIMEOUT=440 CARD_ROWS='fine-tuned=@MERGED@@string:1,base=smollm2-135m@yarn:4,fine-tuned with aggregation practice=@AGGREGATION@@string:1' \

@@ -95,6 +95,9 @@ part=${1:?part: $PARTS}
 PYTHON=${PYTHON:-python}
 R=bench/results/card
 case "$part" in counting|counting32|ending|ruler|ruler-float32|tasks|tasks-bfloat16|best32|tasks32|harder|harder16|harder32|aggregation16|aggregation32|string-offset|as-saved32|floor|combine) ;; *) echo "unknown part $part ($PARTS)" >&2; exit 2 ;; esac
+# GRID narrows ruler, ruler-float32 and tasks; a misspelt one would run the whole grid (hours), so it is refused
+case "$part:${GRID:-all}" in *:all|ruler:floor|ruler:base|ruler:training-free|ruler-float32:floor|ruler-float32:base|tasks:floor|tasks:base) ;;
+  ruler:*|ruler-float32:*|tasks:*) echo "unknown GRID=$GRID for $part: use all, floor or base (ruler also takes training-free)" >&2; exit 2 ;; esac
 if [ "$part" = floor ]; then
   bash "$0" combine > /dev/null || exit
   commands=$("$PYTHON" bench/card_floor.py --commands) || exit

@@ -4,8 +4,9 @@ a card leave out (beyond the base model at 32768, a training-free row that score
 from __future__ import annotations
 
 import json
+import os
 
-from tests.bench_helpers import load_bench_script
+from tests.bench_helpers import BENCH, load_bench_script
 
 
 def _card() -> dict:
@@ -55,8 +56,6 @@ def test_each_missing_cell_is_named_with_the_command_that_fills_it(tmp_path):
     """FLOOR.md says which `bench/card_smollm2.sh` line fills the missing cells, grouped, with their samples: every
     command names a part the script has and settings it reads, and the groups add up to what is missing."""
     import re
-
-    from tests.test_bench_scripts import BENCH
 
     floor = load_bench_script("card_floor")
     script = (BENCH / "card_smollm2.sh").read_text()
@@ -108,3 +107,26 @@ def test_the_floor_commands_for_this_cpu_take_the_float32_twins_where_it_has_no_
     assert out.splitlines() == twins and err.count("needs a CPU with native bfloat16") == len(cannot)
     assert not (tmp_path / "FLOOR.md").exists()  # --commands writes nothing
     assert floor.main(["--card", str(card), "--commands", "--floor", "50"]) == 2
+
+
+def test_the_card_script_refuses_a_grid_it_does_not_know_before_running_anything(tmp_path):
+    """A misspelt GRID used to fall through to the part's whole grid (hours on 2 cores); it is refused in one line,
+    and the grids it knows reach the card (PYTHON=echo prints the command instead of running it)."""
+    import subprocess
+
+    def run(part: str, grid: str) -> subprocess.CompletedProcess:
+        env = {**os.environ, "PYTHON": "echo", "MERGED": str(tmp_path / "merged"), "GRID": grid, "TASKS": "ruler_vt"}
+        return subprocess.run(["bash", str(BENCH / "card_smollm2.sh"), part], capture_output=True, text=True, env=env,
+                              cwd=BENCH.parent, timeout=60)
+
+    for part in ("ruler", "ruler-float32", "tasks"):
+        refused = run(part, "flor")
+        assert refused.returncode == 2 and "eval card" not in refused.stdout, refused.stdout
+        assert refused.stderr.strip() == f"unknown GRID=flor for {part}: use all, floor or base (ruler also takes training-free)"
+    assert run("tasks", "training-free").returncode == 2
+    grids = {"training-free": "--models base=smollm2-135m@yarn:4;dynamic-ntk:4 --tasks ruler_vt --lengths 16384",
+             "floor": f"--models base=smollm2-135m@yarn:4;dynamic-ntk:4,fine-tuned={tmp_path / 'merged'}@string:1 --tasks ruler_vt"}
+    for grid, expected in grids.items():
+        done = run("ruler", grid)
+        assert done.returncode == 0 and expected in done.stdout, done.stdout + done.stderr
+    assert run("tasks32", "floor").returncode == 0  # a part GRID does not narrow ignores it

@@ -12,9 +12,9 @@ its window, under the unpatched baseline and the methods the README recommends a
   for ``dynamic-yarn`` (which misses it) and ``dynamic-ntk`` (which finds it). Scored by greedy
   generation and by the teacher-forced argmax check.
 * **the fine-tuned model**, the README's headline: the recipe's adapter
-  (``bench/results/finetune_retrieval_cpu/run-retrieval-varied/adapter``: ``yarn`` x4 plus LoRA, 200 steps of LoRA + PoSE
-  on books then 50 steps in which half of the samples are retrieval practice in varied wordings, on 2 CPU cores,
-  ``docs/training.md``), loaded with :func:`hf_posext.adapters.load_adapted_model`, with STRING stacked on its
+  (``bench/results/finetune_retrieval_cpu/run-retrieval-aggregation/adapter``: ``yarn`` x4 plus LoRA, 200 steps of LoRA +
+  PoSE on books then 50 steps in which half of the samples are retrieval practice (distractors, several values, chains,
+  counting who did a thing most often, half of them in the chat template), on 2 CPU cores, ``docs/training.md``), loaded with :func:`hf_posext.adapters.load_adapted_model`, with STRING stacked on its
   yarn x4 (``yarn+string``: S = 0.33 of its 32768-token window), on the same perplexity window and the same
   passkey trial, so the table shows the fine-tune beside the training-free default (``dynamic-yarn``).
 
@@ -47,9 +47,9 @@ QUICK_LENGTHS = (1024, 2048)
 PASSKEY_DEPTH = 0.1  # the far passkey: ~15k tokens before the question at 16384
 PERPLEXITY_METHODS = ("none", "dynamic-yarn")
 RETRIEVAL_METHODS = ("dynamic-yarn", "dynamic-ntk")
-# The recipe's committed adapter (stage 2 in varied wordings): yarn x4 + LoRA + trained norms, 7 MB.
-DEMO_ADAPTER = (Path(__file__).resolve().parents[1] / "bench" / "results" / "finetune_retrieval_cpu" / "run-retrieval-varied"
-                / "adapter")
+# The recipe's committed adapter (stage 2 with aggregation practice): yarn x4 + LoRA + trained norms, 7 MB.
+DEMO_ADAPTER = (Path(__file__).resolve().parents[1] / "bench" / "results" / "finetune_retrieval_cpu"
+                / "run-retrieval-aggregation" / "adapter")
 #: The attention-level method the headline stacks on the adapter's frequency scaling at evaluation (nothing trained).
 DEMO_ATTENTION = "string"
 FINE_TUNED_ROW = "fine-tuned: {label} + LoRA (250 CPU steps)"

@@ -115,18 +115,43 @@ def test_the_card_script_refuses_a_grid_it_does_not_know_before_running_anything
     import subprocess
 
     def run(part: str, grid: str) -> subprocess.CompletedProcess:
-        env = {**os.environ, "PYTHON": "echo", "MERGED": str(tmp_path / "merged"), "GRID": grid, "TASKS": "ruler_vt"}
+        env = {**os.environ, "PYTHON": "echo", "MERGED": str(tmp_path / "merged"), "AGGREGATION": str(headline),
+               "GRID": grid, "TASKS": "ruler_vt"}
         return subprocess.run(["bash", str(BENCH / "card_smollm2.sh"), part], capture_output=True, text=True, env=env,
                               cwd=BENCH.parent, timeout=60)
 
+    headline = tmp_path / "headline"  # a merged model: the script checks for its config.json
+    headline.mkdir()
+    (headline / "config.json").write_text("{}")
     for part in ("ruler", "ruler-float32", "tasks"):
         refused = run(part, "flor")
         assert refused.returncode == 2 and "eval card" not in refused.stdout, refused.stdout
         assert refused.stderr.strip() == f"unknown GRID=flor for {part}: use all, floor or base (ruler also takes training-free)"
     assert run("tasks", "training-free").returncode == 2
     grids = {"training-free": "--models base=smollm2-135m@yarn:4;dynamic-ntk:4 --tasks ruler_vt --lengths 16384",
-             "floor": f"--models base=smollm2-135m@yarn:4;dynamic-ntk:4,fine-tuned={tmp_path / 'merged'}@string:1 --tasks ruler_vt"}
+             "floor": f"--models base=smollm2-135m@yarn:4;dynamic-ntk:4,fine-tuned with aggregation practice={headline}@string:1 "
+                      "--tasks ruler_vt"}
     for grid, expected in grids.items():
         done = run("ruler", grid)
         assert done.returncode == 0 and expected in done.stdout, done.stdout + done.stderr
     assert run("tasks32", "floor").returncode == 0  # a part GRID does not narrow ignores it
+
+
+def test_the_card_script_asks_for_the_headline_model_only_where_a_part_measures_it(tmp_path):
+    """The headline row is the aggregation-practice fine-tune: the parts that measure it stop in one line when its
+    merged model is missing; the original model's cells (GRID=base) and the training-free rows run without it."""
+    import subprocess
+
+    def run(part: str, grid: str) -> subprocess.CompletedProcess:
+        env = {**os.environ, "PYTHON": "echo", "MERGED": str(tmp_path / "merged"), "AGGREGATION": str(tmp_path / "absent"),
+               "GRID": grid, "TASKS": "ruler_vt"}
+        return subprocess.run(["bash", str(BENCH / "card_smollm2.sh"), part], capture_output=True, text=True, env=env,
+                              cwd=BENCH.parent, timeout=60)
+
+    for part, grid in (("ruler", "floor"), ("tasks-bfloat16", "all"), ("tasks32", "all"), ("counting32", "all")):
+        stopped = run(part, grid)
+        assert stopped.returncode == 1 and "eval card" not in stopped.stdout, (part, stopped.stdout)
+        assert stopped.stderr.splitlines()[-1].startswith("no merged aggregation-practice model"), stopped.stderr
+    for part, grid in (("ruler", "base"), ("ruler", "training-free"), ("best32", "all")):
+        done = run(part, grid)
+        assert done.returncode == 0 and "eval card" in done.stdout and "aggregation" not in done.stdout, (part, done.stderr)

@@ -26,11 +26,13 @@ cd "$(dirname "$0")/.."
 mode=${1:-carry}
 EXCLUDE=.git/info/exclude
 MARK="# gpu_carry slim"
-# What the GPU stages read from the tracked tree besides the code: the headline adapter, the two held-apart books
-# (needle haystack, perplexity text), and the GPU card's own results (it resumes per sample). KEEP_TOO adds paths
-# (space-separated): the card's default rows also need bench/results/finetune_retrieval_cpu/run-retrieval-tasks,
-# the adapters stage its adapters; each 7.5 MB more travels with every call.
-KEEP=(bench/results/finetune_retrieval_cpu/run-retrieval-varied data/books/austen-emma.txt data/books/melville-moby_dick.txt
+# What the GPU stages read from the tracked tree besides the code: the two fine-tunes' adapters the card's default rows
+# merge (the headline's, with aggregation practice, and the first recipe's), the two held-apart books (needle haystack,
+# perplexity text), and the GPU card's own results (it resumes per sample). KEEP_TOO adds paths (space-separated):
+# the harder-practice rows (@HARDER@) need bench/results/finetune_retrieval_cpu/run-retrieval-tasks, the adapters
+# stage its adapters; each 7.5 MB more travels with every call.
+KEEP=(bench/results/finetune_retrieval_cpu/run-retrieval-aggregation bench/results/finetune_retrieval_cpu/run-retrieval-varied
+      data/books/austen-emma.txt data/books/melville-moby_dick.txt
       bench/results/card/gpu ${KEEP_TOO:-})
 DROP=(bench/results data tests docs eval)
 tree_bytes() { git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1; }

@@ -32,9 +32,9 @@
 # bench/results/card/HISTORY.md: ruler_fwe and niah_single_1 at 32768 are done for the headline model and yarn x4, 50
 # each; the original model's ruler_fwe at 2048 has 25 of 50 under the tokenizer key of before the eos fix,
 # cdedcae441eb3275: the card refuses to extend it, so move that file aside before a call that runs it):
-#   here:    KEEP_TOO=bench/results/finetune_retrieval_cpu/run-retrieval-aggregation bash bench/gpu_carry.sh slim \
-#              && bash bench/gpu_carry.sh      (prints the calls: 3 on 2026-12-05, the slim tree about 18 MiB with the
-#              aggregation-practice adapter that call 3 needs; p1 + wheels, p2, p3)
+#   here:    bash bench/gpu_carry.sh slim && bash bench/gpu_carry.sh      (prints the calls: 3 on 2026-12-05, the slim
+#              tree about 18 MiB with the headline's aggregation-practice adapter, which its KEEP now holds; p1 +
+#              wheels, p2, p3)
 #   call 1 (carry p1 + whl, timeout 60):  nvidia-smi                       (the first part and the wheels land)
 #   call 2 (carry p2, at once: the machine goes back 30 s after a call; timeout 300): STRING's fused prefill checked
 #     on CUDA (the causal squares, new since run 18; tiny models, seconds), then its cost against SDPA, one attention
@@ -42,27 +42,27 @@
 #     against 0.24 s for yarn x4's prefill and 10 tokens; 1.2-1.3 times on the CPU then):
 #     timeout 60 python3 bench/gpu_checks.py --out $OUT/gpu_checks_cuda.json
 #     STAGE_TIMEOUT=220 bash bench/gpu_session.sh string $OUT
-#   call 3 (carry p3, the last part: the model is put together there; timeout 480): at 32768, paired, the
-#     aggregation-practice fine-tune (VARIANT=retrieval-aggregation) on ruler_fwe, then niah_single_1 (the headline's
-#     and yarn x4's 50 samples there are done, so only its row runs), then niah_multikey_2 for all three rows. On the
-#     CPU it is the first stage 2 to lift ruler_fwe at 32768 (card run 26: 0.23 against the headline's 0.13 on the
-#     same 20 samples, paired 7:1) and it keeps the chat endings the headline loses (48/48): 50 samples a task here say whether it
-#     should be the headline. The stage stops at its timeout and resumes per sample: what is not reached waits for
-#     the next session.
+#   call 3 (carry p3, the last part: the model is put together there; timeout 480): at 32768, paired, the headline
+#     (the aggregation-practice fine-tune, VARIANT=retrieval-aggregation, since CPU card run 27) on ruler_fwe, then
+#     niah_single_1 (the first recipe's and yarn x4's 50 samples there are done, so only its row runs), then
+#     niah_multikey_2 for all three rows. On the CPU it is the first stage 2 to lift ruler_fwe at 32768 (card run 26:
+#     0.23 against the first recipe's 0.13 on the same 20 samples, paired 7:1) and it keeps the chat endings (48/48):
+#     50 samples a task here are the GPU floor's headline cells. The stage stops at its timeout and resumes per
+#     sample: what is not reached waits for the next session.
 #     BOOKS=$PWD/data/books STAGE_TIMEOUT=440 CARD_ROWS='fine-tuned=@MERGED@@string:1,base=smollm2-135m@yarn:4,fine-tuned with aggregation practice=@AGGREGATION@@string:1' \
 #       CARD_TASKS=ruler_fwe,niah_single_1,niah_multikey_2 CARD_LENGTHS=32768 bash bench/gpu_session.sh card $OUT/c
 #     (niah_single_1's 100 samples took 325 s in run 18, most of it STRING's prefill; the samples record the whole
 #     model's prefill per sample: STRING's against yarn x4's SDPA, with call 2's kernel)
 #   call 4, only if a later session has device time to spare (calls 1-3 fill this one's 15 minutes): the README's
-#     headline protocol (long4x: 10 trials x 5 depths, passkey and needle at 32768) for the aggregation-practice
-#     fine-tune, which it needs before it can be the headline (the headline's own 50/50 and 48/50 came from the CPU):
+#     50-trial protocol (long4x: 10 trials x 5 depths, passkey and needle at 32768) for the headline, which has only the
+#     card's 10 trials each so far (the first recipe's 50/50 and 48/50 came from the CPU):
 #     L2=32768 ADAPTERS=string:retrieval-aggregation STAGE_TIMEOUT=440 bash bench/gpu_session.sh adapters $OUT/a
 #   here:    tar xzf <files_at>/c/card.tgz (the last card call's: it holds the earlier calls' cells while the machine
 #            stayed warm between them); tar xzf <files_at>/c/card-samples.tgz -C bench/results/card/ruler-samples
 #            (the RULER samples the GPU rows saw); bash bench/gpu_carry.sh restore; commit bench/results/card/gpu/,
 #            $OUT/string_cost_cuda.json into bench/results/string_cost/ and $OUT/gpu_checks_cuda.json into
 #            bench/results/gpu_checks/; then `python bench/ruler_responses.py --task ruler_fwe` (and `--task
-#            niah_multikey_2`): does the aggregation-practice fine-tune count "1. 2. 3." where the headline does (28 of 50)?
+#            niah_multikey_2`): does the headline count "1. 2. 3." where the first recipe's fine-tune does (28 of 50)?
 # The other stages, in a later session (their results beside each benchmark's, bench/results/<script>/:
 # OUT/gpu_checks_cuda.json into bench/results/gpu_checks/, OUT/dca_cost_cuda.json into bench/results/dca_cost/, ...):
 # checks (no weights), adapters, finetune, cost, trainingfree.
@@ -267,10 +267,10 @@ card)
   # offline RULER tasks), rows as bench/card_smollm2.sh; resumable per sample: rerun the stage to continue.
   # CARD_ROWS, CARD_TASKS, CARD_LENGTHS narrow one call to the cells that matter most (a 10-minute call does
   # not hold the whole card), e.g. the headline model and yarn x4 at 32768 on the tasks that count:
-  #   CARD_ROWS='fine-tuned=@MERGED@@string:1,base=smollm2-135m@yarn:4' CARD_TASKS=ruler_fwe,niah_single_1 CARD_LENGTHS=32768
-  # (@MERGED@ stands for the headline model's merged folder, built here from its committed adapter; @HARDER@ and
-  # @AGGREGATION@ for the harder- and aggregation-practice fine-tunes', whose adapters travel only with KEEP_TOO,
-  # bench/gpu_carry.sh). CARD_PARAM: one
+  #   CARD_ROWS='fine-tuned with aggregation practice=@AGGREGATION@@string:1,base=smollm2-135m@yarn:4' CARD_TASKS=ruler_fwe,niah_single_1 CARD_LENGTHS=32768
+  # (@AGGREGATION@ stands for the headline's merged folder, the aggregation-practice fine-tune, built here from its
+  # committed adapter; @MERGED@ for the first recipe's fine-tune, the headline until card run 27; @HARDER@ for the
+  # harder-practice fine-tune, whose adapter travels only with KEEP_TOO, bench/gpu_carry.sh). CARD_PARAM: one
   # --param for every method of the call's rows, e.g. CARD_PARAM=shifted_offset=16384 with
   # CARD_ROWS='fine-tuned=@MERGED@@string:1' (bench/card_smollm2.sh string-offset's row).
   inputs
@@ -282,7 +282,7 @@ card)
     case "$ROWS" in *@HARDER@*) ROWS=${ROWS//@HARDER@/$(merged retrieval-tasks)} ;; esac
     case "$ROWS" in *@AGGREGATION@*) ROWS=${ROWS//@AGGREGATION@/$(merged retrieval-aggregation)} ;; esac
   else
-    ROWS="base=$MODEL@none;yarn:4;$BEST:4,fine-tuned=$(merged retrieval-varied)@as-saved;string:1,fine-tuned on harder practice=$(merged retrieval-tasks)@string:1"
+    ROWS="base=$MODEL@none;yarn:4;$BEST:4,fine-tuned with aggregation practice=$(merged retrieval-aggregation)@string:1,fine-tuned=$(merged retrieval-varied)@as-saved;string:1"
   fi
   # Each call's tree is a fresh copy of the local one: the card folder of an earlier call of the same warm machine
   # (kept under the ignored .gpu_carry/, which stays while the machine is warm) is put back first, so that this

@@ -100,6 +100,8 @@ part=${1:?part: $PARTS}
 PYTHON=${PYTHON:-python}
 R=bench/results/card
 case "$part" in counting|counting32|ending|ruler|ruler-float32|tasks|tasks-bfloat16|best32|tasks32|harder|harder16|harder32|aggregation16|aggregation32|string-offset|as-saved32|floor|combine) ;; *) echo "unknown part $part ($PARTS)" >&2; exit 2 ;; esac
+# WITH_AGGREGATION (before card run 27) added the aggregation-practice row; that row is the headline now, in every part
+[ -z "${WITH_AGGREGATION:-}" ] || { echo "WITH_AGGREGATION is gone: the aggregation-practice fine-tune is the headline row of every part now (WITH_FIRST=1 adds the first recipe's fine-tune); unset it" >&2; exit 2; }
 # GRID narrows ruler, ruler-float32 and tasks; a misspelt one would run the whole grid (hours), so it is refused
 case "$part:${GRID:-all}" in *:all|ruler:floor|ruler:base|ruler:training-free|ruler-float32:floor|ruler-float32:base|tasks:floor|tasks:base) ;;
   ruler:*|ruler-float32:*|tasks:*) echo "unknown GRID=$GRID for $part: use all, floor or base (ruler also takes training-free)" >&2; exit 2 ;; esac

@@ -155,3 +155,16 @@ def test_the_card_script_asks_for_the_headline_model_only_where_a_part_measures_
     for part, grid in (("ruler", "base"), ("ruler", "training-free"), ("best32", "all")):
         done = run(part, grid)
         assert done.returncode == 0 and "eval card" in done.stdout and "aggregation" not in done.stdout, (part, done.stderr)
+
+
+def test_the_card_script_refuses_the_old_switch_for_the_aggregation_row(tmp_path):
+    """WITH_AGGREGATION=1 added the aggregation-practice row before it became the headline; a command copied from an
+    older history entry is told so in one line instead of running a part that means something else now."""
+    import subprocess
+
+    env = {**os.environ, "PYTHON": "echo", "MERGED": str(tmp_path / "merged"), "AGGREGATION": str(tmp_path / "absent"),
+           "WITH_AGGREGATION": "1", "TASKS": "needle"}
+    done = subprocess.run(["bash", str(BENCH / "card_smollm2.sh"), "tasks32"], capture_output=True, text=True, env=env,
+                          cwd=BENCH.parent, timeout=60)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.strip().startswith("WITH_AGGREGATION is gone: the aggregation-practice fine-tune is the headline")

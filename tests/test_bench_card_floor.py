@@ -25,7 +25,7 @@ def test_the_floor_lists_each_cell_with_what_the_card_has():
     cells = {(c["task"], c["row"], c["length"]): c for c in floor.floor_cells(_card())}
     assert len(cells) == 9 * 8  # 9 tasks x (3 in-window + 3 rows at 16384 + 2 rows at 32768)
     assert cells[("niah_single_1", floor.HEADLINE, 16384)] == {
-        "task": "niah_single_1", "row": floor.HEADLINE, "length": 16384, "have": 20, "need": 20, "why": ""}
+        "task": "niah_single_1", "row": floor.HEADLINE, "length": 16384, "have": 20, "need": 20, "why": "", "tier": 0}
     assert cells[("niah_single_1", floor.YARN, 16384)]["have"] == 19  # one short: missing
     assert cells[("perplexity", floor.BASE, 2048)]["have"] == cells[("perplexity", floor.BASE, 2048)]["need"] == 1
     assert cells[("niah_single_1", floor.YARN, 32768)]["need"] == 10
@@ -33,7 +33,7 @@ def test_the_floor_lists_each_cell_with_what_the_card_has():
     assert cells[("ruler_fwe", floor.BASE, 8192)]["why"] == "over the window" and cells[("ruler_fwe", floor.BASE, 8192)]["need"] == 0
     assert cells[("ruler_cwe", floor.HEADLINE, 32768)]["why"] == "beyond the base model"
     assert cells[("niah_multikey_2", floor.YARN, 32768)] == {
-        "task": "niah_multikey_2", "row": floor.YARN, "length": 32768, "have": 0, "need": 0, "why": "0 at 16384"}
+        "task": "niah_multikey_2", "row": floor.YARN, "length": 32768, "have": 0, "need": 0, "why": "0 at 16384", "tier": 0}
     # ... never the headline model's own cell, nor a task that counts where the row scored above 0
     assert cells[("niah_multikey_2", floor.HEADLINE, 32768)]["need"] == 10
     assert cells[("niah_single_1", floor.YARN, 32768)]["need"] == 10
@@ -80,6 +80,29 @@ def test_each_missing_cell_is_named_with_the_command_that_fills_it(tmp_path):
     # the GPU's floor (50 samples) is filled by the GPU stage, not these parts
     assert floor.main(["--card", str(card), "--floor", "50", "--floor-32k", "50"]) == 0
     assert "bench/card_smollm2.sh" not in (tmp_path / "FLOOR.md").read_text()
+
+
+def test_the_floor_fills_the_tasks_that_count_first_then_retrieval_then_the_tasks_beyond_the_base_model():
+    """FLOOR.md's order (what `bash bench/card_smollm2.sh floor` runs): the commands with cells on a RULER task that
+    counts first (the targets are judged there), then perplexity, passkey and needle, then the tasks beyond the base
+    model; within each, the fewest missing samples first."""
+    floor = load_bench_script("card_floor")
+    cells = floor.floor_cells(_card())
+    assert {c["task"]: c["tier"] for c in cells} == {
+        "niah_single_1": 0, "niah_multikey_2": 0, "niah_multikey_3": 0, "ruler_vt": 0, "ruler_fwe": 0,
+        "perplexity": 1, "passkey": 1, "needle": 1, "ruler_cwe": 2}  # _card() marks only ruler_cwe beyond
+    runs = floor.filling_runs(cells)
+    tiers = [min(c["tier"] for c in group) for _, _, group in runs]
+    assert tiers == sorted(tiers) and set(tiers) == {0, 1, 2}
+    for tier in set(tiers):
+        samples = [sum(c["need"] - c["have"] for c in group) for (_, _, group), t in zip(runs, tiers) if t == tier]
+        assert samples == sorted(samples), (tier, samples)
+    # the first command meets its cell soonest (10 samples at 32768); retrieval's come after every RULER task that
+    # counts, and the last command holds ruler_cwe's cells only (beyond the base model)
+    assert runs[0][0] == "TASKS=niah_multikey_2 bash bench/card_smollm2.sh counting32"
+    commands = [part for part, _, _ in runs]
+    assert commands.index("GRID=floor TASKS=niah_single_1 bash bench/card_smollm2.sh ruler") < commands.index("bash bench/card_smollm2.sh tasks32")
+    assert all(c["task"] == "ruler_cwe" for c in runs[-1][2])
 
 
 def test_the_floor_commands_for_this_cpu_take_the_float32_twins_where_it_has_no_native_bfloat16(tmp_path, capsys, monkeypatch):

@@ -13,7 +13,7 @@ import pytest
 
 from hf_posext.evaluation.card import (
     relabelled_rows,
-    CardFileError, SampleCache, SampleResults, SampleResultsError, base_reference, beyond_base, card_figure, check_length_budget, combine_cards, earlier_card, method_text,
+    CardFileError, SampleCache, SampleResults, SampleResultsError, base_reference, beyond_base, card_figure, combined_row_order, check_length_budget, combine_cards, earlier_card, method_text,
     first_budget, is_base_row, markdown_card, needs_full_budget, unmarked_note, paired_comparisons, parse_model_specs, read_sample_records, rewrite_card, row_label,
     ruler_cell_fields, sample_cache_key, score_summary, tokenizer_hash, write_card,
 )
@@ -346,9 +346,38 @@ def _one_run_card(folder: Path, rows: list[tuple[str, int, list[float]]], dtype:
     write_card(folder, cells, [], settings)
 
 
+def test_a_combined_card_lists_the_base_row_then_its_training_free_rows_then_the_fine_tunes(tmp_path):
+    """Row order in a combined card follows what a row is (the base model unscaled, its training-free methods, other
+    models), never which part first holds a cell of it: a part that lists a fine-tune first, with a cell on the
+    first task, does not move it above the base model's rows."""
+    rows = {"tuned": {"model": "runs/tuned", "base": False}, "base": {"model": "orig", "base": True},
+            "yarn": {"model": "orig", "base": False}, "other": {"model": "runs/other", "base": False}}
+
+    def part(folder: Path, listed: list[str], cells: list[tuple[str, int]]) -> None:
+        written = []
+        for row, length in cells:
+            path = folder / "ruler" / f"{row}-{length}.jsonl"
+            _sample_file(path, [1, 0, 1, 1], row=row, length=length, dtype="float32")
+            written.append({**_cell(row, listed.index(row), {0: 1, 1: 0, 2: 1, 3: 1}), "length": length,
+                            "base": rows[row]["base"], "source": str(path)})
+        settings = {"samples": 4, "dtypes": {"niah_single_1": "float32"}, "lengths": sorted({n for _, n in cells}),
+                    "rows": [{"label": row, **rows[row], "report": {"current_window": 65536}} for row in listed],
+                    "device": "cpu", "partial": False}
+        write_card(folder, written, [], settings)
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    part(first, ["tuned", "base", "yarn"], [("tuned", 16384), ("base", 2048)])
+    part(second, ["other", "yarn"], [("other", 16384), ("yarn", 16384)])
+    combined = json.loads(combine_cards([first, second], tmp_path / "combined")["json"].read_text())
+    assert sorted({(c["row_index"], c["row"]) for c in combined["cells"]}) == [
+        (0, "base"), (1, "yarn"), (2, "tuned"), (3, "other")]
+    assert combined_row_order([([], {"rows": [{"label": "b", "model": "m"}, {"label": "a", "model": "m", "base": True}]}),
+                               ([{"row": "c", "row_index": 0}], {})]) == {"a": 0, "b": 1, "c": 2}
+
+
 def test_cards_of_several_runs_combine_into_one_and_again_after_a_run_goes_on(tmp_path):
     """``hf-posext report A B --out C``: one table over both runs' lengths, rows matched by label (their order
-    by first appearance), each cell with its run's dtype, pairs where one run ran both rows; C's card.json
+    by what a row is, then first appearance: combined_row_order), each cell with its run's dtype, pairs where one run ran both rows; C's card.json
     names A and B relative to C, so ``hf-posext report C`` combines them again once A has more samples."""
     from hf_posext.cli import main
 

@@ -46,7 +46,7 @@ __all__ = [
     "SampleCache", "SampleResultsError", "SampleResults", "check_length_budget", "needs_full_budget", "first_budget",
     "score_summary", "beyond_base", "unmarked_note", "base_reference", "card_figure", "card_rows", "PAIRED_KINDS", "paired_comparisons", "markdown_card", "write_card",
     "read_sample_records", "ruler_cell_fields", "CardFileError", "rewrite_card", "earlier_card", "merged_row_order",
-    "card_row_labels", "in_row_order", "header_differences", "combine_cards", "row_identity", "relabelled_rows", "add_card_arguments",
+    "card_row_labels", "in_row_order", "header_differences", "combined_row_order", "combine_cards", "row_identity", "relabelled_rows", "add_card_arguments",
 ]
 
 #: The RULER tasks of lm-eval that generate their samples locally (no download).
@@ -970,6 +970,39 @@ def earlier_card(folder: str | os.PathLike, labels: Sequence[str],
     return kept, [item for item in skipped if item.get("what") not in about], earlier_rows
 
 
+def combined_row_order(parts: Sequence[tuple[Sequence[dict[str, Any]], dict[str, Any]]]) -> dict[str, int]:
+    """Row positions for a card combined from parts (``(cells, settings)`` each, in the order given): the base
+    model's unscaled row first, then the base model's other rows (its training-free methods), then every other
+    model's rows; within each, in the order the parts list them (each part's own row order, then its cells' for a
+    label its ``settings["rows"]`` lacks).
+
+    The position follows what a row is, never which tasks a part happens to hold: a part that adds a row's first
+    cell on an earlier task does not move that row up the table.
+    """
+    seen: dict[str, int] = {}
+    base_models: set[str] = set()
+    base_labels: set[str] = set()
+    models: dict[str, str] = {}
+    for part_cells, settings in parts:
+        rows = [row for row in settings.get("rows") or [] if isinstance(row, dict) and "label" in row]
+        for row in rows:
+            seen.setdefault(str(row["label"]), len(seen))
+            models.setdefault(str(row["label"]), str(row.get("model")))
+            if row.get("base"):
+                base_labels.add(str(row["label"]))
+                base_models.add(str(row.get("model")))
+        for cell in sorted(part_cells, key=lambda cell: int(cell.get("row_index") or 0)):
+            seen.setdefault(cell["row"], len(seen))
+            if cell.get("base"):
+                base_labels.add(cell["row"])
+
+    def group(label: str) -> int:
+        return 0 if label in base_labels else 1 if models.get(label) in base_models else 2
+
+    ordered = sorted(seen, key=lambda label: (group(label), seen[label]))
+    return {label: index for index, label in enumerate(ordered)}
+
+
 def combine_cards(folders: Sequence[str | os.PathLike], out: str | os.PathLike) -> dict[str, Path]:
     """One card from the cards of several runs: every cell of each, read again from its sample files.
 
@@ -1004,7 +1037,7 @@ def combine_cards(folders: Sequence[str | os.PathLike], out: str | os.PathLike) 
         if _combined_sources(folder) is not None:
             raise ValueError(f"{folder} is a combined card; combine the folders it names instead.")
         parts.append((folder, *_card_cells(folder)))
-    labels: dict[str, int] = {}
+    labels = combined_row_order([(part_cells, settings) for _, part_cells, _, settings in parts])
     where: dict[tuple[str, str, int], Path] = {}
     cells: list[dict[str, Any]] = []
     skipped: list[dict[str, str]] = []
@@ -1017,8 +1050,8 @@ def combine_cards(folders: Sequence[str | os.PathLike], out: str | os.PathLike) 
                 raise ValueError(f"{cell['row']}: {cell['task']} at {cell['length']} is in both {where[key]} and {folder}; "
                                  "combine folders that hold different cells (move one run's card out of the list).")
             where[key] = folder
-            index = labels.setdefault(cell["row"], len(labels))
-            cells.append({**cell, "row_index": index, "dtype": dtypes.get(cell["task"], settings.get("dtype")), "card": str(folder)})
+            cells.append({**cell, "row_index": labels[cell["row"]], "dtype": dtypes.get(cell["task"], settings.get("dtype")),
+                          "card": str(folder)})
         # one entry per thing skipped: the first folder's word on it (a later run may give a task another reason)
         skipped += [item for item in part_skipped if item.get("what") not in {earlier.get("what") for earlier in skipped}]
         sources.append({"folder": str(folder), "settings": settings})

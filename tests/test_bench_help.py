@@ -52,3 +52,28 @@ def test_help_exits_0_without_loading_torch(script):
                           cwd=BENCH.parent)
     assert done.returncode == 0, f"python bench/{script.name} --help exited {done.returncode}:\n{done.stderr[-2000:]}"
     assert "usage:" in done.stdout, f"python bench/{script.name} --help printed no usage line:\n{done.stdout[:500]}"
+
+
+def unlisted_in_readme(readme: str, folder: Path = BENCH) -> list[str]:
+    """The bench scripts (``*.py``, ``*.sh``, ``*.mjs``) and results folders that bench/README.md never names.
+
+    A newcomer finds a benchmark through that README's tables, so a script or a results folder it does not name is
+    one nobody will run or read.
+    """
+    scripts = [path.name for pattern in ("*.py", "*.sh", "*.mjs") for path in sorted(folder.glob(pattern))]
+    results = [f"{path.name}/" for path in sorted((folder / "results").iterdir()) if path.is_dir()]
+    return [name for name in scripts if name not in readme] + [name for name in results if name not in readme]
+
+
+def test_bench_readme_names_every_script_and_results_folder():
+    missing = unlisted_in_readme((BENCH / "README.md").read_text(encoding="utf-8"))
+    assert missing == [], f"bench/README.md does not name: {', '.join(missing)}; add a row for each"
+
+
+def test_an_unlisted_script_is_found(tmp_path):
+    (tmp_path / "results" / "listed").mkdir(parents=True)
+    (tmp_path / "results" / "forgotten").mkdir()
+    (tmp_path / "listed.py").write_text("")
+    (tmp_path / "forgotten.sh").write_text("")
+    readme = "| q | `python bench/listed.py` | [`listed/`](results/listed/) |"
+    assert unlisted_in_readme(readme, tmp_path) == ["forgotten.sh", "forgotten/"]

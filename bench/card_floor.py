@@ -106,6 +106,12 @@ def filling_part(task: str, row: str, length: int, base: str = BASE) -> tuple[st
     return _command(f"GRID=floor TASKS={task} ruler"), "native bfloat16"
 
 
+def missing_samples(cells: list[dict[str, Any]]) -> int:
+    """The RULER samples and passkey/needle trials that ``cells`` still lack. A perplexity cell is one run over the
+    book's windows, not samples: it counts as a cell, and adds nothing here."""
+    return sum(c["need"] - c["have"] for c in cells if c["have"] < c["need"] and c["task"] != "perplexity")
+
+
 def filling_runs(cells: list[dict[str, Any]]) -> list[tuple[str, str, list[dict[str, Any]]]]:
     """``(command, where it runs, missing cells)`` for the CPU floor's missing cells, grouped by the command that fills
     them, in FLOOR.md's order: first the commands with cells on a RULER task that counts (the issue's targets are
@@ -115,8 +121,7 @@ def filling_runs(cells: list[dict[str, Any]]) -> list[tuple[str, str, list[dict[
     for c in cells:
         if c["have"] < c["need"]:
             runs.setdefault(filling_part(c["task"], c["row"], c["length"]), []).append(c)
-    ordered = sorted(runs.items(), key=lambda item: (min(c["tier"] for c in item[1]),
-                                                     sum(c["need"] - c["have"] for c in item[1])))
+    ordered = sorted(runs.items(), key=lambda item: (min(c["tier"] for c in item[1]), missing_samples(item[1])))
     return [(part, where, group) for (part, where), group in ordered]
 
 
@@ -142,18 +147,18 @@ def commands_for_this_cpu(runs: list[tuple[str, str, list[dict[str, Any]]]], nat
 def markdown(cells: list[dict[str, Any]], source: str, parts: bool = True) -> str:
     """FLOOR.md: the cells and, with ``parts``, the CPU runs that fill the missing ones (in `filling_runs`' order)."""
     missing = [c for c in cells if c["have"] < c["need"]]
-    samples = sum(c["need"] - c["have"] for c in missing if c["task"] != "perplexity")
+    samples = missing_samples(missing)
     lines = [f"# The card's sample floor: {len(cells) - len(missing)} of {len(cells)} cells met",
              "",
              f"From `{source}` (`python bench/card_floor.py`). Missing: {len(missing)} cells, {samples} samples"
-             " (perplexity counts as one cell).",
+             " (RULER samples and passkey/needle trials; a perplexity cell counts as a cell, not as samples).",
              ""]
     if parts and missing:
         lines += ["What fills them (each command resumes per sample; `bash bench/card_smollm2.sh floor` runs them all, in this "
                   "order, on this CPU or their float32 twins):", "",
                   "| command | runs on | cells | samples |", "|---|---|---:|---:|"]
         for part, where, group in filling_runs(cells):
-            lines.append(f"| `{part}` | {where} | {len(group)} | {sum(c['need'] - c['have'] for c in group)} |")
+            lines.append(f"| `{part}` | {where} | {len(group)} | {missing_samples(group)} |")
         lines.append("")
     lines += ["| task | row | length | have | need | |",
               "|---|---|---:|---:|---:|---|"]

@@ -373,6 +373,9 @@ def test_a_combined_card_lists_the_base_row_then_its_training_free_rows_then_the
         (0, "base"), (1, "yarn"), (2, "tuned"), (3, "other")]
     assert combined_row_order([([], {"rows": [{"label": "b", "model": "m"}, {"label": "a", "model": "m", "base": True}]}),
                                ([{"row": "c", "row_index": 0}], {})]) == {"a": 0, "b": 1, "c": 2}
+    # a base row and another row that both name no model are not one model: the other is not the base's method
+    assert combined_row_order([([], {"rows": [{"label": "m", "model": "m"}, {"label": "x"}, {"label": "a", "base": True}]})]) == {
+        "a": 0, "m": 1, "x": 2}
 
 
 def test_cards_of_several_runs_combine_into_one_and_again_after_a_run_goes_on(tmp_path):

@@ -987,10 +987,12 @@ def combined_row_order(parts: Sequence[tuple[Sequence[dict[str, Any]], dict[str,
         rows = [row for row in settings.get("rows") or [] if isinstance(row, dict) and "label" in row]
         for row in rows:
             seen.setdefault(str(row["label"]), len(seen))
-            models.setdefault(str(row["label"]), str(row.get("model")))
+            if row.get("model") is not None:  # a row that names no model shares it with none
+                models.setdefault(str(row["label"]), str(row["model"]))
             if row.get("base"):
                 base_labels.add(str(row["label"]))
-                base_models.add(str(row.get("model")))
+                if row.get("model") is not None:
+                    base_models.add(str(row["model"]))
         for cell in sorted(part_cells, key=lambda cell: int(cell.get("row_index") or 0)):
             seen.setdefault(cell["row"], len(seen))
             if cell.get("base"):

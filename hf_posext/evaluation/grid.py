@@ -114,6 +114,7 @@ def run_grid(
     reuse_identical: bool = True,
     progress: bool = True,
     description: str = "",
+    unit_name: str = "unit",
 ) -> ResultStore:
     """Evaluate every (method, length, cell) not yet in ``store``, side by side on one model.
 
@@ -133,8 +134,10 @@ def run_grid(
             length (see :func:`~hf_posext.evaluation.fingerprints.rope_fingerprint`).
         progress: show a progress bar (main process only).
         description: progress bar label.
+        unit_name: what a unit is (``"trial"``, ``"window"``), for log lines.
     """
-    job = _Job(evaluate, aggregate, store, dist or Distributed(), batch_size, reuse_identical, progress, description)
+    job = _Job(evaluate, aggregate, store, dist or Distributed(), batch_size, reuse_identical, progress, description,
+               unit_name)
     original_window = describe(model).original_window
     weights = weights_fingerprint(model)  # before any method patches a learned position table
     # cells written before every element was hashed are checked against the sampled hash they carry
@@ -168,6 +171,7 @@ class _Job:
     reuse_identical: bool
     progress: bool
     description: str
+    unit_name: str = "unit"
 
 
 @dataclass(frozen=True)
@@ -273,7 +277,7 @@ def _run_step(job: _Job, step: _Step, cells: list[Cell], ids: list[str], memo: d
     if not pending:
         return
     if resumed and job.dist.is_main:
-        print(f"{job.description}{step.label} @ {step.length}: resuming after {resumed} unit(s) a stopped run finished",
+        print(f"{job.description}{step.label} @ {step.length}: resuming after {resumed} {job.unit_name}(s) a stopped run finished",
               file=sys.stderr)
     warning = check_length(step.report, step.length, step.method.label)
     fingerprint = step.fingerprint if job.reuse_identical else None
@@ -290,6 +294,7 @@ def _run_step(job: _Job, step: _Step, cells: list[Cell], ids: list[str], memo: d
     for group, units in groups:
         for start in range(0, max(len(units), 1), chunk):  # the same number of steps on every process
             part = units[start : start + chunk]
+            began = time.time()
             gathered = _evaluate_units(job, part, bar)
             for index, unit in enumerate(part):
                 computed[id(unit)] = gathered[index]
@@ -297,6 +302,11 @@ def _run_step(job: _Job, step: _Step, cells: list[Cell], ids: list[str], memo: d
                     memo[(fingerprint, unit.key)] = (gathered[index], step.label)
             if start + chunk < len(units):  # more of this group to come: keep what its cells have so far
                 _keep_partial(job.store, step, group, computed)
+                if not job.progress and job.dist.is_main:  # a long cell in the background: one line a kept part
+                    where = cell_text(group[0].coords) if len(group) == 1 else f" ({len(group)} cells)"
+                    print(f"{job.description}{step.label} @ {step.length}{where}: {start + len(part)} of {len(units)} "
+                          f"{job.unit_name}s done and kept, {time.time() - began:.0f} s",
+                          file=sys.stderr, flush=True)
         for cell in group:
             unit_results, reused_from = _unit_results(cell, computed, memo, fingerprint)
             record = _cell_record(step, cell, job.aggregate(unit_results), unit_results, reused_from, warning is not None)

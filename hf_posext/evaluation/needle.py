@@ -215,5 +215,5 @@ def evaluate_needle(
     return run_grid(
         model=model, methods=methods, lengths=lengths, factor=factor, plan=plan, evaluate=evaluate,
         aggregate=retrieval_metrics, store=store, dist=dist, batch_size=batch_size, reuse_identical=reuse_identical,
-        progress=progress, description="needle ",
+        progress=progress, description="needle ", unit_name="trial",
     )

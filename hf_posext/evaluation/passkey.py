@@ -234,5 +234,5 @@ def evaluate_passkey(
     return run_grid(
         model=model, methods=methods, lengths=lengths, factor=factor, plan=plan, evaluate=evaluate,
         aggregate=retrieval_metrics, store=store, dist=dist, batch_size=batch_size, reuse_identical=reuse_identical,
-        progress=progress, description="passkey ",
+        progress=progress, description="passkey ", unit_name="trial",
     )

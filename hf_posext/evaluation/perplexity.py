@@ -196,5 +196,5 @@ def evaluate_perplexity(
     return run_grid(
         model=model, methods=methods, lengths=lengths, factor=factor, plan=plan, evaluate=evaluate,
         aggregate=aggregate, store=store, dist=dist, batch_size=batch_size, reuse_identical=reuse_identical,
-        progress=progress, description="perplexity ",
+        progress=progress, description="perplexity ", unit_name="window",
     )

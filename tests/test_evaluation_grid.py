@@ -106,7 +106,7 @@ def test_a_run_stopped_inside_a_cell_resumes_at_its_next_unit(tmp_path, monkeypa
     monkeypatch.setattr(perplexity, "chunked_nll", counting)
     resumed = perplexity.evaluate_perplexity(tiny, TOKENIZER, out_dir=tmp_path / "stopped", **common)
     assert len(rescored) == 2 and not any(ids in scored for ids in rescored)  # only the two it had not scored
-    assert "perplexity none x1 @ 128: resuming after 2 unit(s) a stopped run finished" in capsys.readouterr().err
+    assert "perplexity none x1 @ 128: resuming after 2 window(s) a stopped run finished" in capsys.readouterr().err
     assert "partial" not in json.loads(path.read_text())
     whole = perplexity.evaluate_perplexity(tiny, TOKENIZER, out_dir=tmp_path / "whole", **common)
     [(done)], [(reference)] = resumed.cells.values(), whole.cells.values()

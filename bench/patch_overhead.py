@@ -2,11 +2,15 @@
 
 The target is a ratio <= 1.01: a patched model does no extra work per token (rotary tables are built
 once per forward at the model level, like transformers does, never per layer or per step). Also
-reports the one-time cost of ``hf_posext.patch``.
+reports the one-time cost of ``hf_posext.patch``. ``string`` and ``yarn+string`` (attention-level: past
+STRING's offset its attention is split into fused calls merged by log-sum-exp) are in the same table: the
+whole model's forward, where ``bench/string_cost.py`` times one attention call.
 
 Usage:
     python bench/patch_overhead.py                                  # SmolLM2, 2048 and 8192 tokens, CPU
     python bench/patch_overhead.py --device cuda --lengths 2048,8192,16384 --repeats 7
+    python bench/patch_overhead.py --methods string,yarn+string --dtype bfloat16 --lengths 8192 --repeats 3 \
+        --out bench/results/patch_overhead/overhead_string_cpu.json      # the report card's headline method
 Results: bench/results/patch_overhead/overhead_<device>.json and .md (the table printed at the end).
 """
 
@@ -36,6 +40,10 @@ METHODS = {
     "dynamic-yarn": {"factor": 2},
     "theta": {"factor": 2, "base": 1e6},
     "llama3": {"factor": 2},
+    # attention-level: past STRING's offset S (a third of the window it is sized on: 2703 for string x2 on SmolLM2's
+    # 8192, 10813 for yarn+string x4's 32768) its attention runs as several fused calls; below S it is the model's
+    "string": {"factor": 2},
+    "yarn+string": {"factor": 4},
 }
 
 

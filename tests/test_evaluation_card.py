@@ -13,7 +13,7 @@ import pytest
 
 from hf_posext.evaluation.card import (
     relabelled_rows,
-    CardFileError, SampleCache, SampleResults, SampleResultsError, base_reference, beyond_base, card_figure, combined_row_order, check_length_budget, combine_cards, earlier_card, method_text,
+    CardFileError, SampleCache, SampleResults, SampleResultsError, base_reference, beyond_base, card_figure, sample_counts_text, combined_row_order, check_length_budget, combine_cards, earlier_card, method_text,
     first_budget, is_base_row, markdown_card, needs_full_budget, unmarked_note, paired_comparisons, parse_model_specs, read_sample_records, rewrite_card, row_label,
     ruler_cell_fields, sample_cache_key, score_summary, tokenizer_hash, write_card,
 )
@@ -252,6 +252,11 @@ def test_a_task_plot_draws_the_base_models_best_in_window_score_and_every_points
     segment = bars[2].lines[2][0].get_segments()[0]
     assert [round(y, 6) for _, y in segment] == [round(tuned_low, 6), round(tuned_high, 6)]
     assert layout_problems(figure) == []
+    # n in the legend, by length where it differs (never "n=4/8", which reads as 4 of 8)
+    assert [line.get_label() for line in axis.get_lines() if "(n=" in line.get_label()] == ["base (n=4)", "yarn (n=4)", "tuned (n=4)"]
+    points = [{"n": 20, "length": 2048}, {"n": 20, "length": 16384}, {"n": 10, "length": 32768}]
+    assert sample_counts_text(points) == "n=20 at 2k-16k, 10 at 32k"
+    assert sample_counts_text(points[1:]) == "n=20 at 16k, 10 at 32k" and sample_counts_text(points[:2]) == "n=20"
     ppl = [{**c, "task": "perplexity", "low": None, "high": None, "mean": m} for c, m in zip(cells[:3], (30.0, 25.8, 20.0))]
     assert base_reference(ppl) == (25.8, 4096)
 

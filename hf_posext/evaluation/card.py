@@ -44,7 +44,7 @@ __all__ = [
     "RULER_OFFLINE_TASKS", "RULER_DOWNLOAD_TASKS", "CARD_TASKS", "ENDING_BUDGET", "SHORT_BUDGETS", "BEYOND_BASE_THRESHOLD",
     "ModelSpec", "parse_model_specs", "is_base_row", "method_text", "row_label", "tokenizer_hash", "sample_cache_key",
     "SampleCache", "SampleResultsError", "SampleResults", "check_length_budget", "needs_full_budget", "first_budget",
-    "score_summary", "beyond_base", "unmarked_note", "base_reference", "card_figure", "card_rows", "PAIRED_KINDS", "paired_comparisons", "markdown_card", "write_card",
+    "score_summary", "beyond_base", "unmarked_note", "base_reference", "sample_counts_text", "card_figure", "card_rows", "PAIRED_KINDS", "paired_comparisons", "markdown_card", "write_card",
     "read_sample_records", "ruler_cell_fields", "CardFileError", "rewrite_card", "earlier_card", "merged_row_order",
     "card_row_labels", "in_row_order", "header_differences", "combined_row_order", "combine_cards", "row_identity", "relabelled_rows", "add_card_arguments",
 ]
@@ -653,6 +653,21 @@ def base_reference(cells: Sequence[dict[str, Any]]) -> tuple[float, int] | None:
     return float(best["mean"]), int(best["length"])
 
 
+def sample_counts_text(points: Sequence[dict[str, Any]]) -> str:
+    """A row's samples (or windows) by length for a legend: ``n=20``, or where they differ ``n=20 at 2k-16k, 10 at 32k``
+    (``points`` sorted by length): never ``n=10/20``, which reads as a fraction."""
+    runs: list[list[Any]] = []  # [n, first length, last length]
+    for point in points:
+        if runs and runs[-1][0] == point["n"]:
+            runs[-1][2] = point["length"]
+        else:
+            runs.append([point["n"], point["length"], point["length"]])
+    if len({n for n, _, _ in runs}) == 1:
+        return f"n={runs[0][0]}"
+    return "n=" + ", ".join(f"{n} at {format_length(first)}" + ("" if first == last else f"-{format_length(last)}")
+                            for n, first, last in runs)
+
+
 def card_figure(task: str, cells: Sequence[dict[str, Any]], beyond: bool | None):
     """One task's plot: score (or perplexity) against length, one line per row with its interval (a band along
     the line and a bar at each point, so a single point shows its interval too), n in the legend, and the base
@@ -674,9 +689,8 @@ def card_figure(task: str, cells: Sequence[dict[str, Any]], beyond: bool | None)
         # rows are offset sideways (a few % of a length on the log axis) so that equal scores stay visible
         shift = 2 ** ((index - (len(rows) - 1) / 2) * 0.04)
         xs, ys = [c["length"] * shift for c in points], [c["mean"] for c in points]
-        ns = sorted({c["n"] for c in points})
         line, = axis.plot(xs, ys, marker=markers[index % len(markers)], markerfacecolor="none" if index % 2 else None,
-                          label=f"{row} (n={'/'.join(map(str, ns))})")
+                          label=f"{row} ({sample_counts_text(points)})")
         if metric == "score" and all(c.get("low") is not None for c in points):
             lows, highs = [c["low"] for c in points], [c["high"] for c in points]
             axis.fill_between(xs, lows, highs, color=line.get_color(), alpha=0.15)

@@ -257,6 +257,15 @@ def test_a_task_plot_draws_the_base_models_best_in_window_score_and_every_points
     points = [{"n": 20, "length": 2048}, {"n": 20, "length": 16384}, {"n": 10, "length": 32768}]
     assert sample_counts_text(points) == "n=20 at 2k-16k, 10 at 32k"
     assert sample_counts_text(points[1:]) == "n=20 at 16k, 10 at 32k" and sample_counts_text(points[:2]) == "n=20"
+    # labels too long for two legend columns (the combined SmolLM2 card's): one column, nothing clipped
+    long = [{**c, "row": f"fine-tuned with a long practice name, yarn ×4 + string {c['row']}"} for c in cells]
+    wide = card_figure("niah_single_1", long, beyond=False)
+    def columns(drawn):  # legend columns: distinct left edges of its texts
+        renderer = drawn.canvas.get_renderer()
+        return len({round(t.get_window_extent(renderer).x0) for t in drawn.legends[0].get_texts()})
+
+    assert layout_problems(wide) == [] and columns(wide) == 1
+    assert columns(figure) == 2  # short labels keep two
     ppl = [{**c, "task": "perplexity", "low": None, "high": None, "mean": m} for c, m in zip(cells[:3], (30.0, 25.8, 20.0))]
     assert base_reference(ppl) == (25.8, 4096)
 

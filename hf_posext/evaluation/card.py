@@ -37,7 +37,7 @@ from typing import Any, Iterable, Sequence
 
 from hf_posext.core.errors import DamagedFileError
 from hf_posext.evaluation.labels import format_length
-from hf_posext.evaluation.plots import save_figure
+from hf_posext.evaluation.plots import layout_problems, save_figure
 from hf_posext.evaluation.proportions import Proportion, sign_test_p_value
 
 __all__ = [
@@ -671,15 +671,27 @@ def sample_counts_text(points: Sequence[dict[str, Any]]) -> str:
 def card_figure(task: str, cells: Sequence[dict[str, Any]], beyond: bool | None):
     """One task's plot: score (or perplexity) against length, one line per row with its interval (a band along
     the line and a bar at each point, so a single point shows its interval too), n in the legend, and the base
-    model's best score inside its own window as a dashed line: the reference the card's targets name."""
+    model's best score inside its own window as a dashed line: the reference the card's targets name. The legend
+    takes two columns below the axes, or one where two would run past the figure's edge."""
+    figure = _draw_card_figure(task, cells, beyond, columns=2)
+    if any("clipped" in problem for problem in layout_problems(figure)):
+        import matplotlib.pyplot as plt
+
+        plt.close(figure)
+        figure = _draw_card_figure(task, cells, beyond, columns=1)
+    return figure
+
+
+def _draw_card_figure(task: str, cells: Sequence[dict[str, Any]], beyond: bool | None, columns: int):
+    """:func:`card_figure` with its legend in ``columns`` columns."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     rows = list(dict.fromkeys(c["row"] for c in sorted(cells, key=lambda c: c["row_index"])))
-    entries = len(rows) + 1  # the rows and the reference, in two columns below the axes
-    figure, axis = plt.subplots(figsize=(7.2, 4.0 + 0.2 * math.ceil(entries / 2)), layout="constrained")
+    entries = len(rows) + 1  # the rows and the reference, below the axes
+    figure, axis = plt.subplots(figsize=(7.2, 4.0 + 0.2 * math.ceil(entries / columns)), layout="constrained")
     metric = "perplexity" if task == "perplexity" else "score"
     markers = ("o", "s", "^", "D", "v", "P", "X")
     for index, row in enumerate(rows):
@@ -713,7 +725,7 @@ def card_figure(task: str, cells: Sequence[dict[str, Any]], beyond: bool | None)
     axis.set_title(task + (" — beyond the base model" if beyond else ""), fontsize=11)
     axis.grid(alpha=0.3)
     handles, names = axis.get_legend_handles_labels()
-    figure.legend(handles, names, loc="outside lower center", ncols=2, fontsize=7, frameon=False)
+    figure.legend(handles, names, loc="outside lower center", ncols=columns, fontsize=7, frameon=False)
     return figure
 
 

@@ -5,6 +5,7 @@ folder (``hf-posext report CARD``), and the card end to end on a tiny model."""
 from __future__ import annotations
 
 import json
+import math
 import re
 import string
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest
 from hf_posext.evaluation.card import (
     relabelled_rows,
     CardFileError, SampleCache, SampleResults, SampleResultsError, base_reference, beyond_base, card_figure, sample_counts_text, combined_row_order, check_length_budget, combine_cards, earlier_card, method_text,
-    first_budget, is_base_row, markdown_card, needs_full_budget, unmarked_note, paired_comparisons, parse_model_specs, read_sample_records, rewrite_card, row_label,
+    first_budget, is_base_row, markdown_card, perplexity_cell_fields, needs_full_budget, unmarked_note, paired_comparisons, parse_model_specs, read_sample_records, rewrite_card, row_label,
     ruler_cell_fields, sample_cache_key, score_summary, tokenizer_hash, write_card,
 )
 
@@ -305,6 +306,67 @@ def test_passkey_and_needle_rows_are_paired_trial_by_trial():
     other = {**yarn, "row": "other seed", "row_index": 2, "sample_key": {**key, "seed": 1}}
     (pair,) = paired_comparisons([yarn, tuned, other])
     assert (pair["task"], pair["first"], pair["second"], pair["higher"], pair["lower"], pair["n"]) == ("needle", "tuned", "yarn", 3, 0, 4)
+
+
+def _perplexity_results(data: str, windows: dict[str, list[tuple[float, int]]], length: int = 4096) -> dict:
+    """A perplexity results file's data: per method a cell at ``length`` holding its windows' ``(nll_sum, tokens)``."""
+    cells = {}
+    for method, units in windows.items():
+        nll, tokens = sum(n for n, _ in units), sum(t for _, t in units)
+        cells[f"{method}|factor=4|length={length}"] = {
+            "method": method, "factor": 4.0, "length": length, "nll": nll / tokens, "ppl": math.exp(nll / tokens), "tokens": tokens, "windows": len(units),
+            "units": [{"nll_sum": n, "tokens": t, "seconds": 1.0} for n, t in units],
+            "unit_keys": [["ppl", length, 0, i * length] for i in range(len(units))]}
+    return {"task": "perplexity", "config": {"task": "perplexity", "model": "m", "data": data, "max_windows": 8, "dtype": "float32"},
+            "cells": cells}
+
+
+def test_perplexity_rows_are_paired_window_by_window_the_lower_loss_counting_as_better():
+    """Each window's mean loss is kept; on the same windows of the same text the row with the lower loss wins
+    that window (a sign flip would write the worse row first and count its windows); another text never pairs."""
+    results = _perplexity_results("books/emma.txt", {"yarn": [(3.1 * 100, 100), (3.0 * 100, 100), (2.9 * 100, 100)],
+                                                   "tuned": [(2.8 * 100, 100), (2.7 * 100, 100), (2.9 * 100, 100)]})
+    yarn = perplexity_cell_fields(results, 4096, "yarn|factor=4|length=4096")
+    assert yarn["scores"] == pytest.approx({"0/0": 3.1, "0/4096": 3.0, "0/8192": 2.9})
+    assert yarn["sample_key"] == {"task": "perplexity", "length": 4096, "data": "books/emma.txt", "dtype": "float32", "max_windows": 8}
+    tuned_ppl = results["cells"]["tuned|factor=4|length=4096"]["ppl"]
+    # a card written before cells kept their id finds its cell by the perplexity it shows
+    assert perplexity_cell_fields(results, 4096, ppl=tuned_ppl)["scores"] == pytest.approx({"0/0": 2.8, "0/4096": 2.7, "0/8192": 2.9})
+    assert perplexity_cell_fields(results, 4096, ppl=99.0) == {} and perplexity_cell_fields(results, 2048, "yarn|factor=4|length=4096") == {}
+    cell = lambda row, index, fields: {"task": "perplexity", "kind": "perplexity", "row": row, "row_index": index, "length": 4096, **fields}  # noqa: E731
+    tuned = perplexity_cell_fields(results, 4096, "tuned|factor=4|length=4096")
+    other = {**tuned, "sample_key": {**tuned["sample_key"], "data": "books/other.txt"}}
+    (pair,) = paired_comparisons([cell("yarn", 0, yarn), cell("tuned", 1, tuned), cell("other text", 2, other)])
+    assert (pair["task"], pair["first"], pair["second"]) == ("perplexity", "tuned", "yarn")
+    assert (pair["higher"], pair["lower"], pair["equal"], pair["text"]) == (2, 0, 1, "2:0 of 3 (p = 0.5)")
+    assert "for perplexity a lower loss" in markdown_card([{**cell("yarn", 0, yarn), "n": 3, "mean": 20.0, "low": None, "high": None,
+                                                           "text": "20.00"}, {**cell("tuned", 1, tuned), "n": 3, "mean": 16.0,
+                                                           "low": None, "high": None, "text": "16.00"}])
+
+
+def test_a_card_written_before_perplexity_windows_were_kept_gains_their_paired_row(tmp_path):
+    """``hf-posext report CARD`` reads a perplexity cell's windows from its results file (only read); a damaged
+    results file is named."""
+    from hf_posext.evaluation.results_files import ResultsFileError
+
+    folder = tmp_path / "card"
+    results = _perplexity_results("books/emma.txt", {"yarn": [(300.0, 100), (310.0, 100)], "tuned": [(280.0, 100), (290.0, 100)]})
+    source = folder / "tasks" / "perplexity-m-0.json"
+    source.parent.mkdir(parents=True)
+    source.write_text(json.dumps(results))
+    cells = [{"task": "perplexity", "kind": "perplexity", "row": method, "row_index": index, "length": 4096, "n": 2,
+              "mean": results["cells"][f"{method}|factor=4|length=4096"]["ppl"], "low": None, "high": None, "text": "x",
+              "source": f"elsewhere/{source.name}"} for index, method in enumerate(("yarn", "tuned"))]
+    write_card(folder, cells, [], {"samples": 4, "partial": False})
+    before = source.read_bytes()
+    source.write_text('{"cells": ')
+    with pytest.raises(ResultsFileError, match=re.escape(str(source))):
+        rewrite_card(folder)
+    source.write_bytes(before)
+    card = json.loads(rewrite_card(folder)["json"].read_text())
+    (pair,) = card["paired"]
+    assert (pair["task"], pair["first"], pair["higher"], pair["lower"]) == ("perplexity", "tuned", 2, 0)
+    assert source.read_bytes() == before and card["cells"][0]["scores"] == pytest.approx({"0/0": 3.0, "0/4096": 3.1})
 
 
 def _sample_file(path: Path, scores: list[float], cut_tail: bool = False, **header) -> None:
@@ -737,7 +799,7 @@ def test_card_end_to_end_on_the_tiny_model(tiny_folder, tmp_path, monkeypatch, c
     # tokenizer at CI lengths (vt_utils keeps drawing noise); it runs on real tokenizers in bench/card_smollm2.sh
     tasks = "niah_single_1,niah_multikey_2,niah_multikey_3,ruler_cwe,ruler_fwe"
     argv = ["eval", "card", "--models", f"base={tiny_folder}", "--methods", "none,yarn", "--factor", "2",
-            "--lengths", str(LENGTH), "--tasks", f"passkey,{tasks},niah_single_2,ruler_qa_squad", "--samples", "2", "--out", str(out), "--no-progress"]
+            "--lengths", str(LENGTH), "--tasks", f"perplexity,passkey,{tasks},niah_single_2,ruler_qa_squad", "--samples", "2", "--out", str(out), "--no-progress"]
     assert main(argv) == 0
     card = json.loads((out / "card.json").read_text())
     rows = {c["row"] for c in card["cells"]}
@@ -786,15 +848,18 @@ def test_card_end_to_end_on_the_tiny_model(tiny_folder, tmp_path, monkeypatch, c
     assert key(json.loads(rewrite_card(out)["json"].read_text())["cells"]) == key(card["cells"])
     assert set(tasks.split(",")) <= set(seen[0]["settings"]["dtypes"])
     assert main(argv) == 0 and json.loads((out / "card.json").read_text())["cells"] == card["cells"]
-    # every pair of rows compared on the same samples, task by task
-    # and passkey trial by trial: 2 samples -> one trial at each of 5 depths
-    assert {p["task"] for p in card["paired"]} == {*tasks.split(","), "passkey"}
+    # every pair of rows compared on the same samples, task by task, passkey trial by trial (2 samples -> one
+    # trial at each of 5 depths) and perplexity window by window (2 samples -> 2 windows; the lower loss wins)
+    assert {p["task"] for p in card["paired"]} == {*tasks.split(","), "passkey", "perplexity"}
     assert all(p["n"] == (5 if p["task"] == "passkey" else 2) for p in card["paired"])
     passkey_cells = [c for c in card["cells"] if c["kind"] == "passkey"]
     assert all(len(c["scores"]) == c["n"] == 5 and sum(c["scores"].values()) == c["k"] for c in passkey_cells)
+    ppl_cells = [{**c, "scores": {k: -v for k, v in c["scores"].items()}} for c in card["cells"] if c["kind"] == "perplexity"]
+    assert len(ppl_cells) == 2 and all(len(c["scores"]) == c["n"] == 2 for c in ppl_cells)
+    assert all(math.isclose(math.log(c["mean"]), -sum(c["scores"].values()) / 2, rel_tol=1e-6) for c in ppl_cells)  # equal windows
     for pair in card["paired"]:
         first, second = (c["scores"] for name in (pair["first"], pair["second"])
-                         for c in [*ruler, *passkey_cells] if c["task"] == pair["task"] and c["row"] == name)
+                         for c in [*ruler, *passkey_cells, *ppl_cells] if c["task"] == pair["task"] and c["row"] == name)
         assert pair["higher"] == sum(first[i] > second[i] for i in first) and pair["lower"] == sum(first[i] < second[i] for i in first)
 
     # the full budget scores every sample exactly as the short one did (and is refused past the window)

@@ -37,6 +37,7 @@ from typing import Any, Iterable, Sequence
 
 from hf_posext.core.errors import DamagedFileError
 from hf_posext.evaluation.labels import format_length
+from hf_posext.evaluation.paired import window_losses
 from hf_posext.evaluation.plots import layout_problems, save_figure
 from hf_posext.evaluation.proportions import Proportion, sign_test_p_value
 
@@ -44,7 +45,7 @@ __all__ = [
     "RULER_OFFLINE_TASKS", "RULER_DOWNLOAD_TASKS", "CARD_TASKS", "ENDING_BUDGET", "SHORT_BUDGETS", "BEYOND_BASE_THRESHOLD",
     "ModelSpec", "parse_model_specs", "is_base_row", "method_text", "row_label", "tokenizer_hash", "sample_cache_key",
     "SampleCache", "SampleResultsError", "SampleResults", "check_length_budget", "needs_full_budget", "first_budget",
-    "score_summary", "beyond_base", "unmarked_note", "base_reference", "sample_counts_text", "card_figure", "card_rows", "PAIRED_KINDS", "paired_comparisons", "markdown_card", "write_card",
+    "score_summary", "beyond_base", "unmarked_note", "base_reference", "sample_counts_text", "card_figure", "card_rows", "PAIRED_KINDS", "LOWER_IS_BETTER_KINDS", "perplexity_cell_fields", "paired_comparisons", "markdown_card", "write_card",
     "read_sample_records", "ruler_cell_fields", "CardFileError", "rewrite_card", "earlier_card", "merged_row_order",
     "card_row_labels", "in_row_order", "header_differences", "combined_row_order", "combine_cards", "row_identity", "relabelled_rows", "add_card_arguments",
 ]
@@ -518,16 +519,54 @@ def card_rows(cells: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(cells, key=lambda c: (order.get(c["task"], 99), c["task"], c["row_index"], c["length"]))
 
 
-#: The kinds of cell compared sample by sample (or trial by trial) in the card's paired table.
-PAIRED_KINDS = ("ruler", "passkey", "needle", "ending")
+#: The kinds of cell compared sample by sample (trial by trial, window by window) in the card's paired table.
+PAIRED_KINDS = ("ruler", "passkey", "needle", "perplexity", "ending")
+#: Kinds whose per-sample scores are losses: the lower one counts as better in the paired table.
+LOWER_IS_BETTER_KINDS = ("perplexity",)
+
+
+def perplexity_cell_fields(results: dict[str, Any], length: int, cell_id: str | None = None,
+                           ppl: float | None = None) -> dict[str, Any]:
+    """``sample_key`` and ``scores`` of one perplexity cell of the card, from its results file (read, never written).
+
+    ``scores`` maps each window (``"DOCUMENT/OFFSET"``) to its mean negative log-likelihood per token
+    (:func:`~hf_posext.evaluation.paired.window_losses`; lower is better). ``sample_key`` is the text and how it
+    was read (the results file's config without the model: data, windows, BOS, concatenation, dtype) at
+    ``length``, so two rows pair only on the same windows of the same text.
+
+    Args:
+        results: a perplexity results file's data (``config`` and ``cells``).
+        length: the cell's length.
+        cell_id: the cell's id in the file. A card written before cells kept it gives ``ppl`` instead: the one
+            cell at ``length`` with exactly that perplexity.
+
+    Returns:
+        The two fields, or ``{}`` where no such cell is found or it kept no windows.
+    """
+    cells = results.get("cells") or {}
+    if cell_id is not None:
+        record = cells.get(cell_id)
+        record = record if isinstance(record, dict) and record.get("length") == length else None
+    else:
+        found = [r for r in cells.values() if r.get("length") == length and ppl is not None and r.get("ppl") == ppl]
+        record = found[0] if len(found) == 1 else None
+    losses = window_losses(record) if isinstance(record, dict) else {}
+    if not losses:
+        return {}
+    config = dict(results.get("config") or {})
+    if isinstance(config.get("data"), str):
+        config["data"] = os.path.normpath(config["data"])
+    key = {"task": "perplexity", "length": int(length), **{k: v for k, v in sorted(config.items()) if k not in ("task", "model")}}
+    return {"sample_key": key, "scores": losses}
 
 
 def paired_comparisons(cells: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Every two rows that ran a RULER task, passkey or needle at a length on the same samples (the same seeded
-    trials), compared sample by sample.
+    """Every two rows that ran a RULER task, passkey, needle or perplexity at a length on the same samples (the
+    same seeded trials, the same windows of the same text), compared sample by sample.
 
     Cells must carry ``scores`` (``{doc_id: score}``, as :func:`write_card` keeps them). Two cells pair when
-    they have the same task, length and sample key; only the samples both scored count. Within a task a
+    they have the same task, length and sample key; only the samples both scored count. A perplexity window
+    counts for the row with the lower loss on it (:data:`LOWER_IS_BETTER_KINDS`). Within a task a
     pair is written the same way round at every length: the row with the higher total over the pair's
     samples first (the earlier row on a tie), so a reader sees "A vs B: higher on 6, lower on 0".
 
@@ -539,6 +578,8 @@ def paired_comparisons(cells: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     groups: dict[tuple[str, int, str], list[dict[str, Any]]] = defaultdict(list)
     for cell in card_rows(cells):
         if cell.get("kind") in PAIRED_KINDS and cell.get("scores"):
+            if cell["kind"] in LOWER_IS_BETTER_KINDS:  # compared as scores: the lower loss is the higher score
+                cell = {**cell, "scores": {k: -float(v) for k, v in cell["scores"].items()}}
             groups[(cell["task"], cell["length"], json.dumps(cell.get("sample_key"), sort_keys=True))].append(cell)
     found: dict[tuple[str, int, int], dict[int, tuple[list[float], list[float]]]] = defaultdict(dict)
     rows: dict[int, str] = {}
@@ -570,9 +611,10 @@ def paired_comparisons(cells: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 #: How the paired table reads (markdown and HTML).
-PAIRED_CAPTION = ("Paired samples (RULER) and trials (passkey, needle: the same seeded trials): the samples on which the "
-                  "first row scored higher : those on which the second did, of the samples both ran (ties count in neither); "
-                  "exact two-sided sign test.")
+PAIRED_CAPTION = ("Paired samples (RULER), trials (passkey, needle: the same seeded trials) and windows (perplexity: the "
+                  "same windows of the same text): the samples on which the first row did better (a higher score; for "
+                  "perplexity a lower loss) : those on which the second did, of the samples both ran (ties count in "
+                  "neither); exact two-sided sign test.")
 
 
 def _paired_table(comparisons: Sequence[dict[str, Any]]) -> tuple[list[int], list[tuple[str, str, dict[int, str]]]]:
@@ -903,8 +945,24 @@ def _card_cells(folder: Path) -> tuple[list[dict[str, Any]], list[dict[str, str]
                                     f"{candidates[0]} nor {source}; restore the file, or run the card again.")
         cell.update(ruler_cell_fields(read_sample_records(found), int(cell.get("samples") or samples)))
         used.add(found.resolve())
+    for cell in cells:
+        if cell.get("kind") == "perplexity" and not cell.get("scores"):
+            cell.update(_stored_window_losses(folder, cell))
     cells.extend(_running_cells(folder, cells, settings, used, listed))
     return cells, skipped, settings
+
+
+def _stored_window_losses(folder: Path, cell: dict[str, Any]) -> dict[str, Any]:
+    """A perplexity cell's per-window losses from its results file, for a card written before cells carried them
+    (:func:`perplexity_cell_fields`); ``{}`` where the file is gone (the cell is shown, but not paired). A damaged
+    file is named (``ResultsFileError``), never read past."""
+    from hf_posext.evaluation.results_files import read_results_file
+
+    source = Path(str(cell.get("source", "")))
+    found = next((c for c in (folder / "tasks" / source.name, source) if c.is_file()), None)
+    if found is None:
+        return {}
+    return perplexity_cell_fields(read_results_file(found), cell["length"], cell.get("cell_id"), cell.get("mean"))
 
 
 def merged_row_order(earlier: Sequence[str], now: Sequence[str]) -> dict[str, int]:

@@ -22,7 +22,7 @@ from hf_posext.evaluation.labels import series_name
 from hf_posext.evaluation.proportions import sign_test_p_value
 from hf_posext.evaluation.tables import Table, TableCell, task_records
 
-__all__ = ["TRIAL_SETTINGS", "PairedCount", "kept_trials", "paired_counts", "comparison_tables"]
+__all__ = ["TRIAL_SETTINGS", "PairedCount", "kept_trials", "window_losses", "paired_counts", "comparison_tables"]
 
 #: Run settings that make a trial's prompt or its scoring: two series are paired only where these agree.
 TRIAL_SETTINGS = ("seed", "format", "haystack", "haystack_start", "needle", "max_new_tokens")
@@ -76,6 +76,21 @@ def kept_trials(record: dict[str, Any], metric: str = "greedy_accuracy") -> Iter
         if isinstance(unit, dict) and unit.get(field) is not None:
             _task, length, depth, trial = key
             yield int(length), float(depth), int(trial), unit
+
+
+def window_losses(record: dict[str, Any]) -> dict[str, float]:
+    """``{"DOCUMENT/OFFSET": mean NLL}``: the mean negative log-likelihood per token of each window one perplexity
+    cell record kept (``unit_keys`` = ``["ppl", length, document, offset]`` beside ``units`` holding ``nll_sum``
+    and ``tokens``); records written before windows were kept give none.
+
+    Two rows evaluated on the same text at the same length hold the same windows, so they pair window by window.
+    """
+    losses = {}
+    for key, unit in zip(record.get("unit_keys") or [], record.get("units") or []):
+        if isinstance(unit, dict) and unit.get("tokens") and unit.get("nll_sum") is not None:
+            _task, _length, document, offset = key
+            losses[f"{document}/{offset}"] = float(unit["nll_sum"]) / int(unit["tokens"])
+    return losses
 
 
 def _outcomes(records: Sequence[dict[str, Any]], metric: str, settings: dict[str, dict[str, Any]]) -> dict[tuple, tuple]:

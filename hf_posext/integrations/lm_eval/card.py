@@ -41,7 +41,7 @@ from hf_posext.api import describe, patch, unpatch
 from hf_posext.core.request import ScalingRequest, parse_param_items
 from hf_posext.evaluation.card import (
     CARD_TASKS, ENDING_BUDGET, RULER_DOWNLOAD_TASKS, RULER_OFFLINE_TASKS, SHORT_BUDGETS, ModelSpec, SampleCache, SampleResults,
-    is_base_row,
+    is_base_row, perplexity_cell_fields,
     card_row_labels, check_length_budget, earlier_card, first_budget, in_row_order, merged_row_order, needs_full_budget, parse_model_specs, relabelled_rows, row_label, sample_cache_key, score_summary,
     tokenizer_hash, ruler_cell_fields, write_card, markdown_card,
 )
@@ -646,17 +646,18 @@ def _evaluation_cells(rows: list[Row], tasks: list[str], lengths: list[int], arg
                 else:
                     store = needle.evaluate_needle(model, tokenizer, haystack=args.haystack, depths=depths, trials=trials, seed=args.seed, **common)
                 prefix = f"{request.label}|factor={request.factor:g}|"
-                records = [r for cid, r in store.cells.items() if cid.startswith(prefix)]
+                records = {cid: r for cid, r in store.cells.items() if cid.startswith(prefix)}
                 for length in lengths:
-                    at = [r for r in records if r["length"] == length]
+                    at = [r for r in records.values() if r["length"] == length]
                     if not at:
                         continue
                     base = {"task": task, "kind": task, "row": row.label, "row_index": row.index, "length": length,
                             "base": row.base, "in_window": length <= row.window, "source": str(store.path)}
                     if task == "perplexity":
-                        (record,) = at
+                        ((cell_id, record),) = [(cid, r) for cid, r in records.items() if r["length"] == length]
                         cells.append({**base, "n": record.get("windows") or record.get("segments") or 1, "mean": record["ppl"],
-                                      "low": None, "high": None, "text": f"{record['ppl']:.2f}"})
+                                      "low": None, "high": None, "text": f"{record['ppl']:.2f}", "cell_id": cell_id,
+                                      **perplexity_cell_fields(store.data, length, cell_id)})
                     else:
                         pooled = pooled_proportion(at, "greedy_accuracy") or pooled_proportion(at, "teacher_forced_accuracy")
                         low, high = pooled.interval

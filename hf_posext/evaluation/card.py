@@ -17,7 +17,8 @@ Paired comparisons: two rows that ran a RULER task at one length on the same sam
 are compared sample by sample: on how many samples each scored higher than the other, and the exact
 two-sided sign test on those (ties leave it; for 0/1 scores this is McNemar's exact test). That is sharper
 than two overlapping intervals: 20/20 against 15/20 overlap as intervals, yet 5 samples one way and none the
-other give p = 0.0625, and 6 give p = 0.031.
+other give p = 0.0625, and 6 give p = 0.031. Passkey and needle rows pair trial by trial (the same seeded trials),
+perplexity rows window by window (the same windows of the same text, the lower loss counting as better).
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ is loaded.
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
 import importlib
 import inspect
@@ -54,6 +55,8 @@ __all__ = [
     "HELD_APART_BOOKS",
     "HELD_APART",
     "expand_held_apart",
+    "check_exclusions",
+    "held_apart_books_read",
 ]
 
 #: File suffixes read from local paths.
@@ -129,6 +132,63 @@ def expand_held_apart(patterns: Iterable[str]) -> list[str]:
             if name not in expanded:
                 expanded.append(name)
     return expanded
+
+
+def check_exclusions(source: str | os.PathLike, exclude: Iterable[str]) -> None:
+    """Refuse exclusions that would leave out less than the user meant (run before loading a model).
+
+    A pattern that matches no file of the folder is a typo (``held_apart``, ``austen-emma`` without ``.txt``) that
+    would leave the file in the training text: it is refused, naming the closest name. The names
+    :func:`expand_held_apart` gives for :data:`HELD_APART` are exempt (a folder without those books). Exclusions of
+    a source that is not a folder, or of every file of one, are refused too.
+
+    Args:
+        source: as for :func:`iter_documents`.
+        exclude: file-name patterns (fnmatch); :data:`HELD_APART` stands for the held-apart books.
+
+    Raises:
+        ValueError: the pattern, the folder and the fix, in one line.
+    """
+    exclude = expand_held_apart(exclude)
+    if not exclude:
+        return
+    path = Path(str(source)).expanduser()
+    if not path.is_dir():
+        raise ValueError(f"data.exclude={exclude} applies to the files of a folder, but data.source={str(source)!r} is "
+                         "not a folder; drop data.exclude, or give the folder as data.source.")
+    names = sorted({file.name for file in _text_files(path)})
+    for pattern in exclude:
+        if pattern in HELD_APART_BOOKS or any(fnmatch.fnmatch(name, pattern) for name in names):
+            continue
+        close = difflib.get_close_matches(pattern, [HELD_APART, *names], n=1, cutoff=0.0)
+        raise ValueError(f"data.exclude: {pattern!r} matches no file of {path}, so it leaves nothing out (did you mean "
+                         f"{close[0]!r}?); write a file name or fnmatch pattern of that folder, or {HELD_APART!r} for the "
+                         "books evaluations score.")
+    if names and all(any(fnmatch.fnmatch(name, pattern) for pattern in exclude) for name in names):
+        raise ValueError(f"data.exclude={exclude} leaves no file to read in {path}; exclude fewer files.")
+
+
+def held_apart_books_read(source: str | os.PathLike, exclude: Iterable[str]) -> list[str]:
+    """The :data:`HELD_APART_BOOKS` (by file name) that reading ``source`` without ``exclude`` would read: training
+    on them makes the perplexity and needle evaluations score text the model has seen.
+
+    Args:
+        source: as for :func:`iter_documents`.
+        exclude: file-name patterns (fnmatch); :data:`HELD_APART` stands for the held-apart books.
+
+    Returns:
+        The books' names, in :data:`HELD_APART_BOOKS` order; empty for a built-in or hub source.
+    """
+    exclude = expand_held_apart(exclude)
+    path = Path(str(source)).expanduser()
+    if path.is_dir():
+        names = {file.name for file in _text_files(path)
+                 if not any(fnmatch.fnmatch(file.name, pattern) for pattern in exclude)}
+    elif path.is_file():
+        names = {path.name}
+    else:
+        names = set()
+    return [name for name in HELD_APART_BOOKS if name in names]
 
 
 def _read_text(path: Path) -> str:
@@ -322,6 +382,7 @@ def check_text_source(source: str | os.PathLike, exclude: Iterable[str] = ()) ->
             first :data:`HEAD_BYTES` are mostly not text (the share and the file named).
     """
     text = str(source)
+    check_exclusions(source, exclude)
     if text.startswith("builtin:"):
         if text not in BUILTIN_SOURCES:
             raise ValueError(f"Unknown built-in text {text!r}; available: {', '.join(BUILTIN_SOURCES)}.")

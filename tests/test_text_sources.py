@@ -219,7 +219,8 @@ def test_many_tiny_files_of_random_bytes_are_judged_together(tmp_path):
         text_sources.check_text_source(tmp_path)  # before any model
     with pytest.raises(ValueError, match=message):
         text_sources.load_documents(tmp_path)
-    text_sources.check_text_source(tmp_path, exclude=["part*"])  # nothing left to judge
+    (tmp_path / "prose.txt").write_text("Plain prose here. " * 20)
+    text_sources.check_text_source(tmp_path, exclude=["part*"])  # the noise left out is not judged
     jsonl = tmp_path.parent / "tiny.jsonl"  # short records: each too short, the JSON escapes hide the noise from the head
     jsonl.write_text("\n".join(json.dumps({"text": noise[i:i + 30].decode("utf-8", errors="replace")}) for i in range(0, 600, 30)))
     text_sources.check_text_source(jsonl)
@@ -266,3 +267,45 @@ def test_a_missing_relative_source_names_the_current_directory_and_the_shipped_b
     with pytest.raises(FileNotFoundError) as caught:
         text_sources.check_text_source(tmp_path / "nope")
     assert "current directory" not in str(caught.value)  # an absolute path needs no hint
+
+
+def _books(folder: Path) -> Path:
+    """A folder with the held-apart books' names and two others (a few lines of prose each)."""
+    folder.mkdir()
+    for name in (*text_sources.HELD_APART_BOOKS, "austen-persuasion.txt", "whitman-leaves.txt"):
+        (folder / name).write_text(f"Prose of {name}. " * 40)
+    return folder
+
+
+@pytest.mark.parametrize("pattern, closest", [("held_apart", "held-apart"), ("austen-emma", "austen-emma.txt"),
+                                               ("whitman-leave.txt", "whitman-leaves.txt")])
+def test_an_exclusion_that_matches_nothing_is_refused_naming_the_closest_name(tmp_path, pattern, closest):
+    books = _books(tmp_path / "books")
+    with pytest.raises(ValueError) as refused:
+        text_sources.check_text_source(books, exclude=[pattern])
+    message = str(refused.value)
+    assert f"{pattern!r} matches no file" in message and f"did you mean {closest!r}" in message, message
+    assert "\n" not in message
+    text_sources.check_text_source(books, exclude=["held-apart", "whitman-*"])  # every pattern matches a file
+
+
+def test_the_held_apart_entry_is_no_refusal_where_a_folder_lacks_the_books(tmp_path):
+    (tmp_path / "mine.txt").write_text("Plain prose here. " * 20)
+    text_sources.check_text_source(tmp_path, exclude=text_sources.expand_held_apart(["held-apart"]))
+
+
+def test_an_exclusion_of_every_file_or_of_a_source_that_is_no_folder_is_refused(tmp_path):
+    books = _books(tmp_path / "books")
+    with pytest.raises(ValueError, match=r"^data.exclude=\['\*.txt'\] leaves no file to read in "):
+        text_sources.check_text_source(books, exclude=["*.txt"])
+    with pytest.raises(ValueError, match="applies to the files of a folder"):
+        text_sources.check_text_source(books / "whitman-leaves.txt", exclude=["x.txt"])
+
+
+def test_the_held_apart_books_a_source_would_read_are_named(tmp_path):
+    books = _books(tmp_path / "books")
+    assert text_sources.held_apart_books_read(books, []) == list(text_sources.HELD_APART_BOOKS)
+    assert text_sources.held_apart_books_read(books, ["austen-emma.txt"]) == [text_sources.HAYSTACK_BOOK]
+    assert text_sources.held_apart_books_read(books, text_sources.expand_held_apart(["held-apart"])) == []
+    assert text_sources.held_apart_books_read(books / "austen-emma.txt", []) == ["austen-emma.txt"]
+    assert text_sources.held_apart_books_read("builtin:python-docs", []) == []

@@ -33,7 +33,8 @@ import logging
 import os
 import shutil
 import time
-from dataclasses import dataclass
+import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +48,7 @@ from hf_posext.adapters import (
 from hf_posext.core.errors import DamagedFileError
 from hf_posext.core.locks import LOCK_NAME, hold_folder_on_main
 from hf_posext.core.paths import check_output_folder
-from hf_posext.text_sources import check_text_source
+from hf_posext.text_sources import HELD_APART, check_exclusions, check_text_source, held_apart_books_read
 from hf_posext.api import describe, patch
 from hf_posext.core.version import VERSION
 from hf_posext.training.checkpoints import (
@@ -83,6 +84,8 @@ class TrainResult:
         tokens_per_second: mean training throughput (all processes) over this invocation.
         seconds_per_step: mean wall time per optimizer step over this invocation.
         resumed_from: the checkpoint resumed from, if any.
+        held_apart_read: the held-apart evaluation books (``hf_posext.text_sources.HELD_APART_BOOKS``) the training
+            text includes; empty when it leaves them out.
     """
 
     output_dir: str
@@ -92,6 +95,7 @@ class TrainResult:
     tokens_per_second: float | None
     seconds_per_step: float | None
     resumed_from: str | None = None
+    held_apart_read: list[str] = field(default_factory=list)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -779,12 +783,22 @@ def train(
             raise type(error)(f"finetune.init_adapter: {error}") from None
         except ValueError as error:  # AdapterMismatchError, RecordError, another LoRA shape
             raise ConfigError(f"finetune.init_adapter: {error}") from None
+    try:  # an exclusion that leaves out nothing (a typo) or everything, before anything loads
+        check_exclusions(config.data.source, config.data.exclude)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
     try:  # a missing path or a file that is not text is refused before the model loads
         check_text_source(config.data.source, exclude=config.data.exclude)
     except FileNotFoundError as error:
         raise FileNotFoundError(f"data.source: {error}") from None
     except ValueError as error:
         raise ConfigError(f"data.source: {error}") from None
+    held_apart_read = held_apart_books_read(config.data.source, config.data.exclude)
+    if held_apart_read:  # evaluations would score text the model has seen: said once, recorded with the run
+        warnings.warn(f"data: the training text includes the held-apart evaluation book{'s' if len(held_apart_read) > 1 else ''} "
+                      f"{', '.join(held_apart_read)}, which the perplexity and needle evaluations score; add "
+                      f"{HELD_APART} to data.exclude to leave {'them' if len(held_apart_read) > 1 else 'it'} out.",
+                      UserWarning, stacklevel=2)
     output_dir = Path(config.output.dir)
     args = training_arguments(config, output_dir, progress=progress)
     world = args.world_size
@@ -864,7 +878,7 @@ def train(
         tokens_per_step = samples_per_step * data.sequence_length
         run_info = {
             "num_processes": world, "fingerprint": config.fingerprint(), "config": config.to_dict(),
-            "hf_posext_version": VERSION, "samples_per_step": samples_per_step,
+            "hf_posext_version": VERSION, "samples_per_step": samples_per_step, "held_apart_read": held_apart_read,
         }
         log_callback = JsonlLogCallback(output_dir / LOG_FILE, tokens_per_step)
         callbacks: list[TrainerCallback] = [log_callback, CheckpointIntegrityCallback(run_info)]
@@ -893,7 +907,7 @@ def train(
             output_dir=str(output_dir), step=step, finished=finished, final_loss=log_callback.last_loss,
             tokens_per_second=(done * tokens_per_step / elapsed) if done else None,
             seconds_per_step=(elapsed / done) if done else None,
-            resumed_from=str(resume_from) if resume_from else None,
+            resumed_from=str(resume_from) if resume_from else None, held_apart_read=held_apart_read,
         )
         if finished:
             _save_final(config, trainer.accelerator, trainer.model_wrapped, tokenizer, output_dir, dtype, base_weights)

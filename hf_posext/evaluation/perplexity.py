@@ -9,7 +9,7 @@ its exponential, the perplexity. ("Window" is kept for the model's context windo
 called windows before, and ``max_windows=`` / ``make_windows`` still work. Results files keep their
 ``max_windows`` and ``windows`` keys, so earlier results are found and read as before.) The loss is computed from the final hidden states in chunks, so the
 [tokens x vocabulary] logits never exist at once (at 16384 tokens and a 49k vocabulary they would take
-3.2 GB in float32).
+3.2 GB in float32); a chunk shrinks with the vocabulary (:func:`hf_posext.lm.chunked_loss.chunk_for_vocabulary`).
 """
 
 from __future__ import annotations
@@ -147,7 +147,9 @@ def evaluate_perplexity(
         concatenate: join all documents into one (EOS between them) before cutting segments.
         text_field: the text field/column of .jsonl/.parquet/dataset sources.
         split: the dataset split of a dataset name.
-        chunk_size: positions per output-head chunk.
+        chunk_size: at most this many positions per output-head chunk; fewer with a large vocabulary, so that a
+            chunk holds at most :data:`~hf_posext.lm.chunked_loss.LOGITS_BUDGET` logits (384 positions for
+            Gemma 3's 262,144 words). Sliding-window layers are computed banded on a CPU (same numbers).
         batch_size: segments per forward pass.
         overwrite: recompute cells already in the results file.
         reuse_identical: reuse results between methods that compute the same function at a length.

@@ -26,12 +26,30 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-__all__ = ["IGNORE_INDEX", "DEFAULT_CHUNK_SIZE", "linear_cross_entropy", "chunked_causal_lm_loss", "check_output_head",
+__all__ = ["IGNORE_INDEX", "DEFAULT_CHUNK_SIZE", "LOGITS_BUDGET", "chunk_for_vocabulary", "linear_cross_entropy", "chunked_causal_lm_loss", "check_output_head",
            "sequence_mean_weights", "sequence_mean_causal_lm_loss"]
 
 IGNORE_INDEX = -100
 #: Tokens per chunk: 4096 x 49152 (SmolLM2's vocabulary) float32 logits are 768 MiB; 1024 is 192 MiB.
 DEFAULT_CHUNK_SIZE = 1024
+#: Most logits one chunk may hold (elements): 2048 tokens of SmolLM2's 49,152-word vocabulary (384 MiB in float32).
+#: Gemma 3's 262,144 words get 384 tokens a chunk, where 2048 would take 2 GiB.
+LOGITS_BUDGET = 2048 * 49152
+
+
+def chunk_for_vocabulary(chunk_size: int, vocabulary: int, rows: int = 1, logits_budget: int | None = LOGITS_BUDGET) -> int:
+    """Tokens per chunk: ``chunk_size``, shrunk so that ``rows`` x chunk x ``vocabulary`` logits stay within
+    ``logits_budget`` elements (at least one token; None: no budget).
+
+    Example:
+        >>> chunk_for_vocabulary(2048, 262144)
+        384
+    """
+    if logits_budget is None:
+        return chunk_size
+    if logits_budget < 1:
+        raise ValueError(f"logits_budget={logits_budget} must be a positive number of logits (e.g. {LOGITS_BUDGET}).")
+    return max(1, min(chunk_size, logits_budget // max(1, rows * vocabulary)))
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
@@ -95,6 +113,7 @@ def linear_cross_entropy(
     num_items_in_batch: int | torch.Tensor | None = None,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     token_weights: torch.Tensor | None = None,
+    logits_budget: int | None = LOGITS_BUDGET,
 ) -> torch.Tensor:
     """Cross-entropy of ``hidden @ weight.T + bias`` against ``targets``, without the full logits.
 
@@ -112,6 +131,8 @@ def linear_cross_entropy(
         num_items_in_batch: the divisor (default: the number of counted tokens); not allowed with weights.
         chunk_size: tokens per chunk; the only [chunk, vocabulary] tensor alive at once.
         token_weights: optional float weights aligned with ``targets`` (ignored tokens get none).
+        logits_budget: at most this many logits a chunk: ``chunk_size`` shrinks with the vocabulary
+            (:func:`chunk_for_vocabulary`; None: exactly ``chunk_size``).
 
     Returns:
         A float32 scalar; its gradients flow to ``hidden``, ``weight`` and ``bias``.
@@ -121,6 +142,7 @@ def linear_cross_entropy(
     """
     if chunk_size < 1:
         raise ValueError(f"chunk_size={chunk_size} must be a positive number of tokens (e.g. {DEFAULT_CHUNK_SIZE}).")
+    chunk_size = chunk_for_vocabulary(chunk_size, weight.shape[0], logits_budget=logits_budget)
     hidden = hidden.reshape(-1, hidden.shape[-1])
     targets = targets.reshape(-1).to(hidden.device)
     if targets.shape[0] != hidden.shape[0]:

@@ -9,6 +9,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from hf_posext.backends.attention.sliding_window import banded_sliding_attention
+from hf_posext.lm.chunked_loss import LOGITS_BUDGET, chunk_for_vocabulary
+
 __all__ = ["base_model", "head_logits", "chunked_nll"]
 
 
@@ -39,16 +42,21 @@ def head_logits(model: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def chunked_nll(model: torch.nn.Module, input_ids: torch.Tensor, chunk_size: int = 2048) -> tuple[torch.Tensor, int]:
+def chunked_nll(model: torch.nn.Module, input_ids: torch.Tensor, chunk_size: int = 2048, *,
+                logits_budget: int | None = LOGITS_BUDGET, banded: bool = True) -> tuple[torch.Tensor, int]:
     """Summed next-token NLL of each row of ``input_ids`` without materialising all logits.
 
     Runs the decoder stack once, then the output head and cross-entropy over ``chunk_size`` positions
-    at a time.
+    at a time. On a CPU, sliding-window layers are computed banded (cost ~ tokens x window; same result,
+    :mod:`hf_posext.backends.attention.sliding_window`).
 
     Args:
         model: a causal LM.
         input_ids: ``[batch, tokens]`` token ids (no padding).
-        chunk_size: positions per head + loss chunk (memory ~ batch x chunk x vocabulary x 4 bytes).
+        chunk_size: at most this many positions per head + loss chunk (memory ~ batch x chunk x vocabulary x
+            4 bytes), shrunk so that a chunk holds at most ``logits_budget`` logits (None: no budget).
+        logits_budget: see ``chunk_size`` (:data:`~hf_posext.lm.chunked_loss.LOGITS_BUDGET`).
+        banded: compute sliding-window layers banded where that applies (False: transformers' masked path).
 
     Returns:
         ``(nll_sum, scored)``: float64 ``[batch]`` sums over the ``tokens - 1`` predicted positions, and
@@ -59,7 +67,10 @@ def chunked_nll(model: torch.nn.Module, input_ids: torch.Tensor, chunk_size: int
     decoder = base_model(model)
     device = next(decoder.parameters()).device
     input_ids = input_ids.to(device)
-    hidden = decoder(input_ids=input_ids, use_cache=False).last_hidden_state
+    with banded_sliding_attention(model, enabled=banded):
+        hidden = decoder(input_ids=input_ids, use_cache=False).last_hidden_state
+    vocabulary = model.get_output_embeddings().weight.shape[0]
+    chunk_size = chunk_for_vocabulary(chunk_size, vocabulary, input_ids.shape[0], logits_budget)
     targets = input_ids[:, 1:]
     total = torch.zeros(input_ids.shape[0], dtype=torch.float64)
     positions = input_ids.shape[1] - 1

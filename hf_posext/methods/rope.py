@@ -27,21 +27,48 @@ import torch
 
 from hf_posext.methods.registry import register_method
 
-__all__ = ["RotaryBase", "yarn_attention_factor"]
+__all__ = ["RotaryBase", "scaled_frequencies", "yarn_attention_factor"]
 
 
 @dataclass(frozen=True)
 class RotaryBase:
-    """The unscaled rotary embedding of a model: base ``theta`` and rotary dimension ``dim``."""
+    """The unscaled rotary embedding of a model: base ``theta`` and rotary dimension ``dim``.
+
+    ``rotated_pairs`` (proportional RoPE, Gemma 4 and LFM3 global layers): only the first ``rotated_pairs``
+    of the d/2 frequencies rotate; the others are 0 (those channels carry no position). The exponent's
+    denominator stays d, so theta_i = b^(-2i/d) for i < rotated_pairs. None: every pair rotates.
+    """
 
     theta: float
     dim: int
+    rotated_pairs: int | None = None
 
     def inv_freq(self, base: float | None = None) -> torch.Tensor:
         """theta_i = base^(-2i/d) in float32, computed exactly as transformers' default RoPE."""
         base = self.theta if base is None else base
         exponents = torch.arange(0, self.dim, 2, dtype=torch.int64).to(dtype=torch.float) / self.dim
-        return 1.0 / (base**exponents)
+        return self.keep_rotated(1.0 / (base**exponents))
+
+    def keep_rotated(self, inv_freq: torch.Tensor) -> torch.Tensor:
+        """``inv_freq`` with the pairs past ``rotated_pairs`` set to 0 (unchanged when every pair rotates)."""
+        if self.rotated_pairs is None or self.rotated_pairs >= inv_freq.shape[-1]:
+            return inv_freq
+        kept = inv_freq.clone()
+        kept[..., self.rotated_pairs:] = 0.0
+        return kept
+
+
+def scaled_frequencies(spec, rope: RotaryBase, original_length: int, factor: float, seq_len: int | None, params):
+    """``spec.compute`` for ``rope``, with the non-rotating pairs of a proportional RoPE kept at 0.
+
+    Every per-frequency rule (linear, YaRN's ramp, Llama 3's split, LongRoPE's factors) is computed on the
+    full grid theta_i = b^(-2i/d); the pairs that do not rotate stay at 0 whatever the method.
+
+    Returns:
+        ``(inv_freq, attention_factor)`` as the method's ``compute`` does.
+    """
+    inv_freq, attention = spec.compute(rope, original_length, factor, seq_len, params)
+    return rope.keep_rotated(inv_freq), attention
 
 
 def _check_positive(name: str, value: float | None, allow_none: bool = True) -> None:

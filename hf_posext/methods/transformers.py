@@ -23,7 +23,13 @@ ROPE_TYPES: dict[str, tuple[str, tuple[str, ...]]] = {
     "yarn": ("yarn", ("beta_fast", "beta_slow", "attention_factor", "mscale", "mscale_all_dim", "truncate")),
     "llama3": ("llama3", ("low_freq_factor", "high_freq_factor")),
     "longrope": ("longrope", ("long_factor", "short_factor", "attention_factor")),
+    # Gemma 4 / LFM3 global layers: partial rotary with zero frequencies; its ``factor`` divides them (linear).
+    "proportional": ("linear", ()),
 }
+
+#: rope types that fix a layout of their own (``proportional``: zeros past the rotating pairs); the only rules
+#: transformers applies on top of them are the ones listed (as the type itself, with ``factor``).
+_LAYOUT_TYPES: dict[str, tuple[str, ...]] = {"proportional": ("none", "linear")}
 
 
 #: rope types whose config keeps ``max_position_embeddings`` at the pre-training window L: the unscaled
@@ -31,7 +37,7 @@ ROPE_TYPES: dict[str, tuple[str, tuple[str, ...]]] = {
 #: transformers rope types whose ``max_position_embeddings`` is the pre-training window L (the served
 #: length is L * factor): ``dynamic`` scales from it, ``linear`` never reads it, and vLLM and SGLang
 #: multiply it by the factor for both (as for lmsys/vicuna-13b-v1.5-16k: 4096 with linear x4).
-_WINDOW_KEEPING_TYPES = ("default", "dynamic", "linear")
+_WINDOW_KEEPING_TYPES = ("default", "dynamic", "linear", "proportional")
 
 #: rope types for which transformers 4.x reads L from the config's top-level ``original_max_position_embeddings``
 #: (Phi-3 style), not from the rope dict.
@@ -58,11 +64,16 @@ def rope_type_for(method: str) -> str | None:
 
     ``none`` maps to no rope_type here: the unscaled model needs no rope dict entry beyond ``default``.
     """
-    return next((rope_type for rope_type, (name, _) in ROPE_TYPES.items() if name == method and rope_type != "default"), None)
+    return next(
+        (rope_type for rope_type, (name, _) in ROPE_TYPES.items()
+         if name == method and rope_type != "default" and rope_type not in _LAYOUT_TYPES),
+        None,
+    )
 
 
 def stock_rope_parameters(
-    method: str, factor: float, original_length: int, params: dict, theta: float, rotary_dim: int, identity: bool = False
+    method: str, factor: float, original_length: int, params: dict, theta: float, rotary_dim: int, identity: bool = False,
+    base_rope_type: str = "default",
 ) -> dict | None:
     """transformers' rope dict computing what our RoPE ``method`` computes (None when it has no such rule).
 
@@ -74,12 +85,20 @@ def stock_rope_parameters(
         theta: the model's rotary base b.
         rotary_dim: the rotary dimension d (NTK's base b * s^(d/(d-2)) depends on it).
         identity: the scaling changes nothing (factor 1 of a static method): the default rope dict.
+        base_rope_type: the model's own rope type. A layout type (``proportional``) stays that type: linear
+            scaling is its ``factor``, and no other rule exists for it (None).
 
     Returns:
         ``{"rope_type": ..., "rope_theta": ..., ...}`` without model-specific keys (the caller keeps
         e.g. ``partial_rotary_factor``).
     """
     params = {k: v for k, v in params.items() if v is not None}
+    if base_rope_type in _LAYOUT_TYPES:
+        if identity or method == "none":
+            return {"rope_type": base_rope_type, "rope_theta": theta}
+        if method in _LAYOUT_TYPES[base_rope_type]:
+            return {"rope_type": base_rope_type, "rope_theta": theta, "factor": factor}
+        return None
     if method == "none" or identity:
         return {"rope_type": "default", "rope_theta": theta}
     if method == "ntk":

@@ -11,20 +11,19 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Any, Iterator
 
 import torch
 from torch import nn
 
+from hf_posext.backends.rope.layouts import LAYOUTS, get_layout
 from hf_posext.core.request import ScalingConfig
-from hf_posext.methods.rope import RotaryBase
+from hf_posext.methods.rope import RotaryBase, scaled_frequencies
 
-__all__ = ["RotaryEntry", "ScaledRotaryEmbedding", "LAYOUTS"]
+__all__ = ["RotaryEntry", "ScaledRotaryEmbedding", "LAYOUTS", "select_position_rows", "MIRRORED_ATTRIBUTES"]
 
-#: Output conventions of rotary modules in transformers:
-#: ``cos_sin``: ``(cos, sin)``, each ``cat(freqs, freqs)`` over the rotary dim (Llama and most models);
-#: ``sin_cos_half``: ``(sin, cos)``, each over half the rotary dim (GPT-J's table).
-LAYOUTS = ("cos_sin", "sin_cos_half")
+#: Plain attributes of transformers' rotary modules that models read from outside the module.
+MIRRORED_ATTRIBUTES = ("config", "rope_type", "layer_types", "mrope_section")
 
 
 @dataclass
@@ -40,8 +39,13 @@ class ScaledRotaryEmbedding(nn.Module):
 
     Args:
         entries: one :class:`RotaryEntry` per layer type; key ``None`` for models with a single RoPE.
-        layout: output convention, one of :data:`LAYOUTS`.
+        layout: output convention, a name in :data:`~hf_posext.backends.rope.layouts.LAYOUTS`.
         device: where to put the frequency buffers.
+        position_rows: multimodal RoPE (Qwen3.5, Qwen-VL): for each rotated pair, the row of 3-D
+            ``position_ids`` (temporal, height, width) whose positions it rotates by; None for plain RoPE.
+        mirrored: attributes of the replaced module that models read from outside, kept as they are
+            (:data:`MIRRORED_ATTRIBUTES`: Granite SWA keys its tables by ``rotary_emb.config.rope_parameters
+            ["rope_theta"]``, Ergo and LFM3 loop over ``rotary_emb.rope_type`` / ``layer_types``).
 
     Dynamic methods (``dynamic-ntk``, ``dynamic-yarn``, ``longrope``) choose their frequencies from the
     current length ``l = max(position_ids) + 1``. With a KV cache that would rotate cached keys and new
@@ -51,22 +55,29 @@ class ScaledRotaryEmbedding(nn.Module):
     to what a full forward over the final sequence uses.
     """
 
-    def __init__(self, entries: dict[str | None, RotaryEntry], layout: str = "cos_sin", device=None) -> None:
+    def __init__(
+        self, entries: dict[str | None, RotaryEntry], layout: str = "cos_sin", device=None,
+        position_rows: torch.Tensor | None = None, mirrored: dict[str, Any] | None = None,
+    ) -> None:
         super().__init__()
-        if layout not in LAYOUTS:
-            raise ValueError(f"Unknown rotary layout {layout!r}; expected one of {LAYOUTS}.")
+        self._render = get_layout(layout).render
         self.entries = dict(entries)
         self.layout = layout
+        self.position_rows = position_rows
+        for name, value in (mirrored or {}).items():
+            if name not in MIRRORED_ATTRIBUTES:
+                raise ValueError(f"Cannot mirror attribute {name!r}; known: {', '.join(MIRRORED_ATTRIBUTES)}.")
+            setattr(self, name, value)
         self.fixed_sequence_length: int | None = None
         self.attention_scaling: dict[str | None, float] = {}
         self._dynamic_cache: dict[tuple[str | None, int, str], tuple[torch.Tensor, float]] = {}
         for layer_type, entry in self.entries.items():
             spec = entry.scaling.spec
-            inv_freq, attention = spec.compute(
-                entry.rope, entry.scaling.original_max_position_embeddings, entry.scaling.factor, None,
+            inv_freq, attention = scaled_frequencies(
+                spec, entry.rope, entry.scaling.original_max_position_embeddings, entry.scaling.factor, None,
                 entry.scaling.parsed_params,
             )
-            self.register_buffer(self._buffer_name(layer_type), inv_freq.to(device), persistent=False)
+            self.register_buffer(self.buffer_name(layer_type), inv_freq.to(device), persistent=False)
             self.attention_scaling[layer_type] = attention
 
     def _apply(self, fn, recurse: bool = True):
@@ -86,7 +97,7 @@ class ScaledRotaryEmbedding(nn.Module):
         return self
 
     @staticmethod
-    def _buffer_name(layer_type: str | None) -> str:
+    def buffer_name(layer_type: str | None) -> str:
         # Not "inv_freq"/"original_inv_freq": transformers' weight init re-derives buffers with those
         # names from the config for any module called *RotaryEmbedding, which would undo the scaling.
         return "scaled_inv_freq" if layer_type is None else f"{layer_type}_scaled_inv_freq"
@@ -108,7 +119,7 @@ class ScaledRotaryEmbedding(nn.Module):
     def frequencies(self, seq_len: int | None, layer_type: str | None = None, device=None) -> tuple[torch.Tensor, float]:
         """Inverse frequencies (float32) and attention factor used for a sequence of ``seq_len`` tokens."""
         entry = self.entries[layer_type]
-        buffer = getattr(self, self._buffer_name(layer_type))
+        buffer = getattr(self, self.buffer_name(layer_type))
         device = buffer.device if device is None else device
         if not entry.scaling.spec.dynamic or seq_len is None:
             return buffer.to(device=device, dtype=torch.float), self.attention_scaling[layer_type]
@@ -117,8 +128,8 @@ class ScaledRotaryEmbedding(nn.Module):
         key = (layer_type, int(seq_len), str(device))
         cached = self._dynamic_cache.get(key)
         if cached is None:
-            inv_freq, attention = entry.scaling.spec.compute(
-                entry.rope, entry.scaling.original_max_position_embeddings, entry.scaling.factor, int(seq_len),
+            inv_freq, attention = scaled_frequencies(
+                entry.scaling.spec, entry.rope, entry.scaling.original_max_position_embeddings, entry.scaling.factor, int(seq_len),
                 entry.scaling.parsed_params,
             )
             cached = (inv_freq.to(device), attention)
@@ -140,16 +151,9 @@ class ScaledRotaryEmbedding(nn.Module):
             seq_len = int(position_ids.max()) + 1
         inv_freq, attention = self.frequencies(seq_len, layer_type, device=x.device)
         freqs = position_ids[..., None].float() * inv_freq
-        if self.layout == "cos_sin":
-            emb = torch.cat((freqs, freqs), dim=-1)
-            cos = emb.cos() * attention
-            sin = emb.sin() * attention
-            return cos.to(dtype=x.dtype), sin.to(dtype=x.dtype)
-        sin = freqs.sin()
-        cos = freqs.cos()
-        if attention != 1.0:
-            sin, cos = sin * attention, cos * attention
-        return sin.to(x.dtype), cos.to(x.dtype)
+        if self.position_rows is not None:
+            freqs = select_position_rows(freqs, self.position_rows)
+        return self._render(freqs, attention, x.dtype)
 
     def extra_repr(self) -> str:
         parts = []
@@ -160,3 +164,20 @@ class ScaledRotaryEmbedding(nn.Module):
                 f"original={entry.scaling.original_max_position_embeddings})"
             )
         return "; ".join(parts) + f", layout={self.layout}"
+
+
+def select_position_rows(freqs: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """Angles of multimodal RoPE: pair i takes its angle from row ``rows[i]`` of 3-D position ids.
+
+    Args:
+        freqs: ``[R, B, S, d/2]`` angles of every row (3-D ``position_ids``), or ``[B, S, d/2]`` (2-D ids:
+            every row holds the same text positions, so nothing is selected).
+        rows: ``[d/2]`` int64 row index per pair.
+
+    Returns:
+        ``[B, S, d/2]`` angles.
+    """
+    if freqs.dim() < 4:
+        return freqs
+    index = rows.to(freqs.device).view(1, 1, 1, -1).expand(1, *freqs.shape[1:])
+    return freqs.gather(0, index.clamp(max=freqs.shape[0] - 1)).squeeze(0)

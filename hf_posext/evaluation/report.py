@@ -16,11 +16,13 @@ a file that cannot be used stops the report with its name, see
 from __future__ import annotations
 
 import csv
+import io
 import os
 import re
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from hf_posext.core.files import write_text_atomic
 from hf_posext.core.paths import check_output_folder
 from hf_posext.evaluation.html_report import write_html
 from hf_posext.evaluation.labels import model_name, short_label
@@ -49,14 +51,12 @@ def _rows(run: dict[str, Any]) -> list[dict[str, Any]]:
 
 def write_csv(run: dict[str, Any], path: str | os.PathLike) -> None:
     """One CSV row per cell of ``run`` (a results JSON as a dict), written atomically."""
-    path = Path(path)
-    temporary = path.with_name(path.name + ".tmp")
-    with open(temporary, "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=_CSV_COLUMNS)
-        writer.writeheader()
-        for row in _rows(run):
-            writer.writerow({k: ("" if v is None else v) for k, v in row.items()})
-    temporary.replace(path)
+    buffer = io.StringIO(newline="")
+    writer = csv.DictWriter(buffer, fieldnames=_CSV_COLUMNS)
+    writer.writeheader()
+    for row in _rows(run):
+        writer.writerow({k: ("" if v is None else v) for k, v in row.items()})
+    write_text_atomic(path, buffer.getvalue(), newline="")
 
 
 def _slug(text: str) -> str:
@@ -135,9 +135,7 @@ def write_report(folder: str | os.PathLike, out_dir: str | os.PathLike | None = 
     check_output_folder(out, "--out", "the report")
     markdown = "\n\n".join(markdown_table(table) for table in tables)
     plots = write_plots(runs, out)
-    temporary = out / "report.md.tmp"
-    temporary.write_text(markdown + "\n")
-    temporary.replace(out / "report.md")
+    write_text_atomic(out / "report.md", markdown + "\n")
     title = f"hf-posext results: {Path(folder).resolve().name} ({', '.join(model_name(m) for m in models(runs))})"
     write_html(out / "report.html", title, runs, tables, plots)
     return markdown, plots

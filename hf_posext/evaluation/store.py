@@ -14,9 +14,10 @@ from typing import Any
 
 import torch
 
+from hf_posext.core.files import write_text_atomic
 from hf_posext.core.version import VERSION
 
-__all__ = ["ResultStore", "equivalent_run_configs", "versions"]
+__all__ = ["ResultStore", "equivalent_run_configs", "results_part", "versions"]
 
 
 def versions() -> dict[str, str]:
@@ -33,6 +34,13 @@ def versions() -> dict[str, str]:
         "platform": platform.platform(),
         "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else platform.processor() or "cpu",
     }
+
+
+def results_part(task: str, model: str) -> str:
+    """The part of a results folder that the runs of ``task`` on ``model`` (``MODEL[+ADAPTER]``) write, and lock
+    (:func:`hf_posext.core.locks.hold_folder`): ``eval TASK`` and the card name it alike, so that the two refuse each
+    other in one folder."""
+    return f"{task} {model}"
 
 
 def _slug(text: str) -> str:
@@ -139,9 +147,7 @@ class ResultStore:
         if not self.write:
             return
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        temporary = self.path.with_suffix(".json.tmp")
-        temporary.write_text(json.dumps(self.data, indent=1, default=str))
-        temporary.replace(self.path)
+        write_text_atomic(self.path, json.dumps(self.data, indent=1, default=str))
         from hf_posext.evaluation.report import write_csv
 
         write_csv(self.data, self.path.with_suffix(".csv"))

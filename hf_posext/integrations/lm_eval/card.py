@@ -766,8 +766,9 @@ def _ending_cells(rows: list[Row], args: Any, skipped: list[dict[str, str]]) -> 
 
 def run_card(args: Any) -> int:
     """Run ``hf-posext eval card`` with parsed ``args`` (see :func:`hf_posext.evaluation.card.add_card_arguments`)."""
-    from hf_posext.core.locks import hold_folder
+    from hf_posext.core.locks import hold_folder, hold_parts
     from hf_posext.core.paths import check_output_folder
+    from hf_posext.evaluation.store import results_part
     from hf_posext.evaluation.arguments import parse_lengths
     from hf_posext.evaluation.loading import check_device_name, check_dtype_name, transformers_progress_bars
     from hf_posext.text_sources import check_text_source
@@ -787,8 +788,11 @@ def run_card(args: Any) -> int:
         if task in tasks:
             check_text_source(source)
     _check_requests(specs, args)  # a bad method or factor is named before any model loads
-    # one run writes a card folder at a time: a second would drop the first's newer cells from card.json
-    with hold_folder(args.out, "--out", "the card"), transformers_progress_bars(args.progress):
+    # one run writes a card folder at a time: a second would drop the first's newer cells from card.json; and its
+    # tasks' results files in OUT/tasks are held as `eval TASK --out OUT/tasks` holds them
+    parts = [results_part(task, spec.key) for task in ("perplexity", "passkey", "needle") if task in tasks for spec in specs]
+    with hold_folder(args.out, "--out", "the card"), hold_parts(Path(args.out) / "tasks", parts, "--out", "the card"), \
+            transformers_progress_bars(args.progress):
         return _run_card_holding_folder(args, specs, lengths, tasks, started)
 
 

@@ -33,6 +33,7 @@ LAYERS = {
     "hf_posext.integrations": 5,
     "hf_posext.demo": 5,
     "hf_posext.export": 5,
+    "hf_posext.family_sweep": 5,
     # The package itself only re-exports the public API (api + search): it sits above them.
     "hf_posext": 5,
     # Deprecated import paths kept as re-exports of integrations/lm_eval/ (they warn on import).

@@ -1,0 +1,1 @@
+"""The family sweep: every ``*ForCausalLM`` class of the installed transformers, tiny, patched with every method."""

@@ -1,0 +1,127 @@
+"""transformers' own scaling of a tiny model: the reference a patched model must equal where it exists.
+
+For a method with a transformers ``rope_type`` (linear, dynamic, yarn, llama3, longrope) and a model whose
+config holds ``rope_parameters``, the model is rebuilt by transformers from a copy of its config whose rope dict
+carries that ``rope_type`` (every layer type's dict but the local ones: sliding-window layers never see distances
+beyond their window), with the same weights. Nothing of hf_posext is used to build that reference.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from torch import nn
+
+from hf_posext.methods.transformers import rope_type_for
+
+__all__ = ["LOCAL_LAYER_TYPES", "rotary_half_dim", "method_parameters", "stock_rope_parameters_for", "stock_scaled_logits"]
+
+#: Layer types whose attention is local (a window shorter than the model's): their RoPE is left unscaled.
+LOCAL_LAYER_TYPES = ("sliding_attention", "chunked_attention", "local_attention")
+#: Llama 3.1's published blend (transformers' test values).
+LLAMA3_FACTORS = {"low_freq_factor": 1.0, "high_freq_factor": 4.0}
+#: The new base swept with ``theta``.
+THETA_BASE = 1e5
+
+
+def rotary_half_dim(model: nn.Module) -> int | None:
+    """d/2 of the model's rotary frequencies: the length of its first ``*inv_freq`` buffer, else half its config's
+    ``rotary_dim`` or head dim (None without either)."""
+    for name, buffer in model.named_buffers():
+        if name.endswith("inv_freq"):
+            return int(buffer.shape[-1])
+    config = model.config
+    rotary_dim = getattr(config, "rotary_dim", None) or getattr(config, "head_dim", None) or (
+        config.hidden_size // config.num_attention_heads if getattr(config, "num_attention_heads", None) else None)
+    return int(rotary_dim) // 2 if rotary_dim else None
+
+
+def method_parameters(method: str, model: nn.Module, factor: float) -> dict[str, Any]:
+    """The parameters a method needs besides its factor (``theta``'s base, ``longrope``'s per-dimension factors)."""
+    base = method.split("+")[0]
+    if base == "theta":
+        return {"base": THETA_BASE}
+    if base == "longrope":
+        half = rotary_half_dim(model)
+        return {"long_factor": [factor] * half} if half else {}
+    if base == "llama3":
+        return dict(LLAMA3_FACTORS)
+    return {}
+
+
+def stock_rope_parameters_for(method: str, factor: float, window: int, params: dict[str, Any], half: int | None) -> dict | None:
+    """One rope dict scaled by transformers' ``rope_type`` for ``method``, from the model's own dict ``params``.
+
+    Returns:
+        The scaled dict, or None where transformers has no rope type for ``method``.
+    """
+    rope_type = rope_type_for(method)
+    if rope_type is None:
+        return None
+    scaled = {**params, "rope_type": rope_type, "factor": factor}
+    if rope_type != "dynamic":
+        scaled.setdefault("original_max_position_embeddings", window)
+    if rope_type == "llama3":
+        scaled.update(LLAMA3_FACTORS)
+    if rope_type == "longrope":
+        if not half:
+            return None
+        scaled.update(long_factor=[factor] * half, short_factor=[1.0] * half)
+    return scaled
+
+
+def _scaled_config(config: Any, method: str, factor: float, half: int | None) -> Any | None:
+    parameters = getattr(config, "rope_parameters", None)
+    if not isinstance(parameters, dict) or not parameters:
+        return None
+    window = getattr(config, "original_max_position_embeddings", None) or config.max_position_embeddings
+    nested = all(isinstance(value, dict) for value in parameters.values())
+    if nested:
+        scaled = {layer: value if layer in LOCAL_LAYER_TYPES else stock_rope_parameters_for(method, factor, window, value, half)
+                  for layer, value in parameters.items()}
+        if any(value is None for value in scaled.values()):
+            return None
+    else:
+        scaled = stock_rope_parameters_for(method, factor, window, parameters, half)
+        if scaled is None:
+            return None
+    stock = copy.deepcopy(config)
+    stock.rope_parameters = scaled
+    return stock
+
+
+def _logits(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return model(input_ids=ids, use_cache=False).logits.float()
+
+
+def stock_scaled_logits(model: nn.Module, method: str, factor: float, config: Any, ids: torch.Tensor,
+                        state: dict[str, torch.Tensor], unscaled: torch.Tensor | None) -> torch.Tensor | None:
+    """The logits of ``ids`` from the model transformers builds with ``method`` in its ``rope_parameters``.
+
+    Args:
+        model: the (patched) model, for its class and rotary dimension.
+        method: our method name.
+        factor: the scale s.
+        config: the model's unpatched config.
+        ids: the tokens.
+        state: the model's unpatched state dict.
+        unscaled: the unpatched model's logits of ``ids`` (None when it cannot run them).
+
+    Returns:
+        The logits, or None where transformers does not scale this family with this method: no rope type for it,
+        no ``rope_parameters``, a config or model it refuses to build, or a scaling it ignores (the logits come out
+        equal to the unscaled model's).
+    """
+    stock_config = _scaled_config(config, method, factor, rotary_half_dim(model))
+    if stock_config is None:
+        return None
+    try:
+        stock = type(model)._from_config(stock_config, attn_implementation="eager", dtype=torch.float32).eval()
+        stock.load_state_dict(state, strict=False)
+        scaled = _logits(stock, ids)
+    except Exception:  # transformers refuses this rope type for this family: it does not scale it itself
+        return None
+    return None if unscaled is None or torch.equal(scaled, unscaled) else scaled

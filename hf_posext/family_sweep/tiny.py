@@ -1,0 +1,233 @@
+"""Tiny random instances of every ``*ForCausalLM`` class the installed transformers exports.
+
+One generic rule sizes every config by its field names (:data:`GENERIC_SIZES`: hidden 32, 2 layers, 4 heads,
+a 128-word vocabulary, a 32-token window, 4 experts, small MLA ranks, ...); :data:`RECIPES` overrides it for
+the families where the generic config does not build or run (see :mod:`hf_posext.family_sweep.recipes`).
+A model is first built on the meta device and refused when it is not tiny, so a config field the rules miss
+(a 4-billion-parameter default) fails in one line instead of filling the machine's memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from hf_posext.family_sweep.recipes import RECIPES, UNBUILDABLE
+
+__all__ = [
+    "GENERIC_SIZES",
+    "WINDOW",
+    "MAX_PARAMETERS",
+    "TinyModelError",
+    "TinyFamily",
+    "causal_lm_classes",
+    "tiny_family_config",
+    "build_tiny",
+    "position_kind",
+    "input_ids",
+]
+
+#: The pre-training window of every tiny model (``max_position_embeddings`` and its aliases).
+WINDOW = 32
+#: A tiny model above this many parameters is refused before its weights are allocated.
+MAX_PARAMETERS = 2_000_000
+
+#: Config field -> value, applied to every field of that name whose default is a number (never to a None default:
+#: a None ``sliding_window`` means "no sliding window", and stays so).
+GENERIC_SIZES: dict[str, int] = {
+    **dict.fromkeys(("vocab_size", "unpadded_vocab_size"), 128),
+    **dict.fromkeys(("hidden_size", "d_model", "n_embd", "embed_dim", "dim"), 32),
+    **dict.fromkeys(("intermediate_size", "ffn_dim", "decoder_ffn_dim", "encoder_ffn_dim", "n_inner", "ffn_hidden_size",
+                     "dim_ff", "intermediate_size_mlp", "dense_intermediate_size", "first_dense_intermediate_size",
+                     "mlp_only_intermediate_size"), 64),
+    **dict.fromkeys(("num_hidden_layers", "num_layers", "n_layer", "n_layers", "decoder_layers", "encoder_layers",
+                     "num_decoder_layers", "num_encoder_layers"), 2),
+    **dict.fromkeys(("num_attention_heads", "n_head", "n_heads", "num_heads", "decoder_attention_heads",
+                     "encoder_attention_heads", "attention_heads", "num_decoder_attention_heads",
+                     "num_encoder_attention_heads"), 4),
+    **dict.fromkeys(("num_key_value_heads", "swa_num_key_value_heads"), 2),
+    **dict.fromkeys(("head_dim", "swa_head_dim", "dim_head", "kv_channels"), 8),
+    "swa_num_attention_heads": 4,
+    **dict.fromkeys(("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len", "max_target_positions",
+                     "original_max_position_embeddings", "context_length"), WINDOW),
+    **dict.fromkeys(("sliding_window", "sliding_window_size", "attention_window_size", "local_attention_window_len",
+                     "window_size"), 16),
+    # mixture of experts
+    **dict.fromkeys(("num_experts", "n_routed_experts", "num_local_experts", "moe_num_experts"), 4),
+    **dict.fromkeys(("num_experts_per_tok", "moe_topk", "moe_k"), 2),
+    **dict.fromkeys(("moe_intermediate_size", "shared_expert_intermediate_size", "shared_intermediate_size",
+                     "moe_shared_expert_intermediate_size", "shared_experts_intermediate_size",
+                     "expert_ffn_hidden_size", "router_hidden_size"), 16),
+    # multi-head latent attention (DeepSeek-V2/V3 style) and its sparse indexer
+    **dict.fromkeys(("q_lora_rank", "kv_lora_rank", "o_lora_rank"), 16),
+    **dict.fromkeys(("qk_rope_head_dim", "qk_nope_head_dim"), 4),
+    "v_head_dim": 8,
+    **dict.fromkeys(("index_head_dim",), 8),
+    **dict.fromkeys(("index_n_heads", "index_num_heads"), 2),
+    **dict.fromkeys(("index_topk",), 8),
+    # linear attention and state-space layers
+    **dict.fromkeys(("linear_key_head_dim", "linear_value_head_dim", "linear_head_dim", "mamba_head_dim"), 8),
+    **dict.fromkeys(("linear_num_key_heads", "linear_num_value_heads", "linear_num_heads"), 2),
+    **dict.fromkeys(("mamba_d_state", "state_size", "ssm_state_size"), 8),
+    **dict.fromkeys(("mamba_n_heads", "mamba_num_heads"), 4),
+    **dict.fromkeys(("mamba_chunk_size", "chunk_size"), 16),
+    # per-layer inputs, adapters and other side tables
+    **dict.fromkeys(("vocab_size_per_layer_input",), 128),
+    **dict.fromkeys(("hidden_size_per_layer_input", "laurel_rank", "adapter_rank", "loop_gate_rank", "hc_lowrank",
+                     "gated_norm_rank"), 4),
+}
+
+#: Fields sized even where their default is None (None there means "derive it", not "off").
+_SIZED_EVEN_IF_UNSET = ("head_dim", "num_key_value_heads", "num_experts_per_tok")
+
+#: Special-token fields and the id each takes (inside the 128-word vocabulary).
+_TOKEN_IDS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "decoder_start_token_id": 1, "sep_token_id": 2,
+              "cls_token_id": 1, "image_token_id": 3}
+
+
+class TinyModelError(RuntimeError):
+    """A class whose tiny instance cannot be built or run (its config, its size or its forward)."""
+
+
+@dataclass(frozen=True)
+class TinyFamily:
+    """One ``*ForCausalLM`` class and how its tiny instance is built.
+
+    Attributes:
+        class_name: the exported class (``"LlamaForCausalLM"``).
+        config_overrides: the recipe's config fields (empty when the generic config builds).
+        note: why the recipe exists, for the support matrix.
+        unbuildable: the one-line reason no tiny instance can run here, or None.
+    """
+
+    class_name: str
+    config_overrides: dict[str, Any]
+    note: str = ""
+    unbuildable: str | None = None
+
+
+def causal_lm_classes() -> list[str]:
+    """Every ``*ForCausalLM`` class name the installed transformers exports (``AutoModelForCausalLM`` left out)."""
+    import transformers
+
+    return sorted(name for name in dir(transformers) if name.endswith("ForCausalLM") and not name.startswith("Auto"))
+
+
+def _field_defaults(config_cls: type) -> dict[str, Any]:
+    if dataclasses.is_dataclass(config_cls):
+        return {field.name: field.default for field in dataclasses.fields(config_cls)}
+    parameters = inspect.signature(config_cls.__init__).parameters.values()
+    return {p.name: p.default for p in parameters if p.default is not inspect.Parameter.empty}
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def generic_overrides(config_cls: type) -> dict[str, Any]:
+    """The generic tiny sizes of the fields ``config_cls`` has (:data:`GENERIC_SIZES`, special-token ids), and of
+    its sub-configs (a dict each: ``text_config``, ``attn_config``, ...)."""
+    defaults = _field_defaults(config_cls)
+    overrides = {name: value for name, value in GENERIC_SIZES.items()
+                 if _is_number(defaults.get(name)) or (name in _SIZED_EVEN_IF_UNSET and name in defaults)}
+    overrides.update({name: value for name, value in _TOKEN_IDS.items() if _is_number(defaults.get(name))})
+    if "qk_rope_head_dim" in overrides:  # MLA: keys and values carry every head, none shared
+        overrides["num_key_value_heads"] = overrides.get("num_attention_heads", 4)
+    for name, sub_config_cls in (getattr(config_cls, "sub_configs", None) or {}).items():
+        if name in defaults and isinstance(sub_config_cls, type):
+            overrides[name] = generic_overrides(sub_config_cls)
+    return overrides
+
+
+def tiny_family(class_name: str) -> TinyFamily:
+    """How ``class_name``'s tiny instance is built: its recipe (:data:`RECIPES`) or the generic config."""
+    if class_name in UNBUILDABLE:
+        return TinyFamily(class_name, {}, unbuildable=UNBUILDABLE[class_name])
+    overrides, note = RECIPES.get(class_name, ({}, ""))
+    return TinyFamily(class_name, dict(overrides), note)
+
+
+def tiny_family_config(class_name: str, **extra: Any) -> Any:
+    """The tiny config of ``class_name``: generic sizes, then its recipe, then ``extra``.
+
+    Raises:
+        TinyModelError: the class is listed as unbuildable here, or its config rejects the sizes.
+    """
+    import transformers
+
+    family = tiny_family(class_name)
+    if family.unbuildable:
+        raise TinyModelError(f"{class_name}: {family.unbuildable}")
+    config_cls = getattr(transformers, class_name).config_class
+    overrides = {**generic_overrides(config_cls), **family.config_overrides, **extra}
+    builder = overrides.pop("build_config", None)
+    try:
+        return builder(config_cls, overrides) if builder else config_cls(**overrides)
+    except Exception as error:
+        raise TinyModelError(f"{class_name}: the tiny config does not build ({type(error).__name__}: "
+                             f"{' '.join(str(error).split())[:200]}); give it a recipe in family_sweep/recipes.py") from None
+
+
+def build_tiny(class_name: str, seed: int = 0, config: Any = None) -> nn.Module:
+    """A tiny random float32 instance of ``class_name`` in eval mode, eager attention.
+
+    Args:
+        class_name: a ``*ForCausalLM`` class of the installed transformers.
+        seed: the random seed of its weights.
+        config: a config to use instead of :func:`tiny_family_config`'s.
+
+    Raises:
+        TinyModelError: no tiny config, more than :data:`MAX_PARAMETERS` parameters (a size the rules miss).
+    """
+    import transformers
+
+    model_cls = getattr(transformers, class_name)
+    config = config if config is not None else tiny_family_config(class_name)
+    with torch.device("meta"):
+        skeleton = model_cls._from_config(config, attn_implementation="eager", dtype=torch.float32)
+    count = sum(parameter.numel() for parameter in skeleton.parameters())
+    if count > MAX_PARAMETERS:
+        raise TinyModelError(f"{class_name}: the tiny config still has {count:,} parameters (> {MAX_PARAMETERS:,}); "
+                             "a size field the generic rules miss: add it to GENERIC_SIZES or the family's recipe")
+    torch.manual_seed(seed)
+    model = model_cls._from_config(config, attn_implementation="eager", dtype=torch.float32)
+    return model.eval()
+
+
+def input_ids(model: nn.Module, length: int, seed: int = 0) -> torch.Tensor:
+    """``[1, length]`` random token ids inside the model's vocabulary, above the special ids."""
+    vocab = model.get_input_embeddings().weight.shape[0] if model.get_input_embeddings() is not None else 128
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(4, max(5, min(vocab, 128)), (1, length), generator=generator)
+
+
+def position_kind(model: nn.Module) -> str:
+    """The kind of positions ``model`` carries, read from its structure (never its class name).
+
+    Returns:
+        ``"rope"`` (rotary frequencies or a fixed rotary table), ``"relative"`` (a T5-style bias table),
+        ``"learned"`` (a position embedding table), ``"sinusoidal"`` (a fixed sinusoidal encoding),
+        ``"alibi"`` (linear attention biases) or ``"none"`` (no positions: recurrent or state-space layers).
+    """
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    names = [(name, type(module).__name__) for name, module in model.named_modules()]
+    buffers = [name for name, _ in model.named_buffers()]
+    if any(name.endswith("inv_freq") for name in buffers) or any("Rotary" in cls for _, cls in names) \
+            or getattr(config, "rotary_dim", None) or getattr(config, "rotary_pct", None):
+        return "rope"
+    if any(hasattr(module, "relative_attention_bias") for module in model.modules()):
+        return "relative"
+    if any("Sinusoidal" in cls for _, cls in names):
+        return "sinusoidal"
+    if getattr(config, "alibi", False) or getattr(getattr(config, "attn_config", None), "alibi", False) \
+            or hasattr(inspect.getmodule(type(model)), "build_alibi_tensor"):
+        return "alibi"
+    if any(isinstance(module, nn.Embedding) and ("pos" in name.rsplit(".", 1)[-1] or name.endswith("wpe"))
+           for name, module in model.named_modules()):
+        return "learned"
+    return "none"

@@ -1,0 +1,78 @@
+"""Every ``*ForCausalLM`` class of the installed transformers, tiny, patched with every applicable method.
+
+One test per class (:func:`hf_posext.family_sweep.sweep.sweep_class`): 0 crashes, 0 skips and 0 refusals other
+than those listed, with their one-line reason, in ``hf_posext/family_sweep/known.py``; a listed crash (a backend
+bug still open) is an xfail that names it. A class that a new transformers release adds is not listed, so
+anything but ``ok`` on it fails here. Each class's row of ``docs/families.md`` must be the one the sweep renders
+(regenerate it with ``python bench/family_sweep.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from hf_posext.family_sweep import known
+from hf_posext.family_sweep.matrix import render_row, rows_of_page
+from hf_posext.family_sweep.sweep import CRASH, OK, REFUSED, FamilyResult, MethodOutcome, sweep_class
+from hf_posext.family_sweep.tiny import causal_lm_classes
+
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "families.md"
+CLASSES = causal_lm_classes()
+
+
+@pytest.fixture(autouse=True)
+def _quiet():
+    logging.disable(logging.WARNING)
+    yield
+    logging.disable(logging.NOTSET)
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("class_name", CLASSES)
+def test_family(class_name):
+    result = sweep_class(class_name)
+    found = known.problems(result)
+    row = rows_of_page(DOCS.read_text()).get(render_row(result).split("|")[1].strip())
+    if row != render_row(result):
+        found.append(f"docs/families.md's row of {class_name} is not the sweep's: run python bench/family_sweep.py "
+                     f"(docs: {row!r}; sweep: {render_row(result)!r})")
+    assert not found, "\n".join(found)
+    crashes = [m for m in result.methods if m.outcome == CRASH]
+    if crashes:
+        pytest.xfail("listed backend failures: " + "; ".join(f"{m.method}: {m.reason}" for m in crashes))
+
+
+def test_docs_list_every_class_once():
+    rows = rows_of_page(DOCS.read_text())
+    names = {name.removesuffix("ForCausalLM") for name in CLASSES}
+    assert set(rows) == names, (f"docs/families.md lists {sorted(set(rows) - names)} that transformers does not export, "
+                                f"and misses {sorted(names - set(rows))}: run python bench/family_sweep.py")
+
+
+def test_known_table_names_installed_classes():
+    stale = sorted({name for name, _ in known.KNOWN} - set(CLASSES))
+    assert not stale, f"family_sweep/known.py lists classes the installed transformers lacks: {stale}"
+
+
+def _result(*outcomes: MethodOutcome, built: bool = True, reason: str = "") -> FamilyResult:
+    return FamilyResult("NewFamilyForCausalLM", kind="rope", built=built, reason=reason, methods=list(outcomes))
+
+
+@pytest.mark.parametrize("result", [
+    _result(MethodOutcome("yarn", CRASH, "RuntimeError: Tensors must have same number of dimensions")),
+    _result(MethodOutcome("yarn", REFUSED, "UnsupportedModelError: no rotary module")),
+    _result(built=False, reason="TinyModelError: the tiny config does not build"),
+], ids=["crash", "refusal", "skip"])
+def test_an_unlisted_new_family_fails(result):
+    """A family that no entry names (a new transformers release) is reported, whatever it does but ok."""
+    assert known.problems(result)
+
+
+def test_a_listed_entry_that_passes_is_stale(monkeypatch):
+    monkeypatch.setitem(known.KNOWN, ("NewFamilyForCausalLM", "yarn"), known.Expected(known.REFUSED, "no rotary module"))
+    assert "now passes" in known.problems(_result(MethodOutcome("yarn", OK)))[0]
+    assert not known.problems(_result(MethodOutcome("yarn", REFUSED, "UnsupportedModelError: no rotary module here")))
+    assert "another reason" in known.problems(_result(MethodOutcome("yarn", REFUSED, "ValueError: other")))[0]

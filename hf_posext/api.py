@@ -16,7 +16,8 @@ from torch import nn
 from hf_posext.backends import BACKENDS, Backend, backend_for_record, primary_backend
 from hf_posext.core.errors import RecordError, UnsupportedModelError, check_model
 from hf_posext.core.loading import check_weight_files, config_kwargs, model_class_for
-from hf_posext.core.record import CONFIG_KEY, FREQUENCY_FIELD, ScalingReport, text_config, validate_record
+from hf_posext.core.record import CONFIG_KEY, FREQUENCY_FIELD, ScalingReport, seal_record, text_config, validate_record
+from hf_posext.core.record_checks import check_record_digest, check_record_matches_config
 from hf_posext.core.request import ScalingRequest
 from hf_posext.methods import get_method, kinds_of
 from hf_posext.user_warnings import warn_at_caller
@@ -61,6 +62,7 @@ def _replace_patch(model: nn.Module, apply: Any) -> nn.Module:
         _unpatch_all(model)
         for backend, request in restore:
             backend.patch(model, request)
+        _sealed(model)  # the record as it was
         raise
 
 
@@ -151,20 +153,20 @@ def patch(
     ).require_size()  # "none" needs no factor; any other method needs a size
     extras = {} if tokenizer is None else {"tokenizer": tokenizer}
     if request.is_composed:
-        return _patch_composed(model, request, extras)
+        return _sealed(_patch_composed(model, request, extras))
     backend = select_backend(model, request.method)
     if len(patched_backends(model)) > 1:  # a composition is replaced as a whole
-        return _replace_patch(model, lambda: backend.patch(model, request, **extras))
+        return _sealed(_replace_patch(model, lambda: backend.patch(model, request, **extras)))
     previous = patched_backend(model)
     if previous is None or previous is backend:
-        return backend.patch(model, request, **extras)
+        return _sealed(backend.patch(model, request, **extras))
     # Another backend's patch is replaced: undo it, and put it back if the new one fails.
     restore = previous.current_request(model)
     previous.unpatch(model)
     try:
         patched = backend.patch(model, request, **extras)
     except Exception:
-        previous.patch(model, restore)
+        _sealed(previous.patch(model, restore))  # the record as it was
         raise
     if "rope" in previous.method_kinds and "attention" in backend.method_kinds and restore.method != "none":
         warn_at_caller(
@@ -173,7 +175,17 @@ def patch(
             f"{restore.method}'s frequencies, e.g. on a model fine-tuned with {restore.method}, patch both in one call: "
             f"hf_posext.patch(model, \"{restore.method}+{request.method}\", factor={restore.factor:g})."
         )
-    return patched
+    return _sealed(patched)
+
+
+def _sealed(model: nn.Module) -> nn.Module:
+    """``model`` with its record (if any) sealed by its digest (:func:`~hf_posext.core.record.seal_record`), so that a
+    saved record edited by hand is refused on load."""
+    config = text_config(model.config)
+    record = getattr(config, CONFIG_KEY, None)
+    if isinstance(record, dict):
+        setattr(config, CONFIG_KEY, seal_record(record))
+    return model
 
 
 def unpatch(model: nn.Module) -> nn.Module:
@@ -248,6 +260,7 @@ def read_record(path: str, config: Any) -> dict[str, Any] | None:
     if record is not None:
         _check_record_params(record, source)
         record = _check_frequency_part(record, source)
+        check_record_matches_config(record, config, source)  # the field and both values named
     return record
 
 
@@ -348,7 +361,9 @@ def load(name_or_path: str | os.PathLike, **from_pretrained_kwargs: Any) -> nn.M
     Raises:
         RecordError: the saved record is malformed (the message names the file and the field: a mistyped
             or impossible value, a version that is not a positive integer, a kind its method does not
-            have, a kind the model's positions cannot take); raised before any weight is loaded.
+            have, a kind the model's positions cannot take, a factor or window its config contradicts); raised
+            before any weight is loaded. A record edited in any other way (its digest no longer matches) is
+            refused once the weights have loaded, before the model is returned.
         DamagedFileError: a weights file of the folder is truncated or corrupt (named).
     """
     from transformers import AutoConfig
@@ -364,4 +379,7 @@ def load(name_or_path: str | os.PathLike, **from_pretrained_kwargs: Any) -> nn.M
     check_weight_files(path)
     if record is None:
         return model_class_for(config).from_pretrained(path, **from_pretrained_kwargs)
-    return backend_for_record(record["kind"]).load(path, record, **from_pretrained_kwargs)
+    model = backend_for_record(record["kind"]).load(path, record, **from_pretrained_kwargs)
+    # any other hand edit of the record (after the backend's own checks, whose messages name the field)
+    check_record_digest(getattr(text_config(config), CONFIG_KEY, None) or {}, source)
+    return _sealed(model)

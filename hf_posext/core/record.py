@@ -12,6 +12,7 @@ Records written before versioning (no ``version``) are read as version 1.
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import math
 import os
@@ -33,6 +34,9 @@ __all__ = [
     "jsonable",
     "make_record",
     "validate_record",
+    "DIGEST_FIELD",
+    "record_digest",
+    "seal_record",
     "text_config",
 ]
 
@@ -46,6 +50,9 @@ RECORD_VERSION = 1
 #: Marks a config field that did not exist (in snapshots; survives a JSON round trip as this text).
 ABSENT = "__absent__"
 _REQUIRED_FIELDS = ("method", "factor", "original_max_position_embeddings")
+#: The field of a record that holds :func:`record_digest` of the rest of it, as the record was saved: a record edited
+#: by hand (a factor, a window, its ``original_config``) no longer matches it. Records saved before it have none.
+DIGEST_FIELD = "digest"
 
 
 @dataclass
@@ -138,6 +145,17 @@ def make_record(kind: str, method: str, factor: float, original_window: int, par
         "params": {k: v for k, v in params.items() if v is not None},
         **extra,
     }
+
+
+def record_digest(record: dict[str, Any]) -> str:
+    """A digest of ``record``'s content as saved to JSON (its :data:`DIGEST_FIELD` left out)."""
+    content = jsonable({key: value for key, value in record.items() if key != DIGEST_FIELD})
+    return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def seal_record(record: dict[str, Any]) -> dict[str, Any]:
+    """``record`` with its :data:`DIGEST_FIELD` set to :func:`record_digest` (written with the record, checked on load)."""
+    return {**record, DIGEST_FIELD: record_digest(record)}
 
 
 def validate_record(record: Any, source: str | os.PathLike) -> dict[str, Any] | None:

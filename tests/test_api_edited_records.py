@@ -1,0 +1,87 @@
+"""A saved record edited by hand is not read as true: ``hf_posext.load`` refuses a record that disagrees with the
+config it sits in, or whose content no longer matches the digest it was saved with, in one line naming the file and
+the field: a contradiction before any weight loads, any other edit before the model is returned."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+
+import hf_posext
+from hf_posext.core.errors import RecordError
+from hf_posext.models import tiny_model
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """A yarn+string x2 save of a 128-window tiny Llama, and its config.json as written."""
+    folder = tmp_path_factory.mktemp("saved") / "yarn-string"
+    model = tiny_model("llama", max_position_embeddings=128)
+    hf_posext.patch(model, "yarn+string", factor=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.save_pretrained(folder)
+    return folder, json.loads((folder / "config.json").read_text())
+
+
+def edited(tmp_path, saved, edit):
+    """A copy of the save whose config.json has had ``edit`` applied to it."""
+    folder, config = saved
+    copy = tmp_path / "edited"
+    copy.mkdir()
+    for path in folder.iterdir():
+        (copy / path.name).write_bytes(path.read_bytes())
+    config = json.loads(json.dumps(config))
+    edit(config)
+    (copy / "config.json").write_text(json.dumps(config, indent=2))
+    return copy
+
+
+def no_weights(monkeypatch):
+    import hf_posext.api as api
+
+    monkeypatch.setattr(api, "check_weight_files", lambda *a, **k: pytest.fail("went on to the weights"))
+
+
+def test_an_unedited_save_loads_and_unpatches_to_its_original_window(saved):
+    folder, _ = saved
+    model = hf_posext.load(folder)
+    assert hf_posext.describe(model).current_window == 256
+    hf_posext.unpatch(model)
+    assert model.config.max_position_embeddings == 128
+
+
+def test_a_record_factor_the_rope_parameters_contradict_is_refused_before_loading(saved, tmp_path, monkeypatch):
+    def edit(config):
+        config["hf_posext"]["frequency_scaling"]["factor"] = 4.0  # rope_parameters still say x2
+
+    folder = edited(tmp_path, saved, edit)
+    no_weights(monkeypatch)
+    with pytest.raises(RecordError) as refused:
+        hf_posext.load(folder)
+    message = str(refused.value)
+    assert message.startswith(f"{folder / 'config.json'}") and "'hf_posext'.frequency_scaling.factor is 4" in message, message
+    assert "rope_parameters" in message and "factor 2" in message and "\n" not in message
+
+
+def test_an_edited_original_config_is_refused_by_the_records_digest(saved, tmp_path):
+    def edit(config):
+        config["hf_posext"]["frequency_scaling"]["original_config"]["max_position_embeddings"] = 4096
+
+    folder = edited(tmp_path, saved, edit)
+    with pytest.raises(RecordError) as refused:  # after the backends' own checks (which name the field they refuse)
+        hf_posext.load(folder)
+    message = str(refused.value)
+    assert message.startswith(f"{folder / 'config.json'}") and "was edited after hf_posext saved it" in message, message
+    assert "re-save the model with hf_posext" in message and "\n" not in message
+
+
+def test_a_record_saved_before_digests_still_loads(saved, tmp_path):
+    def edit(config):
+        config["hf_posext"].pop("digest")
+        config["hf_posext"]["frequency_scaling"].pop("digest", None)
+
+    model = hf_posext.load(edited(tmp_path, saved, edit))
+    assert hf_posext.describe(model).current_window == 256

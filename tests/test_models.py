@@ -117,3 +117,15 @@ def test_a_local_gguf_variable_pointing_nowhere_is_refused_in_one_line(tmp_path,
     monkeypatch.setenv("HF_POSEXT_GEMMA3_GGUF", str(tmp_path / "absent"))
     with pytest.raises(FileNotFoundError, match=r"^HF_POSEXT_GEMMA3_GGUF=.*absent does not exist; point it at the .gguf"):
         fetch_gguf("gemma3-270m", tmp_path)
+
+
+def test_an_adapter_card_on_gemma3_names_its_quantisation_hub_id_and_licence(tmp_path):
+    from hf_posext.training.config import load_config
+    from hf_posext.training.model_card import adapter_model_card
+    from tests.training_helpers import TINY_RECIPE
+
+    record = {"base_model": "gemma3-270m", "method": "linear", "factor": 2.0, "original_window": 32768, "current_window": 65536}
+    card = adapter_model_card(load_config(TINY_RECIPE), record, tmp_path / "log.jsonl")
+    assert card.startswith("---\nbase_model: google/gemma-3-270m\n")
+    assert "the model's Q4_K_M GGUF dequantised to float32, under Gemma Terms of Use (https://ai.google.dev/gemma/terms)" in card
+    assert "load_adapted_model('gemma3-270m'" in card

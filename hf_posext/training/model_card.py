@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from hf_posext.models import EMBEDDED_HUB_IDS, hub_id, looks_like_local_path
+from hf_posext.models import EMBEDDED, EMBEDDED_HUB_IDS, hub_id, looks_like_local_path
 from hf_posext.training.config import TrainConfig
 
 __all__ = ["adapter_model_card", "measured_section"]
@@ -89,7 +89,8 @@ def adapter_model_card(config: TrainConfig, record: dict[str, Any], log_path: Pa
         f"{record.get('current_window')}-token window",
         "",
         f"- **Base model:** `{shown}` (window {record.get('original_window')} tokens)"
-        + (f", as embedded in hf-posext (`{name}`: the model's Q4_1 GGUF dequantised to float32; the hub's own weights are "
+        + (f", as embedded in hf-posext (`{name}`: the model's {EMBEDDED[name.strip().lower()].quantisation} GGUF dequantised "
+           f"to float32, under {EMBEDDED[name.strip().lower()].licence}; the hub's own weights are "
            "close to it but not equal, and hf-posext's loaders, which check the weights fingerprint in `posext_adapter.json`, "
            "refuse them)." if name.strip().lower() in EMBEDDED_HUB_IDS else "."),
         f"- **Scaling:** {scaling} (parameters {record.get('params') or {}}), window "

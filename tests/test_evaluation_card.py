@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from hf_posext.core.errors import DamagedFileError
 from hf_posext.evaluation.card import (
     relabelled_rows,
     CardFileError, SampleCache, SampleResults, SampleResultsError, base_reference, beyond_base, card_figure, sample_counts_text, combined_row_order, check_length_budget, combine_cards, earlier_card, method_text,
@@ -116,6 +117,23 @@ def test_cache_key_follows_the_tokenizer_not_its_files(tmp_path):
     assert cache.get(key, 1) == docs[:1] and cache.get(key, 3) is None
     for changed in ({"seed": 1}, {"length": 2048}, {"task_version": "2.0"}, {"tokenizer": tokenizer_hash(other)}):
         assert cache.get({**key, **changed}, 1) is None, changed
+
+
+def test_a_sample_cache_edited_under_its_key_is_refused_by_its_digest(tmp_path):
+    key = sample_cache_key("niah_single_1", 1.0, "tok", 1024, 0, "0.4.13")
+    cache = SampleCache(tmp_path / "cache")
+    path = cache.put(key, [{"input": "The code is 1234.", "outputs": ["1234"]}, {"input": "y", "outputs": ["2"]}])
+    data = json.loads(path.read_text())
+    data["docs"][0]["input"] = "The code is 9999."  # the prompt edited, its key kept
+    path.write_text(json.dumps(data))
+    with pytest.raises(DamagedFileError) as refused:
+        cache.get(key, 1)
+    message = str(refused.value)
+    assert f"RULER sample cache {path}" in message and "do not match their digest" in message, message
+    assert "delete it to generate the samples again" in message and "\n" not in message
+    data.pop("digest")  # a cache written before digests is read as it is
+    path.write_text(json.dumps(data))
+    assert cache.get(key, 1)[0]["input"] == "The code is 9999."
 
 
 def test_sample_results_resume_and_a_cut_off_last_line(tmp_path):

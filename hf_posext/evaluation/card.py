@@ -37,6 +37,8 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from hf_posext.core.errors import DamagedFileError
+from hf_posext.core.files import write_text_atomic
+from hf_posext.core.integrity import json_digest
 from hf_posext.evaluation.labels import format_length
 from hf_posext.evaluation.paired import window_losses
 from hf_posext.evaluation.plots import layout_problems, save_figure
@@ -214,8 +216,9 @@ def _key_name(key: dict[str, Any]) -> str:
 class SampleCache:
     """RULER samples on disk, one JSON file per key (:func:`sample_cache_key`): ``{"key", "docs"}``.
 
-    ``get`` returns the first ``n`` docs when the file holds at least ``n``; ``put`` writes atomically.
-    A file whose key does not match its name, or that is not JSON, is named in the error, never reused.
+    ``get`` returns the first ``n`` docs when the file holds at least ``n``; ``put`` writes atomically, with a digest
+    of the docs. A file whose key does not match its name, whose docs do not match their digest, or that is not
+    JSON, is named in the error, never reused.
     """
 
     def __init__(self, folder: str | os.PathLike) -> None:
@@ -236,6 +239,9 @@ class SampleCache:
         if not isinstance(data, dict) or data.get("key") != key or not isinstance(data.get("docs"), list):
             raise DamagedFileError(f"RULER sample cache {path} does not hold the samples of {key}; delete it to generate them again.")
         docs = data["docs"]
+        if data.get("digest") is not None and data["digest"] != json_digest(docs):  # a cache before digests has none
+            raise DamagedFileError(f"RULER sample cache {path}: its docs do not match their digest (edited after they were "
+                                   "generated); delete it to generate the samples again.")
         return docs[:n] if len(docs) >= n else None
 
     def stored(self, key: dict[str, Any]) -> list[dict[str, Any]]:
@@ -247,9 +253,7 @@ class SampleCache:
     def put(self, key: dict[str, Any], docs: list[dict[str, Any]]) -> Path:
         path = self.path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_suffix(".json.tmp")
-        temporary.write_text(json.dumps({"key": key, "docs": docs}, default=str))
-        temporary.replace(path)
+        write_text_atomic(path, json.dumps({"key": key, "digest": json_digest(docs), "docs": docs}, default=str))
         return path
 
 

@@ -10,6 +10,8 @@ Usage:
     nice python bench/family_sweep.py                               # every class; JSON + docs/families.md
     python bench/family_sweep.py --classes LlamaForCausalLM,Gemma3ForCausalLM --no-docs
     python bench/family_sweep.py --status /tmp/family_sweep_status.txt   # also the one-line findings
+    python bench/family_sweep.py --classes Qwen3_5ForCausalLM --merge   # re-sweep one class, update JSON and page
+    python bench/family_sweep.py --render-only                      # the page again from the JSON
 Results: bench/results/family_sweep/sweep.json (rows, totals, versions, seconds); exit status 1 when a
 result differs from hf_posext/family_sweep/known.py.
 """
@@ -34,7 +36,7 @@ if not HELP_ONLY:  # `--help` answers without loading torch (tests/test_bench_he
 
     from hf_posext.family_sweep.known import problems
     from hf_posext.family_sweep.matrix import render_page
-    from hf_posext.family_sweep.sweep import FamilyResult, sweep_class
+    from hf_posext.family_sweep.sweep import FamilyResult, result_from_dict, sweep_class
     from hf_posext.family_sweep.tiny import causal_lm_classes
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -86,12 +88,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--docs", type=Path, default=DOCS, help="the generated matrix page (default: %(default)s)")
     parser.add_argument("--no-docs", action="store_true", help="do not rewrite the matrix page (always so with --classes)")
     parser.add_argument("--status", type=Path, help="also write the non-ok findings there, one line each")
+    parser.add_argument("--merge", action="store_true",
+                        help="replace only the --classes rows of the existing JSON, and regenerate the page from all rows")
+    parser.add_argument("--render-only", action="store_true", help="regenerate the page from the existing JSON; sweep nothing")
     args = parser.parse_args(argv)
+    if args.render_only:
+        record = json.loads(args.out.read_text())
+        args.docs.write_text(render_page([result_from_dict(row) for row in record["rows"]], record["versions"], COMMAND))
+        return 0
     logging.disable(logging.WARNING)
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
     classes = args.classes.split(",") if args.classes else causal_lm_classes()
     results, seconds = run(classes)
+    if args.merge and args.out.exists():
+        swept = {r.class_name for r in results}
+        earlier = [result_from_dict(row) for row in json.loads(args.out.read_text())["rows"] if row["class_name"] not in swept]
+        results = sorted(earlier + results, key=lambda r: r.class_name)
     found = [line for result in results for line in problems(result)]
     record = {"versions": versions(), "machine": platform.machine(), "seconds": round(seconds, 1),
               "totals": totals(results), "problems": found, "rows": [dataclasses.asdict(r) for r in results]}
@@ -99,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.write_text(json.dumps(record, indent=1) + "\n")
     if args.status:
         args.status.write_text("\n".join(status_lines(results)) + "\n")
-    if not (args.no_docs or args.classes):
+    if not (args.no_docs or (args.classes and not args.merge)):
         args.docs.write_text(render_page(results, versions(), COMMAND))
     print(json.dumps({"totals": record["totals"], "seconds": record["seconds"]}))
     print("\n".join(found) or "every result as listed in hf_posext/family_sweep/known.py")

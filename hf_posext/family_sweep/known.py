@@ -1,6 +1,7 @@
 """The one table of outcomes other than ``ok``: every refusal, every known crash, every class that is not built.
 
-Keyed by ``(class name, method)``; the method ``"*"`` covers every method of that class. Each entry holds the
+Keyed by ``(class name, method)``; the method ``"*"`` covers every method of that class, ``"attention"`` its
+attention-level methods and their composition (:data:`ATTENTION_GROUP`). Each entry holds the
 expected outcome and a piece of the one-line reason that must appear in what the sweep saw, so a reworded or
 new failure shows up as a difference, and an entry that starts to pass shows up as stale. A family that a new
 transformers release adds starts with no entry: anything but ``ok`` fails until it is listed here.
@@ -14,9 +15,11 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # the sweep's result type, for annotations only
     from hf_posext.family_sweep.sweep import FamilyResult
 
-__all__ = ["Expected", "KNOWN", "expected_outcome", "problems", "REFUSED", "XFAIL", "SKIPPED"]
+__all__ = ["ATTENTION_GROUP", "Expected", "KNOWN", "expected_outcome", "problems", "REFUSED", "XFAIL", "SKIPPED"]
 
 REFUSED, XFAIL, SKIPPED = "refused", "xfail", "skipped"
+#: The methods an ``"attention"`` entry covers.
+ATTENTION_GROUP = ("self-extend", "dca", "string", "yarn+string")
 
 
 @dataclass(frozen=True)
@@ -39,8 +42,9 @@ KNOWN: dict[tuple[str, str], Expected] = {
 
 
 def expected_outcome(class_name: str, method: str) -> Expected | None:
-    """The listed outcome of ``method`` on ``class_name`` (its own entry first, then the class's ``"*"``)."""
-    return KNOWN.get((class_name, method)) or KNOWN.get((class_name, "*"))
+    """The listed outcome of ``method`` on ``class_name``: its own entry, else its group's, else the class's ``"*"``."""
+    group = KNOWN.get((class_name, "attention")) if method in ATTENTION_GROUP else None
+    return KNOWN.get((class_name, method)) or group or KNOWN.get((class_name, "*"))
 
 
 def problems(result: "FamilyResult") -> list[str]:

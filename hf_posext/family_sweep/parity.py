@@ -115,10 +115,10 @@ def stock_scaled_logits(model: nn.Module, method: str, factor: float, config: An
         no ``rope_parameters``, a config or model it refuses to build, or a scaling it ignores (the logits come out
         equal to the unscaled model's).
     """
-    stock_config = _scaled_config(config, method, factor, rotary_half_dim(model))
-    if stock_config is None:
-        return None
     try:
+        stock_config = _scaled_config(config, method, factor, rotary_half_dim(model))
+        if stock_config is None:
+            return None
         stock = type(model)._from_config(stock_config, attn_implementation="eager", dtype=torch.float32).eval()
         stock.load_state_dict(state, strict=False)
         scaled = _logits(stock, ids)

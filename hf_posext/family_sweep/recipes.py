@@ -25,23 +25,43 @@ RECIPES: dict[str, tuple[dict[str, Any], str]] = {
     "Qwen3NextForCausalLM": (dict(layer_types=["linear_attention", "full_attention"]), _HYBRID),
     "Qwen3_5ForCausalLM": (dict(layer_types=["linear_attention", "full_attention"]), _HYBRID),
     "Qwen3_5MoeForCausalLM": (dict(layer_types=["linear_attention", "full_attention"]), _HYBRID),
-    "Qwen4ExpForCausalLM": (dict(layer_types=["linear_attention", "indexed_attention"]), _HYBRID),
     "RecurrentGemmaForCausalLM": (dict(num_hidden_layers=3), "three layers: two recurrent, one attention"),
     "GPTJForCausalLM": (dict(rotary_dim=4), "a rotary dim that fits the 8-wide heads"),
     "CodeGenForCausalLM": (dict(rotary_dim=4), "a rotary dim that fits the 8-wide heads"),
     "Gemma3nForCausalLM": (dict(num_kv_shared_layers=0, layer_types=["sliding_attention", "full_attention"]),
                            "no KV-shared layers in two"),
-    "CohereCompassForCausalLM": (dict(layer_types=["sliding_attention", "full_attention"]), "both layer types present"),
     "Dots3NoteForCausalLM": (dict(num_key_value_heads=4), "as many key/value heads as query heads"),
     "Kolibri1_1ForCausalLM": (dict(head_dim=16, hidden_size=64), "a head dim that is a multiple of 16"),
     "ZayaForCausalLM": (dict(num_experts_per_tok=1), "one expert per token"),
-    "Gemma4AssistantForCausalLM": (dict(hidden_size_per_layer_input=0), "no per-layer inputs"),
+    "Dots1ForCausalLM": (dict(n_routed_experts=4, n_shared_experts=1), "four routed experts and one shared"),
+    "XmodForCausalLM": (dict(default_language="en_XX"), "a default language adapter"),
+    "MusicgenForCausalLM": (dict(num_codebooks=1), "one codebook"),
+    "MusicgenMelodyForCausalLM": (dict(num_codebooks=1), "one codebook"),
+    "RoCBertForCausalLM": (dict(shape_vocab_size=64, shape_embed_dim=16, pronunciation_vocab_size=64,
+                                pronunciation_embed_dim=16), "small shape and pronunciation tables"),
+    "CsmDepthDecoderForCausalLM": (dict(backbone_hidden_size=32), "a small backbone width"),
+    "BltForCausalLM": (dict(encoder_hash_byte_group_vocab=64), "a small hash vocabulary"),
     "GPTNeoForCausalLM": (dict(attention_types=[[["global", "local"], 1]]), "one global and one local layer"),
     "Mamba2ForCausalLM": (dict(num_heads=4, head_dim=16, expand=2), "heads x head dim = expand x hidden"),
-    "ZambaForCausalLM": (dict(layers_block_type=["mamba", "hybrid"], attn_layer_period=2, attn_layer_offset=1),
-                         _HYBRID),
+    "ZambaForCausalLM": (dict(num_hidden_layers=3, layers_block_type=["mamba", "hybrid", "hybrid"]),
+                         "two hybrid layers (their shared transformer is tied across them)"),
     "Zamba2ForCausalLM": (dict(layers_block_type=["mamba", "hybrid"], hybrid_layer_ids=[1]), _HYBRID),
+    "CohereCompassForCausalLM": (dict(layer_types=["sliding_attention", "full_attention"], rope_parameters={
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        "full_attention": {"rope_type": "default", "rope_theta": 1000000.0}}),
+        "per-layer-type rope_parameters (the class has no default)"),
+    "DbrxForCausalLM": (dict(attn_config=dict(kv_n_heads=2, rope_theta=10000.0, clip_qkv=8.0), ffn_config=dict(ffn_hidden_size=64)),
+                        "attention and expert sizes in their sub-configs"),
+    "Lfm2MoeForCausalLM": (dict(layer_types=["conv", "full_attention"]), "one convolution and one attention layer"),
+    "Qwen4ExpForCausalLM": (dict(layer_types=["linear_attention", "indexed_attention"], indexer_n_heads=2, indexer_kv_heads=1,
+                                 indexer_head_dim=8, indexer_budget=16, indexer_compress_ratio=4),
+                            _HYBRID + ", a small indexer"),
 }
 
 #: class name -> the one-line reason no tiny instance of it can run on this machine.
-UNBUILDABLE: dict[str, str] = {}
+_DRAFT_HEAD = ("a drafting head: its forward needs the target model's inputs_embeds and shared_kv_states, "
+               "so it is patched through its target model")
+UNBUILDABLE: dict[str, str] = {
+    "Gemma4AssistantForCausalLM": _DRAFT_HEAD,
+    "Gemma4UnifiedAssistantForCausalLM": _DRAFT_HEAD,
+}

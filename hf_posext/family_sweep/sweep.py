@@ -25,7 +25,7 @@ from hf_posext.family_sweep.tiny import WINDOW, TinyModelError, build_tiny, inpu
 from hf_posext.methods import BASELINE, COMPOSITION_SEPARATOR, METHODS
 
 __all__ = ["OK", "REFUSED", "CRASH", "SKIPPED", "FACTOR", "MethodOutcome", "FamilyResult", "applicable_methods",
-           "sweep_class", "first_line"]
+           "sweep_class", "first_line", "result_from_dict"]
 
 OK, REFUSED, CRASH, SKIPPED = "ok", "refused", "crash", "skipped"
 #: Every method is swept at this factor; the long forward runs at ``LONG_LENGTH`` > the window.
@@ -83,6 +83,11 @@ class FamilyResult:
     attention_interface: bool = False
     notes: list[str] = field(default_factory=list)
     methods: list[MethodOutcome] = field(default_factory=list)
+
+
+def result_from_dict(data: dict[str, Any]) -> FamilyResult:
+    """A :class:`FamilyResult` back from its ``dataclasses.asdict`` form (the bench's JSON)."""
+    return FamilyResult(**{**data, "methods": [MethodOutcome(**m) for m in data["methods"]]})
 
 
 def first_line(error: BaseException) -> str:
@@ -157,7 +162,8 @@ def _sweep_method(model: nn.Module, method: str, baseline: dict[str, Any], save:
     except Exception as error:
         outcome.outcome, outcome.reason = CRASH, first_line(error)
     try:
-        api.unpatch(model)
+        if api.patched_backends(model):  # a patch that changes nothing (ALiBi's "none" without a limit) holds no state
+            api.unpatch(model)
         _check(_config_state(model) == baseline["config_json"], f"unpatch after {method} left the config changed")
         state = model.state_dict()
         _check(state.keys() == baseline["state"].keys() and all(torch.equal(state[k], v) for k, v in baseline["state"].items()),
@@ -176,7 +182,7 @@ def _parity(model: nn.Module, method: str, baseline: dict[str, Any], patched: to
     if stock is None:
         return None
     difference = (stock - patched).abs().max().item()
-    _check(math.isfinite(difference) and difference <= TOLERANCE,
+    _check(math.isfinite(difference) and torch.allclose(stock, patched, atol=TOLERANCE, rtol=TOLERANCE),
            f"{method} differs from transformers' own rope_parameters scaling by {difference:.3g}")
     return True
 

@@ -35,13 +35,13 @@ __all__ = [
 #: The pre-training window of every tiny model (``max_position_embeddings`` and its aliases).
 WINDOW = 32
 #: A tiny model above this many parameters is refused before its weights are allocated.
-MAX_PARAMETERS = 2_000_000
+MAX_PARAMETERS = 8_000_000
 
 #: Config field -> value, applied to every field of that name whose default is a number (never to a None default:
 #: a None ``sliding_window`` means "no sliding window", and stays so).
 GENERIC_SIZES: dict[str, int] = {
     **dict.fromkeys(("vocab_size", "unpadded_vocab_size"), 128),
-    **dict.fromkeys(("hidden_size", "d_model", "n_embd", "embed_dim", "dim"), 32),
+    **dict.fromkeys(("hidden_size", "d_model", "n_embd", "embed_dim", "embedding_dim", "dim", "hidden_size_global"), 32),
     **dict.fromkeys(("intermediate_size", "ffn_dim", "decoder_ffn_dim", "encoder_ffn_dim", "n_inner", "ffn_hidden_size",
                      "dim_ff", "intermediate_size_mlp", "dense_intermediate_size", "first_dense_intermediate_size",
                      "mlp_only_intermediate_size"), 64),
@@ -60,6 +60,7 @@ GENERIC_SIZES: dict[str, int] = {
     # mixture of experts
     **dict.fromkeys(("num_experts", "n_routed_experts", "num_local_experts", "moe_num_experts"), 4),
     **dict.fromkeys(("num_experts_per_tok", "moe_topk", "moe_k"), 2),
+    **dict.fromkeys(("n_group", "topk_group", "num_expert_group", "n_groups"), 1),
     **dict.fromkeys(("moe_intermediate_size", "shared_expert_intermediate_size", "shared_intermediate_size",
                      "moe_shared_expert_intermediate_size", "shared_experts_intermediate_size",
                      "expert_ffn_hidden_size", "router_hidden_size"), 16),
@@ -140,8 +141,27 @@ def generic_overrides(config_cls: type) -> dict[str, Any]:
         overrides["num_key_value_heads"] = overrides.get("num_attention_heads", 4)
     for name, sub_config_cls in (getattr(config_cls, "sub_configs", None) or {}).items():
         if name in defaults and isinstance(sub_config_cls, type):
-            overrides[name] = generic_overrides(sub_config_cls)
+            overrides[name] = _sub_config_overrides(config_cls, name, sub_config_cls)
     return overrides
+
+
+def _sub_config_overrides(config_cls: type, name: str, sub_config_cls: type) -> dict[str, Any]:
+    """A sub-config's generic sizes; one declared as ``AutoConfig`` is sized as the type its default holds."""
+    if dataclasses.is_dataclass(sub_config_cls) or not hasattr(sub_config_cls, "for_model"):
+        return generic_overrides(sub_config_cls)
+    default = getattr(config_cls(), name, None)
+    if default is None or not hasattr(default, "model_type"):
+        return {}
+    return {"model_type": default.model_type, **generic_overrides(type(default))}
+
+
+def _merge(base: dict[str, Any], recipe: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with ``recipe`` on top; a sub-config given as a dict in both is merged, not replaced."""
+    merged = dict(base)
+    for key, value in recipe.items():
+        merged[key] = _merge(base[key], value) if isinstance(value, dict) and isinstance(base.get(key), dict) \
+            and "rope_type" not in value else value
+    return merged
 
 
 def tiny_family(class_name: str) -> TinyFamily:
@@ -164,13 +184,27 @@ def tiny_family_config(class_name: str, **extra: Any) -> Any:
     if family.unbuildable:
         raise TinyModelError(f"{class_name}: {family.unbuildable}")
     config_cls = getattr(transformers, class_name).config_class
-    overrides = {**generic_overrides(config_cls), **family.config_overrides, **extra}
+    overrides = _merge(_merge(generic_overrides(config_cls), family.config_overrides), extra)
     builder = overrides.pop("build_config", None)
     try:
-        return builder(config_cls, overrides) if builder else config_cls(**overrides)
+        config = builder(config_cls, overrides) if builder else config_cls(**overrides)
+        if _rotary_dim(config) <= 2:  # one frequency: too few for NTK's b * s^(d/(d-2)); widen the heads
+            wider = {"head_dim": 16} if "head_dim" in _field_defaults(config_cls) else {"hidden_size": 64}
+            config = config_cls(**{**overrides, **wider})
+        return config
     except Exception as error:
         raise TinyModelError(f"{class_name}: the tiny config does not build ({type(error).__name__}: "
                              f"{' '.join(str(error).split())[:200]}); give it a recipe in family_sweep/recipes.py") from None
+
+
+def _rotary_dim(config: Any) -> float:
+    """The rotary width a config gives its heads (inf when it says nothing about a partial rotary)."""
+    parameters = getattr(config, "rope_parameters", None)
+    partial = (parameters.get("partial_rotary_factor") if isinstance(parameters, dict) else None) \
+        or getattr(config, "partial_rotary_factor", None) or getattr(config, "rotary_pct", None)
+    heads = getattr(config, "num_attention_heads", None)
+    head_dim = getattr(config, "head_dim", None) or (config.hidden_size // heads if heads and hasattr(config, "hidden_size") else None)
+    return head_dim * partial if partial and head_dim else float("inf")
 
 
 def build_tiny(class_name: str, seed: int = 0, config: Any = None) -> nn.Module:
@@ -201,7 +235,8 @@ def build_tiny(class_name: str, seed: int = 0, config: Any = None) -> nn.Module:
 
 def input_ids(model: nn.Module, length: int, seed: int = 0) -> torch.Tensor:
     """``[1, length]`` random token ids inside the model's vocabulary, above the special ids."""
-    vocab = model.get_input_embeddings().weight.shape[0] if model.get_input_embeddings() is not None else 128
+    embeddings = model.get_input_embeddings()
+    vocab = embeddings.weight.shape[0] if isinstance(embeddings, nn.Embedding) else 128
     generator = torch.Generator().manual_seed(seed)
     return torch.randint(4, max(5, min(vocab, 128)), (1, length), generator=generator)
 

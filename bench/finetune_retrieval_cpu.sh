@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# SmolLM2-135M 8k -> 32k (yarn x4) on 2 CPU cores: the runs of docs/training.md's retrieval fine-tune, carried
-# across sessions, and the evaluations that compare them (bench/results/long4x). Training is the recipes'
-# (recipes/configs/smollm2-135m/); this script adds what a session needs around them: restoring a kept
-# checkpoint, keeping the newest one in the repository (a session's background jobs end with it), and the
-# evaluation runs on the committed adapters.
-#
-# The headline model needs no script: two commands, from the repository root,
+# NOT THE WAY TO FINE-TUNE. To fine-tune, run a recipe (recipes/README.md lists them); the headline model is two
+# commands from the repository root:
 #   hf-posext train --config recipes/configs/smollm2-135m/8k_to_32k_stage1_books_cpu.yaml
-#   hf-posext train --config recipes/configs/smollm2-135m/8k_to_32k_stage2_retrieval_cpu.yaml
+#   hf-posext train --config recipes/configs/smollm2-135m/8k_to_32k_stage2_retrieval_aggregation_cpu.yaml
+#
+# This is the project's own bookkeeping for the committed SmolLM2-135M 8k -> 32k runs (bench/results/
+# finetune_retrieval_cpu/) on 2 CPU cores: it carries them across sessions (restoring a kept checkpoint, keeping the
+# newest one in the repository, since a session's background jobs end with it) and runs the evaluations that compare
+# them (bench/results/long4x).
 #
 #   bash bench/finetune_retrieval_cpu.sh train [BOOKS]   # restore the kept checkpoint if runs/ has none, then train --resume
 #   bash bench/finetune_retrieval_cpu.sh keep            # copy the newest intact checkpoint + log into bench/results/finetune_retrieval_cpu/run
@@ -52,7 +52,7 @@
 #   retrieval-mixed   8k_to_32k_retrieval_mixed_cpu.yaml: the same with half of the samples plain book text, every
 #                     sample weighing the same in the loss (train.loss_average=sequences)
 #   retrieval-far     retrieval-mixed with data.pose_far_fraction=0.25 (a quarter of the samples end at position 32767)
-#   retrieval-varied  stage 2 of the headline recipe: 8k_to_32k_stage2_retrieval_cpu.yaml (retrieval-mixed with each
+#   retrieval-varied  stage 2 of the first recipe: 8k_to_32k_stage2_retrieval_cpu.yaml (retrieval-mixed with each
 #                     record and question in several wordings), from the kept lr6e-4 adapter as the committed run was
 #   retrieval-tasks   8k_to_32k_stage2_retrieval_tasks_cpu.yaml: retrieval-varied with harder practice (distractors,
 #                     several values, chains, word values, half of the retrieval samples in the chat template),

@@ -167,7 +167,7 @@ SUBCOMMANDS: dict[str, Command] = {
     "describe": ("describe a model's position scaling", _describe_arguments, _run_describe),
     "patch": ("patch a model and save it", _patch_arguments, _run_patch),
     "demo": ("run the main job on smollm2-135m", _demo_arguments, _run_demo),
-    "eval": ("evaluate methods side by side: perplexity, passkey, needle", evaluation_cli.add_eval_arguments, evaluation_cli.run_eval),
+    "eval": ("evaluate methods side by side: perplexity, passkey, needle, or card (all three and offline RULER in one report)", evaluation_cli.add_eval_arguments, evaluation_cli.run_eval),
     "report": ("markdown tables and plots from a results folder; on an eval card folder, the card written again", evaluation_cli.add_report_arguments, evaluation_cli.run_report),
     "train": ("fine-tune a model (LoRA/full, PoSE) from a recipe config", training_cli.add_train_arguments, training_cli.run_train),
     "lm-eval": (lm_eval_cli.HELP, lm_eval_cli.add_arguments, lm_eval_cli.run),

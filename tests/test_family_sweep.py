@@ -76,3 +76,19 @@ def test_a_listed_entry_that_passes_is_stale(monkeypatch):
     assert "now passes" in known.problems(_result(MethodOutcome("yarn", OK)))[0]
     assert not known.problems(_result(MethodOutcome("yarn", REFUSED, "UnsupportedModelError: no rotary module here")))
     assert "another reason" in known.problems(_result(MethodOutcome("yarn", REFUSED, "ValueError: other")))[0]
+
+
+def test_a_wrong_scaling_fails_the_sweep(monkeypatch):
+    """A broken method (linear dividing by 1.05 s) is caught: parity with transformers fails, and the class's
+    result is no longer the listed one."""
+    import dataclasses
+
+    from hf_posext.methods import METHODS
+
+    linear = METHODS["rope"]["linear"]
+    monkeypatch.setitem(METHODS["rope"], "linear", dataclasses.replace(
+        linear, compute=lambda rope, original_length, factor, seq_len, params: (rope.inv_freq() / (factor * 1.05), 1.0)))
+    result = sweep_class("LlamaForCausalLM", methods=["linear"])
+    assert result.methods[0].outcome == CRASH
+    assert "differs from transformers' own rope_parameters scaling" in result.methods[0].reason
+    assert known.problems(result)

@@ -230,7 +230,7 @@ def sweep_class(class_name: str, methods: list[str] | None = None) -> FamilyResu
     saved_with = next((name for name in SAVE_LOAD_PREFERENCE if name in names), names[0])
     for method in names:
         outcome, notes = _sweep_method(model, method, baseline, save=method == saved_with)
-        if notes and not result.notes and outcome.outcome == OK:
-            result.notes = notes
+        if outcome.outcome == OK:
+            result.notes += [note for note in notes if note not in result.notes]
         result.methods.append(outcome)
     return result

@@ -190,6 +190,7 @@ def tiny_family_config(class_name: str, **extra: Any) -> Any:
     builder = overrides.pop("build_config", None)
     try:
         config = builder(config_cls, overrides) if builder else config_cls(**overrides)
+        config = _with_a_global_layer(config_cls, config, overrides)
         if _rotary_dim_or_none(config) <= 2:  # one frequency: too few for NTK's b * s^(d/(d-2)); widen the heads
             wider = {"head_dim": 16} if "head_dim" in _field_defaults(config_cls) else {"hidden_size": 64}
             try:
@@ -210,6 +211,22 @@ def _rotary_dim(config: Any) -> float:
     heads = getattr(config, "num_attention_heads", None)
     head_dim = getattr(config, "head_dim", None) or (config.hidden_size // heads if heads and hasattr(config, "hidden_size") else None)
     return head_dim * partial if partial and head_dim else float("inf")
+
+
+#: Layer types whose attention sees only a local window.
+_LOCAL_TYPES = ("sliding_attention", "chunked_attention")
+
+
+def _with_a_global_layer(config_cls: type, config: Any, overrides: dict[str, Any]) -> Any:
+    """Two layers of a 1-global-in-N pattern are both local: make the last one global, so the layers a scaling
+    is meant for exist (Gemma 2/3, Cohere 2: the global layers carry the long distances)."""
+    layer_types = getattr(config, "layer_types", None)
+    if not layer_types or "layer_types" in overrides or not set(layer_types) <= set(_LOCAL_TYPES):
+        return config
+    try:
+        return config_cls(**{**overrides, "layer_types": [*layer_types[:-1], "full_attention"]})
+    except Exception:  # a family whose layer types cannot mix: keep its own
+        return config
 
 
 def _rotary_dim_or_none(config: Any) -> float:

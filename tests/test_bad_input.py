@@ -386,7 +386,7 @@ CLI_CASES: list[tuple[str, list[str], int, str, bool]] = [
     ("eval-no-method", _with(_PPL, methods=","), USAGE, r"No method given", False),
     ("eval-param-typo", _with(_PPL, methods="none,yarn", param="beta_fats=2"), USAGE, r"no parameter 'beta_fats'", False),
     ("eval-self-extend-group-0", _with(_PPL, methods="self-extend", param="group_size=0"), USAGE, r"group_size must be an integer >= 1, got 0", False),
-    ("eval-unknown-dtype", _with(_PPL, dtype="float99"), USAGE, r"Unknown dtype 'float99'; use float32, bfloat16 or float16", False),
+    ("eval-unknown-dtype", _with(_PPL, dtype="float99"), USAGE, r"Unknown dtype 'float99'; use auto \(the default\), float32, bfloat16 or float16", False),
     ("eval-unknown-device", _with(_PPL, device="tpu"), USAGE, r"--device tpu is not a device name; use cpu", False),
     ("eval-out-is-a-file", _with(_PPL, out="{file}"), USAGE, r"--out .*notes.txt is a file; give a folder", False),
     ("eval-out-under-a-file", _with(_PPL, out="{file}/results"), USAGE, r"--out .*notes.txt/results cannot be created: .*notes.txt is a file", False),

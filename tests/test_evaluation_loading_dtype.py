@@ -54,3 +54,13 @@ def test_the_passkey_cli_says_what_auto_chose(monkeypatch, tmp_path, capsys):
     assert main(["eval", "passkey", "--model", "tiny:llama:512", "--methods", "none", "--lengths", "400", "--trials", "1", "--depths", "0.5",
                  "--device", "cpu", "--no-progress", "--out", str(tmp_path)]) == 0
     assert "--dtype auto: float32 for passkey (this CPU has no native bfloat16" in capsys.readouterr().err
+
+
+def test_a_dtype_of_another_spelling_is_refused_naming_auto_among_the_choices(tmp_path, capsys):
+    from hf_posext.cli import main
+
+    code = main(["eval", "passkey", "--model", "tiny", "--methods", "none", "--lengths", "400", "--depths", "0.5",
+                 "--trials", "1", "--no-generate", "--dtype", "AUTO", "--out", str(tmp_path / "out"), "--no-progress"])
+    error = capsys.readouterr().err.strip()
+    assert code == 2 and "'AUTO'" in error and "auto (the default), float32, bfloat16 or float16" in error, error
+    assert not (tmp_path / "out").exists()

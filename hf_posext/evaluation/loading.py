@@ -89,7 +89,7 @@ def check_dtype_name(dtype: str) -> str:
     except ValueError:
         floating = False
     if not floating:
-        raise ValueError(f"Unknown dtype {dtype!r}; use auto, float32, bfloat16 or float16.")
+        raise ValueError(f"Unknown dtype {dtype!r}; use {AUTO_DTYPE} (the default), float32, bfloat16 or float16.")
     return dtype
 
 
@@ -115,7 +115,7 @@ def _dtype(dtype: str | torch.dtype) -> torch.dtype:
     name = aliases.get(dtype, dtype)
     value = getattr(torch, name, None)
     if not isinstance(value, torch.dtype):
-        raise ValueError(f"Unknown dtype {dtype!r}; use float32, bfloat16 or float16.")
+        raise ValueError(f"Unknown dtype {dtype!r}; use {AUTO_DTYPE} (the default), float32, bfloat16 or float16.")
     return value
 
 

@@ -94,7 +94,7 @@ def test_a_card_of_a_merged_fine_tune_as_saved_has_no_base_row(tiny_folder, tmp_
     args = SimpleNamespace(param=[], factor=None, methods="none")
     rows = card_model_rows(parse_model_specs(f"tuned={merged}@as-saved;none,base={tiny_folder}@none"), args, [LENGTH])
     assert [(r.label, r.base) for r in rows] == [("tuned, yarn ×2", False), ("tuned, unscaled", False), ("base, unscaled", False)]
-    rows = card_model_rows(parse_model_specs(f"base={tiny_folder}@as-saved;yarn:2,tuned={merged}@as-saved"), args, [LENGTH])
+    rows = card_model_rows(parse_model_specs(f"base={tiny_folder}@as-saved;yarn:factor=2,tuned={merged}@as-saved"), args, [LENGTH])
     assert [(r.label, r.base) for r in rows] == [("base, unscaled", True), ("base, yarn ×2", False), ("tuned, yarn ×2", False)]
 
 
@@ -976,7 +976,7 @@ def test_skip_over_window_lists_the_cells_past_a_rows_window(tiny_folder, tmp_pa
     from hf_posext.cli import main
 
     out = tmp_path / "card"
-    assert main(["eval", "card", "--models", f"base={tiny_folder}@none;yarn:2", "--lengths", str(2 * LENGTH), "--tasks", "niah_single_1",
+    assert main(["eval", "card", "--models", f"base={tiny_folder}@none;yarn:factor=2", "--lengths", str(2 * LENGTH), "--tasks", "niah_single_1",
                  "--samples", "1", "--out", str(out), "--skip-over-window", "--no-progress"]) == 0
     card = json.loads((out / "card.json").read_text())
     assert [c["row"] for c in card["cells"]] == ["base, yarn ×2"]
@@ -1192,7 +1192,7 @@ def test_a_card_stopped_after_some_rows_tasks_keeps_them_on_its_card(tiny_folder
 
     monkeypatch.setattr(passkey, "evaluate_passkey", stopped)
     out = tmp_path / "card"
-    argv = ["eval", "card", "--models", f"base={tiny_folder}@none;yarn:2", "--lengths", "256", "--tasks", "perplexity,passkey",
+    argv = ["eval", "card", "--models", f"base={tiny_folder}@none;yarn:factor=2", "--lengths", "256", "--tasks", "perplexity,passkey",
             "--samples", "1", "--ppl-data", "builtin:python-docs", "--dtype", "float32", "--out", str(out), "--no-progress"]
     with pytest.raises(KeyboardInterrupt):
         main(argv)

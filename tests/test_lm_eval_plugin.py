@@ -72,9 +72,11 @@ def test_parse_posext_args_splits_scaling_params_and_the_rest():
 def test_posext_method_none_is_the_baseline_even_when_the_harness_reads_it_as_None():
     request, _ = parse_posext_args({"posext_method": None})  # the harness parses the text "none" to None
     assert (request.method, request.factor) == ("none", 1.0)
-    assert parse_method_spec("none") == {"posext_method": "none", "posext_factor": 1.0}
-    assert parse_method_spec("dynamic-yarn:target_length=16384,beta_fast=16") == {
-        "posext_method": "dynamic-yarn", "posext_target_length": 16384, "posext_beta_fast": 16,
+    request, _ = parse_posext_args({"posext": None})
+    assert (request.method, request.factor) == ("none", 1.0)
+    assert parse_method_spec("none") == {"posext": "none"}
+    assert parse_method_spec("dynamic-yarn:target_length=16384:beta_fast=16") == {
+        "posext": "dynamic-yarn:target_length=16384:beta_fast=16",
     }
 
 

@@ -177,7 +177,7 @@ def test_yaml_round_trip(tmp_path):
     assert load_config(path).to_dict() == config.to_dict()
 
 
-@pytest.mark.parametrize("body, shown", [("  - method\n  - yarn\n", "a list: ['method', 'yarn']"), (" yarn\n", "a str: 'yarn'")])
+@pytest.mark.parametrize("body, shown", [("  - method\n  - yarn\n", "a list: ['method', 'yarn']"), (" 4\n", "a int: 4")])
 def test_a_section_that_is_not_a_mapping_names_the_section_and_the_form(tmp_path, body, shown):
     # Was: a list under scaling: failed with "dictionary update sequence element #0 has length 6"
     path = tmp_path / "recipe.yaml"
@@ -185,8 +185,19 @@ def test_a_section_that_is_not_a_mapping_names_the_section_and_the_form(tmp_path
     with pytest.raises(ConfigError) as caught:
         load_config(path)
     message = str(caught.value)
-    assert message.startswith(f"{path}: section 'scaling' must be a mapping of keys (e.g. scaling: {{method: yarn, factor: 4}}")
+    assert message.startswith(f"{path}: section 'scaling' must be a mapping of keys (e.g. scaling: yarn:factor=4, or "
+                              "{method: yarn, factor: 4}")
     assert shown in message and "\n" not in message
+
+
+def test_a_scaling_written_as_a_request_is_read_from_the_recipe_file(tmp_path):
+    path = tmp_path / "recipe.yaml"
+    path.write_text("model:\n  name: tiny\nscaling: yarn:factor=4:beta_fast=16\n")
+    scaling = load_config(path, validate=False).scaling
+    assert (scaling.method, scaling.factor, scaling.params) == ("yarn", 4.0, {"beta_fast": 16})
+    path.write_text("model:\n  name: tiny\nscaling: yarn\n")
+    with pytest.raises(ConfigError, match="needs its size"):
+        load_config(path, validate=False).scaling.to_request()
 
 
 def test_a_yaml_syntax_error_names_the_file_and_line(tmp_path):

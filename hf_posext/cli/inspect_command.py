@@ -16,7 +16,7 @@ import argparse
 import json
 from typing import Any
 
-from hf_posext.core.request import parse_param_items
+from hf_posext.cli.scaling_arguments import add_scaling_arguments, request_from_arguments
 
 __all__ = ["load_rotary_model", "add_arguments", "run"]
 
@@ -46,12 +46,7 @@ def load_rotary_model(name: str) -> Any:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="hub name, local folder, smollm2-135m, or tiny[:FAMILY[:WINDOW]]")
-    parser.add_argument("--method", required=True, help="RoPE scaling method (see `hf-posext methods`)")
-    group = parser.add_mutually_exclusive_group(required=True)
-    group.add_argument("--factor", type=float, help="scale factor s >= 1")
-    group.add_argument("--target-length", type=int, help="window to reach (factor = target / original window)")
-    parser.add_argument("--param", action="append", metavar="KEY=VALUE", help="method parameter, repeatable (e.g. beta_fast=32)")
-    parser.add_argument("--original-max-position-embeddings", type=int, help="override the original window")
+    add_scaling_arguments(parser)
     parser.add_argument("--plot", metavar="PNG", help="also draw the wavelengths to this PNG file")
     parser.add_argument("--json", action="store_true", help="print the table as JSON instead of text")
 
@@ -59,11 +54,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from hf_posext.wavelengths import format_table, model_wavelength_table, plot_wavelengths
 
-    params = parse_param_items(args.param)
+    request = request_from_arguments(args)
     model = load_rotary_model(args.model)
     table = model_wavelength_table(
-        model, args.method, args.factor, target_length=args.target_length,
-        original_max_position_embeddings=args.original_max_position_embeddings, name=args.model, **params,
+        model, request.method, request.factor, target_length=request.target_length,
+        original_max_position_embeddings=request.original_max_position_embeddings, name=args.model, **request.params_dict,
     )
     print(json.dumps(table.to_dict(), indent=2) if args.json else format_table(table))
     if args.plot:

@@ -31,9 +31,10 @@ from typing import Any, Callable, Iterator
 from hf_posext import adapters, export
 from hf_posext.api import describe, load, patch
 from hf_posext.cli import inspect_command
+from hf_posext.cli.scaling_arguments import add_scaling_arguments, request_from_arguments
 from hf_posext.core.errors import run_reporting_errors
 from hf_posext.core.paths import check_output_folder
-from hf_posext.core.request import ScalingRequest, parse_param_items
+from hf_posext.core.request import parse_param_items
 from hf_posext.evaluation import cli as evaluation_cli
 from hf_posext.integrations.lm_eval import cli as lm_eval_cli
 from hf_posext.methods import available_methods, get_method
@@ -49,15 +50,6 @@ def parse_method_params(items: list[str] | None) -> dict[str, Any]:
         raise SystemExit(str(error)) from error
 
 
-def _add_scaling_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--method", required=True, help="scaling method (see `hf-posext methods`)")
-    group = parser.add_mutually_exclusive_group(required=True)
-    group.add_argument("--factor", type=float, help="scale factor s >= 1")
-    group.add_argument("--target-length", type=int, help="window to reach (factor = target / original window)")
-    parser.add_argument("--param", action="append", metavar="KEY=VALUE", help="method parameter, repeatable")
-    parser.add_argument("--original-max-position-embeddings", type=int, help="override the original window")
-
-
 def _run_methods(args: argparse.Namespace) -> int:
     methods = available_methods()
     width = max(map(len, methods))
@@ -66,7 +58,7 @@ def _run_methods(args: argparse.Namespace) -> int:
     frequency = ", ".join(name for name in available_methods("rope") if name != "none" and not get_method(name).dynamic)
     attention = ", ".join(available_methods("attention"))
     print(f"\nCompose one frequency scaling ({frequency}) with one attention-level method ({attention}) by joining "
-          "them with '+': --method yarn+string --factor 4 (the factor sizes the frequency part; the attention part is "
+          "them with '+': --method yarn+string:factor=4 (the factor sizes the frequency part; the attention part is "
           "sized on the window it gives; a parameter both declare is written string.attention_factor=...).")
     return 0
 
@@ -81,9 +73,7 @@ def _run_describe(args: argparse.Namespace) -> int:
 
 
 def _run_patch(args: argparse.Namespace) -> int:
-    request = ScalingRequest.from_cli(
-        args.method, args.factor, args.target_length, args.param, args.original_max_position_embeddings
-    )
+    request = request_from_arguments(args)
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         raise ValueError(f"--out {args.out} is a file; give a folder to save the model in (new or existing)")
     check_output_folder(args.out, "--out", "the model")
@@ -150,7 +140,7 @@ def _describe_arguments(p: argparse.ArgumentParser) -> None:
 
 def _patch_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="hub name, local folder or smollm2-135m")
-    _add_scaling_arguments(p)
+    add_scaling_arguments(p)
     p.add_argument("--out", required=True, help="folder to save the patched model to")
 
 

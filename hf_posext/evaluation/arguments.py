@@ -5,8 +5,10 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
+from hf_posext.core.grammar import looks_like_request_text, parse_request, split_top_level
 from hf_posext.core.request import ScalingRequest
 from hf_posext.methods import check_method_name
+from hf_posext.user_warnings import warn_at_caller
 
 __all__ = ["MethodRequest", "parse_methods", "parse_lengths", "parse_floats"]
 
@@ -18,20 +20,32 @@ def MethodRequest(name: str, factor: float | None = None, params: tuple[tuple[st
 
 
 def parse_methods(text: str | Sequence[str], params: dict[str, Any] | None = None) -> list[ScalingRequest]:
-    """``"none,yarn,dynamic-yarn"`` -> scaling requests; each name and the parameters are validated.
+    """``"none,yarn:factor=4,dynamic-yarn"`` -> scaling requests; each is validated.
 
     Args:
-        text: comma-separated method names (any kind: ``self-extend`` too).
-        params: method parameters given to every method but ``none``.
+        text: comma-separated requests in the request grammar (:mod:`hf_posext.core.grammar`): a bare method
+            name (any kind: ``self-extend`` too) or a method with its settings (``yarn:factor=4:beta_fast=16``).
+        params: method parameters given to every bare method but ``none`` (the old ``--param`` spelling,
+            deprecated: write them in the request, ``yarn:beta_fast=16``).
 
     Raises:
         ValueError: an empty list, an unknown method (with the known ones), a parameter a method lacks.
     """
-    names = [n.strip() for n in (text.split(",") if isinstance(text, str) else text) if n.strip()]
+    items = split_top_level(text, ",") if isinstance(text, str) else list(text)
+    names = [n.strip() for n in items if n.strip()]
     if not names:
         raise ValueError("No method given: pass e.g. --methods none,yarn,dynamic-yarn.")
+    if params:
+        example = ",".join(f"{n}:" + ":".join(f"{k}={v}" for k, v in params.items()) for n in names if n != "none")
+        warn_at_caller(f"--param is deprecated and will be removed: write the settings in the request, --methods {example}.",
+                       FutureWarning)
     requests = []
     for name in names:
+        if looks_like_request_text(name):
+            if params:
+                raise ValueError(f"--methods {name!r} carries its own settings: leave out --param (give each setting once).")
+            requests.append(parse_request(name, where="--methods"))
+            continue
         method = check_method_name(name)
         method_params = tuple((params or {}).items()) if method != "none" else ()
         requests.append(ScalingRequest(method, params=method_params))

@@ -30,6 +30,7 @@ import json
 import math
 import os
 import random
+import re
 import statistics
 from collections import Counter, defaultdict
 from dataclasses import dataclass
@@ -39,11 +40,13 @@ from typing import Any, Iterable, Sequence
 from hf_posext.core.errors import DamagedFileError
 from hf_posext.core.files import write_text_atomic
 from hf_posext.core.integrity import json_digest
+from hf_posext.core.grammar import looks_like_request_text, parse_request, split_top_level
 from hf_posext.evaluation.card_checks import card_cell_problem, cell_name
 from hf_posext.evaluation.labels import format_length
 from hf_posext.evaluation.paired import window_losses
 from hf_posext.evaluation.plots import layout_problems, save_figure
 from hf_posext.evaluation.proportions import Proportion, sign_test_p_value
+from hf_posext.user_warnings import warn_at_caller
 
 __all__ = [
     "RULER_OFFLINE_TASKS", "RULER_DOWNLOAD_TASKS", "CARD_TASKS", "ENDING_BUDGET", "SHORT_BUDGETS", "BEYOND_BASE_THRESHOLD",
@@ -114,20 +117,28 @@ def parse_model_specs(text: str) -> list[ModelSpec]:
         ValueError: an empty list, an empty part, or a label given twice.
     """
     specs = []
-    for item in (part.strip() for part in text.split(",")):
+    for item in (part.strip() for part in split_top_level(text, ",")):
         if not item:
             raise ValueError(f"--models {text!r} has an empty entry; write e.g. smollm2-135m,fine-tuned=runs/r/merged.")
-        label, equals, rest = item.partition("=")
-        if not equals:
-            label, rest = "", item
+        label, equals, rest = item.partition("@")[0].partition("=")  # a label is NAME= before the model
+        rest = item[len(label) + 1:] if equals else item
+        label = label if equals else ""
         rest, at, method_text_ = rest.partition("@")
         methods = []
         for part in filter(None, (m.strip() for m in method_text_.split(";"))) if at else ():
+            if looks_like_request_text(part) and not re.fullmatch(r"[^:=]+:\s*[-+0-9.eE]+", part):
+                # the request grammar (yarn:factor=4:beta_fast=16); "yarn:4" is the older spelling, below
+                parse_request(part, where=f"--models entry {item!r}:")
+                methods.append((part, None))
+                continue
             name, colon, factor = part.partition(":")
             try:
                 methods.append((name.strip(), float(factor) if colon else None))
             except ValueError:
-                raise ValueError(f"--models entry {item!r}: {part!r} is not METHOD or METHOD:FACTOR.") from None
+                raise ValueError(f"--models entry {item!r}: {part!r} is not a request such as yarn:factor=4.") from None
+            if colon:
+                warn_at_caller(f"--models {part!r} is deprecated and will be removed: write {name.strip()}:factor={factor.strip()}.",
+                               FutureWarning)
         model, adapter = rest, None
         if "+" in rest and not os.path.exists(rest):
             model, _, adapter = rest.partition("+")
@@ -914,7 +925,7 @@ def _read_card(folder: Path) -> dict[str, Any]:
         return data
     except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as error:
         raise CardFileError(f"{path} is not a card written by hf-posext eval card ({type(error).__name__}: {error}); "
-                            "run the card again to write it.") from None
+                            "restore card.json from version control, or delete it and run the card again.") from None
 
 
 def _combined_sources(folder: Path) -> list[Path] | None:
@@ -938,7 +949,7 @@ def _card_cells(folder: Path) -> tuple[list[dict[str, Any]], list[dict[str, str]
         samples = int(settings["samples"])
     except (KeyError, TypeError, ValueError, AttributeError) as error:
         raise CardFileError(f"{path} is not a card written by hf-posext eval card ({type(error).__name__}: {error}); "
-                            "run the card again to write it.") from None
+                            "restore card.json from version control, or delete it and run the card again.") from None
     used: set[Path] = set()
     for cell in cells:
         if cell.get("kind") != "ruler":

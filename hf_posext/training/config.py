@@ -66,7 +66,7 @@ def _check_scaling_method(method: str, pose: bool) -> None:
         return
     frequency, attention = parts
     evaluation = (f"train with scaling.method: {frequency} and put {attention} on at evaluation (hf-posext eval ... "
-                  f"--methods {frequency}+{attention}, or posext_method={frequency}+{attention} in lm-eval)")
+                  f"--methods {frequency}+{attention}, or posext={frequency}+{attention}:factor=F in lm-eval)")
     if pose:
         raise ConfigError(
             f"scaling.method={method} with data.pose=true: {attention} tells near keys from far ones by their order in the "
@@ -545,6 +545,7 @@ def config_from_dict(data: dict[str, Any]) -> TrainConfig:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"A recipe config must be a mapping of sections, got {type(data).__name__}.")
+    data = expand_scaling_text(data)
     sections = _sections()
     built = {}
     for name, body in upgrade_renamed_keys(data).items():
@@ -565,6 +566,25 @@ def config_from_dict(data: dict[str, Any]) -> TrainConfig:
     return TrainConfig(**built)
 
 
+def expand_scaling_text(data: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``scaling: yarn:factor=4`` (the request grammar, :mod:`hf_posext.core.grammar`) as the mapping the section holds.
+
+    Raises:
+        ConfigError: the text is not a valid request (names the fix).
+    """
+    body = data.get("scaling") if isinstance(data, dict) else None
+    if not isinstance(body, str):
+        return data
+    from hf_posext.core.grammar import parse_request
+
+    try:
+        request = parse_request(body, where="scaling:")
+    except ValueError as error:
+        raise ConfigError(str(error)) from error
+    section = {name: value for name, value in request.to_dict().items() if value not in (None, {})}
+    return {**data, "scaling": section}
+
+
 def check_sections(data: dict[str, Any], where: str = "the recipe") -> None:
     """Refuse a section that is not a mapping of keys (a YAML list or a value where ``key: value`` lines belong).
 
@@ -572,8 +592,10 @@ def check_sections(data: dict[str, Any], where: str = "the recipe") -> None:
         ConfigError: names the section, what it holds and the form it needs.
     """
     for name, body in (data or {}).items():
+        if name == "scaling" and isinstance(body, str):
+            continue  # a request in the request grammar (scaling: yarn:factor=4), read by expand_scaling_text
         if body is not None and not isinstance(body, dict):
-            example = {"scaling": "{method: yarn, factor: 4}"}.get(str(name), "{key: value, ...}")
+            example = {"scaling": "yarn:factor=4, or {method: yarn, factor: 4}"}.get(str(name), "{key: value, ...}")
             raise ConfigError(
                 f"{where}: section {name!r} must be a mapping of keys (e.g. {name}: {example}, or one `key: value` "
                 f"line per key indented under it), got a {type(body).__name__}: {body!r:.80}."
@@ -586,6 +608,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     Raises:
         ConfigError: a section that is not a mapping, an override that is not ``key=value`` or names no key.
     """
+    data = expand_scaling_text(data)
     check_sections(data)
     data = upgrade_renamed_keys({k: dict(v or {}) for k, v in (data or {}).items()})
     sections = _sections()

@@ -38,6 +38,7 @@ from typing import Any, Callable
 import torch
 
 from hf_posext.api import describe, patch, unpatch
+from hf_posext.core.grammar import MODEL_ARGUMENT, format_request
 from hf_posext.core.request import ScalingRequest, parse_param_items
 from hf_posext.evaluation.card import (
     CARD_TASKS, ENDING_BUDGET, RULER_DOWNLOAD_TASKS, RULER_OFFLINE_TASKS, SHORT_BUDGETS, ModelSpec, SampleCache, SampleResults,
@@ -359,8 +360,7 @@ class Row:
     def posext_args(self) -> dict[str, Any]:
         if self.request is None:
             return {}
-        return {"posext_method": self.request.method, "posext_factor": self.request.factor,
-                **{f"posext_{k}": v for k, v in self.request.params}}
+        return {MODEL_ARGUMENT: format_request(self.request)}
 
 
 def _requests(methods: str, params: dict[str, Any], factor: float | None, lengths: list[int], original_window: int) -> list[ScalingRequest | None]:

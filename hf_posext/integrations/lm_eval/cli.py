@@ -16,11 +16,11 @@ __all__ = ["add_arguments", "run", "add_compare_arguments", "run_compare"]
 HELP = "run lm-evaluation-harness (any task) on a scaled model: --model hf-posext"
 _EPILOG = """\
 All arguments are lm-eval's own (`lm-eval run --help`); hf-posext adds the model `hf-posext` with
-model args posext_method=, posext_factor= | posext_target_length=, posext_<method parameter>=.
+model arg posext=REQUEST, e.g. posext=yarn:factor=4:beta_fast=16 (docs: the request grammar).
 
 example:
   hf-posext lm-eval run --model hf-posext --device cpu --limit 10 \\
-    --model_args pretrained=smollm2-135m,posext_method=yarn,posext_factor=2,dtype=float32 \\
+    --model_args pretrained=smollm2-135m,posext=yarn:factor=2,dtype=float32 \\
     --tasks niah_single_1 --metadata '{"max_seq_lengths": [16384]}'
 """
 

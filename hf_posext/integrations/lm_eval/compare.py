@@ -1,7 +1,7 @@
 """One model under several scaling methods on the same harness tasks (``hf-posext lm-eval-compare``).
 
 :func:`compare_methods` builds the tasks once and evaluates every method on them; :func:`format_comparison`
-prints the table; :func:`parse_method_spec` turns ``"yarn:factor=2"`` into the model's ``posext_*`` arguments.
+prints the table; :func:`parse_method_spec` turns ``"yarn:factor=2"`` into the model's ``posext`` argument.
 """
 
 from __future__ import annotations
@@ -13,7 +13,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hf_posext.core.grammar import format_request, parse_request, split_top_level
 from hf_posext.integrations.lm_eval.launcher import import_harness
+from hf_posext.user_warnings import warn_at_caller
 
 __all__ = ["parse_method_spec", "compare_methods", "format_comparison"]
 
@@ -21,33 +23,28 @@ logger = logging.getLogger(__name__)
 
 
 def parse_method_spec(spec: str) -> dict[str, Any]:
-    """Turn ``"yarn:factor=2,beta_fast=32"`` into ``posext_*`` model arguments (validated).
+    """Turn a request (``"yarn:factor=2:beta_fast=32"``, :mod:`hf_posext.core.grammar`) into the model's ``posext``
+    argument, validated and sized.
 
-    Args:
-        spec: ``METHOD`` or ``METHOD:key=value,key=value`` with keys ``factor``, ``target_length``,
-            ``original_max_position_embeddings`` or any parameter of the method.
+    The older ``yarn:factor=2,beta_fast=32`` (settings separated by commas) still works for one release, with a
+    deprecation line naming the new form.
 
     Returns:
-        e.g. ``{"posext_method": "yarn", "posext_factor": 2, "posext_beta_fast": 32}``.
+        e.g. ``{"posext": "yarn:factor=2:beta_fast=32"}``.
 
     Raises:
         ValueError: malformed text, unknown method or parameter, missing factor.
     """
-    from hf_posext.integrations.lm_eval.model import POSEXT_PREFIX, parse_posext_args
+    from hf_posext.integrations.lm_eval.model import POSEXT_ARGUMENT
 
     method, _, rest = spec.partition(":")
-    if not method.strip():
-        raise ValueError(f"Method spec {spec!r} names no method; write e.g. 'yarn:factor=2' or 'none'.")
-    arguments: dict[str, Any] = {f"{POSEXT_PREFIX}method": method.strip()}
-    for item in filter(None, (part.strip() for part in rest.split(","))):
-        key, equals, value = item.partition("=")
-        if not equals or not key.strip():
-            raise ValueError(f"Method spec {spec!r}: expected key=value after ':', got {item!r} (e.g. yarn:factor=2).")
-        arguments[POSEXT_PREFIX + key.strip()] = value.strip()
-    request, _ = parse_posext_args(arguments)  # raises on anything unknown
-    return {f"{POSEXT_PREFIX}{k}": v for k, v in request.to_dict().items() if k != "params" and v is not None} | {
-        f"{POSEXT_PREFIX}{k}": v for k, v in request.params
-    }
+    if "," in rest and len(split_top_level(rest, ",")) > 1:
+        new = ":".join([method.strip(), *(item.strip() for item in split_top_level(rest, ",") if item.strip())])
+        warn_at_caller(f"lm-eval-compare --methods {spec!r} is deprecated and will be removed: write {new!r} "
+                       "(settings separated by ':').", FutureWarning)
+        spec = new
+    request = parse_request(spec, where="method spec").require_size()
+    return {POSEXT_ARGUMENT: format_request(request)}
 
 
 def _leaf_tasks(task_dict: dict) -> list:

@@ -8,7 +8,7 @@ only imports the registration (:mod:`hf_posext.integrations.lm_eval.model`), map
 
 Example:
     python -m hf_posext.integrations.lm_eval run --model hf-posext \\
-        --model_args pretrained=smollm2-135m,posext_method=yarn,posext_factor=2,dtype=float32 \\
+        --model_args pretrained=smollm2-135m,posext=yarn:factor=2,dtype=float32 \\
         --tasks niah_single_1 --metadata '{"max_seq_lengths": [16384]}' --limit 10 --device cpu
 """
 

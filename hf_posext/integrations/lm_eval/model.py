@@ -9,15 +9,16 @@ too (the ``hf`` model shards only across GPUs, so every CPU process would repeat
 
 Model arguments (``--model_args``), on top of every ``hf`` argument:
 
-* ``posext_method``: a name from :func:`hf_posext.available_methods` (``none`` for the baseline).
-* ``posext_factor`` or ``posext_target_length``: how far to scale (exactly one; ``none`` needs neither).
-* ``posext_original_max_position_embeddings``: override the pre-training window read from the config.
-* ``posext_<name>``: any parameter of the method, e.g. ``posext_beta_fast=32``.
+* ``posext=REQUEST``: the scaling request in the request grammar (:mod:`hf_posext.core.grammar`), e.g.
+  ``posext=yarn:factor=4``, ``posext=yarn:factor=4:beta_fast=16``, ``posext=none`` for the baseline. Its ``:``
+  separators survive the harness's comma-separated model arguments.
 * ``pretrained=smollm2-135m`` (or any embedded name in :data:`hf_posext.models.EMBEDDED_MODELS`) works.
+* Deprecated (one release, with a warning naming the new form): ``posext_method``, ``posext_factor``,
+  ``posext_target_length``, ``posext_original_max_position_embeddings`` and ``posext_<parameter>``.
 
-Without ``posext_method`` the model is evaluated as saved; a folder written by
+Without ``posext`` the model is evaluated as saved; a folder written by
 ``save_pretrained`` after ``hf_posext.patch`` gets its scaling re-applied (as :func:`hf_posext.load`
-would). Unknown ``posext_*`` arguments and unknown methods raise ``ValueError`` before anything loads.
+would). Unknown parameters and unknown methods raise ``ValueError`` before anything loads.
 
 ``peft=ADAPTER`` with an adapter written by hf-posext's recipes (it holds ``posext_adapter.json``) is checked
 as :func:`hf_posext.adapters.load_adapted_model` checks it: its files against their manifest and its base
@@ -34,7 +35,7 @@ scaled window (it would be false there); past the scaled window it is shown.
 Example:
     >>> import lm_eval, hf_posext.integrations.lm_eval.model  # registers "hf-posext"
     >>> lm_eval.simple_evaluate(model="hf-posext", tasks=["niah_single_1"],
-    ...     model_args="pretrained=/path/to/model,posext_method=yarn,posext_factor=2",
+    ...     model_args="pretrained=/path/to/model,posext=yarn:factor=2",
     ...     metadata={"max_seq_lengths": [16384]})
 """
 
@@ -48,13 +49,15 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
 from hf_posext.api import describe, load, patch, patched_backend, read_record
+from hf_posext.core.grammar import MODEL_ARGUMENT, format_request, parse_request
 from hf_posext.core.loading import check_tokenizer_files
 from hf_posext.core.record import CONFIG_KEY
 from hf_posext.core.request import MODEL_ARGS_PREFIX, ScalingRequest
 from hf_posext.core.version import VERSION
 from hf_posext.models import resolve_model_path
+from hf_posext.user_warnings import warn_at_caller
 
-__all__ = ["MODEL_NAME", "POSEXT_PREFIX", "parse_posext_args", "PosextHFLM"]
+__all__ = ["MODEL_NAME", "POSEXT_PREFIX", "POSEXT_ARGUMENT", "parse_posext_args", "PosextHFLM"]
 
 logger = logging.getLogger(__name__)
 
@@ -62,16 +65,36 @@ logger = logging.getLogger(__name__)
 MODEL_NAME = "hf-posext"
 #: Prefix of the model arguments this plugin consumes.
 POSEXT_PREFIX = MODEL_ARGS_PREFIX
+#: The model argument holding the whole request in the request grammar (``posext=yarn:factor=4``).
+POSEXT_ARGUMENT = MODEL_ARGUMENT
 
 
 def parse_posext_args(model_args: dict[str, Any]) -> tuple[ScalingRequest | None, dict[str, Any]]:
-    """Split harness model arguments into a validated :class:`~hf_posext.core.request.ScalingRequest`
-    (None without ``posext_method``) and the rest (see :meth:`ScalingRequest.from_model_args`).
+    """Split harness model arguments into a validated :class:`~hf_posext.core.request.ScalingRequest` (None when
+    no request is given) and the rest.
+
+    The request is one argument in the request grammar (:mod:`hf_posext.core.grammar`), whose ``:`` separators
+    survive the harness's comma-separated model arguments: ``posext=yarn:factor=4:beta_fast=16``. The older
+    ``posext_method=yarn,posext_factor=4`` (:meth:`ScalingRequest.from_model_args`) still works for one release,
+    with a deprecation line naming the new form.
 
     Raises:
-        ValueError: an unknown method, an unknown method parameter, a missing or doubled factor.
+        ValueError: an unknown method, an unknown method parameter, a missing or doubled factor, both spellings.
     """
-    return ScalingRequest.from_model_args(model_args)
+    if POSEXT_ARGUMENT in model_args:
+        old = sorted(key for key in model_args if key.startswith(POSEXT_PREFIX))
+        if old:
+            raise ValueError(f"{POSEXT_ARGUMENT}= carries the whole request: leave out {', '.join(old)} "
+                             f"(write e.g. {POSEXT_ARGUMENT}=yarn:factor=4:beta_fast=16).")
+        text = model_args[POSEXT_ARGUMENT]
+        rest = {key: value for key, value in model_args.items() if key != POSEXT_ARGUMENT}
+        request = parse_request("none" if text is None else str(text), where=f"{POSEXT_ARGUMENT}=")
+        return request.require_size(), rest
+    request, rest = ScalingRequest.from_model_args(model_args)
+    if request is not None:
+        warn_at_caller(f"{POSEXT_PREFIX}method=... is deprecated and will be removed: write "
+                       f"{POSEXT_ARGUMENT}={format_request(request)} (one model argument).", FutureWarning)
+    return request, rest
 
 
 def _prefer_gloo_on_cpu() -> None:

@@ -64,3 +64,17 @@ def test_every_committed_card_passes():
     for path in cards:
         for cell in json.loads(path.read_text())["cells"]:
             assert card_cell_problem(cell) is None, (path, cell.get("row"), cell.get("task"), cell.get("length"))
+
+
+def test_a_truncated_card_names_a_fix_that_works(tmp_path):
+    """A run into the folder reads its card first (to keep the cells it does not compute), so "run the card again"
+    alone fails with the same error: the fix says to delete the damaged file first."""
+    folder = tmp_path / "card"
+    write_card(folder, [passkey_cell([1.0, 0.0])], [], {"samples": 2, "partial": False})
+    text = (folder / "card.json").read_text()
+    (folder / "card.json").write_text(text[: len(text) // 2])
+    with pytest.raises(CardFileError) as refused:
+        rewrite_card(folder)
+    message = str(refused.value)
+    assert message.startswith(f"{folder / 'card.json'} is not a card") and "\n" not in message
+    assert message.endswith("restore card.json from version control, or delete it and run the card again.")

@@ -3,7 +3,7 @@
 Same as ``hf-posext lm-eval`` / ``python -m hf_posext.integrations.lm_eval`` (see eval/lm_eval.md), e.g.::
 
     python eval/lm_eval.py run --model hf-posext --device cpu \\
-        --model_args pretrained=smollm2-135m,posext_method=yarn,posext_factor=2,dtype=float32,max_length=16384 \\
+        --model_args pretrained=smollm2-135m,posext=yarn:factor=2,dtype=float32,max_length=16384 \\
         --tasks niah_single_1 ruler_vt --metadata '{"max_seq_lengths": [16384]}' --limit 4
 """
 

@@ -22,7 +22,7 @@ WIDTH = 100
 EXAMPLES: dict[str, list[str]] = {
     "methods": ["hf-posext methods"],
     "describe": ["hf-posext describe smollm2-135m"],
-    "patch": ["hf-posext patch smollm2-135m --method yarn --factor 4 --out runs/yarn4"],
+    "patch": ["hf-posext patch smollm2-135m --method yarn:factor=4 --out runs/yarn4"],
     "demo": ["hf-posext demo --quick"],
     "eval": [
         "hf-posext eval perplexity --model smollm2-135m --methods none,yarn --lengths 4096,8192,16384 --data builtin:python-docs",
@@ -37,7 +37,7 @@ EXAMPLES: dict[str, list[str]] = {
     "lm-eval-compare": ["hf-posext lm-eval-compare --help"],
     "export": ["hf-posext export runs/yarn4 --for vllm --out runs/yarn4-vllm"],
     "adapter": ["hf-posext adapter verify bench/results/finetune_retrieval_cpu/run-retrieval-aggregation/adapter"],
-    "inspect": ["hf-posext inspect smollm2-135m --method yarn --factor 4"],
+    "inspect": ["hf-posext inspect smollm2-135m --method yarn:factor=4"],
 }
 
 

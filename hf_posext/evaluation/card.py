@@ -1260,14 +1260,14 @@ def _running_cells(folder: Path, cells: list[dict[str, Any]], settings: dict[str
 def add_card_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``hf-posext eval card``."""
     parser.add_argument("--models", required=True,
-                        help="comma-separated [LABEL=]MODEL[+ADAPTER][@METHOD[:FACTOR];...]: hub name, folder, smollm2-135m; the first, "
+                        help="comma-separated [LABEL=]MODEL[+ADAPTER][@REQUEST;...] (REQUEST: docs/request-grammar.md, e.g. yarn:factor=4): hub name, folder, smollm2-135m; the first, "
                              "when it has no adapter and no scaling saved in its config, is the base model, and its unscaled row "
-                             "the reference of 'beyond the base model' (e.g. smollm2-135m,fine-tuned=runs/r/merged@as-saved;string:1)")
+                             "the reference of 'beyond the base model' (e.g. smollm2-135m,fine-tuned=runs/r/merged@as-saved;string:factor=1)")
     parser.add_argument("--methods", default="none",
-                        help="comma-separated methods applied to every model; none = unscaled, as-saved = the model's own saved "
+                        help="comma-separated requests applied to every model (e.g. none,yarn:factor=4); none = unscaled, as-saved = the model's own saved "
                              "scaling (default: %(default)s)")
     parser.add_argument("--factor", type=float, help="factor for every method but none/as-saved (default: longest length / window)")
-    parser.add_argument("--param", action="append", metavar="KEY=VALUE", help="method parameter for every method, repeatable")
+    parser.add_argument("--param", action="append", metavar="KEY=VALUE", help="deprecated: write the parameter in the request, yarn:beta_fast=16")
     parser.add_argument("--lengths", required=True, help="comma-separated lengths in tokens, e.g. 2048,4096 or 4k,16k")
     parser.add_argument("--tasks", default="perplexity,passkey,needle,ruler,ending",
                         help="perplexity, passkey, needle, ruler (RULER's six offline tasks, and its seven that need a download where "

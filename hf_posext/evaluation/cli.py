@@ -31,9 +31,9 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--adapter", metavar="DIR",
                         help="a LoRA adapter folder written by hf-posext train (runs/NAME/adapter), applied to --model and merged; "
                              "refused unless --model and the methods are the base and scaling it was trained with")
-    parser.add_argument("--methods", default="none,yarn,dynamic-yarn", help="comma-separated methods; none = unpatched (default: %(default)s)")
+    parser.add_argument("--methods", default="none,yarn,dynamic-yarn", help="comma-separated scaling requests, e.g. none,yarn:factor=4:beta_fast=16 (docs/request-grammar.md); none = unpatched (default: %(default)s)")
     parser.add_argument("--factor", type=float, help="scale factor for every method (default: longest length / original window)")
-    parser.add_argument("--param", action="append", metavar="KEY=VALUE", help="method parameter for every method but none, repeatable")
+    parser.add_argument("--param", action="append", metavar="KEY=VALUE", help="deprecated: write the parameter in the request, yarn:beta_fast=16")
     parser.add_argument("--lengths", required=True, help="comma-separated lengths in tokens, e.g. 4096,8192,16384 or 4k,8k")
     parser.add_argument("--out", default="results", help="results folder (default: %(default)s)")
     parser.add_argument("--dtype", default="auto",

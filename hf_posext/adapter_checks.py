@@ -5,7 +5,8 @@ edit) recomputes it. These checks read what the files say and refuse what no tra
 
 - a tensor that is not finite, or whose largest magnitude is far outside any trained adapter's (trained LoRA values
   are about 0.01 to 1; the norms and embeddings trained beside them are the base's, of order 1);
-- an ``adapter_config.json`` rank (``r``) that the LoRA matrices do not have;
+- an ``adapter_config.json`` rank (``r``) that the LoRA matrices do not have, or a ``modules_to_save`` entry that the
+  weights hold nothing of;
 - a record (``posext_adapter.json``) whose factor its own windows contradict, or that the recipe of the run it sits
   in (``RUN/train_config.yaml`` beside ``RUN/adapter``) contradicts;
 - weights that do not fit the base model they are certified for (``adapter convert``).
@@ -23,8 +24,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["MAX_LORA_MAGNITUDE", "MAX_MODULE_MAGNITUDE", "tensor_problem", "rank_problem", "record_problem",
-           "base_fit_problem"]
+__all__ = ["MAX_LORA_MAGNITUDE", "MAX_MODULE_MAGNITUDE", "tensor_problem", "rank_problem", "modules_problem",
+           "record_problem", "base_fit_problem"]
 
 #: A LoRA value of larger magnitude is refused: trained ones are about 0.01 to 1 (the tiny recipe's 0.2, SmolLM2's
 #: retrieval runs' 0.3), initial ones at most 1/sqrt(fan_in).
@@ -66,6 +67,22 @@ def rank_problem(config_path: Path, weights_path: Path, config: dict[str, Any]) 
                 found = shape[0] if ".lora_A." in name else shape[-1]
                 if found != rank:
                     return f"{config_path} has r {rank}, but {weights_path.name}'s {name} has rank {found}"
+    return None
+
+
+def modules_problem(config_path: Path, weights_path: Path, config: dict[str, Any], prefix: str) -> str | None:
+    """A ``modules_to_save`` entry of ``adapter_config.json`` that the weights hold nothing of (PEFT would stop on a raw
+    ``KeyError`` naming no file)."""
+    from safetensors import safe_open
+
+    modules = config.get("modules_to_save") or []
+    if not isinstance(modules, list) or not modules:
+        return None
+    with safe_open(str(weights_path), framework="pt") as handle:
+        names = [key[len(prefix):] for key in handle.keys() if key.startswith(prefix)]
+    for module in modules:
+        if isinstance(module, str) and not any(name.startswith(module + ".") for name in names):
+            return (f"{config_path} lists {module!r} in modules_to_save, but {weights_path.name} holds no weights of it")
     return None
 
 

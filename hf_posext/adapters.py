@@ -265,11 +265,12 @@ def verify_adapter_files(folder: str | os.PathLike) -> bool:
 def _check_contents(folder: Path, config: dict[str, Any]) -> None:
     """Refuse what checksums cannot: weights no training writes, a rank or record that contradicts the weights, itself
     or its run's recipe (:mod:`hf_posext.adapter_checks`)."""
-    from hf_posext.adapter_checks import rank_problem, record_problem, tensor_problem
+    from hf_posext.adapter_checks import modules_problem, rank_problem, record_problem, tensor_problem
 
     checks = [lambda path=path: tensor_problem(path) for path in sorted(folder.glob("*.safetensors"))]
     if (folder / ADAPTER_WEIGHTS).is_file():
         checks.append(lambda: rank_problem(folder / ADAPTER_CONFIG, folder / ADAPTER_WEIGHTS, config))
+        checks.append(lambda: modules_problem(folder / ADAPTER_CONFIG, folder / ADAPTER_WEIGHTS, config, PEFT_KEY_PREFIX))
     checks.append(lambda: record_problem(folder / ADAPTER_RECORD))
     for check in checks:
         problem = check()

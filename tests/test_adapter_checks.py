@@ -130,3 +130,16 @@ def test_convert_refuses_trained_modules_the_base_does_not_fit(run, tmp_path):
     with pytest.raises(AdapterFileError, match=r"trained module tensor .*norm.weight is \(\d+,\), but the base model's is \(\d+,\)"):
         convert_adapter(folder)
     assert not (folder / MANIFEST_FILE).exists()
+
+
+def test_a_modules_to_save_entry_the_weights_lack_is_named_before_the_base_loads(run, tmp_path, no_model_load):
+    folder = copied_run(run, tmp_path)
+    config = json.loads((folder / "adapter_config.json").read_text())
+    config["modules_to_save"] = [*config["modules_to_save"], "model.layers.0.mlp_norm"]
+    (folder / "adapter_config.json").write_text(json.dumps(config))
+    finish_adapter_folder(folder)
+    with pytest.raises(AdapterFileError) as refused:
+        check_adapter(folder, str(TINY_MODEL))
+    message = str(refused.value)
+    assert "adapter_config.json lists 'model.layers.0.mlp_norm' in modules_to_save, but adapter_model.safetensors holds " \
+           "no weights of it" in message and "\n" not in message, message

@@ -985,6 +985,23 @@ def test_skip_over_window_lists_the_cells_past_a_rows_window(tiny_folder, tmp_pa
 
 
 
+def test_a_cell_past_a_rows_window_is_refused_before_any_sample_is_written(tiny_folder, tmp_path, capsys):
+    """The RULER samples are drawn before the length budgets are checked: a refused run wrote them into a new --out
+    (or the --sample-cache). They are kept back until every cell is known to fit."""
+    pytest.importorskip("lm_eval")
+    pytest.importorskip("wonderwords")
+    from hf_posext.cli import main
+
+    out, cache = tmp_path / "card", tmp_path / "cache"
+    for extra in ([], ["--sample-cache", str(cache)], ["--max-length", str(LENGTH // 2)]):
+        length = str(2 * LENGTH) if "--max-length" not in extra else str(LENGTH)
+        code = main(["eval", "card", "--models", f"base={tiny_folder}@none", "--lengths", length, "--tasks", "niah_single_1",
+                     "--samples", "1", "--out", str(out), "--no-progress", *extra])
+        error = capsys.readouterr().err.strip()
+        assert code != 0 and "niah_single_1 at" in error and len(error.splitlines()) == 1, error
+        assert not out.exists() and not cache.exists(), extra
+
+
 def test_no_progress_leaves_a_card_log_without_loading_bars_or_lm_evals_metadata_note(tiny_folder, tmp_path):
     """A card's log is read by people: with --no-progress it held transformers' "Loading weights" bars at every
     model load, and lm-eval's advice to pass lengths with --metadata at every RULER task it built (the card passes

@@ -40,6 +40,7 @@ import torch
 from hf_posext.api import describe, patch, unpatch
 from hf_posext.core.grammar import MODEL_ARGUMENT, format_request
 from hf_posext.core.request import ScalingRequest, parse_param_items
+from hf_posext.evaluation.deferred_cache import DeferredSampleWrites
 from hf_posext.evaluation.card import (
     CARD_TASKS, ENDING_BUDGET, RULER_DOWNLOAD_TASKS, RULER_OFFLINE_TASKS, SHORT_BUDGETS, ModelSpec, SampleCache, SampleResults,
     is_base_row, perplexity_cell_fields,
@@ -817,7 +818,8 @@ def _run_card_holding_folder(args: Any, specs: list[ModelSpec], lengths: list[in
     rows = card_model_rows(specs, args, lengths)
 
     # RULER samples (generated once per tokenizer) and every length budget, before any model runs.
-    cache = SampleCache(args.sample_cache or out / "ruler-samples")
+    # written once every cell is known to fit (a refused run leaves no samples behind)
+    cache = DeferredSampleWrites(SampleCache(args.sample_cache or out / "ruler-samples"))
     plans: list[tuple[Row, str, int, list[dict[str, Any]], dict[str, Any], str]] = []
     problems: list[str] = []
     if ruler:
@@ -850,6 +852,7 @@ def _run_card_holding_folder(args: Any, specs: list[ModelSpec], lengths: list[in
         if problems:
             more = f" ({len(problems) - 1} more cells do not fit)" if len(problems) > 1 else ""
             raise ValueError(problems[0] + more)
+        cache.flush()
 
     # An earlier run's cells in this folder that this run does not compute stay on the card (read before
     # anything runs: a damaged card.json is named here, not overwritten).

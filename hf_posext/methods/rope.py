@@ -222,6 +222,14 @@ def linear(rope: RotaryBase, original_length: int, factor: float, seq_len: int |
     return inv_freq / factor, 1.0
 
 
+def _check_ntk_dim(rope: RotaryBase) -> None:
+    if rope.dim <= 2:
+        raise ValueError(
+            f"NTK-aware scaling raises the base to b*s^(d/(d-2)), undefined for rotary dim d={rope.dim}: "
+            "use linear or yarn for this model."
+        )
+
+
 @register_method(
     "ntk",
     "NTK-aware: raise the base to b*s^(d/(d-2)), high frequencies kept (bloc97 2023)",
@@ -235,6 +243,7 @@ def ntk(rope: RotaryBase, original_length: int, factor: float, seq_len: int | No
     bloc97 2023, "NTK-Aware Scaled RoPE" (r/LocalLLaMA). The lowest frequency is divided by exactly s,
     the highest is unchanged, the ones between are spread geometrically. Static: same at every length.
     """
+    _check_ntk_dim(rope)
     if factor == 1:
         return rope.inv_freq(), 1.0
     base = rope.theta * factor ** (rope.dim / (rope.dim - 2))
@@ -254,6 +263,7 @@ def dynamic_ntk(rope: RotaryBase, original_length: int, factor: float, seq_len: 
     emozilla 2023, "Dynamically Scaled RoPE" (r/LocalLLaMA); transformers' ``dynamic`` rope type, whose
     ``factor`` is this alpha. Inside the original window (l <= L) the frequencies are the original ones.
     """
+    _check_ntk_dim(rope)
     if seq_len is None or seq_len <= original_length:
         return rope.inv_freq(), 1.0
     # transformers computes this base from max(position_ids) + 1, a 0-d int64 tensor, so in float32.

@@ -7,7 +7,10 @@ Each rule reads the config or the module structure, never a class name:
 - :func:`layers_without_rope` (NoPE and non-attention layers: Llama 4, SmolLM3, Granite SWA, the Qwen3.5 /
   Qwen3-Next / Jamba hybrids): which layers no rotary module reaches, for ``describe``;
 - :func:`kept_rope_keys` (model-specific keys of a rope dict: Mistral 4 / Ministral 3's
-  ``llama_4_scaling_beta``, Qwen's ``mrope_section``): what a rewritten rope dict must keep.
+  ``llama_4_scaling_beta``, Qwen's ``mrope_section``): what a rewritten rope dict must keep;
+- :func:`kept_method_parameters` (a family's own flavour of its method: gpt-oss's YaRN ``truncate=False``,
+  DeepSeek's ``mscale`` / ``mscale_all_dim``, DeepSeek-V4's ``attention_factor=1``): re-scaling with the method
+  the model already uses keeps the parameters the model was trained with, unless the call sets them.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import Any
 
 from hf_posext.core.request import ScalingConfig
 
-__all__ = ["scaled_layer_types", "layers_without_rope", "kept_rope_keys", "SCALING_KEYS"]
+__all__ = ["scaled_layer_types", "layers_without_rope", "kept_rope_keys", "kept_method_parameters", "SCALING_KEYS"]
 
 #: Keys that say how a rope dict scales (any transformers rope type); every other key is the model's own.
 SCALING_KEYS = frozenset({
@@ -80,3 +83,15 @@ def kept_rope_keys(base: dict[str, Any], written: dict[str, Any]) -> dict[str, A
     if kept and "original_max_position_embeddings" in base and "original_max_position_embeddings" not in written:
         kept["original_max_position_embeddings"] = base["original_max_position_embeddings"]
     return kept
+
+
+def kept_method_parameters(current: ScalingConfig, method: str, requested: dict[str, Any]) -> dict[str, Any]:
+    """The parameters a patch with ``method`` runs with: the model's own ones for that method, then ``requested``.
+
+    Args:
+        current: the scaling the model's config applies now (at its scaled layer types).
+        method: the requested method. requested: the parameters given in the call (they win).
+    """
+    if current.method != method:
+        return dict(requested)
+    return {**{k: v for k, v in current.params.items() if v is not None}, **requested}

@@ -48,8 +48,8 @@ __all__ = [
 
 #: Families covered by the tests (any model with the same structure works too).
 SUPPORTED_FAMILIES = (
-    "llama, mistral, mixtral, qwen2, qwen3, gemma, gemma2, gemma3 (full-attention layers), olmo, olmo2, "
-    "falcon, stablelm, phi, phi3, gpt_neox (partial rotary), gptj"
+    "llama, mistral, qwen2/3, qwen3.5 (multimodal rows), gemma 1-3, gemma 4 and lfm3 (proportional, global layers), "
+    "llama 4 (complex, NoPE layers), gpt-oss, cohere 1/2 (interleaved), deepseek v2/v3/v4 (MLA), phi, phi3, gpt_neox, gptj"
 )
 
 

@@ -33,7 +33,7 @@ from torch import nn
 
 from hf_posext.backends.rope.attention_scale import ScaleChange, folds_rope_scale, softmax_scale_changes
 from hf_posext.backends.rope.module import ScaledRotaryEmbedding
-from hf_posext.backends.rope.rules import kept_rope_keys, layers_without_rope
+from hf_posext.backends.rope.rules import kept_method_parameters, kept_rope_keys, layers_without_rope
 from hf_posext.backends.rope.sites import (
     RotarySite,
     build_rotary_module,
@@ -242,7 +242,7 @@ def patch_rope(model: nn.Module, request: ScalingRequest, *, tokenizer: Any = No
     if request.original_max_position_embeddings is not None:  # validated by ScalingRequest
         window = request.original_max_position_embeddings
     scale = resolve_factor(request.factor, request.target_length, window)
-    scaling = ScalingConfig(spec.name, scale, window, request.params_dict)
+    scaling = ScalingConfig(spec.name, scale, window, kept_method_parameters(main_site.current[main_type], spec.name, request.params_dict))
     new_modules = [build_rotary_module(site, scaling) for site in sites]
     if tokenizer is not None and not isinstance(getattr(tokenizer, "model_max_length", None), int):
         raise TypeError(
@@ -419,7 +419,8 @@ def describe_rope(model: nn.Module) -> ScalingReport:
         site = next(s for s in state.sites if s.scaled_layer_types)
         if len(site.dims) > 1:
             kept = [str(t) for t in site.dims if t not in site.scaled_layer_types]
-            notes.append(f"scaled layer types: {', '.join(map(str, site.scaled_layer_types))}; unchanged: {', '.join(kept)}")
+            notes.append(f"scaled layer types: {', '.join(map(str, site.scaled_layer_types))}"
+                         + (f"; unchanged: {', '.join(kept)}" if kept else ""))
         notes += _rope_layer_notes(site)
         if scaling.spec.dynamic:
             notes.append("generate() fixes the scale for prompt + max_new_tokens so the KV cache stays consistent")

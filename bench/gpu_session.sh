@@ -332,17 +332,17 @@ gemma3)
   # before converting.
   # Estimate (not measured on a GPU): conversion about a minute on 16 cores, then seconds per window on an H100
   # (65536 tokens of a 270M model in bf16); the whole stage within 5 minutes.
-  # The CPU cells of bench/sliding_window_cost.py that this session's 2 shared cores did not reach (32768 and
-  # 65536, banded; the masked path past 16384 only if affordable) run here on two of the machine's cores first:
-  # GEMMA_COST=1 (estimate at 2 free cores: 65536 about 11 minutes, from the FLOP count at the 16384 cell's rate).
-  if [ ! -f "${HF_POSEXT_GEMMA3_GGUF:-/nonexistent}" ] && compgen -G ".gpu_carry/g*/gguf.part" > /dev/null; then
-    ls -d .gpu_carry/g* | sort -V | while read -r d; do cat "$d/gguf.part"; done > /tmp/gemma-3-270m-q4_k_m.gguf
-    export HF_POSEXT_GEMMA3_GGUF=/tmp/gemma-3-270m-q4_k_m.gguf
-  fi
+  # The CPU cells of bench/sliding_window_cost.py that the 2 shared cores did not reach, on that machine's CPU (one call
+  # each, before the GPU rows): GEMMA_COST=32768 runs the 32768 window on 2 cores (estimate 6 minutes from the 16384
+  # window's 297 CPU-seconds scaled by the FLOP count: bench/results/sliding_window_cost/HISTORY.md); GEMMA_COST=65536
+  # runs 65536 on 4 cores (the 2-core estimate, 13-14 minutes, is past one call's 10: that cell stays for a quiet CPU
+  # session, `nice python bench/sliding_window_cost.py --lengths 65536 --masked-max-length 0`). STAGE_TIMEOUT=540.
   if [ -n "${GEMMA_COST:-}" ]; then
-    timeout "$T" taskset -c 0,1 "$PYTHON" bench/sliding_window_cost.py --lengths 32768,65536 --masked-max-length 0 \
-        --out "$OUT/sliding_window_cost_cpu_2cores.json"
+    cores=0,1; threads=2; [ "$GEMMA_COST" -gt 32768 ] && cores=0-3 && threads=4
+    OMP_NUM_THREADS=$threads timeout "$T" taskset -c $cores "$PYTHON" bench/sliding_window_cost.py --lengths "$GEMMA_COST" --masked-max-length 0 \
+        --out "$OUT/sliding_window_cost_cpu_${GEMMA_COST}_cores_${cores}.json"
     echo "sliding_window_cost exit $?"
+    exit 0
   fi
   GM="--model gemma3-270m --dtype bfloat16"
   cli eval perplexity $GM $G --data "$BOOKS/austen-emma.txt" --methods none,yarn,dynamic-yarn,linear,string --factor 2 \

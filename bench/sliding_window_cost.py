@@ -117,7 +117,9 @@ def _measure(args, length: int, path: str) -> dict:
     except subprocess.TimeoutExpired:
         return {"error": f"over --timeout {args.timeout} s", "load_before": load_before}
     if done.returncode != 0:
-        return {"error": done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit {done.returncode}"}
+        how = f"killed by signal {-done.returncode}" if done.returncode < 0 else f"exit {done.returncode}"
+        errors = [line for line in done.stderr.splitlines() if "Error" in line]
+        return {"error": how + (f": {errors[-1].strip()}" if errors else ""), "load_before": load_before}
     return {**json.loads(done.stdout.strip().splitlines()[-1]), "load_before": load_before, "load_after": os.getloadavg()}
 
 
@@ -192,7 +194,7 @@ def _write(args, argv, rows: list[dict], parameters: int) -> None:
 
     command = "nice python bench/sliding_window_cost.py " + " ".join(argv if argv is not None else sys.argv[1:])
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    machine = f"{os.cpu_count()} CPU cores ({platform.processor() or platform.machine()}), nice {os.nice(0)}"
+    machine = f"{len(os.sched_getaffinity(0))} CPU cores ({platform.processor() or platform.machine()}), nice {os.nice(0)}"
     result = {"command": command, "date": when, "machine": machine, "model": args.model, "parameters": parameters,
               "measured": "one sliding layer's attention call" if args.attention_only else "one perplexity window (chunked_nll)",
               "dtype": args.dtype, "torch": torch.__version__, "transformers": transformers.__version__,

@@ -78,3 +78,19 @@ def test_a_truncated_card_names_a_fix_that_works(tmp_path):
     message = str(refused.value)
     assert message.startswith(f"{folder / 'card.json'} is not a card") and "\n" not in message
     assert message.endswith("restore card.json from version control, or delete it and run the card again.")
+
+
+def test_a_run_of_another_seed_into_a_card_folder_is_refused_before_anything_changes(tmp_path, capsys, monkeypatch):
+    from hf_posext.cli import main
+    import hf_posext.evaluation.loading as loading
+
+    monkeypatch.setattr(loading, "load_model_and_tokenizer", lambda *a, **k: pytest.fail("a model loaded"))
+    folder = tmp_path / "card"
+    write_card(folder, [passkey_cell([1.0, 0.0])], [], {"samples": 2, "seed": 0, "partial": False})
+    before = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
+    code = main(["eval", "card", "--models", "tiny", "--methods", "none", "--tasks", "passkey", "--lengths", "400",
+                 "--samples", "2", "--seed", "1", "--out", str(folder), "--no-progress"])
+    error = capsys.readouterr().err.strip()
+    assert code == 2 and f"holds a card of --seed 0" in error and "pass --seed 0, or give another --out" in error, error
+    assert len(error.splitlines()) == 1
+    assert {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()} == before

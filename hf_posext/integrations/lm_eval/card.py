@@ -769,6 +769,7 @@ def run_card(args: Any) -> int:
     """Run ``hf-posext eval card`` with parsed ``args`` (see :func:`hf_posext.evaluation.card.add_card_arguments`)."""
     from hf_posext.core.locks import hold_folder, hold_parts
     from hf_posext.core.paths import check_output_folder
+    from hf_posext.evaluation.card_checks import card_seed_problem
     from hf_posext.evaluation.store import results_part
     from hf_posext.evaluation.arguments import parse_lengths
     from hf_posext.evaluation.loading import check_device_name, check_dtype_name, transformers_progress_bars
@@ -789,6 +790,9 @@ def run_card(args: Any) -> int:
         if task in tasks:
             check_text_source(source)
     _check_requests(specs, args)  # a bad method or factor is named before any model loads
+    seed_problem = card_seed_problem(args.out, args.seed)  # before the card is written again
+    if seed_problem:
+        raise ValueError(seed_problem)
     # one run writes a card folder at a time: a second would drop the first's newer cells from card.json; and its
     # tasks' results files in OUT/tasks are held as `eval TASK --out OUT/tasks` holds them
     parts = [results_part(task, spec.key) for task in ("perplexity", "passkey", "needle") if task in tasks for spec in specs]

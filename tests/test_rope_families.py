@@ -42,7 +42,8 @@ FAMILIES = {
     "Qwen3_5MoeForCausalLM": dict(layer_types=["linear_attention", "full_attention"]),
     "Mistral4ForCausalLM": {},  # llama_4_scaling_beta kept
     "Ministral3ForCausalLM": {},
-    "GraniteSWAForCausalLM": dict(layer_rope_theta=[10000.0, 0], layer_types=["sliding_attention", "full_attention"], sliding_window=16),
+    "GraniteSWAForCausalLM": dict(layer_rope_theta=[10000.0, 0, 50000.0], num_hidden_layers=3, sliding_window=16,
+                                  layer_types=["sliding_attention", "full_attention", "full_attention"]),
     "GraniteMoeSWAForCausalLM": {},  # rotary_emb.config read by the model
     "Gemma4ForCausalLM": {},  # proportional partial rotary on the global layers
     "Gemma4UnifiedForCausalLM": {},
@@ -160,8 +161,10 @@ def test_the_probe_finds_each_family_layout(name, layout):
     ("Llama4ForCausalLM", {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": WINDOW, "rope_theta": 500000.0}),
     ("GptOssForCausalLM", {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": WINDOW, "rope_theta": 150000.0,
                            "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False}),
+    # one rotary module per base, each scaled from its own base (the model keys them by their config's theta)
+    ("GraniteSWAForCausalLM", {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": WINDOW, "rope_theta": 10000.0}),
 ])
-def test_yarn_equals_transformers_yarn_on_interleaved_half_and_complex_layouts(name, rope):
+def test_yarn_equals_transformers_yarn_on_interleaved_half_complex_and_per_base_modules(name, rope):
     model = tiny(name)
     long = _ids(2 * WINDOW, seed=4)
     unpatched = logits_of(model, long)

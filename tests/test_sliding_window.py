@@ -116,3 +116,25 @@ def test_it_stays_off_where_it_does_not_apply():
     assert applies_to(model) is None
     with banded_sliding_attention(model, enabled=False) as active:
         assert not active and model.config._attn_implementation == "sdpa"
+
+
+def test_the_band_marker_stands_for_transformers_own_sliding_mask():
+    from transformers.masking_utils import sdpa_mask, sliding_window_causal_mask_function
+
+    from hf_posext.backends.attention.sliding_window import BandMask
+
+    theirs = sdpa_mask(batch_size=1, q_length=40, kv_length=40, mask_function=sliding_window_causal_mask_function(WINDOW),
+                       local_size=WINDOW, allow_is_causal_skip=True)
+    assert torch.equal(BandMask(WINDOW, 40).tensor(), theirs)
+
+
+def test_a_band_marker_reaching_another_call_is_refused_in_one_line():
+    from hf_posext.backends.attention.sliding_window import BandMask
+
+    sliding_window.register()
+    from transformers import AttentionInterface
+
+    attention = AttentionInterface()[sliding_window.IMPLEMENTATION]
+    query = torch.randn(1, 2, 1, 8)
+    with pytest.raises(RuntimeError, match=r"BandMask\(window=16, length=40\) reached an attention call of 1 queries and 40 keys"):
+        attention(torch.nn.Module(), query, torch.randn(1, 2, 40, 8), torch.randn(1, 2, 40, 8), BandMask(WINDOW, 40))

@@ -10,9 +10,9 @@ float32, 1e-6).
 
 How it hooks in: :func:`banded_sliding_attention` is a context manager that, for the duration of a forward,
 switches the model's attention implementation to one registered in transformers' ``AttentionInterface``
-under :data:`IMPLEMENTATION`. Its mask builder returns no mask for a sliding layer of a padding-free prefill
-(where transformers would build the [T x T] band), and its attention function then computes that layer
-banded; every other call (full-attention layers, padding, a KV cache) is transformers' own SDPA with its
+under :data:`IMPLEMENTATION`. For a sliding layer of a padding-free prefill its mask builder returns a
+:class:`BandMask` (a marker, where transformers would build the [T x T] band), and its attention function
+computes that layer banded; every other call (full-attention layers, padding, a KV cache) is transformers' own SDPA with its
 own mask. It changes nothing when the model is not set to ``sdpa`` or ``eager`` (an attention-level method of
 hf_posext, flash attention), has no sliding layer, soft-caps its attention logits, or is not on a CPU.
 """
@@ -25,7 +25,7 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-__all__ = ["IMPLEMENTATION", "banded_attention", "applies_to", "banded_sliding_attention", "register"]
+__all__ = ["IMPLEMENTATION", "BandMask", "banded_attention", "applies_to", "banded_sliding_attention", "register"]
 
 #: The name under which the banded attention and its mask builder are registered in transformers.
 IMPLEMENTATION = "hf_posext_banded_sdpa"
@@ -69,34 +69,56 @@ def banded_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     return output.transpose(1, 2).contiguous()
 
 
+class BandMask:
+    """Stands for the [T x T] sliding-window mask the mask builder did not build (a padding-free prefill).
+
+    Only this module's attention function reads it; any other code that treats it as a tensor fails loudly
+    instead of attending wrongly.
+
+    Attributes:
+        window: the sliding window. length: tokens (queries = keys).
+    """
+
+    def __init__(self, window: int, length: int) -> None:
+        self.window, self.length = int(window), int(length)
+
+    def tensor(self, device: torch.device | str = "cpu") -> torch.Tensor:
+        """The boolean [1, 1, T, T] mask it stands for (True where a query may attend)."""
+        distance = torch.arange(self.length, device=device)[:, None] - torch.arange(self.length, device=device)
+        return ((distance >= 0) & (distance < self.window))[None, None]
+
+    def __repr__(self) -> str:
+        return f"BandMask(window={self.window}, length={self.length})"
+
+
 def _attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-               attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
-               sliding_window: int | None = None, **kwargs: Any):
-    """The registered attention function: banded for a sliding layer the mask builder left maskless, else SDPA."""
+               attention_mask: Any, dropout: float = 0.0, scaling: float | None = None, **kwargs: Any):
+    """The registered attention function: banded where the mask builder left a :class:`BandMask`, else SDPA."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
-    if attention_mask is None and sliding_window and query.shape[2] == key.shape[2] > sliding_window:
+    if isinstance(attention_mask, BandMask):
+        if attention_mask.length != query.shape[2] or key.shape[2] != query.shape[2]:
+            raise RuntimeError(f"{attention_mask!r} reached an attention call of {query.shape[2]} queries and "
+                               f"{key.shape[2]} keys; call the model without hf_posext's banded attention.")
         if dropout == 0.0 and kwargs.get("s_aux") is None and not kwargs.get("softcap"):
-            return banded_attention(query, key, value, int(sliding_window), scaling), None
-        # Not computable banded: the band mask the builder left out, built here (the same function).
-        distance = torch.arange(query.shape[2], device=query.device)[:, None] - torch.arange(key.shape[2], device=query.device)
-        attention_mask = ((distance >= 0) & (distance < sliding_window))[None, None]
-    return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                  sliding_window=sliding_window, **kwargs)
+            return banded_attention(query, key, value, attention_mask.window, scaling), None
+        attention_mask = attention_mask.tensor(query.device)  # not computable banded: the mask it stands for
+    return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
 
 
 def _mask(*args: Any, local_size: int | None = None, **kwargs: Any):
-    """transformers' SDPA mask builder, except that a padding-free prefill's sliding mask is left out (None)."""
+    """transformers' SDPA mask builder, except that a padding-free prefill's sliding-window mask is a :class:`BandMask`."""
     from transformers.masking_utils import sdpa_mask
 
-    q_length, kv_length = kwargs.get("q_length"), kwargs.get("kv_length")
+    q_length, kv_length, config = kwargs.get("q_length"), kwargs.get("kv_length"), kwargs.get("config")
+    sliding = local_size is not None and local_size == getattr(config, "sliding_window", None)  # not chunked attention
     prefill = (q_length == kv_length and not args and isinstance(kwargs.get("q_offset", 0), int)
                and kwargs.get("q_offset", 0) == 0 and kwargs.get("kv_offset", 0) == 0)
-    if local_size is not None and prefill and kwargs.get("allow_is_causal_skip", True):
+    if sliding and prefill and kwargs.get("allow_is_causal_skip", True) and q_length > local_size:
         attention_mask = kwargs.get("attention_mask")
         if attention_mask is None or bool(attention_mask.all()):
-            return None
+            return BandMask(local_size, q_length)
     return sdpa_mask(*args, local_size=local_size, **kwargs)
 
 

@@ -333,7 +333,9 @@ def check_adapter(folder: str | os.PathLike, base_model: str, method: str | None
         verify_adapter_files(folder)
     record = read_adapter_record(folder)
     recipe = suggest == "recipe"
-    if not _same_model(str(base_model), record.base_model):
+    if not _same_model(str(base_model), record.base_model) and not (
+            record.base_weights and os.path.isdir(os.path.expanduser(str(base_model)))):
+        # a local folder other than the recorded one (a copy, a moved base) is judged by its weights once it loads
         fix = (f"set model.name: {record.base_model} in the recipe (or drop finetune.init_adapter to train a new adapter)"
                if recipe else f"pass --model {record.base_model}")
         raise AdapterMismatchError(f"The adapter {folder} was trained on base model {record.base_model!r} "
@@ -453,10 +455,16 @@ def check_base_weights(folder: str | os.PathLike, model: torch.nn.Module, base_m
             return False
         dtype_name, got = _dtype_name(castable[0]), weights_fingerprint(_CastParameters(model, castable[0]))
     if got != recorded[dtype_name]:
+        found = (f"its {dtype_name} weights are {got[:27]}..., the adapter's {ADAPTER_RECORD} records "
+                 f"{recorded[dtype_name][:27]}...")
+        if _same_model(str(base_model), record.base_model):  # the very folder it was trained from, changed since
+            raise AdapterMismatchError(
+                f"The base model {base_model} now holds other weights than the adapter {folder} was trained on ({found}); "
+                "restore that folder's weights, or pass a copy of the original base as the model, or train the adapter "
+                "again on these weights.")
         raise AdapterMismatchError(
-            f"The base model {base_model!r} does not have the weights the adapter {folder} was trained on: its {dtype_name} "
-            f"weights are {got[:27]}..., the adapter's {ADAPTER_RECORD} records {recorded[dtype_name][:27]}...; load the "
-            f"base model it was trained on ({record.base_model}).")
+            f"The base model {base_model!r} does not have the weights the adapter {folder} was trained on: {found}; load "
+            f"the base model it was trained on ({record.base_model}).")
     return True
 
 

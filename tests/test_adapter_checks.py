@@ -143,3 +143,50 @@ def test_a_modules_to_save_entry_the_weights_lack_is_named_before_the_base_loads
     message = str(refused.value)
     assert "adapter_config.json lists 'model.layers.0.mlp_norm' in modules_to_save, but adapter_model.safetensors holds " \
            "no weights of it" in message and "\n" not in message, message
+
+
+def test_a_byte_identical_copy_of_the_base_is_accepted_by_its_weights_not_refused_by_its_path(run, tmp_path):
+    from hf_posext.adapters import AdapterMismatchError, load_adapted_model
+
+    copy = tmp_path / "base-copy"
+    shutil.copytree(TINY_MODEL, copy)
+    folder = copied_run(run, tmp_path)
+    check_adapter(folder, str(copy))  # the path differs: the weights decide, once they load
+    merged = load_adapted_model(str(copy), folder)
+    reference = load_adapted_model(str(TINY_MODEL), folder)
+    ids = torch.randint(3, 100, (1, 40), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(merged(ids).logits, reference(ids).logits)
+    from hf_posext.models import tiny_model
+
+    other = tmp_path / "other-base"  # another model at another path: refused by its weights
+    tiny_model("llama", seed=5, **_tiny_shape()).save_pretrained(other)
+    with pytest.raises(AdapterMismatchError, match="does not have the weights the adapter"):
+        load_adapted_model(str(other), folder)
+
+
+def test_a_base_folder_that_now_holds_other_weights_names_a_fix_other_than_itself(run, tmp_path):
+    from hf_posext.adapters import AdapterMismatchError, load_adapted_model
+    from hf_posext.models import tiny_model
+
+    base = tmp_path / "base"
+    shutil.copytree(TINY_MODEL, base)
+    folder = copied_run(run, tmp_path)
+    record = json.loads((folder / ADAPTER_RECORD).read_text())
+    (folder / ADAPTER_RECORD).write_text(json.dumps({**record, "base_model": str(base)}))
+    finish_adapter_folder(folder)
+    tiny_model("llama", seed=5, **_tiny_shape()).save_pretrained(base)  # the folder's weights replaced since
+    with pytest.raises(AdapterMismatchError) as refused:
+        load_adapted_model(str(base), folder)
+    message = str(refused.value)
+    assert f"{base} now holds other weights than the adapter {folder} was trained on" in message, message
+    assert "restore that folder's weights, or pass a copy of the original base" in message
+    assert f"load the base model it was trained on ({base})" not in message
+
+
+def _tiny_shape() -> dict:
+    """The tiny training model's shape (its config), for another model of the same shape."""
+    config = json.loads((TINY_MODEL / "config.json").read_text())
+    keys = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+            "num_key_value_heads", "max_position_embeddings")
+    return {key: config[key] for key in keys if key in config}

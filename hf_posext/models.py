@@ -338,7 +338,7 @@ def resolve_model_path(name: str) -> str:
 
 
 def load_model(name: str, dtype: torch.dtype | str = torch.float32, device: str | None = None, **kwargs: Any):
-    """Load a causal LM by hub name, local path or embedded name (``"smollm2-135m"``).
+    """Load a causal LM by hub name, local path or embedded name (``"smollm2-135m"``, ``"gemma3-270m"``).
 
     Args:
         name: where to load from.

@@ -34,7 +34,7 @@ def no_loading(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("loaded before the exclusion was checked")
 
-    monkeypatch.setattr(trainer_module, "_load_base", refuse)
+    monkeypatch.setattr(trainer_module, "load_base_model", refuse)
     monkeypatch.setattr(models, "load_tokenizer", refuse)
 
 

@@ -371,7 +371,7 @@ def test_a_run_folder_another_run_is_writing_is_refused_before_anything_loads(fi
     def no_loading(*args, **kwargs):
         raise AssertionError("the model loaded for a run folder another run holds")
 
-    monkeypatch.setattr(trainer_module, "_load_base", no_loading)
+    monkeypatch.setattr(trainer_module, "load_base_model", no_loading)
     full_out, _ = finished_run
     out = tmp_path / "run"
     shutil.copytree(full_out, out)

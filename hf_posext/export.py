@@ -6,16 +6,15 @@ before writing anything, when the target would serve the model differently from 
 
 Usage::
 
-    python -m hf_posext.export SAVED_DIR --for vllm --out SERVE_DIR
+    hf-posext export SAVED_DIR --for vllm --out SERVE_DIR     (the command: hf_posext.cli.export_command)
+    export(saved_dir_or_patched_model, "vllm", serve_dir)     (this module's typed entry point)
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
-import sys
 import tempfile
 import warnings
 from pathlib import Path
@@ -318,28 +317,3 @@ def export(source: Any, target: str, out: str | os.PathLike, overwrite: bool = F
         shutil.rmtree(staged, ignore_errors=True)
         raise
     return out
-
-
-def add_export_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the ``hf-posext export`` arguments to ``parser``."""
-    parser.add_argument("model", help="a folder saved by hf_posext (save_pretrained of a patched model)")
-    parser.add_argument("--for", dest="target", required=True, choices=TARGETS, help="the runtime that will serve it")
-    parser.add_argument("--out", required=True, help="the new folder to write")
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing non-empty --out")
-
-
-def run_export(args: argparse.Namespace) -> int:
-    """Run ``hf-posext export``: 0 on success, 2 with a one-line error when it refuses."""
-    try:
-        out = export(args.model, args.target, args.out, overwrite=args.overwrite)
-    except ExportError as error:
-        print(f"hf-posext export: error: {error}", file=sys.stderr)
-        return 2
-    print(f"wrote {out} for {args.target}")
-    return 0
-
-
-if __name__ == "__main__":
-    _parser = argparse.ArgumentParser(prog="python -m hf_posext.export", description=__doc__.splitlines()[0])
-    add_export_arguments(_parser)
-    sys.exit(run_export(_parser.parse_args()))

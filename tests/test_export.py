@@ -14,7 +14,8 @@ import pytest
 import torch
 
 import hf_posext
-from hf_posext.export import ExportError, add_export_arguments, check_serving, export, run_export
+from hf_posext.cli.export_command import add_arguments as add_export_arguments, run as run_export
+from hf_posext.export import ExportError, check_serving, export
 from hf_posext.models import tiny_model
 
 L = 64

@@ -28,9 +28,9 @@ import sys
 import tempfile
 from typing import Any, Callable, Iterator
 
-from hf_posext import adapters, export
+from hf_posext import adapters
 from hf_posext.api import describe, load, patch
-from hf_posext.cli import inspect_command
+from hf_posext.cli import export_command, inspect_command
 from hf_posext.cli.scaling_arguments import add_scaling_arguments, request_from_arguments
 from hf_posext.core.errors import run_reporting_errors
 from hf_posext.core.paths import check_output_folder
@@ -163,7 +163,7 @@ SUBCOMMANDS: dict[str, Command] = {
     "lm-eval": (lm_eval_cli.HELP, lm_eval_cli.add_arguments, lm_eval_cli.run),
     "lm-eval-compare": ("compare scaling methods on lm-eval tasks (tasks built once)", lm_eval_cli.add_compare_arguments, lm_eval_cli.run_compare),
     "export": ("copy a saved model with a config that vLLM, SGLang or llama.cpp serves like transformers",
-               export.add_export_arguments, export.run_export),
+               export_command.add_arguments, export_command.run),
     "adapter": ("convert an adapter folder to PEFT's format with checksums, or verify its files",
                 adapters.add_adapter_arguments, adapters.run_adapter),
     "inspect": ("per-dimension RoPE wavelengths of a model under a scaling method (table, --plot PNG)", inspect_command.add_arguments, inspect_command.run),

@@ -131,3 +131,28 @@ def test_the_card_ending_row_on_a_tiny_model(tmp_path, monkeypatch, capsys):
     assert main(["eval", "card", "--models", f"base={folder}@yarn:2", "--lengths", str(LENGTH), "--tasks", "ending", "--out",
                  str(out), "--no-progress"]) != 0
     assert f"chat-ending results {path} are not readable" in capsys.readouterr().err
+
+
+def test_a_chat_template_that_is_not_valid_jinja_is_refused_by_the_card_before_any_model_loads(tmp_path, capsys, monkeypatch):
+    from transformers import AutoTokenizer
+
+    from hf_posext.cli import main
+    from hf_posext.evaluation.ending import ChatTemplateError, chat_prompt
+    import hf_posext.evaluation.loading as loading
+    from hf_posext.models import tiny_model
+
+    folder = tmp_path / "chat-model"
+    tiny_model("llama", max_position_embeddings=512).save_pretrained(folder)
+    tokenizer = _char_tokenizer()
+    tokenizer.chat_template = "{% for message in messages %}{{ message['content'] }"  # a brace short
+    tokenizer.save_pretrained(folder)
+    with pytest.raises(ChatTemplateError, match=r"chat template is not a valid Jinja template \("):
+        chat_prompt(AutoTokenizer.from_pretrained(folder), "Say hello.")
+    monkeypatch.setattr(loading, "load_model_and_tokenizer", lambda *a, **k: pytest.fail("a model loaded"))
+    capsys.readouterr()  # the save's own output
+    out = tmp_path / "card"
+    code = main(["eval", "card", "--models", str(folder), "--methods", "none", "--tasks", "ending", "--lengths", "256",
+                 "--samples", "1", "--out", str(out), "--no-progress"])
+    error = capsys.readouterr().err.strip()
+    assert code == 2 and f"{folder}: the tokenizer's chat template is not a valid Jinja template" in error, error
+    assert len(error.splitlines()) == 1 and not out.exists()

@@ -14,7 +14,8 @@ from typing import Any, Sequence
 
 import torch
 
-__all__ = ["INSTRUCTIONS", "END_OF_TURN_TOKENS", "end_token_ids", "chat_prompt", "answer_endings", "ended_like"]
+__all__ = [
+    "ChatTemplateError", "INSTRUCTIONS", "END_OF_TURN_TOKENS", "end_token_ids", "chat_prompt", "answer_endings", "ended_like"]
 
 #: Everyday instructions, each answerable in a sentence or two. 48, not the 16 of before 2026-12-05: on 16, 13 endings
 #: against 15 could not be told apart; paired on 48, 9 answers that end in one row only and none in the other give
@@ -82,16 +83,30 @@ def end_token_ids(tokenizer: Any) -> list[int]:
     return sorted(ids)
 
 
+class ChatTemplateError(ValueError):
+    """A tokenizer's chat template that cannot be rendered (a Jinja syntax or runtime error): named, never skipped."""
+
+
 def chat_prompt(tokenizer: Any, instruction: str) -> list[int]:
     """``instruction`` as one user turn in the tokenizer's chat template, with the assistant's turn opened.
 
     Raises:
         ValueError: the tokenizer has no chat template (a base model: nothing to end).
+        ChatTemplateError: the template is not valid Jinja, or fails on one user turn (the error's first line).
     """
+    from jinja2 import TemplateError
+
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError("the tokenizer has no chat template, so there is no turn to end; the ending check needs an instruct "
                          "model's tokenizer.")
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": instruction}], add_generation_prompt=True, tokenize=True)
+    try:
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": instruction}], add_generation_prompt=True,
+                                            tokenize=True)
+    except TemplateError as error:
+        detail = " ".join(str(error).split())[:160]
+        raise ChatTemplateError(f"the tokenizer's chat template is not a valid Jinja template ({type(error).__name__}: "
+                                f"{detail}); fix chat_template in its tokenizer_config.json (or chat_template.jinja), or "
+                                "leave ending out of --tasks.") from None
     if isinstance(ids, dict) or hasattr(ids, "keys"):  # transformers 5 may return a BatchEncoding
         ids = ids["input_ids"]
     return list(ids)

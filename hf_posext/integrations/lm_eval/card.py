@@ -793,12 +793,32 @@ def run_card(args: Any) -> int:
     seed_problem = card_seed_problem(args.out, args.seed)  # before the card is written again
     if seed_problem:
         raise ValueError(seed_problem)
+    if "ending" in tasks:
+        _check_chat_templates(specs)
     # one run writes a card folder at a time: a second would drop the first's newer cells from card.json; and its
     # tasks' results files in OUT/tasks are held as `eval TASK --out OUT/tasks` holds them
     parts = [results_part(task, spec.key) for task in ("perplexity", "passkey", "needle") if task in tasks for spec in specs]
     with hold_folder(args.out, "--out", "the card"), hold_parts(Path(args.out) / "tasks", parts, "--out", "the card"), \
             transformers_progress_bars(args.progress):
         return _run_card_holding_folder(args, specs, lengths, tasks, started)
+
+
+def _check_chat_templates(specs: list[ModelSpec]) -> None:
+    """Refuse a row whose tokenizer's chat template cannot be rendered, before any model loads (a tokenizer without
+    one is listed as skipped by the ending task, as before)."""
+    from hf_posext.evaluation.ending import INSTRUCTIONS, ChatTemplateError, chat_prompt
+    from hf_posext.evaluation.loading import is_tiny_model_name
+    from hf_posext.models import load_tokenizer
+
+    for spec in dict.fromkeys(specs):
+        if is_tiny_model_name(spec.model):
+            continue
+        try:
+            chat_prompt(load_tokenizer(spec.model), INSTRUCTIONS[0])
+        except ChatTemplateError as error:
+            raise ValueError(f"{spec.model}: {error}") from None
+        except ValueError:  # no chat template: the ending task lists the row as skipped
+            continue
 
 
 def _run_card_holding_folder(args: Any, specs: list[ModelSpec], lengths: list[int], tasks: list[str], started: float) -> int:

@@ -25,6 +25,7 @@ RECIPES: dict[str, tuple[dict[str, Any], str]] = {
     "Qwen3NextForCausalLM": (dict(layer_types=["linear_attention", "full_attention"]), _HYBRID),
     "Qwen3_5ForCausalLM": (dict(layer_types=["linear_attention", "full_attention"]), _HYBRID),
     "Qwen3_5MoeForCausalLM": (dict(layer_types=["linear_attention", "full_attention"]), _HYBRID),
+    "Llama4ForCausalLM": (dict(no_rope_layer_interval=2), "one NoPE layer in two (the 1-in-4 pattern, shortened)"),
     "RecurrentGemmaForCausalLM": (dict(num_hidden_layers=3), "three layers: two recurrent, one attention"),
     "GPTJForCausalLM": (dict(rotary_dim=4), "a rotary dim that fits the 8-wide heads"),
     "CodeGenForCausalLM": (dict(rotary_dim=4), "a rotary dim that fits the 8-wide heads"),

@@ -156,3 +156,24 @@ def test_a_chat_template_that_is_not_valid_jinja_is_refused_by_the_card_before_a
     error = capsys.readouterr().err.strip()
     assert code == 2 and f"{folder}: the tokenizer's chat template is not a valid Jinja template" in error, error
     assert len(error.splitlines()) == 1 and not out.exists()
+
+
+def test_a_row_whose_window_cannot_hold_a_prompt_and_its_answer_is_refused_or_listed_as_skipped(tmp_path, capsys):
+    """A 64-token window holds no chat prompt plus a 128-token answer: scoring it 0/48 read as "never ends its turn"."""
+    from hf_posext.cli import main
+
+    folder = tmp_path / "short"
+    tiny_model("llama", max_position_embeddings=64).save_pretrained(folder)
+    _tokenizer().save_pretrained(folder)
+    capsys.readouterr()
+    out = tmp_path / "card"
+    argv = ["eval", "card", "--models", f"base={folder}@none", "--lengths", "64", "--tasks", "ending", "--out", str(out),
+            "--no-progress"]
+    assert main(argv) == 2
+    error = capsys.readouterr().err.strip()
+    (line,) = [line for line in error.splitlines() if "error:" in line]  # beside the note of what --dtype auto chose
+    assert "base, unscaled: ending: prompt" in line and "> the model's window 64" in line and "--skip-over-window" in line, error
+    assert main([*argv, "--skip-over-window"]) == 0
+    card = json.loads((out / "card.json").read_text())
+    assert card["cells"] == [] and [s for s in card["skipped"] if s["what"] == "base, unscaled: ending"
+                                    and "window 64" in s["reason"]], card["skipped"]

@@ -729,6 +729,14 @@ def _ending_cells(rows: list[Row], args: Any, skipped: list[dict[str, str]]) -> 
             continue
         length = 1 << (longest + ENDING_BUDGET - 1).bit_length()
         for row in (r for r in rows if r.spec == spec):
+            if longest + ENDING_BUDGET > row.window:  # no answer fits: 0/48 would read as "never ends its turn"
+                reason = (f"prompt {longest} + {ENDING_BUDGET} generated tokens = {longest + ENDING_BUDGET} > the model's "
+                          f"window {row.window}")
+                if not args.skip_over_window:
+                    raise ValueError(f"{row.label}: ending: {reason}; scale it (e.g. --methods yarn --factor "
+                                     f"{math.ceil((longest + ENDING_BUDGET) / row.window * 2) / 2:g}), or pass --skip-over-window.")
+                skipped.append({"what": f"{row.label}: ending", "reason": reason})
+                continue
             path = out / f"ending-{row.results_name(dtype, args.device)}.json"
             records = stored_endings(path, spec.key, dtype, INSTRUCTIONS)
             if records is None:

@@ -24,6 +24,7 @@ LAYERS = {
     "hf_posext.api": 4,
     "hf_posext.models": 4,
     "hf_posext.adapters": 5,
+    "hf_posext.adapter_checks": 5,
     "hf_posext.text_sources": 4,
     "hf_posext.lm": 5,
     "hf_posext.search": 5,

@@ -153,6 +153,8 @@ def check_exclusions(source: str | os.PathLike, exclude: Iterable[str]) -> None:
     if not exclude:
         return
     path = Path(str(source)).expanduser()
+    if not path.exists() and _looks_like_path(str(source)) and not str(source).startswith("builtin:"):
+        return  # a missing source: check_text_source names it as missing, which is the fix the user needs first
     if not path.is_dir():
         raise ValueError(f"data.exclude={exclude} applies to the files of a folder, but data.source={str(source)!r} is "
                          "not a folder; drop data.exclude, or give the folder as data.source.")
@@ -382,12 +384,19 @@ def check_text_source(source: str | os.PathLike, exclude: Iterable[str] = ()) ->
             first :data:`HEAD_BYTES` are mostly not text (the share and the file named).
     """
     text = str(source)
-    check_exclusions(source, exclude)
+    path = Path(text).expanduser()
+    if not text.startswith("builtin:") and not path.exists() and _looks_like_path(text):
+        where = "" if path.is_absolute() else f" (a relative path is read from the current directory, {Path.cwd()})"
+        raise FileNotFoundError(
+            f"Text source {text!r} does not exist{where}. Pass an existing .txt/.jsonl/.parquet file or folder "
+            f"(the repository ships books in {BOOKS_FOLDER}: run from the repository root), a Hugging Face "
+            f"dataset name (e.g. emozilla/pg19), or one of {', '.join(BUILTIN_SOURCES)}."
+        )
+    check_exclusions(source, exclude)  # after the source itself: a missing folder is named as missing
     if text.startswith("builtin:"):
         if text not in BUILTIN_SOURCES:
             raise ValueError(f"Unknown built-in text {text!r}; available: {', '.join(BUILTIN_SOURCES)}.")
         return
-    path = Path(text).expanduser()
     if path.is_dir():
         files = _text_files(path)
         if not files:
@@ -401,13 +410,6 @@ def check_text_source(source: str | os.PathLike, exclude: Iterable[str] = ()) ->
         if path.suffix.lower() not in TEXT_SUFFIXES:
             raise ValueError(f"{path}: unsupported file type {path.suffix!r}; expected one of {', '.join(TEXT_SUFFIXES)}.")
         _check_head(path)
-    elif _looks_like_path(text):
-        where = "" if path.is_absolute() else f" (a relative path is read from the current directory, {Path.cwd()})"
-        raise FileNotFoundError(
-            f"Text source {text!r} does not exist{where}. Pass an existing .txt/.jsonl/.parquet file or folder "
-            f"(the repository ships books in {BOOKS_FOLDER}: run from the repository root), a Hugging Face "
-            f"dataset name (e.g. emozilla/pg19), or one of {', '.join(BUILTIN_SOURCES)}."
-        )
 
 
 def _check_head(path: Path, short: _ShortPieces | None = None) -> None:

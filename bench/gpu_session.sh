@@ -333,8 +333,8 @@ gemma3)
   # Estimate (not measured on a GPU): conversion about a minute on 16 cores, then seconds per window on an H100
   # (65536 tokens of a 270M model in bf16); the whole stage within 5 minutes.
   # The CPU cells of bench/sliding_window_cost.py that the 2 shared cores did not reach, on that machine's CPU (one call
-  # each, before the GPU rows): GEMMA_COST=32768 runs the 32768 window on 2 cores (estimate 6 minutes from the 16384
-  # window's 297 CPU-seconds scaled by the FLOP count: bench/results/sliding_window_cost/HISTORY.md); GEMMA_COST=65536
+  # each, before the GPU rows): GEMMA_COST=32768 runs the 32768 window on 2 cores (on the shared CPU: 622 CPU-seconds,
+  # 780 s at load 4-6: bench/results/sliding_window_cost/HISTORY.md); GEMMA_COST=65536
   # runs 65536 on 4 cores (the 2-core estimate, 13-14 minutes, is past one call's 10: that cell stays for a quiet CPU
   # session, `nice python bench/sliding_window_cost.py --lengths 65536 --masked-max-length 0`). STAGE_TIMEOUT=540.
   if [ -n "${GEMMA_COST:-}" ]; then

@@ -22,6 +22,12 @@ __all__ = ["LOCAL_LAYER_TYPES", "rotary_half_dim", "method_parameters", "stock_r
 LOCAL_LAYER_TYPES = ("sliding_attention", "chunked_attention", "local_attention")
 #: Llama 3.1's published blend (transformers' test values).
 LLAMA3_FACTORS = {"low_freq_factor": 1.0, "high_freq_factor": 4.0}
+#: Keys of a rope dict that belong to its scaling rule, not to the model: a reference of another rule drops them
+#: (a yarn dict's ``mscale_all_dim`` means nothing to linear).
+SCALING_KEYS = frozenset({
+    "factor", "original_max_position_embeddings", "attention_factor", "beta_fast", "beta_slow", "mscale",
+    "mscale_all_dim", "truncate", "short_factor", "long_factor", "low_freq_factor", "high_freq_factor", "type",
+})
 #: The new base swept with ``theta``.
 THETA_BASE = 1e5
 
@@ -60,9 +66,10 @@ def stock_rope_parameters_for(method: str, factor: float, window: int, params: d
     rope_type = rope_type_for(method)
     if rope_type is None:
         return None
-    scaled = {**params, "rope_type": rope_type, "factor": factor}
+    own = {key: value for key, value in params.items() if key not in SCALING_KEYS}  # the model's own keys only
+    scaled = {**own, "rope_type": rope_type, "factor": factor}
     if rope_type != "dynamic":
-        scaled.setdefault("original_max_position_embeddings", window)
+        scaled["original_max_position_embeddings"] = params.get("original_max_position_embeddings") or window
     if rope_type == "llama3":
         scaled.update(LLAMA3_FACTORS)
     if rope_type == "longrope":
@@ -89,6 +96,10 @@ def _scaled_config(config: Any, method: str, factor: float, half: int | None) ->
             return None
     stock = copy.deepcopy(config)
     stock.rope_parameters = scaled
+    if rope_type_for(method) == "dynamic":  # transformers' dynamic reads the pre-training window from here
+        dicts = parameters.values() if nested else [parameters]
+        original = next((d["original_max_position_embeddings"] for d in dicts if d.get("original_max_position_embeddings")), None)
+        stock.max_position_embeddings = int(original or window)
     return stock
 
 

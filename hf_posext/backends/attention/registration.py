@@ -173,19 +173,20 @@ def plain_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
 # rotary module says?
 # --------------------------------------------------------------------------------------------------
 
-_PROBE_RECORD: list[tuple[nn.Module, torch.Tensor, torch.Tensor]] | None = None
+_PROBE_RECORD: list[tuple[nn.Module, torch.Tensor, torch.Tensor, bool]] | None = None
 
 
 def _probe_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     if _PROBE_RECORD is not None:
-        _PROBE_RECORD.append((module, query.detach().float().clone(), key.detach().float().clone()))
+        _PROBE_RECORD.append((module, query.detach().float().clone(), key.detach().float().clone(),
+                              kwargs.get("s_aux") is not None))
     kwargs.pop("softcap", None)
     return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
 
 
-def _record_attention(model: nn.Module, positions: torch.Tensor) -> list[tuple[nn.Module, torch.Tensor, torch.Tensor]]:
+def _record_attention(model: nn.Module, positions: torch.Tensor) -> list[tuple[nn.Module, torch.Tensor, torch.Tensor, bool]]:
     global _PROBE_RECORD
     device = next(model.parameters()).device
     ids = (torch.arange(positions.shape[1]) % max(2, int(getattr(model.config, "vocab_size", 2) or 2))).to(device)[None]
@@ -235,11 +236,15 @@ def _probe(model: nn.Module, rotary: dict[str, tuple[torch.Tensor, int, bool, bo
         model.train(was_training)
     if not first or len(first) != len(second):
         raise _unsupported(model, "its attention modules do not call the AttentionInterface registry", label)
+    sinks = sorted({names.get(id(module), type(module).__name__) for module, *_, has_sinks in first if has_sinks})
+    if sinks:
+        raise _unsupported(model, f"its attention in {sinks[0]}{' and others' if len(sinks) > 1 else ''} adds learned "
+                                  "attention sinks (s_aux), which the split and chunked kernels cannot apply", label)
     modules = []
     dtype = next(model.parameters()).dtype
     tol = 1e-3 if dtype == torch.float32 else 3e-2
     checked_types = set()
-    for (module, q1, k1), (module2, q2, k2) in zip(first, second):
+    for (module, q1, k1, _), (module2, q2, k2, _) in zip(first, second):
         if module is not module2:
             raise _unsupported(model, "its attention modules are called in a different order on each forward", label)
         if id(module) not in names:

@@ -116,6 +116,18 @@ def _stock_reproduces(site: RotarySite, new_module: ScaledRotaryEmbedding, confi
     return True
 
 
+def config_round_trips(config) -> bool:
+    """Does ``config`` survive ``to_dict`` -> ``from_dict``? A family's config class may accept fewer rope types
+    than transformers has (Phi-3: default and longrope only), and then refuses the saved folder at load time."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            type(config).from_dict(config.to_dict())
+    except Exception:
+        return False
+    return True
+
+
 def _plan_config(
     config, original: dict[str, Any], scaling: ScalingConfig, theta: float, rotary_dim: int, layer_type: Any,
     scaled_sites: list[tuple[RotarySite, ScaledRotaryEmbedding]],
@@ -144,7 +156,7 @@ def _plan_config(
         # ("default" here is ntk/theta: a new base, served at L * s, so the scaled window is written).
         keeps_window = stock["rope_type"] != "default" and not window_is_scaled(stock["rope_type"])
         setattr(work, window_attribute(work), window if keeps_window else scaling.target_length)
-        if all(_stock_reproduces(site, module, work, scaling) for site, module in scaled_sites):
+        if config_round_trips(work) and all(_stock_reproduces(site, module, work, scaling) for site, module in scaled_sites):
             return _snapshot(work), True, stock
     work = copy.deepcopy(config)
     restore_config(work, {k: v for k, v in original.items() if k != CONFIG_KEY})

@@ -16,7 +16,7 @@ from torch import nn
 from hf_posext.backends import BACKENDS, Backend, backend_for_record, primary_backend
 from hf_posext.core.errors import RecordError, UnsupportedModelError, check_model
 from hf_posext.core.loading import check_weight_files, config_kwargs, model_class_for
-from hf_posext.core.record import CONFIG_KEY, FREQUENCY_FIELD, ScalingReport, seal_record, text_config, validate_record
+from hf_posext.core.record import CONFIG_KEY, DIGEST_FIELD, FREQUENCY_FIELD, ScalingReport, seal_record, text_config, validate_record
 from hf_posext.core.record_checks import check_record_digest, check_record_matches_config
 from hf_posext.core.request import ScalingRequest
 from hf_posext.methods import get_method, kinds_of
@@ -152,6 +152,26 @@ def patch(
         original_max_position_embeddings=original_max_position_embeddings, **method_params,
     ).require_size()  # "none" needs no factor; any other method needs a size
     extras = {} if tokenizer is None else {"tokenizer": tokenizer}
+    config = text_config(model.config)
+    record_before = getattr(config, CONFIG_KEY, None)
+    try:
+        return _dispatch_patch(model, request, extras)
+    except Exception:
+        _keep_seal(config, record_before)
+        raise
+
+
+def _keep_seal(config: Any, record_before: Any) -> None:
+    """After a failed patch: the previous record back with its seal (a backend that restored it wrote it unsealed)."""
+    record = getattr(config, CONFIG_KEY, None)
+    if isinstance(record, dict) and isinstance(record_before, dict):
+        unsealed = {key: value for key, value in record.items() if key != DIGEST_FIELD}
+        if unsealed == {key: value for key, value in record_before.items() if key != DIGEST_FIELD}:
+            setattr(config, CONFIG_KEY, record_before)
+
+
+def _dispatch_patch(model: nn.Module, request: ScalingRequest, extras: dict[str, Any]) -> nn.Module:
+    """:func:`patch` once the request is checked: the backend that takes it, replacing any previous patch."""
     if request.is_composed:
         return _sealed(_patch_composed(model, request, extras))
     backend = select_backend(model, request.method)

@@ -440,7 +440,7 @@ CLI_CASES: list[tuple[str, list[str], int, str, bool]] = [
     ("train-yaml-syntax", ["train", "--config", "{syntax_yaml}"], USAGE, r"syntax.yaml: line 3, column 2: not valid YAML", False),
     ("train-unknown-key", _TRAIN + ["train.max_stepz=3"], USAGE, r"Unknown config key 'train.max_stepz'", False),
     ("train-scaling-section-a-list", ["train", "--config", "{scaling_list_yaml}"], USAGE,
-     r"scaling_list.yaml: section 'scaling' must be a mapping of keys \(e.g. scaling: \{method: yarn, factor: 4\}", False),
+     r"scaling_list.yaml: section 'scaling' must be a mapping of keys \(e.g. scaling: yarn:factor=4, or \{method: yarn, factor: 4\}", False),
     ("train-data-not-text", _TRAIN + ["data.source={noise_txt}"], USAGE, r"data.source: \d\d% of .*noise.txt is not UTF-8 text", False),
     ("train-data-missing", _TRAIN + ["data.source={missing}"], USAGE, r"data.source: Text source '.*missing' does not exist", False),
     ("train-output-dir-under-a-file", _TRAIN + ["output.dir={file}/run"], USAGE,

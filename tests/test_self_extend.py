@@ -475,6 +475,7 @@ def test_the_old_parameter_name_window_still_works_with_a_warning(tmp_path):
     model.save_pretrained(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
     config["hf_posext"]["params"] = {"group_size": 4, "window": 12}
+    config["hf_posext"].pop("digest")  # such a folder predates the record's digest too
     (tmp_path / "config.json").write_text(json.dumps(config))
     torch.testing.assert_close(logits_of(hf_posext.load(tmp_path), ids), old_name, atol=0, rtol=0)
 

@@ -66,7 +66,8 @@ def stock_rope_parameters_for(method: str, factor: float, window: int, params: d
     rope_type = rope_type_for(method)
     if rope_type is None:
         return None
-    own = {key: value for key, value in params.items() if key not in SCALING_KEYS}  # the model's own keys only
+    # The model's own keys only, unless it already uses this rule: then its parameters stay, as patch keeps them.
+    own = params if params.get("rope_type") == rope_type else {k: v for k, v in params.items() if k not in SCALING_KEYS}
     scaled = {**own, "rope_type": rope_type, "factor": factor}
     if rope_type != "dynamic":
         scaled["original_max_position_embeddings"] = params.get("original_max_position_embeddings") or window

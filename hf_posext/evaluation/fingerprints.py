@@ -29,6 +29,8 @@ import torch
 
 from hf_posext.api import describe, fixed_length
 from hf_posext.core.errors import UnsupportedModelError
+# One weights fingerprint (every element hashed; its prefix tells it from an older cell's bare sampled hex digest)
+from hf_posext.core.integrity import FULL_WEIGHTS_PREFIX, stable_digest, weights_fingerprint
 
 __all__ = [
     "rope_fingerprint",
@@ -47,8 +49,6 @@ __all__ = [
     "KERNEL_INDEPENDENT_PARAMS",
 ]
 
-#: Prefix of :func:`weights_fingerprint` (every element hashed); older cells hold a bare sampled hex digest.
-FULL_WEIGHTS_PREFIX = "sha256-all:"
 #: Elements hashed per parameter by :func:`sampled_weights_fingerprint` (results written before the full hash).
 WEIGHT_SAMPLES_PER_PARAMETER = 65536
 
@@ -71,7 +71,7 @@ def rope_fingerprint(model: torch.nn.Module, length: int) -> str | None:
 def hash_frequencies(frequencies: list[dict[str, Any]] | None) -> str | None:
     if frequencies is None:
         return None
-    return hashlib.sha1(json.dumps(frequencies, sort_keys=True).encode()).hexdigest()
+    return stable_digest(frequencies, length=None, algorithm="sha1")
 
 
 def rope_frequencies(model: torch.nn.Module, length: int) -> list[dict[str, Any]] | None:
@@ -229,26 +229,6 @@ def function_fingerprint(frequencies: list[dict[str, Any]] | None, attention: di
     if attention is None:
         return current
     return hashlib.sha1(f"{current}|{json.dumps(attention, sort_keys=True)}".encode()).hexdigest()
-
-
-def weights_fingerprint(model: torch.nn.Module) -> str:
-    """``sha256-all:`` + a sha256 over the model's parameters: names, shapes, dtypes and every byte of every value.
-
-    A change of any one element changes it. Each parameter is copied to the CPU in turn (peak extra memory:
-    the largest parameter). Cost on a SmolLM2-135M-shaped model (134.5M parameters) on a shared 2-core CPU
-    at load average 9.7: 0.77 s in float32, 0.37 s in bfloat16 (``bench/weights_fingerprint_cost.py``).
-    Computed on the unpatched model (a
-    learned position table rescaled by a method is a parameter too). Parameters on the meta device
-    (offloaded) count by name, shape and dtype alone.
-    """
-    digest = hashlib.sha256()
-    for name, parameter in model.named_parameters():
-        digest.update(f"{name}|{tuple(parameter.shape)}|{parameter.dtype}|".encode())
-        if parameter.device.type == "meta" or parameter.numel() == 0:
-            continue
-        data = parameter.detach().contiguous().reshape(-1).view(torch.uint8).cpu()
-        digest.update(data.numpy())
-    return FULL_WEIGHTS_PREFIX + digest.hexdigest()
 
 
 def is_full_weights_fingerprint(value: Any) -> bool:

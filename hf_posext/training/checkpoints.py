@@ -13,7 +13,6 @@ a one-line error naming the bad file.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -21,6 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from hf_posext.core.errors import DamagedFileError
+from hf_posext.core.files import write_json_atomic
+from hf_posext.core.integrity import MANIFEST_FILE as CHECKSUMS_FILE
+from hf_posext.core.integrity import file_sha256, verify_manifest
+from hf_posext.core.integrity import write_manifest as write_checksums
 
 __all__ = [
     "CHECKPOINT_PREFIX", "CHECKSUMS_FILE", "RUN_FILE", "CheckpointError", "checkpoint_step", "find_latest_checkpoint",
@@ -29,7 +32,6 @@ __all__ = [
 ]
 
 CHECKPOINT_PREFIX = "checkpoint-"  # transformers' PREFIX_CHECKPOINT_DIR
-CHECKSUMS_FILE = "checksums.json"
 RUN_FILE = "posext_run.json"
 TRAINER_STATE_FILE = "trainer_state.json"
 
@@ -63,39 +65,6 @@ def find_latest_checkpoint(output_dir: str | os.PathLike, complete: bool = False
     return max(candidates, key=checkpoint_step) if candidates else None
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write ``data`` as JSON to ``path`` through a temporary file and a rename."""
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text(json.dumps(data, indent=2, default=str))
-    os.replace(temporary, path)
-
-
-def file_sha256(path: Path) -> str:
-    """Hex sha256 of a file's bytes."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _hashed_files(folder: Path) -> list[Path]:
-    # Only the manifest itself (and its temporary file) at the top level is exempt: a file of that name in a
-    # subfolder is an ordinary file, listed and checked like any other.
-    return sorted(
-        p for p in folder.rglob("*")
-        if p.is_file() and not (p.parent == folder and (p.name == CHECKSUMS_FILE or p.name.startswith(f".{CHECKSUMS_FILE}")))
-    )
-
-
-def write_checksums(folder: Path) -> Path:
-    """Write ``folder/checksums.json`` (sha256 of every other file, by relative path), atomically."""
-    sums = {str(p.relative_to(folder)): file_sha256(p) for p in _hashed_files(folder)}
-    path = folder / CHECKSUMS_FILE
-    write_json_atomic(path, {"algorithm": "sha256", "files": sums})
-    return path
-
-
 def verify_checkpoint(folder: str | os.PathLike) -> None:
     """Refuse a checkpoint that is incomplete or altered.
 
@@ -110,20 +79,7 @@ def verify_checkpoint(folder: str | os.PathLike) -> None:
             f"Checkpoint {folder} has no {CHECKSUMS_FILE}: its save did not finish. Delete it and resume from an "
             "earlier checkpoint (--resume DIR/checkpoint-N)."
         )
-    try:
-        listed = json.loads(sums_path.read_text())["files"]
-    except (ValueError, KeyError, TypeError) as error:
-        raise CheckpointError(f"Checkpoint {folder}: {sums_path} is unreadable ({error}); the checkpoint cannot be trusted.") from None
-    present = {str(p.relative_to(folder)) for p in _hashed_files(folder)}
-    for name in sorted(listed):
-        path = folder / name
-        if not path.is_file():
-            raise CheckpointError(f"Checkpoint {folder} is missing {name} (listed in {CHECKSUMS_FILE}); resume from another checkpoint.")
-        if file_sha256(path) != listed[name]:
-            raise CheckpointError(f"Checkpoint {folder}: {path} does not match its sha256 in {CHECKSUMS_FILE} (corrupt or edited); resume from another checkpoint.")
-    unlisted = sorted(present - set(listed))
-    if unlisted:
-        raise CheckpointError(f"Checkpoint {folder} holds {unlisted[0]}, which {CHECKSUMS_FILE} does not list; resume from another checkpoint.")
+    verify_manifest(folder, name=f"Checkpoint {folder}", fix="resume from another checkpoint", error=CheckpointError)
     step = checkpoint_step(folder)
     state_path = folder / TRAINER_STATE_FILE
     if not state_path.is_file():

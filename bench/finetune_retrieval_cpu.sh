@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # NOT THE WAY TO FINE-TUNE. To fine-tune, run a recipe (recipes/README.md lists them); the headline model is two
 # commands from the repository root:
-#   hf-posext train --config recipes/configs/smollm2-135m/8k_to_32k_stage1_books_cpu.yaml
-#   hf-posext train --config recipes/configs/smollm2-135m/8k_to_32k_stage2_retrieval_aggregation_cpu.yaml
+#   hf-posext train --config recipes/configs/smollm2-135m/32k-stage1-books-cpu.yaml
+#   hf-posext train --config recipes/configs/smollm2-135m/32k-stage2-lookups-and-counting-cpu.yaml
 #
 # This is the project's own bookkeeping for the committed SmolLM2-135M 8k -> 32k runs (bench/results/
 # finetune_retrieval_cpu/) on 2 CPU cores: it carries them across sessions (restoring a kept checkpoint, keeping the
@@ -44,20 +44,20 @@
 #
 # VARIANT=NAME picks one run of docs/training.md (its recipe, its run folder in runs/, its kept folder
 # bench/results/finetune_retrieval_cpu/run-NAME and its results rows); without VARIANT: the base run
-# (8k_to_32k_lora_pose_long_cpu.yaml, peak learning rate 2e-4).
-#   lr6e-4            stage 1 of the headline recipe: 8k_to_32k_stage1_books_cpu.yaml (the same at 6e-4)
+# (32k-stage1-books-lr2e-4-cpu.yaml, peak learning rate 2e-4).
+#   lr6e-4            stage 1 of the headline recipe: 32k-stage1-books-cpu.yaml (the same at 6e-4)
 #   steps400          the base run stretched to 400 steps (train.max_steps=400)
-#   retrieval         8k_to_32k_retrieval_cpu.yaml: 50 steps from the kept lr6e-4 adapter on samples that each hide
+#   retrieval         32k-stage2-lookups-only-cpu.yaml: 50 steps from the kept lr6e-4 adapter on samples that each hide
 #                     8 synthetic key-value records and ask for them at their end, trained on the answers only
-#   retrieval-mixed   8k_to_32k_retrieval_mixed_cpu.yaml: the same with half of the samples plain book text, every
+#   retrieval-mixed   32k-stage2-lookups-one-wording-cpu.yaml: the same with half of the samples plain book text, every
 #                     sample weighing the same in the loss (train.loss_average=sequences)
 #   retrieval-far     retrieval-mixed with data.pose_far_fraction=0.25 (a quarter of the samples end at position 32767)
-#   retrieval-varied  stage 2 of the first recipe: 8k_to_32k_stage2_retrieval_cpu.yaml (retrieval-mixed with each
+#   retrieval-varied  stage 2 of the first recipe: 32k-stage2-lookups-cpu.yaml (retrieval-mixed with each
 #                     record and question in several wordings), from the kept lr6e-4 adapter as the committed run was
-#   retrieval-tasks   8k_to_32k_stage2_retrieval_tasks_cpu.yaml: retrieval-varied with harder practice (distractors,
+#   retrieval-tasks   32k-stage2-hard-lookups-cpu.yaml: retrieval-varied with harder practice (distractors,
 #                     several values, chains, word values, half of the retrieval samples in the chat template),
 #                     from the kept lr6e-4 adapter
-#   retrieval-aggregation  8k_to_32k_stage2_retrieval_aggregation_cpu.yaml: retrieval-tasks with a fifth kind of
+#   retrieval-aggregation  32k-stage2-lookups-and-counting-cpu.yaml: retrieval-tasks with a fifth kind of
 #                     question, most_often (who did a thing most often; aggregation), 5 questions a sample,
 #                     from the kept lr6e-4 adapter
 set -euo pipefail
@@ -66,21 +66,21 @@ set -euo pipefail
 {
 cd "$(dirname "$0")/.."
 R=recipes/configs/smollm2-135m
-CONFIG=$R/8k_to_32k_lora_pose_long_cpu.yaml
+CONFIG=$R/32k-stage1-books-lr2e-4-cpu.yaml
 RUN=runs/smollm2-135m-8k-32k-lora-pose-long
 KEPT=bench/results/finetune_retrieval_cpu/run
 STAGE1_ADAPTER=bench/results/finetune_retrieval_cpu/run-lr6e-4/adapter   # what every committed stage 2 started from
 OVERRIDES=()
 case "${VARIANT:-}" in
   "") ;;
-  lr6e-4) CONFIG=$R/8k_to_32k_stage1_books_cpu.yaml ;;
+  lr6e-4) CONFIG=$R/32k-stage1-books-cpu.yaml ;;
   steps400) OVERRIDES=(train.max_steps=400) ;;
-  retrieval) CONFIG=$R/8k_to_32k_retrieval_cpu.yaml ;;
-  retrieval-mixed) CONFIG=$R/8k_to_32k_retrieval_mixed_cpu.yaml ;;
-  retrieval-far) CONFIG=$R/8k_to_32k_retrieval_mixed_cpu.yaml; OVERRIDES=(data.pose_far_fraction=0.25) ;;
-  retrieval-varied) CONFIG=$R/8k_to_32k_stage2_retrieval_cpu.yaml; OVERRIDES=(finetune.init_adapter=$STAGE1_ADAPTER) ;;
-  retrieval-tasks) CONFIG=$R/8k_to_32k_stage2_retrieval_tasks_cpu.yaml; OVERRIDES=(finetune.init_adapter=$STAGE1_ADAPTER) ;;
-  retrieval-aggregation) CONFIG=$R/8k_to_32k_stage2_retrieval_aggregation_cpu.yaml; OVERRIDES=(finetune.init_adapter=$STAGE1_ADAPTER) ;;
+  retrieval) CONFIG=$R/32k-stage2-lookups-only-cpu.yaml ;;
+  retrieval-mixed) CONFIG=$R/32k-stage2-lookups-one-wording-cpu.yaml ;;
+  retrieval-far) CONFIG=$R/32k-stage2-lookups-one-wording-cpu.yaml; OVERRIDES=(data.pose_far_fraction=0.25) ;;
+  retrieval-varied) CONFIG=$R/32k-stage2-lookups-cpu.yaml; OVERRIDES=(finetune.init_adapter=$STAGE1_ADAPTER) ;;
+  retrieval-tasks) CONFIG=$R/32k-stage2-hard-lookups-cpu.yaml; OVERRIDES=(finetune.init_adapter=$STAGE1_ADAPTER) ;;
+  retrieval-aggregation) CONFIG=$R/32k-stage2-lookups-and-counting-cpu.yaml; OVERRIDES=(finetune.init_adapter=$STAGE1_ADAPTER) ;;
   *) echo "unknown VARIANT=$VARIANT: use lr6e-4, steps400, retrieval, retrieval-mixed, retrieval-far, retrieval-varied, retrieval-tasks or retrieval-aggregation, or leave it unset for the base run" >&2; exit 2 ;;
 esac
 if [ -n "${VARIANT:-}" ]; then

@@ -3,7 +3,7 @@
 #
 #   bash bench/finetune_smollm2.sh [DATA]        # DATA: the books folder (default ../shared/data/books)
 #
-# 1. Trains recipes/configs/smollm2-135m/8k_to_32k_lora_pose_cpu.yaml (yarn x4, 2048-token PoSE windows
+# 1. Trains recipes/configs/smollm2-135m/32k-books-24-steps-cpu.yaml (yarn x4, 2048-token PoSE windows
 #    spanning [0, 32768); austen-emma.txt and melville-moby_dick.txt are excluded from training).
 #    Interrupted? Run the script again: training resumes from its latest checkpoint.
 # 2. Evaluates the training-free baseline (SmolLM2 + yarn x4) and the fine-tuned model (its merged
@@ -19,7 +19,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 DATA=$(realpath "${1:-../shared/data/books}")  # absolute: the results-file key includes the path
 OUT=${OUT:-results/finetune_smollm2}
-CONFIG=recipes/configs/smollm2-135m/8k_to_32k_lora_pose_cpu.yaml
+CONFIG=recipes/configs/smollm2-135m/32k-books-24-steps-cpu.yaml
 RUN=$(hf-posext train --config "$CONFIG" --print-config | python -c "import sys, yaml; print(yaml.safe_load(sys.stdin)['output']['dir'])")
 
 if [ -f "$RUN/merged/config.json" ]; then

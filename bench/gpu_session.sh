@@ -167,7 +167,7 @@ finetune)
   # fine-tuned model at 32768, the original at 8192, training-free x4 at 32768, then the fine-tuned model at 16384
   # and 8192.
   inputs
-  CFG=${FINETUNE_CONFIG:-recipes/configs/smollm2-135m/8k_to_32k_lora_1gpu.yaml}
+  CFG=${FINETUNE_CONFIG:-recipes/configs/smollm2-135m/32k-stage1-books-1gpu.yaml}
   RUN=$("$PYTHON" -m hf_posext.cli train --config "$CFG" --print-config | "$PYTHON" -c "import sys, yaml; print(yaml.safe_load(sys.stdin)['output']['dir'])")
   F=${FINETUNE_RESULTS:-$R/long4x}   # one folder, same trials, for the fine-tuned and training-free runs
   EVAL_BOOK=${EVAL_BOOK:-$BOOKS/austen-emma.txt}   # held apart from training (the recipe excludes it)

@@ -4,7 +4,7 @@ The headline adapter (README.md) was trained in two stages whose run configs and
 bench/results/finetune_retrieval_cpu/run-lr6e-4/ (stage 1: 200 steps of LoRA + PoSE on the books) and
 run-retrieval-varied/ (stage 2: 50 steps of retrieval practice mixed with book text, started from the
 stage-1 adapter committed in run-lr6e-4/adapter). This script runs the first ``--steps`` steps of each stage's
-recipe (recipes/configs/smollm2-135m/8k_to_32k_stage{1_books,2_retrieval}_cpu.yaml) with
+recipe (recipes/configs/smollm2-135m/32k-stage{1-books,2-lookups}-cpu.yaml) with
 ``hf-posext train --stop-at-step N``, which keeps the recipe's own learning-rate schedule and samples (a run
 with ``train.max_steps=N`` would warm up and decay over N steps instead), and compares the logged losses and
 learning rates with the committed logs. Stage 2 starts from the committed stage-1 adapter, as the committed
@@ -41,8 +41,8 @@ COMMITTED = ROOT / "bench" / "results" / "finetune_retrieval_cpu"
 RECIPES = ROOT / "recipes" / "configs" / "smollm2-135m"
 #: stage -> (recipe, committed run folder, extra overrides)
 STAGES = {
-    1: ("8k_to_32k_stage1_books_cpu.yaml", "run-lr6e-4", []),
-    2: ("8k_to_32k_stage2_retrieval_cpu.yaml", "run-retrieval-varied",
+    1: ("32k-stage1-books-cpu.yaml", "run-lr6e-4", []),
+    2: ("32k-stage2-lookups-cpu.yaml", "run-retrieval-varied",
         ["finetune.init_adapter=bench/results/finetune_retrieval_cpu/run-lr6e-4/adapter"]),
 }
 #: Settings expected to differ from the committed run configs (folders; the books' new place).

@@ -31,7 +31,7 @@ EXAMPLES: dict[str, list[str]] = {
         "hf-posext eval card --models smollm2-135m --methods none,yarn --lengths 2048,8192 --tasks passkey,ruler --samples 2",
     ],
     "report": ["hf-posext report results/"],
-    "train": ["hf-posext train --config recipes/configs/tiny/lora_pose_cpu.yaml --overwrite"],
+    "train": ["hf-posext train --config recipes/configs/tiny/ci-stage1-cpu.yaml --overwrite"],
     "lm-eval": ["hf-posext lm-eval run --model hf-posext --model_args pretrained=smollm2-135m,dtype=float32 "
                 "--tasks niah_single_1 --limit 10 --device cpu"],
     "lm-eval-compare": ["hf-posext lm-eval-compare --help"],

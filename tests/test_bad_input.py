@@ -322,7 +322,7 @@ _PATCH = ["patch", "{llama}", "--method", "yarn", "--factor", "2", "--out", "{ou
 _PPL = ["eval", "perplexity", "--model", "{llama}", "--methods", "none", "--lengths", "64", "--out", "{out}"]
 _PASSKEY = ["eval", "passkey", "--model", "{llama}", "--methods", "none", "--lengths", "64", "--out", "{out}"]
 _NEEDLE = ["eval", "needle", "--model", "{llama}", "--methods", "none", "--lengths", "64", "--out", "{out}"]
-_TRAIN = ["train", "--config", "recipes/configs/tiny/lora_pose_cpu.yaml", "output.dir={out}"]
+_TRAIN = ["train", "--config", "recipes/configs/tiny/ci-stage1-cpu.yaml", "output.dir={out}"]
 
 
 def _with(argv: list[str], **changes: str) -> list[str]:

@@ -2,8 +2,8 @@
 
 - The header's launch command names the recipe's own file; every accelerate config, recipe or result it names exists;
   a header that says one process launches one process.
-- The output folder says which recipe wrote it: ``runs/MODEL-NAME``, the name with ``_to_`` and ``_`` as ``-`` (a
-  trailing hardware word, ``cpu``, ``1gpu``, ``8gpu`` or ``fsdp``, may be left out).
+- A recipe's name says what it does: ``TARGET-WHAT-HARDWARE.yaml`` (``32k-stage1-books-cpu.yaml``), and its output
+  folder is named after it: ``runs/MODEL-NAME``.
 - Only the headline recipe is called the headline: a header sentence that says "headline" names the headline's
   files, and the headline's figures are the README's.
 - recipes/README.md has one row per recipe; a measured row links a result file that exists, a NOT RUN row gives its
@@ -24,9 +24,9 @@ RECIPES = sorted(CONFIGS.glob("*/*.yaml"))
 TABLE = (REPO / "recipes" / "README.md").read_text(encoding="utf-8")
 
 #: The headline fine-tune: its stage 2 and the stage 1 it continues.
-HEADLINE = "smollm2-135m/8k_to_32k_stage2_retrieval_aggregation_cpu.yaml"
-HEADLINE_FILES = {"8k_to_32k_stage2_retrieval_aggregation_cpu.yaml", "8k_to_32k_stage1_books_cpu.yaml"}
-HARDWARE_WORDS = ("cpu", "1gpu", "8gpu", "fsdp")
+HEADLINE = "smollm2-135m/32k-stage2-lookups-and-counting-cpu.yaml"
+HEADLINE_FILES = {"32k-stage2-lookups-and-counting-cpu.yaml", "32k-stage1-books-cpu.yaml"}
+HARDWARE_WORDS = ("cpu", "1gpu", "8gpu")
 
 
 def _header(path: Path) -> str:
@@ -85,14 +85,23 @@ def test_a_header_that_says_one_process_launches_one(path):
 
 
 @pytest.mark.parametrize("path", RECIPES, ids=_rel)
-def test_the_output_folder_is_named_after_the_recipe(path):
+def test_the_name_says_its_target_and_hardware_and_the_output_folder_is_named_after_it(path):
+    assert re.fullmatch(r"(\d+k|ci)(-[a-z0-9.]+)+-(" + "|".join(HARDWARE_WORDS) + ")", path.stem), \
+        f"{_rel(path)}: not TARGET-WHAT-HARDWARE (e.g. 32k-stage1-books-cpu.yaml)"
     output = yaml.safe_load(path.read_text())["output"]["dir"]
-    name = path.stem.replace("_to_", "-").replace("_", "-")
-    allowed = {f"runs/{path.parent.name}-{name}"}
-    for word in HARDWARE_WORDS:
-        if name.endswith("-" + word):
-            allowed.add(f"runs/{path.parent.name}-{name[: -len(word) - 1]}")
-    assert output in allowed, f"{_rel(path)}: output.dir {output}, expected one of {sorted(allowed)}"
+    assert output == f"runs/{path.parent.name}-{path.stem}", \
+        f"{_rel(path)}: output.dir {output}, expected runs/{path.parent.name}-{path.stem}"
+
+
+def test_the_old_recipe_names_lead_to_the_new_ones():
+    """Every renamed recipe is in the alias table that ``hf-posext train`` reads, and recipes/README.md lists it."""
+    from hf_posext.training.recipe_names import RENAMED_RECIPES
+
+    for old, new in RENAMED_RECIPES.items():
+        assert not (REPO / old).exists(), f"{old} is still there"
+        assert (REPO / new).is_file(), f"{old} -> {new}, which does not exist"
+        assert f"| `{Path(old).relative_to('recipes/configs').as_posix()}` | [{Path(new).name}]" in TABLE, \
+            f"recipes/README.md's table of old names lacks {old}"
 
 
 @pytest.mark.parametrize("path", RECIPES, ids=_rel)
@@ -101,7 +110,7 @@ def test_only_the_headline_recipe_is_called_the_headline(path):
     for sentence in sentences:
         if "headline" in sentence.lower() and _rel(path) != HEADLINE:
             assert any(name in sentence for name in HEADLINE_FILES) or _rel(path).endswith(
-                "8k_to_32k_stage1_books_cpu.yaml"), f"{_rel(path)} calls something the headline: {sentence!r}"
+                "32k-stage1-books-cpu.yaml"), f"{_rel(path)} calls something the headline: {sentence!r}"
 
 
 def test_the_headline_recipe_quotes_the_readme_figures():

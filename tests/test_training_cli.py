@@ -89,7 +89,7 @@ def test_train_without_deepspeed_names_the_install_line(capsys, tmp_path, monkey
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "deepspeed" else real(name, *a))
-    recipe = REPO / "recipes" / "configs" / "qwen3-8b" / "32k_to_128k_yarn_lora_ulysses_8gpu.yaml"
+    recipe = REPO / "recipes" / "configs" / "qwen3-8b" / "128k-stage1-books-8gpu.yaml"
     assert "pip install 'hf-posext[deepspeed]'" in recipe.read_text().split("\nmodel:")[0]  # where the launch is named
     out = tmp_path / "run"
     assert cli.main(["train", "--config", str(recipe), f"output.dir={out}"]) == 2
@@ -97,16 +97,16 @@ def test_train_without_deepspeed_names_the_install_line(capsys, tmp_path, monkey
     assert not out.exists()
 
 
-TINY_STAGE2 = REPO / "recipes" / "configs" / "tiny" / "retrieval_stage2_cpu.yaml"
-SMOLLM2_STAGE1 = REPO / "recipes" / "configs" / "smollm2-135m" / "8k_to_32k_stage1_books_cpu.yaml"
-SMOLLM2_STAGE2 = REPO / "recipes" / "configs" / "smollm2-135m" / "8k_to_32k_stage2_retrieval_cpu.yaml"
+TINY_STAGE2 = REPO / "recipes" / "configs" / "tiny" / "ci-stage2-lookups-cpu.yaml"
+SMOLLM2_STAGE1 = REPO / "recipes" / "configs" / "smollm2-135m" / "32k-stage1-books-cpu.yaml"
+SMOLLM2_STAGE2 = REPO / "recipes" / "configs" / "smollm2-135m" / "32k-stage2-lookups-cpu.yaml"
 
 
 def test_the_tiny_two_stage_recipe_runs_end_to_end_and_stage_2_waits_for_stage_1(capsys, tmp_path, monkeypatch):
     """Stage 2 names stage 1's recipe: refused (with the command) until stage 1 has run, then continues its adapter."""
     monkeypatch.chdir(REPO)  # the recipes name their model and text relative to the repository root
     stage1 = tmp_path / "stage1.yaml"  # the tiny stage 1, writing into tmp_path
-    stage1.write_text(TINY_RECIPE.read_text().replace("dir: runs/tiny-lora-pose", f"dir: {tmp_path / 'run1'}"))
+    stage1.write_text(TINY_RECIPE.read_text().replace("dir: runs/tiny-ci-stage1-cpu", f"dir: {tmp_path / 'run1'}"))
     stage2 = ["train", "--config", str(TINY_STAGE2), f"finetune.init_adapter={stage1}", f"output.dir={tmp_path / 'run2'}",
               "--no-progress"]
     assert cli.main(stage2) == 2
@@ -128,10 +128,20 @@ def test_the_tiny_two_stage_recipe_runs_end_to_end_and_stage_2_waits_for_stage_1
     assert steps == list(range(1, 7))
 
 
+def test_an_old_recipe_name_runs_the_renamed_recipe_with_one_line(capsys, monkeypatch):
+    monkeypatch.chdir(REPO)
+    old = "recipes/configs/smollm2-135m/8k_to_32k_stage2_retrieval_cpu.yaml"
+    assert cli.main(["train", "--config", old, "--print-config"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == (f"hf-posext train: {old} is now recipes/configs/smollm2-135m/32k-stage2-lookups-cpu.yaml "
+                            "(the old name works for one release)\n")
+    assert yaml.safe_load(captured.out)["output"]["dir"] == "runs/smollm2-135m-32k-stage2-lookups-cpu"
+
+
 def test_printing_stage_2_shows_the_adapter_stage_1_writes_without_needing_it(capsys):
     assert cli.main(["train", "--config", str(SMOLLM2_STAGE2), "--print-config"]) == 0
     printed = yaml.safe_load(capsys.readouterr().out)
-    assert printed["finetune"]["init_adapter"] == "runs/smollm2-135m-8k-32k-stage1-books/adapter"
+    assert printed["finetune"]["init_adapter"] == "runs/smollm2-135m-32k-stage1-books-cpu/adapter"
     assert printed["data"]["exclude"] == ["austen-emma.txt", "melville-moby_dick.txt"]
 
 

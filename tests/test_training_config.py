@@ -17,7 +17,7 @@ ACCELERATE = sorted((REPO / "recipes" / "accelerate").glob("*.yaml"))
 
 def test_the_shipped_recipes_are_all_found():
     names = {p.relative_to(REPO / "recipes" / "configs").as_posix() for p in CONFIGS}
-    assert "tiny/lora_pose_cpu.yaml" in names
+    assert "tiny/ci-stage1-cpu.yaml" in names
     assert {"smollm2-135m", "llama-2-7b", "llama-3-8b", "mistral-7b"} <= {n.split("/")[0] for n in names}
 
 
@@ -258,9 +258,9 @@ COMMITTED_RUNS = REPO / "bench" / "results" / "finetune_retrieval_cpu"
 FOLDER_SETTINGS = ("output.dir", "finetune.init_adapter", "data.source")
 
 
-@pytest.mark.parametrize("recipe, run", [("8k_to_32k_stage1_books_cpu.yaml", "run-lr6e-4"),
-                                         ("8k_to_32k_stage2_retrieval_aggregation_cpu.yaml", "run-retrieval-aggregation"),
-                                         ("8k_to_32k_stage2_retrieval_cpu.yaml", "run-retrieval-varied")])
+@pytest.mark.parametrize("recipe, run", [("32k-stage1-books-cpu.yaml", "run-lr6e-4"),
+                                         ("32k-stage2-lookups-and-counting-cpu.yaml", "run-retrieval-aggregation"),
+                                         ("32k-stage2-lookups-cpu.yaml", "run-retrieval-varied")])
 def test_the_two_stage_recipe_is_the_committed_runs_setting_for_setting(recipe, run):
     """The headline adapter's committed run configs (stage 1, and the headline's stage 2 with aggregation practice; the
     first recipe's stage 2 too), rebuilt from the recipes: only folders differ."""
@@ -272,14 +272,14 @@ def test_the_two_stage_recipe_is_the_committed_runs_setting_for_setting(recipe, 
 
 
 def test_stage_2_names_stage_1_and_reads_the_adapter_its_run_writes():
-    stage1 = load_config(SMOLLM2 / "8k_to_32k_stage1_books_cpu.yaml")
-    stage2 = load_config(SMOLLM2 / "8k_to_32k_stage2_retrieval_cpu.yaml")
-    raw = yaml.safe_load((SMOLLM2 / "8k_to_32k_stage2_retrieval_cpu.yaml").read_text())
-    assert raw["finetune"]["init_adapter"] == "recipes/configs/smollm2-135m/8k_to_32k_stage1_books_cpu.yaml"
-    assert stage2.finetune.init_adapter == f"{stage1.output.dir}/adapter" == "runs/smollm2-135m-8k-32k-stage1-books/adapter"
+    stage1 = load_config(SMOLLM2 / "32k-stage1-books-cpu.yaml")
+    stage2 = load_config(SMOLLM2 / "32k-stage2-lookups-cpu.yaml")
+    raw = yaml.safe_load((SMOLLM2 / "32k-stage2-lookups-cpu.yaml").read_text())
+    assert raw["finetune"]["init_adapter"] == "recipes/configs/smollm2-135m/32k-stage1-books-cpu.yaml"
+    assert stage2.finetune.init_adapter == f"{stage1.output.dir}/adapter" == "runs/smollm2-135m-32k-stage1-books-cpu/adapter"
     # an adapter folder given as an override is taken as it is
     folder = "bench/results/finetune_retrieval_cpu/run-lr6e-4/adapter"
-    assert load_config(SMOLLM2 / "8k_to_32k_stage2_retrieval_cpu.yaml", [f"finetune.init_adapter={folder}"]).finetune.init_adapter == folder
+    assert load_config(SMOLLM2 / "32k-stage2-lookups-cpu.yaml", [f"finetune.init_adapter={folder}"]).finetune.init_adapter == folder
 
 
 def test_a_previous_stage_not_run_yet_is_refused_with_the_command(tmp_path):

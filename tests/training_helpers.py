@@ -8,7 +8,7 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
-TINY_RECIPE = REPO / "recipes" / "configs" / "tiny" / "lora_pose_cpu.yaml"
+TINY_RECIPE = REPO / "recipes" / "configs" / "tiny" / "ci-stage1-cpu.yaml"
 TINY_MODEL = REPO / "tests" / "data" / "training" / "tiny-llama"
 TINY_CORPUS = REPO / "tests" / "data" / "training" / "corpus"
 

@@ -1,7 +1,7 @@
 """Fine-tuning for longer context: PoSE sampling, LoRA setup, transformers' Trainer with checkpoint/resume.
 
 >>> from hf_posext.training import load_config, train
->>> train(load_config("recipes/configs/tiny/lora_pose.yaml", ["train.max_steps=4"]))
+>>> train(load_config("recipes/configs/tiny/ci-stage1-cpu.yaml", ["train.max_steps=4"]))
 
 Importing this package loads no model and needs no optional dependency; ``peft`` is needed for LoRA.
 The names below are imported on first use, so ``hf-posext`` commands that do not train never import

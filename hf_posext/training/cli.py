@@ -1,6 +1,6 @@
 """``hf-posext train``: run a fine-tuning recipe (also the body of ``recipes/finetune.py``).
 
-    hf-posext train --config recipes/configs/tiny/lora_pose_cpu.yaml train.max_steps=20
+    hf-posext train --config recipes/configs/tiny/ci-stage1-cpu.yaml train.max_steps=20
     accelerate launch --num_processes 2 recipes/finetune.py --config CONFIG [key=value ...] [--resume [DIR]]
 
 A two-stage recipe is two recipes: the second names the first in ``finetune.init_adapter`` and continues the
@@ -148,7 +148,7 @@ def _run_train(args: argparse.Namespace) -> int:
 
             config = config_from_dict(apply_overrides(config.to_dict(), overrides)).validate()
     else:  # a previous stage named by finetune.init_adapter must have been run, unless only printing
-        config = load_config(args.config, overrides, require_previous_stage=not args.print_config)
+        config = load_config(_current_recipe_name(args.config), overrides, require_previous_stage=not args.print_config)
     if args.print_config:
         print(config.to_yaml())
         return 0
@@ -161,6 +161,17 @@ def _run_train(args: argparse.Namespace) -> int:
     if config.parallelism.sequence_parallel and launched_local_rank() is not None:
         leave_without_teardown(0)
     return 0
+
+
+def _current_recipe_name(config: str) -> str:
+    """``config``, or the new name of a renamed recipe (with one line on stderr naming it)."""
+    from hf_posext.training.recipe_names import renamed_recipe
+
+    new = renamed_recipe(config)
+    if new is None:
+        return config
+    print(f"hf-posext train: {config} is now {new} (the old name works for one release)", file=sys.stderr)
+    return new
 
 
 def leave_without_teardown(code: int) -> None:

@@ -41,7 +41,7 @@
 #               WITH_FIRST=1 adds the first recipe's fine-tune, WITH_HARDER=1 the harder-practice fine-tune (see harder),
 #               after the headline, on the same trials. TASKS: some of the three, in the card's order (rows one after another).
 #               The other RULER tasks are beyond the base model: the floor lets 32768 skip them. -> cpu-32k-tasks/ (auto)
-#   harder      the fine-tune on the harder practice (VARIANT=retrieval-tasks of bench/finetune_retrieval_cpu.sh)
+#   harder      the fine-tune on the harder practice (VARIANT=retrieval-tasks of bench/reproduce_smollm2_cpu_runs.sh)
 #               beside the committed fine-tune and the original model, paired on the same samples: ruler_fwe and
 #               niah_single_1 at 2048 and 8192, 20 samples. A float32 side study for a CPU without native
 #               bfloat16 (cpu/ holds these cells in bfloat16), so its card is not combined (its cells would be
@@ -53,7 +53,7 @@
 #   harder32    ruler_fwe, then niah_single_1, at 32768 for it beside counting32's two rows, 20 samples (SAMPLES,
 #               TASKS; the rows' finished samples are kept, so it extends counting32).          -> cpu-32k/ (float32)
 #   aggregation16  the fine-tune with aggregation practice (VARIANT=retrieval-aggregation of
-#               bench/finetune_retrieval_cpu.sh: the harder practice plus most_often questions, who did a thing most
+#               bench/reproduce_smollm2_cpu_runs.sh: the harder practice plus most_often questions, who did a thing most
 #               often) on ruler_fwe, then niah_single_1, at 16384 beside the floor's rows there (same samples, paired),
 #               20 samples (TASKS, SAMPLES): does practice at counting lift word-frequency extraction?  -> cpu/ (bfloat16)
 #   aggregation32  the same at 32768 beside counting32's rows (and harder32's), 20 samples (SAMPLES, TASKS): the
@@ -77,7 +77,7 @@
 # Rows (one --models entry each; the methods after @ are that model's): the original model, unscaled, inside its
 # 8192 window (2048/4096/8192: where each task's ability ends; longer lengths are listed as skipped, over the
 # window); training-free yarn x4 and BEST x4; the headline fine-tune (AGGREGATION: VARIANT=retrieval-aggregation
-# bench/finetune_retrieval_cpu.sh merge, yarn x4 in its config) with string; the other fine-tunes (MERGED: the first
+# bench/reproduce_smollm2_cpu_runs.sh merge, yarn x4 in its config) with string; the other fine-tunes (MERGED: the first
 # recipe's; HARDER) where a part names them.
 #
 # Each part has a folder of its own, so that parts on different machines never write the same folder (`ruler`
@@ -142,15 +142,15 @@ tasks32) DTYPE=auto ;;  # perplexity float32; passkey and needle bfloat16 where 
 esac
 BEST=${BEST:-dynamic-ntk}
 # the first recipe's fine-tune (stage 2: lookups in varied wordings), the headline until card run 27: row "fine-tuned"
-MERGED=${MERGED:-$(VARIANT=retrieval-varied PYTHON=$PYTHON bash bench/finetune_retrieval_cpu.sh merge | tail -1)}
+MERGED=${MERGED:-$(VARIANT=retrieval-varied PYTHON=$PYTHON bash bench/reproduce_smollm2_cpu_runs.sh merge | tail -1)}
 ALL_ROWS="base=smollm2-135m@none;yarn:4;$BEST:4,fine-tuned=$MERGED@as-saved;string:1"
 # the CPU floor's grid: the original model inside its window; the three other rows at 16384
 BASE_ROW="base=smollm2-135m@none"
 # the harder practice's fine-tune, merged with its yarn x4 (needs its kept adapter): its parts, and tasks32 WITH_HARDER
 case "$part" in harder|harder16|harder32|ending) NEEDS_HARDER=1 ;; tasks32) NEEDS_HARDER=${WITH_HARDER:-} ;; *) NEEDS_HARDER= ;; esac
 if [ -n "$NEEDS_HARDER" ]; then
-  HARDER=${HARDER:-$(VARIANT=retrieval-tasks PYTHON=$PYTHON bash bench/finetune_retrieval_cpu.sh merge | tail -1)}
-  [ -f "$HARDER/config.json" ] || { echo "no merged harder-practice model: VARIANT=retrieval-tasks bash bench/finetune_retrieval_cpu.sh train, keep, then merge" >&2; exit 1; }
+  HARDER=${HARDER:-$(VARIANT=retrieval-tasks PYTHON=$PYTHON bash bench/reproduce_smollm2_cpu_runs.sh merge | tail -1)}
+  [ -f "$HARDER/config.json" ] || { echo "no merged harder-practice model: VARIANT=retrieval-tasks bash bench/reproduce_smollm2_cpu_runs.sh train, keep, then merge" >&2; exit 1; }
 fi
 # The README's headline: the fine-tune with aggregation practice (VARIANT=retrieval-aggregation, merged with its yarn
 # x4 from the committed adapter), since card run 27 (bench/results/card/README.md, "Which fine-tune is the headline?").
@@ -159,8 +159,8 @@ case "$part:${GRID:-all}" in ruler:base|ruler:training-free|ruler-float32:base|t
   aggregation16:*|aggregation32:*|ending:*|counting32:*|ruler:floor|ruler-float32:*|tasks:*|tasks-bfloat16:*|tasks32:*) NEEDS_AGGREGATION=1 ;;
   *) NEEDS_AGGREGATION= ;; esac
 if [ -n "$NEEDS_AGGREGATION" ]; then
-  AGGREGATION=${AGGREGATION:-$(VARIANT=retrieval-aggregation PYTHON=$PYTHON bash bench/finetune_retrieval_cpu.sh merge | tail -1)}
-  [ -f "$AGGREGATION/config.json" ] || { echo "no merged aggregation-practice model: VARIANT=retrieval-aggregation bash bench/finetune_retrieval_cpu.sh merge (from the committed adapter)" >&2; exit 1; }
+  AGGREGATION=${AGGREGATION:-$(VARIANT=retrieval-aggregation PYTHON=$PYTHON bash bench/reproduce_smollm2_cpu_runs.sh merge | tail -1)}
+  [ -f "$AGGREGATION/config.json" ] || { echo "no merged aggregation-practice model: VARIANT=retrieval-aggregation bash bench/reproduce_smollm2_cpu_runs.sh merge (from the committed adapter)" >&2; exit 1; }
 fi
 HEADLINE_ROW="fine-tuned with aggregation practice=${AGGREGATION:-}@string:1"
 # the CPU floor's three rows at 16384: yarn x4, BEST x4 and the headline

@@ -227,8 +227,8 @@ adapters)
     for a in ${ADAPTERS:-bench/results/finetune_retrieval_cpu/run-retrieval-mixed/adapter string:retrieval-mixed string:retrieval-varied bench/results/finetune_retrieval_cpu/run-retrieval-far/adapter bench/results/finetune_retrieval_cpu/run-retrieval/adapter bench/results/finetune_retrieval_cpu/run-lr6e-4/adapter}; do
       if [ "${a#string:}" != "$a" ]; then
         # string:VARIANT: STRING (the paper's defaults on the 32768 window) on that adapter merged with yarn x4 in its
-        # config (bench/finetune_retrieval_cpu.sh merge, the same folder name as the CPU runs, so the cells add up)
-        merged=$(VARIANT=${a#string:} PYTHON=$PYTHON MODEL=$MODEL bash bench/finetune_retrieval_cpu.sh merge | tail -1)
+        # config (bench/reproduce_smollm2_cpu_runs.sh merge, the same folder name as the CPU runs, so the cells add up)
+        merged=$(VARIANT=${a#string:} PYTHON=$PYTHON MODEL=$MODEL bash bench/reproduce_smollm2_cpu_runs.sh merge | tail -1)
         cli eval passkey --model "$merged" --methods string --factor 1 --lengths "$length" $E; save
         cli eval needle --model "$merged" --haystack "$HAYSTACK" --methods string --factor 1 --lengths "$length" $E; save
         continue
@@ -276,7 +276,7 @@ card)
   # CARD_ROWS='fine-tuned=@MERGED@@string:1' (bench/card_smollm2.sh string-offset's row).
   inputs
   F=${CARD_RESULTS:-$R/card/gpu}; BEST=${BEST:-dynamic-ntk}; DTYPE=${DTYPE:-bfloat16}
-  merged() { VARIANT=$1 PYTHON=$PYTHON MODEL=$MODEL bash bench/finetune_retrieval_cpu.sh merge | tail -1; }
+  merged() { VARIANT=$1 PYTHON=$PYTHON MODEL=$MODEL bash bench/reproduce_smollm2_cpu_runs.sh merge | tail -1; }
   if [ -n "${CARD_ROWS:-}" ]; then
     ROWS=$CARD_ROWS
     case "$ROWS" in *@MERGED@*) ROWS=${ROWS//@MERGED@/$(merged retrieval-varied)} ;; esac

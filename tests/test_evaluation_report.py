@@ -58,7 +58,7 @@ def test_report_token_note_covers_every_method(tmp_path):
 
 
 def test_report_keeps_models_apart(tmp_path):
-    # A base model and its fine-tuned copy in one folder (bench/finetune_smollm2.sh): same method, two rows.
+    # A base model and its fine-tuned copy in one folder (bench/reproduce_smollm2_first_finetune.sh): same method, two rows.
     for name, model, ppl in (("base", "smollm2-135m", 28.2), ("tuned", "runs/smollm2-8k-32k/merged", 25.0)):
         (tmp_path / f"perplexity-{name}.json").write_text(json.dumps({"task": "perplexity", "config": {"model": model}, "cells": {
             "a": _record("yarn", 4.0, 128, ppl=ppl, nll=log(ppl), tokens=127)}}))

@@ -1,7 +1,11 @@
 #!/bin/bash
-# SmolLM2-135M 8k -> 32k: LoRA + PoSE fine-tune on 2 CPU cores, then before/after on held-apart text.
+# Reproduces one measured run: the project's first SmolLM2-135M 8k -> 32k fine-tune (24 steps of LoRA + PoSE on 2 CPU
+# cores, bench/results/finetune_smollm2), then before/after on held-apart text. Not the way to fine-tune: run a recipe
+# (recipes/README.md lists them; this one is recipes/configs/smollm2-135m/32k-books-24-steps-cpu.yaml).
 #
-#   bash bench/finetune_smollm2.sh [DATA]        # DATA: the books folder (default ../shared/data/books)
+#   bash bench/reproduce_smollm2_first_finetune.sh [DATA]   # DATA: the books folder (default data/books, shipped in the
+#                                                           # repository; the committed cells read the same books from
+#                                                           # ../shared/data/books: pass that folder to extend them)
 #
 # 1. Trains recipes/configs/smollm2-135m/32k-books-24-steps-cpu.yaml (yarn x4, 2048-token PoSE windows
 #    spanning [0, 32768); austen-emma.txt and melville-moby_dick.txt are excluded from training).
@@ -17,7 +21,7 @@
 # point OUT at its folder to reuse them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-DATA=$(realpath "${1:-../shared/data/books}")  # absolute: the results-file key includes the path
+DATA=$(realpath "${1:-data/books}")  # absolute: the results-file key includes the path
 OUT=${OUT:-results/finetune_smollm2}
 CONFIG=recipes/configs/smollm2-135m/32k-books-24-steps-cpu.yaml
 RUN=$(hf-posext train --config "$CONFIG" --print-config | python -c "import sys, yaml; print(yaml.safe_load(sys.stdin)['output']['dir'])")

@@ -1,33 +1,34 @@
 #!/usr/bin/env bash
-# NOT THE WAY TO FINE-TUNE. To fine-tune, run a recipe (recipes/README.md lists them); the headline model is two
+# Reproduces one measured run: a committed SmolLM2-135M 8k -> 32k CPU fine-tune of bench/results/finetune_retrieval_cpu
+# (VARIANT picks which, below) and the evaluations that compared them (bench/results/long4x). Not the way to
+# fine-tune: to fine-tune, run a recipe (recipes/README.md lists them, with their status); the headline model is two
 # commands from the repository root:
 #   hf-posext train --config recipes/configs/smollm2-135m/32k-stage1-books-cpu.yaml
 #   hf-posext train --config recipes/configs/smollm2-135m/32k-stage2-lookups-and-counting-cpu.yaml
 #
-# This is the project's own bookkeeping for the committed SmolLM2-135M 8k -> 32k runs (bench/results/
-# finetune_retrieval_cpu/) on 2 CPU cores: it carries them across sessions (restoring a kept checkpoint, keeping the
-# newest one in the repository, since a session's background jobs end with it) and runs the evaluations that compare
-# them (bench/results/long4x).
+# What this adds to a recipe is bookkeeping across sessions on 2 CPU cores: it writes to the committed run's own
+# folder names, restores a kept checkpoint, keeps the newest one in the repository (a session's background jobs end
+# with it), and evaluates with the settings of the committed cells.
 #
-#   bash bench/finetune_retrieval_cpu.sh train [BOOKS]   # restore the kept checkpoint if runs/ has none, then train --resume
-#   bash bench/finetune_retrieval_cpu.sh keep            # copy the newest intact checkpoint + log into bench/results/finetune_retrieval_cpu/run
-#   bash bench/finetune_retrieval_cpu.sh floor [BOOKS]   # the training-free floor: yarn and dynamic-ntk x4 at 16384,
+#   bash bench/reproduce_smollm2_cpu_runs.sh train [BOOKS]   # restore the kept checkpoint if runs/ has none, then train --resume
+#   bash bench/reproduce_smollm2_cpu_runs.sh keep            # copy the newest intact checkpoint + log into bench/results/finetune_retrieval_cpu/run
+#   bash bench/reproduce_smollm2_cpu_runs.sh floor [BOOKS]   # the training-free floor: yarn and dynamic-ntk x4 at 16384,
 #                                                # passkey and needle, 3 trials x 5 depths (15 per task), into bench/results/long4x
 #                                                # (FLOOR_METHODS, TASKS, LENGTHS, TRIALS narrow or move it)
-#   bash bench/finetune_retrieval_cpu.sh eval [BOOKS]    # the finished adapter (yarn x4), same trials and texts, into bench/results/long4x
+#   bash bench/reproduce_smollm2_cpu_runs.sh eval [BOOKS]    # the finished adapter (yarn x4), same trials and texts, into bench/results/long4x
 #                                                # (TASKS=passkey or needle for one task; LENGTHS, TRIALS as for floor;
 #                                                # DEPTHS=0 for one depth, default 0,0.25,0.5,0.75,1)
-#   bash bench/finetune_retrieval_cpu.sh compare [BOOKS] # eval + floor one trial per depth at a time, 1..TRIALS (default 3): a stop
+#   bash bench/reproduce_smollm2_cpu_runs.sh compare [BOOKS] # eval + floor one trial per depth at a time, 1..TRIALS (default 3): a stop
 #                                                # at any point leaves the three models with about the same n
-#   bash bench/finetune_retrieval_cpu.sh accumulate [BOOKS]  # eval one trial a depth at a time, FROM..TRIALS (1..10): 50 trials
+#   bash bench/reproduce_smollm2_cpu_runs.sh accumulate [BOOKS]  # eval one trial a depth at a time, FROM..TRIALS (1..10): 50 trials
 #                                                # a task and length, gathered across sessions (TASKS, LENGTHS as for eval)
-#   bash bench/finetune_retrieval_cpu.sh merge           # the adapter merged, yarn x4 in its config.json: runs/merged-KEPT-yarn4
-#   bash bench/finetune_retrieval_cpu.sh string [BOOKS]  # STRING (paper defaults, S = 10813) on the adapter merged with its yarn x4:
+#   bash bench/reproduce_smollm2_cpu_runs.sh merge           # the adapter merged, yarn x4 in its config.json: runs/merged-KEPT-yarn4
+#   bash bench/reproduce_smollm2_cpu_runs.sh string [BOOKS]  # STRING (paper defaults, S = 10813) on the adapter merged with its yarn x4:
 #                                                # TASKS (passkey; needle, perplexity), LENGTHS (32768), DEPTHS (0), FROM..TRIALS (1..8)
-#   bash bench/finetune_retrieval_cpu.sh ppl [BOOKS]     # perplexity on the held-apart perplexity book: the adapter at 2048, 8192, 16384
+#   bash bench/reproduce_smollm2_cpu_runs.sh ppl [BOOKS]     # perplexity on the held-apart perplexity book: the adapter at 2048, 8192, 16384
 #                                                # and 32768 (PPL_LENGTHS narrows them), the original (none) at 2048 and 8192;
 #                                                # same protocol as the README's table
-#   bash bench/finetune_retrieval_cpu.sh report          # bench/results/long4x/report.md, plots and report.html, with the paired
+#   bash bench/reproduce_smollm2_cpu_runs.sh report          # bench/results/long4x/report.md, plots and report.html, with the paired
 #                                                # comparisons the README quotes (hf-posext report --compare: the trials
 #                                                # only one of two models found, exact sign test)
 #

@@ -68,7 +68,7 @@ def _replace_patch(model: nn.Module, apply: Any) -> nn.Module:
 
 def _patch_composed(model: nn.Module, request: ScalingRequest, extras: dict[str, Any]) -> nn.Module:
     """A frequency scaling with an attention-level method stacked on it (``yarn+string``), as one patch."""
-    frequency, attention = request.parts
+    frequency, attention = request.sized_parts()
     primary = primary_backend(model)
     if "rope" not in primary.method_kinds:
         raise ValueError(
@@ -77,10 +77,6 @@ def _patch_composed(model: nn.Module, request: ScalingRequest, extras: dict[str,
         )
     overlay = next(backend for backend in BACKENDS if primary.name in backend.applies_over
                    and "attention" in backend.method_kinds)
-    try:
-        attention = attention.require_size()
-    except ValueError as error:
-        raise ValueError(f"{request.method}: the attention part {error}") from None
 
     def apply() -> nn.Module:
         primary.patch(model, frequency, **extras)

@@ -9,6 +9,7 @@ with stock transformers (its config carries yarn), then patch string.
 from __future__ import annotations
 
 import copy
+import re
 
 import pytest
 import torch
@@ -163,7 +164,7 @@ def test_a_failed_patch_leaves_the_previous_composition_in_place():
     ("dynamic-yarn+string", {"factor": 2}, "is dynamic"),
     ("yarn+string", {"factor": 2, "attention_factor": 1.1}, r"string\.attention_factor="),
     ("yarn+string", {}, "needs the size of its frequency part"),
-    ("yarn+self-extend", {"factor": 2}, "the attention part"),
+    ("yarn+self-extend", {"factor": 2}, r"self-extend is sized on the window yarn gives by its own group_size"),
     ("yarn+string", {"factor": 2, "shifted_ofset": 8}, "Did you mean 'shifted_offset'"),
 ])
 def test_refused_in_one_line_before_anything_changes(method, kwargs, message):
@@ -245,3 +246,82 @@ def test_a_recipe_takes_a_composition_only_where_training_is_exact():
         load_config(TINY_RECIPE, ["scaling.method=yarn+dca", "data.pose=false"])
     with pytest.raises(ConfigError, match="two frequency scalings"):
         load_config(TINY_RECIPE, ["scaling.method=yarn+ntk"])
+
+
+def _accepted_pairs() -> list[tuple[str, str]]:
+    """Every (frequency, attention) pair that split_composition accepts."""
+    from hf_posext.methods import METHODS, split_composition
+
+    pairs = []
+    for frequency in sorted(METHODS["rope"]):
+        for attention in sorted(METHODS["attention"]):
+            try:
+                split_composition(f"{frequency}+{attention}")
+            except ValueError:
+                continue
+            pairs.append((frequency, attention))
+    return pairs
+
+
+def test_the_accepted_pairs_are_the_static_scalings_with_each_attention_method():
+    frequencies = {f for f, _ in _accepted_pairs()}
+    assert frequencies == {"linear", "llama3", "ntk", "theta", "yarn"}
+    assert {a for _, a in _accepted_pairs()} == {"dca", "self-extend", "string"}
+
+
+@pytest.mark.parametrize("frequency, attention", _accepted_pairs())
+def test_every_pair_the_splitter_accepts_patches_and_unpatches(frequency, attention):
+    """Each accepted pair patches on its frequency part's factor alone (plus the attention part's own size parameter
+    where it has one, Self-Extend's group_size, which a refusal names in one line before anything changes)."""
+    ids = _ids(100)
+    model = _model()
+    before, logits = _state(model), logits_of(model, ids)
+    name = f"{frequency}+{attention}"
+    params = {"base": 40000.0} if frequency == "theta" else {}
+    if attention == "self-extend":
+        escaped = re.escape(name)
+        with pytest.raises(ValueError, match=rf"{escaped}: the factor sizes {frequency}; .*group_size, which is missing.*"
+                                             rf"{escaped}:factor=2:.*self-extend.group_size=4") as error:
+            hf_posext.patch(model, name, factor=2, **params)
+        assert "\n" not in str(error.value)
+        _assert_same_state(model, before)
+        params["group_size"] = 2
+    hf_posext.patch(model, name, factor=2, **params)
+    report = hf_posext.describe(model)
+    assert report.method == name and [part.method for part in report.parts] == [frequency, attention]
+    assert report.parts[0].current_window == 2 * WINDOW
+    assert report.parts[1].original_window == 2 * WINDOW  # sized on the window the frequency part gives
+    assert (logits_of(model, ids) - logits).abs().max() > 0.1
+    hf_posext.unpatch(model)
+    _assert_same_state(model, before)
+
+
+def test_yarn_dca_equals_yarn_merged_to_disk_then_dca(tmp_path):
+    """DCA stacked on yarn x2 is sized on yarn's 128-token window (its factor only declares a window: the
+    frequency part's); chunks of 48 with a local window of 8 span 150 tokens, as DCA on the stock yarn model."""
+    from transformers import AutoModelForCausalLM
+
+    ids = _ids()
+    model = _model()
+    hf_posext.patch(model, "yarn+dca", factor=2, chunk_size=48, local_window=8)
+    report = hf_posext.describe(model)
+    assert report.parts[1].factor == 1.0 and report.current_window == 2 * WINDOW
+    model.save_pretrained(tmp_path / "composed")
+    loaded = hf_posext.load(tmp_path / "composed")
+    assert torch.equal(logits_of(loaded, ids), logits_of(model, ids))
+    yarn_only = _model()
+    hf_posext.patch(yarn_only, "yarn", factor=2)
+    yarn_only.save_pretrained(tmp_path / "yarn")
+    stock = AutoModelForCausalLM.from_pretrained(tmp_path / "yarn")
+    stock.set_attn_implementation("sdpa")
+    hf_posext.patch(stock, "dca", factor=2, chunk_size=48, local_window=8)
+    assert_close_guarding(logits_of(model, ids), logits_of(stock, ids), logits_of(yarn_only, ids), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name, size", [("dca.factor", 2), ("self-extend.target_length", 300), ("string.factor", 1)])
+def test_a_size_qualified_by_the_attention_part_is_refused_naming_the_one_size(name, size):
+    method = name.partition(".")[0]
+    with pytest.raises(ValueError, match=rf"'{name}': a composition has one size, its frequency part's: write "
+                                         rf"{name.partition('.')[2]}=\.\.\. unqualified \(it sizes 'yarn'\)") as error:
+        hf_posext.patch(_model(), f"yarn+{method}", factor=2, **{name: size})
+    assert "\n" not in str(error.value)

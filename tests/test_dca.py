@@ -412,7 +412,7 @@ def test_checkpoint_with_only_vllms_field_loads_with_dca(tmp_path, qwen2):
         ("dca", {"factor": 4, "beta_fast": 32}, "has no parameter 'beta_fast'"),
         ("dca", {}, "needs its size"),
         ("dca+string", {"factor": 4}, "stacks two attention-level methods"),
-        ("yarn+dca", {"factor": 4}, r"yarn\+dca: the attention part method=dca needs its size"),
+        ("yarn+dca", {"factor": 4, "dca.factor": 2}, r"'dca.factor': a composition has one size, its frequency part's"),
     ],
 )
 def test_bad_input_is_one_clear_error_and_leaves_the_model_untouched(method, kwargs, message):

@@ -123,6 +123,11 @@ def _declared_params(method: str) -> set[str]:
     return names
 
 
+def _size_params(method: str) -> list[str]:
+    """The parameters that size ``method`` by themselves (Self-Extend's ``group_size``), over its kinds."""
+    return [name for kind in kinds_of(method) for name in get_method(method, kind).size_params]
+
+
 def _split_composed_params(method: str, params: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """A composition's parameters, each under the part that declares it: ``{"yarn": {...}, "string": {...}}``.
 
@@ -142,6 +147,12 @@ def _split_composed_params(method: str, params: dict[str, Any]) -> dict[str, dic
             if part not in split:
                 raise ValueError(f"Parameter {key!r} names part {part!r}, which {method!r} does not have; qualify it with "
                                  f"{' or '.join(repr(p + '.') for p in parts)}.")
+            if name in _SIZE_FIELDS:
+                raise ValueError(
+                    f"{key!r}: a composition has one size, its frequency part's: write {name}=... unqualified (it sizes "
+                    f"{parts[0]!r}); {parts[1]!r} is sized on the window {parts[0]!r} gives"
+                    + (f", and by its own {' / '.join(_size_params(parts[1]))}." if _size_params(parts[1]) else ".")
+                )
         else:
             name = part
             owners = [p for p in parts if name in _declared_params(p)]
@@ -379,6 +390,32 @@ class ScalingRequest:
         """``yarn`` or ``yarn(beta_fast=16)``: the name of this request in tables and result cells."""
         return self.method + ("" if not self.params else "(" + ",".join(f"{k}={v}" for k, v in self.params) + ")")
 
+    def sized_parts(self) -> tuple["ScalingRequest", "ScalingRequest"]:
+        """:attr:`parts` of a sized composition, the attention part sized too: by its own size parameter
+        (Self-Extend's ``group_size``), by its method's default (STRING's 1), or else at factor 1 on the window the
+        frequency part gives (DCA, whose factor only declares a window: here the frequency part's).
+
+        Raises:
+            ValueError: the attention part has a size parameter of its own and it is not given (the message
+                names the parameter and the whole request to write).
+        """
+        frequency, attention = self.parts
+        if attention.sizes_itself():
+            return frequency, attention
+        defaults = {get_method(attention.method, kind).default_factor for kind in kinds_of(attention.method)}
+        sizing = _size_params(attention.method)
+        if sizing:
+            from hf_posext.core.grammar import format_request
+
+            example = dataclasses.replace(self, params=tuple(sorted((*self.params, (sizing[0], 4)))))
+            raise ValueError(
+                f"{self.method}: the factor sizes {frequency.method}; {attention.method} is sized on the window "
+                f"{frequency.method} gives by its own {' / '.join(sizing)}, which is missing: add it, e.g. "
+                f"{format_request(example)} (Python: patch(model, {self.method!r}, ..., {sizing[0]}=4))."
+            )
+        factor = defaults.pop() if len(defaults) == 1 and None not in defaults else 1.0
+        return frequency, dataclasses.replace(attention, factor=factor)
+
     def sizes_itself(self) -> bool:
         """True when a parameter sizes the extension (e.g. Self-Extend's ``group_size``); a composition is
         sized by its frequency part."""
@@ -397,6 +434,8 @@ class ScalingRequest:
             ValueError: neither factor nor target_length (nor a size parameter) is given.
         """
         if self.factor is not None or self.target_length is not None or self.sizes_itself():
+            if self.is_composed:
+                self.sized_parts()  # the attention part can be sized too, or the message says by what
             return self
         if self.method == "none":
             return dataclasses.replace(self, factor=1.0)

@@ -32,6 +32,10 @@ LAYERS = {
     "hf_posext.evaluation": 5,
     "hf_posext.training": 5,
     "hf_posext.integrations": 5,
+    # The suite (eval suite): its parts sit beside evaluation and integrations; its run calls the task runners
+    # (integrations.lm_eval.ruler among them), which never call back into it.
+    "hf_posext.card": 5,
+    "hf_posext.card.run": 6,
     "hf_posext.demo": 5,
     "hf_posext.export": 5,
     "hf_posext.family_sweep": 5,

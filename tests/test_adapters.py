@@ -469,7 +469,7 @@ def test_the_model_card_names_the_varied_retrieval_wording(tmp_path):
 
 def test_a_run_whose_gradient_goes_non_finite_stops_naming_the_step(run, tmp_path, monkeypatch):
     # an init adapter with NaN LoRA weights (re-signed: a diverged run elsewhere) used to train to finished: true
-    import hf_posext.adapter_checks
+    import hf_posext.adapters.checks
     from safetensors.torch import load_file, save_file
 
     from hf_posext.training.trainer import NonFiniteTrainingError, train
@@ -484,7 +484,7 @@ def test_a_run_whose_gradient_goes_non_finite_stops_naming_the_step(run, tmp_pat
     with pytest.raises(AdapterFileError, match=r"lora_B.weight is not finite"):  # refused before anything loads
         train(tiny_config(out, f"finetune.init_adapter={folder}", "train.max_steps=3"), progress=False)
     # past that check (weights that go non-finite in training itself), the trainer stops at the step
-    monkeypatch.setattr(hf_posext.adapter_checks, "tensor_problem", lambda path: None)
+    monkeypatch.setattr(hf_posext.adapters.checks, "tensor_problem", lambda path: None)
     with pytest.raises(NonFiniteTrainingError, match=r"training stopped at step 1: the gradient norm is nan \(not finite\)") as raised:
         train(tiny_config(out, f"finetune.init_adapter={folder}", "train.max_steps=3"), progress=False)
     assert "\n" not in str(raised.value)

@@ -5,13 +5,13 @@ Subcommands:
     describe MODEL                family, method, factor, windows of a model (hub name, path, smollm2-135m)
     patch MODEL --method M ...    patch and save a model (+ tokenizer) to --out
     demo                          the main job on the embedded default model
-    eval TASK ...                 perplexity / passkey / needle grids (hf_posext.evaluation.cli)
+    eval TASK ...                 perplexity / passkey / needle grids, or the suite (hf_posext.evaluation.cli)
     report FOLDER                 tables and plots from a results folder, or a card written again (hf_posext.evaluation.cli)
     train --config ...            fine-tuning recipes (hf_posext.training.cli)
     lm-eval, lm-eval-compare      lm-evaluation-harness (hf_posext.integrations.lm_eval.cli)
     inspect MODEL --method M      per-dimension RoPE wavelengths (hf_posext.cli.inspect_command)
-    export DIR --for T --out D    a saved model re-configured for vllm / sglang / llama.cpp (hf_posext.export)
-    adapter convert|verify DIR    rewrite an adapter in the current format / check its files (hf_posext.adapters)
+    export DIR --for T --out D    a saved model re-configured for vllm / sglang / llama.cpp (hf_posext.cli.export_command)
+    adapter convert|verify DIR    rewrite an adapter in the current format / check its files (hf_posext.cli.adapter_command)
 
 Each command module only defines ``add_arguments(parser)`` and ``run(args) -> exit code``; this table
 is the one place that names them (nothing registers itself on import).
@@ -20,19 +20,16 @@ is the one place that names them (nothing registers itself on import).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import shutil
 import sys
-import tempfile
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
-from hf_posext import adapters
 from hf_posext.api import describe, load, patch
-from hf_posext.cli import export_command, inspect_command
+from hf_posext.cli import adapter_command, export_command, inspect_command
 from hf_posext.cli.scaling_arguments import add_scaling_arguments, request_from_arguments
 from hf_posext.core.errors import run_reporting_errors
+from hf_posext.core.files import staged_folder
 from hf_posext.core.paths import check_output_folder
 from hf_posext.core.request import parse_param_items
 from hf_posext.evaluation import cli as evaluation_cli
@@ -80,7 +77,7 @@ def _run_patch(args: argparse.Namespace) -> int:
     tokenizer = _tokenizer_to_save(args.model)  # a damaged tokenizer fails here, before the model loads
     model = load(args.model)  # any architecture; a saved scaling comes back and is then replaced
     patch(model, **request.patch_kwargs())
-    with staged_folder(args.out) as staging:  # nothing lands in --out unless every file was written
+    with staged_folder(args.out, merge=True) as staging:  # nothing lands in --out unless every file was written
         model.save_pretrained(staging)
         if tokenizer is not None:
             # Serving runtimes cap the length at the tokenizer's model_max_length (vLLM: docs/serving.md).
@@ -107,22 +104,6 @@ def _tokenizer_to_save(name: str) -> Any:
     if os.path.isdir(path) and not tokenizer_files(path):
         return None
     return load_tokenizer(name)
-
-
-@contextlib.contextmanager
-def staged_folder(out: str) -> Iterator[str]:
-    """A temporary folder beside ``out`` whose files are moved into ``out`` (each by an atomic rename)
-    when the block succeeds; on an error it is removed and ``out`` is left as it was."""
-    parent = os.path.dirname(os.path.abspath(out))
-    os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(os.path.abspath(out))}.tmp-")
-    try:
-        yield staging
-        os.makedirs(out, exist_ok=True)
-        for name in os.listdir(staging):
-            os.replace(os.path.join(staging, name), os.path.join(out, name))
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
 
 
 def _run_demo(args: argparse.Namespace) -> int:
@@ -157,15 +138,15 @@ SUBCOMMANDS: dict[str, Command] = {
     "describe": ("describe a model's position scaling", _describe_arguments, _run_describe),
     "patch": ("patch a model and save it", _patch_arguments, _run_patch),
     "demo": ("run the main job on smollm2-135m", _demo_arguments, _run_demo),
-    "eval": ("evaluate methods side by side: perplexity, passkey, needle, or card (all three and offline RULER in one report)", evaluation_cli.add_eval_arguments, evaluation_cli.run_eval),
-    "report": ("markdown tables and plots from a results folder; on an eval card folder, the card written again", evaluation_cli.add_report_arguments, evaluation_cli.run_report),
+    "eval": ("evaluate methods side by side: perplexity, passkey, needle, or suite (all three, RULER and chat endings in one report)", evaluation_cli.add_eval_arguments, evaluation_cli.run_eval),
+    "report": ("markdown tables and plots from a results folder; on an eval suite folder, its card written again", evaluation_cli.add_report_arguments, evaluation_cli.run_report),
     "train": ("fine-tune a model (LoRA/full, PoSE) from a recipe config", training_cli.add_train_arguments, training_cli.run_train),
     "lm-eval": (lm_eval_cli.HELP, lm_eval_cli.add_arguments, lm_eval_cli.run),
     "lm-eval-compare": ("compare scaling methods on lm-eval tasks (tasks built once)", lm_eval_cli.add_compare_arguments, lm_eval_cli.run_compare),
     "export": ("copy a saved model with a config that vLLM, SGLang or llama.cpp serves like transformers",
                export_command.add_arguments, export_command.run),
     "adapter": ("convert an adapter folder to PEFT's format with checksums, or verify its files",
-                adapters.add_adapter_arguments, adapters.run_adapter),
+                adapter_command.add_arguments, adapter_command.run),
     "inspect": ("per-dimension RoPE wavelengths of a model under a scaling method (table, --plot PNG)", inspect_command.add_arguments, inspect_command.run),
 }
 

@@ -176,3 +176,30 @@ def test_peft_adapter_with_a_flipped_byte_is_refused(recipe_adapter, tmp_path, m
     monkeypatch.setattr(PosextHFLM, "_create_model", lambda *a, **k: pytest.fail("the model loaded before the check"))
     with pytest.raises(AdapterFileError, match="adapter_model.safetensors does not match its sha256"):
         PosextHFLM(pretrained=str(TINY_MODEL), peft=str(folder), device="cpu")
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+@pytest.mark.parametrize("spelling", [{"posext": "yarn+string"}, {"posext_method": "yarn+string"}])
+def test_peft_adapter_gives_a_composition_without_a_factor_its_factor(recipe_adapter, spelling):
+    """posext=yarn+string on a yarn x4 adapter is yarn+string x4, as `hf-posext eval --adapter` takes it."""
+    from tests.training_helpers import TINY_MODEL
+
+    lm = PosextHFLM(pretrained=str(TINY_MODEL), peft=str(recipe_adapter), device="cpu", dtype="float32", **spelling)
+    assert (lm.posext_request.method, lm.posext_request.factor) == ("yarn+string", 4.0)
+    assert lm.posext_report["method"] == "yarn+string" and lm.posext_report["factor"] == 4.0
+    with pytest.raises(ValueError, match=r"needs the size of its frequency part"):  # no adapter: no factor to take
+        PosextHFLM(pretrained=str(TINY_MODEL), device="cpu", **spelling)
+
+
+@pytest.mark.parametrize("spelling", [{"posext": "yarn:factor=8"}, {"posext": "yarn+string:factor=8"},
+                                      {"posext_method": "yarn", "posext_factor": 8}])
+def test_peft_adapter_with_another_factor_names_the_lm_eval_fix(recipe_adapter, monkeypatch, spelling):
+    from hf_posext.adapters import AdapterMismatchError
+    from tests.training_helpers import TINY_MODEL
+
+    monkeypatch.setattr(PosextHFLM, "_create_model", lambda *a, **k: pytest.fail("the model loaded before the check"))
+    with pytest.raises(AdapterMismatchError, match=r"trained with yarn x4 \(posext_adapter.json\), not yarn x8: pass "
+                                                   r"posext=yarn:factor=4 \(or leave posext= out") as error:
+        PosextHFLM(pretrained=str(TINY_MODEL), peft=str(recipe_adapter), device="cpu", **spelling)
+    assert "--methods" not in str(error.value) and "--factor" not in str(error.value) and "\n" not in str(error.value)

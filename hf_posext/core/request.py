@@ -306,8 +306,9 @@ class ScalingRequest:
         )
 
     @classmethod
-    def from_model_args(cls, model_args: Mapping[str, Any]) -> tuple["ScalingRequest | None", dict[str, Any]]:
-        """Split lm-eval model arguments into a request (``posext_*`` keys) and the rest.
+    def from_model_args(cls, model_args: Mapping[str, Any], *, sized: bool = True) -> tuple["ScalingRequest | None", dict[str, Any]]:
+        """Split lm-eval model arguments into a request (``posext_*`` keys) and the rest; with ``sized=False`` a
+        request without a factor is returned as it is (an adapter then gives it its factor).
 
         ``posext_method``, ``posext_factor``, ``posext_target_length`` and
         ``posext_original_max_position_embeddings`` are the request's fields; every other
@@ -352,7 +353,7 @@ class ScalingRequest:
         except (TypeError, ValueError) as error:
             message = _FIELD_NAMES.sub(lambda match: MODEL_ARGS_PREFIX + match.group(0), str(error))
             raise ValueError(f"{message} (method parameters are given as {MODEL_ARGS_PREFIX}<name>=<value>)") from error
-        return request.require_size(prefix=MODEL_ARGS_PREFIX), rest
+        return (request.require_size(prefix=MODEL_ARGS_PREFIX) if sized else request), rest
 
     # ---- views -------------------------------------------------------------------------------------
 

@@ -22,9 +22,10 @@ would). Unknown parameters and unknown methods raise ``ValueError`` before anyth
 
 ``peft=ADAPTER`` with an adapter written by hf-posext's recipes (it holds ``posext_adapter.json``) is checked
 as :func:`hf_posext.adapters.load_adapted_model` checks it: its files against their manifest and its base
-model and scaling before anything loads, the base's weights once loaded. Without ``posext_method`` the
-adapter's recorded scaling is applied; a ``posext_*`` scaling other than the recorded one is refused. Its
-trained norms/embeddings are loaded with it. Any other PEFT adapter is loaded as the ``hf`` model loads it.
+model and scaling before anything loads, the base's weights once loaded. Without ``posext`` the
+adapter's recorded scaling is applied; a ``posext`` request without a factor takes the adapter's factor (as
+``hf-posext eval --adapter`` does: ``posext=yarn+string`` on a yarn x4 adapter is yarn+string x4); a scaling other
+than the recorded one is refused, with the fix in this spelling (``posext=yarn:factor=4``). Its trained norms/embeddings are loaded with it. Any other PEFT adapter is loaded as the ``hf`` model loads it.
 
 When ``max_length`` is not given, the harness's context limit is the scaled window
 (``describe(model).current_window``), not the config's ``max_position_embeddings``, which dynamic
@@ -42,6 +43,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 from typing import Any, Iterator
 
@@ -69,9 +71,12 @@ POSEXT_PREFIX = MODEL_ARGS_PREFIX
 POSEXT_ARGUMENT = MODEL_ARGUMENT
 
 
-def parse_posext_args(model_args: dict[str, Any]) -> tuple[ScalingRequest | None, dict[str, Any]]:
+def parse_posext_args(model_args: dict[str, Any], *, sized: bool = True) -> tuple[ScalingRequest | None, dict[str, Any]]:
     """Split harness model arguments into a validated :class:`~hf_posext.core.request.ScalingRequest` (None when
     no request is given) and the rest.
+
+    With ``sized=False`` a request without a factor is returned as it is (an hf-posext adapter gives it the factor
+    it was trained with); by default it is refused unless the method needs none.
 
     The request is one argument in the request grammar (:mod:`hf_posext.core.grammar`), whose ``:`` separators
     survive the harness's comma-separated model arguments: ``posext=yarn:factor=4:beta_fast=16``. The older
@@ -89,12 +94,26 @@ def parse_posext_args(model_args: dict[str, Any]) -> tuple[ScalingRequest | None
         text = model_args[POSEXT_ARGUMENT]
         rest = {key: value for key, value in model_args.items() if key != POSEXT_ARGUMENT}
         request = parse_request("none" if text is None else str(text), where=f"{POSEXT_ARGUMENT}=")
-        return request.require_size(), rest
-    request, rest = ScalingRequest.from_model_args(model_args)
+        return (request.require_size() if sized else request), rest
+    request, rest = ScalingRequest.from_model_args(model_args, sized=sized)
     if request is not None:
         warn_at_caller(f"{POSEXT_PREFIX}method=... is deprecated and will be removed: write "
                        f"{POSEXT_ARGUMENT}={format_request(request)} (one model argument).", FutureWarning)
     return request, rest
+
+
+#: Where the fix of an adapter mismatch starts in :func:`hf_posext.adapters.check_adapter`'s message (it names
+#: ``hf-posext eval`` flags, which lm-eval does not take).
+_EVAL_FIX = ": evaluate it with "
+
+
+def _with_lm_eval_fix(message: str, record: Any) -> str:
+    """An adapter-mismatch ``message`` with its fix in lm-eval's spelling (``posext=yarn:factor=4``)."""
+    head = message.split(_EVAL_FIX, 1)[0] if _EVAL_FIX in message else message.rstrip(".")
+    trained = f"{record.method}:factor={record.factor:g}"
+    return (f"{head}: pass {POSEXT_ARGUMENT}={trained} (or leave {POSEXT_ARGUMENT}= out to take the adapter's; an "
+            f"attention-level method may be stacked on it without a factor: {POSEXT_ARGUMENT}={record.method}+string), "
+            "or train an adapter for that scaling.")
 
 
 def _prefer_gloo_on_cpu() -> None:
@@ -176,11 +195,15 @@ class PosextHFLM(HFLM):
 
     def __init__(self, pretrained: Any, **kwargs: Any) -> None:
         # Validate before the harness builds anything: a typo must not cost a model download.
-        self.posext_request, rest = parse_posext_args(kwargs)
+        request, rest = parse_posext_args(kwargs, sized=False)
+        self.posext_request = request
         self.posext_report: dict[str, Any] | None = None
         self.posext_adapter: str | None = None
         if isinstance(pretrained, str) and isinstance(rest.get("peft"), str):
             self._check_posext_adapter(pretrained, rest["peft"])
+        if self.posext_adapter is None and request is not None:
+            # without an hf-posext adapter to take it from, a request must carry its size (posext=none needs none)
+            self.posext_request = request.require_size(prefix="" if POSEXT_ARGUMENT in kwargs else POSEXT_PREFIX)
         if isinstance(pretrained, str):
             pretrained = resolve_model_path(pretrained)
             if isinstance(rest.get("tokenizer"), str):
@@ -200,17 +223,25 @@ class PosextHFLM(HFLM):
         """For an adapter written by hf-posext's recipes: check it (files, base, scaling) and take its scaling."""
         import os
 
-        from hf_posext.adapters import ADAPTER_RECORD, check_adapter
+        from hf_posext.adapters import ADAPTER_RECORD, AdapterMismatchError, check_adapter
 
         if not os.path.isfile(os.path.join(folder, ADAPTER_RECORD)):
             return  # another PEFT adapter: the harness loads it as usual
         request = self.posext_request
+        record = check_adapter(folder, pretrained)  # its files and its base, before any scaling is compared
         if request is None:
-            record = check_adapter(folder, pretrained)
             self.posext_request = ScalingRequest.from_kwargs(record.method, record.factor, **record.params)
         else:
-            check_adapter(folder, pretrained, request.method, request.factor, request.params_dict,
-                          target_length=request.target_length, original_window=request.original_max_position_embeddings)
+            if request.factor is None and request.target_length is None and not request.sizes_itself():
+                # posext=yarn+string without a factor: the factor the adapter was trained with (as eval --adapter)
+                request = dataclasses.replace(request, factor=record.factor)
+            try:
+                check_adapter(folder, pretrained, request.method, request.factor, request.params_dict,
+                              target_length=request.target_length, original_window=request.original_max_position_embeddings,
+                              verify=False)
+            except AdapterMismatchError as error:
+                raise AdapterMismatchError(_with_lm_eval_fix(str(error), record)) from None
+            self.posext_request = request.require_size()
         self.posext_adapter = folder
 
     def _enable_cpu_data_parallel(self) -> None:

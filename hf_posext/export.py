@@ -15,14 +15,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Any
 
 from hf_posext.core.errors import DamagedFileError
 from hf_posext.core.loading import check_weight_files
-from hf_posext.core.paths import check_output_folder, replace_folder
+from hf_posext.core.files import refuse_non_empty_folder, staged_folder
+from hf_posext.core.paths import check_output_folder
 from hf_posext.core.saved_config import (
     flat_rope_parameters,
     set_tokenizer_max_length,
@@ -233,8 +233,10 @@ def _check_destination(source: Path | None, out: Path, overwrite: bool) -> None:
             raise ExportError(f"--out {out} is inside the source folder {source}: choose a folder outside it")
         if out_path in source_path.parents:
             raise ExportError(f"--out {out} contains the source folder {source}: choose a folder outside it")
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
-        raise ExportError(f"--out {out} exists and is not empty: choose a new folder or pass --overwrite")
+    try:
+        refuse_non_empty_folder(out, overwrite=overwrite)
+    except FileExistsError as error:
+        raise ExportError(f"--out {error}") from None
     try:
         check_output_folder(out, "--out", "the exported model")
     except ValueError as error:
@@ -294,9 +296,7 @@ def export(source: Any, target: str, out: str | os.PathLike, overwrite: bool = F
     problems = check_serving(source, target)
     if problems:
         raise ExportError(problems[0])
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staged = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
-    try:
+    with staged_folder(out) as staged:
         if folder is None:
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message=_LEGACY_FIELDS_WARNING)
@@ -312,8 +312,4 @@ def export(source: Any, target: str, out: str | os.PathLike, overwrite: bool = F
         write_json_atomically(staged / "config.json", export_config(config, target))
         if record.get("kind", "rope") == "rope":
             set_tokenizer_max_length(staged, served_length(record, config))
-        replace_folder(staged, out)
-    except BaseException:
-        shutil.rmtree(staged, ignore_errors=True)
-        raise
     return out

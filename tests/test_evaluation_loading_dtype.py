@@ -53,7 +53,34 @@ def test_the_passkey_cli_says_what_auto_chose(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(loading, "cpu_has_native_bfloat16", lambda: False)
     assert main(["eval", "passkey", "--model", "tiny:llama:512", "--methods", "none", "--lengths", "400", "--trials", "1", "--depths", "0.5",
                  "--device", "cpu", "--no-progress", "--out", str(tmp_path)]) == 0
-    assert "--dtype auto: float32 for passkey (this CPU has no native bfloat16" in capsys.readouterr().err
+    assert "dtype: float32 (auto: this CPU has no native bfloat16" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("task", ["perplexity", "passkey"])
+def test_an_eval_task_prints_its_dtype_and_why_first_even_when_given(tmp_path, capsys, task):
+    from hf_posext.cli import main
+
+    extra = ["--trials", "1", "--depths", "0.5"] if task == "passkey" else ["--data", "tests/data/training/corpus"]
+    assert main(["eval", task, "--model", "tiny:llama:512", "--methods", "none", "--lengths", "400", "--device", "cpu",
+                 "--no-progress", "--out", str(tmp_path), "--dtype", "float32", *extra]) == 0
+    assert capsys.readouterr().err.splitlines()[0] == "dtype: float32 (--dtype float32, as given)"
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_resolve_dtype_says_which_dtype_and_why(monkeypatch, native):
+    monkeypatch.setattr(loading, "cpu_has_native_bfloat16", lambda: native)
+    monkeypatch.setattr(loading, "native_bfloat16_feature", lambda: "AMX-BF16")
+    dtype, why = loading.resolve_dtype("auto", "passkey", "cpu")
+    if native:
+        assert dtype == "bfloat16" and why.startswith("auto: this CPU has AMX-BF16") and "--dtype float32" in why
+        assert loading.resolve_dtype("auto", ["perplexity", "ruler"], "cpu")[0] == "float32 for perplexity; bfloat16 for ruler"
+    else:
+        assert (dtype, why) == ("float32", "auto: this CPU has no native bfloat16 (AVX-512 BF16 or AMX), where bfloat16 is "
+                                           "slower than float32")
+    assert loading.resolve_dtype("auto", "perplexity", "cpu")[0] == "float32"
+    assert loading.resolve_dtype("auto", "needle", "cuda") == ("float32", "auto: float32 off the CPU; pass --dtype bfloat16 to choose it")
+    assert loading.resolve_dtype("bfloat16", "perplexity", "cpu") == ("bfloat16", "--dtype bfloat16, as given")
+    assert loading.dtype_line("float32", "why") == "dtype: float32 (why)"
 
 
 def test_a_dtype_of_another_spelling_is_refused_naming_auto_among_the_choices(tmp_path, capsys):

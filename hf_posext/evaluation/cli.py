@@ -182,11 +182,12 @@ def _run_task_holding_folder(task: str, args: argparse.Namespace, methods: Any, 
     from hf_posext.evaluation import needle, passkey, perplexity
     from hf_posext.evaluation.report import markdown_tables, write_plots
     from hf_posext.evaluation.arguments import parse_floats
-    from hf_posext.evaluation.loading import AUTO_DTYPE, auto_dtype_note, evaluation_dtype, load_model_and_tokenizer
+    from hf_posext.evaluation.loading import dtype_line, load_model_and_tokenizer, resolve_dtype
 
-    if args.dtype == AUTO_DTYPE and dist.is_main:
-        print(auto_dtype_note([task], device), file=sys.stderr)
-    args.dtype = evaluation_dtype(args.dtype, task, device)  # the dtype run, and the one the results are keyed by
+    dtype, why = resolve_dtype(args.dtype, task, device)
+    if dist.is_main:
+        print(dtype_line(dtype, why), file=sys.stderr)
+    args.dtype = dtype  # the dtype run, and the one the results are keyed by
     model, tokenizer = load_model_and_tokenizer(args.model, dtype=args.dtype, device=device, device_map=args.device_map,
                                                 attn_implementation=args.attn_implementation, adapter=adapter)
     model_name = f"{args.model}+{adapter}" if adapter else args.model

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import torch
 
-__all__ = ["AUTO_DTYPE", "AsciiTokenizer", "auto_dtype_note", "check_device_name", "check_dtype_name", "cpu_has_native_bfloat16", "evaluation_dtype", "is_tiny_model_name", "load_model_and_tokenizer", "transformers_progress_bars"]
+__all__ = ["AUTO_DTYPE", "AsciiTokenizer", "auto_dtype_note", "check_device_name", "check_dtype_name", "cpu_has_native_bfloat16",
+           "dtype_line", "evaluation_dtype", "is_tiny_model_name", "load_model_and_tokenizer", "resolve_dtype",
+           "transformers_progress_bars"]
 
 #: ``--dtype auto``: the dtype each evaluation task runs in where none is given (:func:`evaluation_dtype`).
 AUTO_DTYPE = "auto"
@@ -55,6 +58,56 @@ def auto_dtype_note(tasks: Sequence[str], device: str | torch.device | None) -> 
     else:
         why = "perplexity stays float32"
     return f"--dtype auto: {parts} ({why})"
+
+
+def native_bfloat16_feature() -> str:
+    """The name of the CPU feature that runs bfloat16 natively (``AMX-BF16``, ``AVX-512 BF16``), as Linux lists it;
+    ``native bfloat16`` where the flags cannot be read."""
+    try:
+        flags = set(Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").split())
+    except OSError:
+        return "native bfloat16"
+    if "amx_bf16" in flags:
+        return "AMX-BF16"
+    return "AVX-512 BF16" if "avx512_bf16" in flags else "native bfloat16"
+
+
+def resolve_dtype(dtype: str, tasks: str | Sequence[str], device: str | torch.device | None) -> tuple[str, str]:
+    """The dtype an evaluation of ``tasks`` runs in under ``--dtype dtype`` on ``device``, and why, in words.
+
+    The one resolution every command that takes ``--dtype`` prints (:func:`dtype_line`), so that a figure can be
+    matched with the dtype it was computed in. Several tasks that run in different dtypes give
+    ``"float32 for perplexity; bfloat16 for passkey"``.
+
+    Returns:
+        ``(dtype, reason)``, e.g. ``("bfloat16", "auto: this CPU has AMX-BF16, where passkey runs in 0.41x ...")``.
+    """
+    names = [tasks] if isinstance(tasks, str) else list(dict.fromkeys(tasks))
+    if dtype != AUTO_DTYPE:
+        return dtype, f"--dtype {dtype}, as given"
+    chosen: dict[str, list[str]] = {}
+    for task in names:
+        chosen.setdefault(evaluation_dtype(AUTO_DTYPE, task, device), []).append(task)
+    text = next(iter(chosen)) if len(chosen) <= 1 else "; ".join(f"{d} for {', '.join(t)}" for d, t in chosen.items())
+    retrieval = [task for task in names if task in RETRIEVAL_TASKS]
+    on_cpu = device is not None and torch.device(device).type == "cpu"
+    if retrieval and on_cpu and "bfloat16" in chosen:
+        why = (f"auto: this CPU has {native_bfloat16_feature()}, where retrieval took 0.41x float32's time with the same "
+               "answers; pass --dtype float32 to match float32 figures, such as the README's")
+    elif retrieval and on_cpu:
+        why = "auto: this CPU has no native bfloat16 (AVX-512 BF16 or AMX), where bfloat16 is slower than float32"
+    elif retrieval:
+        why = "auto: float32 off the CPU; pass --dtype bfloat16 to choose it"
+    else:
+        why = "auto: perplexity stays float32, its differences between methods can be smaller than bfloat16's rounding"
+    if "bfloat16" in chosen and "float32" in chosen:
+        why += "; perplexity stays float32"
+    return text or "float32", why
+
+
+def dtype_line(dtype: str, reason: str) -> str:
+    """The line a command prints first about its dtype: ``dtype: bfloat16 (auto: this CPU has AMX-BF16, ...)``."""
+    return f"dtype: {dtype} ({reason})"
 
 
 class AsciiTokenizer:

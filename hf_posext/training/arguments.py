@@ -14,7 +14,7 @@ from transformers import TrainingArguments
 from hf_posext.training.config import ConfigError, TrainConfig
 
 __all__ = [
-    "has_accelerator", "mixed_precision", "lr_schedule_arguments", "checkpointing_arguments", "check_parallelism",
+    "has_accelerator", "mixed_precision", "training_dtype", "lr_schedule_arguments", "checkpointing_arguments", "check_parallelism",
     "parallelism_arguments", "training_arguments", "check_trackers",
 ]
 
@@ -40,6 +40,27 @@ def mixed_precision(config: TrainConfig) -> str:
             raise ConfigError("model.precision=bf16 needs a GPU with bfloat16 support; on CPU use model.precision=fp32 or auto.")
         return "bf16"
     return "bf16" if supported else "no"
+
+
+def training_dtype(config: TrainConfig) -> tuple[str, str]:
+    """The dtype a run of ``config`` trains in, and why, in words (``hf-posext train`` prints it first).
+
+    Follows :func:`mixed_precision` and the trainer's loading: under bf16 mixed precision a LoRA run loads its frozen
+    base weights in bfloat16; a full fine-tune keeps float32 weights and computes in bfloat16.
+
+    Raises:
+        ConfigError: ``model.precision=bf16`` without a GPU that supports bfloat16 (as :func:`mixed_precision`).
+    """
+    precision = config.model.precision
+    if mixed_precision(config) == "no":
+        if precision == "fp32":
+            return "float32", "model.precision: fp32"
+        return "float32", ("model.precision: auto, and no GPU with bfloat16 here (bfloat16 training needs one); "
+                           "model.precision=fp32 says so in the recipe")
+    given = "model.precision: bf16" if precision == "bf16" else "model.precision: auto, and this GPU supports bfloat16"
+    if config.finetune.mode == "lora":
+        return "bfloat16", f"{given}: bf16 mixed precision, the frozen base weights loaded in bfloat16"
+    return "float32 weights, bfloat16 compute", f"{given}: bf16 mixed precision"
 
 
 def lr_schedule_arguments(config: TrainConfig) -> tuple[str, dict[str, Any]]:

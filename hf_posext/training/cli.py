@@ -152,6 +152,11 @@ def _run_train(args: argparse.Namespace) -> int:
     if args.print_config:
         print(config.to_yaml())
         return 0
+    if launched_local_rank() in (None, 0):
+        from hf_posext.evaluation.loading import dtype_line
+        from hf_posext.training.arguments import training_dtype
+
+        print(dtype_line(*training_dtype(config)), file=sys.stderr)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     result = train(config, resume=resume, overwrite=args.overwrite, stop_at_step=args.stop_at_step, progress=args.progress)
     from accelerate import PartialState

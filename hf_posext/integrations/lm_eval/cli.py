@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 
-__all__ = ["add_arguments", "run", "add_compare_arguments", "run_compare"]
+__all__ = ["add_arguments", "run", "add_compare_arguments", "run_compare", "compare_dtype"]
 
 HELP = "run lm-evaluation-harness (any task) on a scaled model: --model hf-posext"
 _EPILOG = """\
@@ -80,8 +81,11 @@ def run_compare(args: argparse.Namespace) -> int:
         raise ValueError("--fewshot_as_multiturn needs --apply_chat_template (few-shot turns are chat messages).")
 
     import_harness()  # a clear message when lm-eval is missing
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from lm_eval.utils import simple_parse_args_string
+    from hf_posext.evaluation.loading import dtype_line
+
+    print(dtype_line(*compare_dtype(simple_parse_args_string(args.model_args), args.model)), file=sys.stderr)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     limit = None if args.limit is None else (int(args.limit) if float(args.limit).is_integer() else args.limit)
     batch_size = int(args.batch_size) if str(args.batch_size).isdigit() else args.batch_size
@@ -94,4 +98,28 @@ def run_compare(args: argparse.Namespace) -> int:
     )
     print(format_comparison(rows))
     return 0
+
+
+def compare_dtype(model_args: dict, pretrained: str) -> tuple[str, str]:
+    """The dtype ``lm-eval-compare`` loads ``pretrained`` in, and why, in words (it prints them first).
+
+    ``--model-args dtype=X`` is taken as given; without it the harness loads the checkpoint's own dtype (its
+    ``config.json``), read here where the folder is local or embedded (``smollm2-135m``: float32).
+    """
+    import json
+    from pathlib import Path
+
+    from hf_posext.models import resolve_model_path
+
+    given = model_args.get("dtype")
+    if given not in (None, "", "auto"):
+        return str(given), f"--model-args dtype={given}, as given"
+    config = Path(resolve_model_path(pretrained)).expanduser() / "config.json"
+    saved = None
+    if config.is_file():
+        data = json.loads(config.read_text(encoding="utf-8"))
+        saved = data.get("dtype") or data.get("torch_dtype")
+    why = "no dtype in --model-args: lm-eval loads the checkpoint's own dtype, from its config.json; " \
+          "pass --model-args dtype=float32 to choose one"
+    return str(saved) if saved else "the checkpoint's own", why
 

@@ -122,4 +122,3 @@ def compare_dtype(model_args: dict, pretrained: str) -> tuple[str, str]:
     why = "no dtype in --model-args: lm-eval loads the checkpoint's own dtype, from its config.json; " \
           "pass --model-args dtype=float32 to choose one"
     return str(saved) if saved else "the checkpoint's own", why
-

@@ -102,8 +102,6 @@ def resolve_dtype(dtype: str, tasks: str | Sequence[str], device: str | torch.de
         why = "auto: perplexity stays float32, its differences between methods can be smaller than bfloat16's rounding"
     else:
         why = "auto: float32; bfloat16 is chosen only for retrieval on a CPU that runs it natively"
-    if "bfloat16" in chosen and "float32" in chosen:
-        why += f"; {', '.join(chosen['float32'])} stay{'s' if len(chosen['float32']) == 1 else ''} float32"
     return text or "float32", why
 
 

@@ -67,6 +67,23 @@ def extra_parameter_names(model: nn.Module, train_embeddings: bool, train_norms:
     return names
 
 
+def _extra_kinds(names: list[str]) -> set[str] | None:
+    """``{"norms", "embeddings"}`` or a part of it: the kinds of the trained parameters ``names`` (an adapter's
+    ``modules_to_save``), told by their module names; None when one of them is neither clearly (the check is
+    then left to the load, which compares the exact names)."""
+    kinds = set()
+    for name in names:
+        module = name.rsplit(".", 1)[0].lower()
+        last = module.rsplit(".", 1)[-1]
+        if "norm" in last or last.startswith("ln"):
+            kinds.add("norms")
+        elif "embed" in last or last in ("wte", "word_embeddings"):
+            kinds.add("embeddings")
+        else:
+            return None
+    return kinds
+
+
 def check_init_adapter(finetune: Any, base_model: str, method: str, factor: float | None,
                        target_length: int | None = None, original_window: int | None = None,
                        params: dict[str, Any] | None = None) -> None:
@@ -107,11 +124,20 @@ def check_init_adapter(finetune: Any, base_model: str, method: str, factor: floa
     differences = [f"{key}: adapter {a!r}, recipe {b!r}" for key, a, b in (
         ("finetune.rank", saved.get("r"), finetune.rank), ("finetune.alpha", float(saved.get("lora_alpha", 0)), float(finetune.alpha)),
         ("finetune.target_modules", saved_targets, asked_targets)) if a != b]
-    has_extras = bool(saved_extra_names(folder))
+    saved_extras = saved_extra_names(folder)
+    has_extras = bool(saved_extras)
+    kinds = _extra_kinds(saved_extras)
     if has_extras != bool(finetune.train_norms or finetune.train_embeddings):
         differences.append(f"trained norms/embeddings: the adapter {'holds' if has_extras else 'has no'} "
                            f"them, the recipe {'does not train them' if has_extras else 'trains them'} "
                            "(finetune.train_norms, finetune.train_embeddings)")
+    elif kinds is not None:  # both sides have some: each kind on its own (the adapter's modules_to_save shows them)
+        for kind in ("norms", "embeddings"):
+            trains = bool(getattr(finetune, f"train_{kind}"))
+            if trains != (kind in kinds):
+                differences.append(
+                    f"finetune.train_{kind}: the adapter {'holds' if not trains else 'has no'} trained {kind} "
+                    f"(modules_to_save in {ADAPTER_CONFIG}), the recipe {'does not train them' if not trains else 'trains them'}")
     if differences:
         raise ValueError(f"finetune.init_adapter={str(folder)!r} cannot be continued by this recipe: "
                          + "; ".join(differences) + ". Set the recipe's values to the adapter's.")

@@ -49,7 +49,9 @@ def main() -> int:
                         help="how many methods (best perplexity at the longest --lengths) get --extra-lengths; default 4 "
                              "gives three distinct ones, since dynamic-yarn xs at L*s tokens is exactly yarn xs")
     parser.add_argument("--factor", type=float, help="scale factor (default: longest length / 8192, per phase)")
-    parser.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "books"))
+    parser.add_argument("--data", default=str(ROOT / "data" / "books"),
+                        help="books folder, files read in name order (default: the repository's %(default)s; the committed "
+                             "cells read the same books from ../shared/data/books, and a results key holds the path)")
     parser.add_argument("--max-segments", "--max-windows", dest="max_segments", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=16384,
                         help="perplexity windows per length = max(1, N // length): the same first N tokens at every length")

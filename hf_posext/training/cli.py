@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Mapping
 
 from hf_posext.core.errors import USAGE_EXIT_CODE, exit_code_for, one_line_message, run_reporting_errors, show_traceback
+from hf_posext.core.files import write_json_atomic
 
 __all__ = ["add_train_arguments", "run_train", "main", "launched_local_rank", "report_launched_error", "leave_without_teardown"]
 
@@ -121,11 +122,8 @@ def _write_elastic_error_file(message: str) -> None:
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if not path:
         return
-    temporary = f"{path}.tmp-{os.getpid()}"
     try:
-        with open(temporary, "w") as file:
-            json.dump({"message": message, "timestamp": int(time.time())}, file)
-        os.replace(temporary, path)
+        write_json_atomic(path, {"message": message, "timestamp": int(time.time())}, indent=None)
     except OSError:
         pass  # the report then says "To enable traceback see ..."; local rank 0 printed the line anyway
 

@@ -7,8 +7,6 @@ Each folder is written under a temporary name and renamed into place, so a folde
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from pathlib import Path
 from typing import Any, Callable
 
@@ -18,6 +16,7 @@ from hf_posext.adapters import (
     apply_adapter, finish_adapter_folder, trained_module_names, write_adapter_record, write_trained_modules,
 )
 from hf_posext.api import describe
+from hf_posext.core.files import staged_folder
 from hf_posext.training.checkpoints import write_json_atomic
 from hf_posext.training.config import TrainConfig
 from hf_posext.training.loading import load_patched_model
@@ -37,14 +36,8 @@ def publish_folder(output_dir: Path, name: str, write: Callable[[Path], None]) -
         The published folder.
     """
     final = output_dir / name
-    temporary = output_dir / f".tmp-{name}"
-    if temporary.exists():
-        shutil.rmtree(temporary)
-    temporary.mkdir(parents=True)
-    write(temporary)
-    if final.exists():
-        shutil.rmtree(final)  # a previous final save of this same run (re-run after --resume)
-    os.rename(temporary, final)
+    with staged_folder(final) as staged:  # replaces a previous final save of this same run (re-run after --resume)
+        write(staged)
     return final
 
 

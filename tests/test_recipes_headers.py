@@ -93,6 +93,26 @@ def test_the_name_says_its_target_and_hardware_and_the_output_folder_is_named_af
         f"{_rel(path)}: output.dir {output}, expected runs/{path.parent.name}-{path.stem}"
 
 
+def _processes(command: str) -> int:
+    """How many processes a launch command starts (``hf-posext train``: one)."""
+    if "accelerate launch" not in command:
+        return 1
+    match = re.search(r"--num_processes\s+(\d+)", command)
+    if match:
+        return int(match.group(1))
+    configs = re.findall(r"--config_file\s+(\S+)", command)
+    return yaml.safe_load((REPO / configs[0]).read_text()).get("num_processes", 1) if configs else 1
+
+
+@pytest.mark.parametrize("path", [p for p in RECIPES if p.stem.endswith(("-1gpu", "-8gpu"))], ids=_rel)
+def test_the_launch_starts_as_many_processes_as_the_name_says_gpus(path):
+    gpus = 1 if path.stem.endswith("-1gpu") else 8
+    own = f"recipes/configs/{_rel(path)}"
+    for command in _launch_commands(_header(path)):
+        if own in command:
+            assert _processes(command) == gpus, f"{_rel(path)}: {command!r} starts {_processes(command)} processes"
+
+
 def test_the_old_recipe_names_lead_to_the_new_ones():
     """Every renamed recipe is in the alias table that ``hf-posext train`` reads, and recipes/README.md lists it."""
     from hf_posext.training.recipe_names import RENAMED_RECIPES

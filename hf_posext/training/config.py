@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import hashlib
-import json
 import types
 import typing
 import warnings
@@ -25,6 +23,7 @@ from typing import Any
 
 import yaml
 
+from hf_posext.core.integrity import stable_digest
 from hf_posext.training.sections import (
     RECIPE_SUFFIXES,
     ConfigError,
@@ -81,7 +80,7 @@ class TrainConfig:
 
     def fingerprint(self) -> str:
         """Hash of every setting that changes the trained weights (output/logging keys excluded)."""
-        return hashlib.sha256(json.dumps(_resume_relevant(self.to_dict()), sort_keys=True).encode()).hexdigest()[:16]
+        return stable_digest(_resume_relevant(self.to_dict()))
 
     def validate(self) -> "TrainConfig":
         """Check values that types alone do not catch: each section checks itself, then the checks that span

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from hf_posext.core.files import staged_folder
+from hf_posext.core.integrity import file_sha256
 
 __all__ = [
     "EmbeddedModel",
@@ -207,11 +208,7 @@ def check_gguf(name: str, spec: EmbeddedModel, path: Path, sha256: str | None = 
     if spec.sha256 is None:
         return
     if sha256 is None:
-        digest = hashlib.sha256()
-        with open(path, "rb") as source:
-            while block := source.read(1 << 22):
-                digest.update(block)
-        sha256, size = digest.hexdigest(), path.stat().st_size
+        sha256, size = file_sha256(path), path.stat().st_size
     if sha256 != spec.sha256 or (spec.size is not None and size != spec.size):
         raise ValueError(
             f"{name}: {path.name} has {size:,} bytes and sha256 {sha256[:16]}..., expected {spec.size:,} bytes and "

@@ -70,7 +70,7 @@ def write_adapter_record(folder: str | os.PathLike, base_model: str, report: Any
         folder: the adapter folder.
         base_model: the base model's name as the recipe gives it (``model.name``).
         report: :func:`hf_posext.describe` of the patched base model (a ``ScalingReport``).
-        base_weights: :func:`base_weights_fingerprints` of the base model as loaded, before training.
+        base_weights: :func:`hf_posext.adapters.base_weights_fingerprints` of the base model as loaded, before training.
 
     Returns:
         The path of the record.

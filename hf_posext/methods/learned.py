@@ -19,14 +19,25 @@ All methods return the original table (or positions) bit for bit at ``factor == 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import Callable
 
 import torch
 
-from hf_posext.methods.registry import register_alias, register_method
+from hf_posext.methods.registry import get_method, register_alias, register_method
 
-__all__ = ["exact_factor", "interpolation_grid", "linear_table", "linear_positions", "MAX_TABLE_ROWS"]
+__all__ = [
+    "exact_factor",
+    "interpolation_grid",
+    "linear_table",
+    "linear_positions",
+    "sinusoid_table",
+    "scaled_sinusoid_rows",
+    "ScaledSinusoidRows",
+    "MAX_TABLE_ROWS",
+]
 
 #: Largest position table hf_posext builds (2^20 rows): beyond it a request is an error, not an OOM.
 MAX_TABLE_ROWS = 2**20
@@ -75,6 +86,86 @@ def interpolation_grid(new_length: int, original_length: int, factor: Fraction) 
     weight = torch.where(past_end, torch.zeros_like(weight), weight)
     upper = (lower + 1).clamp(max=original_length - 1)
     return lower, upper, weight
+
+
+def sinusoid_table(positions: torch.Tensor, dim: int, base: float = 10000.0) -> torch.Tensor:
+    """Sinusoidal encodings (Vaswani et al. 2017; tensor2tensor / fairseq layout) at real-valued ``positions``.
+
+    Row for position x: ``[sin(x * w_0), ..., sin(x * w_{h-1}), cos(x * w_0), ..., cos(x * w_{h-1})]``
+    (a zero column appended when ``dim`` is odd), with h = dim // 2 and w_i = exp(-i * ln(base) / (h - 1)).
+    The operations follow transformers' XGLM implementation in the same order and float32, so integer
+    positions reproduce its table bit for bit.
+
+    Args:
+        positions: 1-D tensor of positions (any float dtype; evaluated in float32 as transformers does).
+        dim: embedding width.
+        base: the wavelength base (10000 in every model that uses this layout).
+
+    Returns:
+        float32 tensor ``[len(positions), dim]``.
+    """
+    half_dim = dim // 2
+    step = math.log(base) / (half_dim - 1)
+    frequencies = torch.exp(torch.arange(half_dim, dtype=torch.int64).float() * -step)
+    angles = positions.to(torch.float32).unsqueeze(1) * frequencies.unsqueeze(0)
+    table = torch.cat([torch.sin(angles), torch.cos(angles)], dim=1).view(positions.shape[0], -1)
+    if dim % 2 == 1:
+        table = torch.cat([table, torch.zeros(positions.shape[0], 1)], dim=1)
+    return table
+
+
+def scaled_sinusoid_rows(
+    num_rows: int,
+    dim: int,
+    offset: int,
+    padding_rows: tuple[int, ...],
+    positions_fn: Callable[[int], torch.Tensor],
+) -> torch.Tensor:
+    """Rows 0..num_rows-1 of a sinusoid table whose position rows are evaluated at ``positions_fn``.
+
+    Row ``offset + p`` is the encoding at x(p) + offset, x = ``positions_fn(num_rows - offset)`` (p / s for
+    ``"linear"``); rows before ``offset`` keep their integer positions and ``padding_rows`` are zero, as in
+    the fairseq-style modules (XGLM) that keep a padding row.
+
+    Args:
+        num_rows: rows of the table.
+        dim: embedding width.
+        offset: table row of position 0.
+        padding_rows: rows set to zero.
+        positions_fn: number of positions -> real-valued positions (a sinusoidal method's ``compute``).
+
+    Returns:
+        float32 tensor ``[num_rows, dim]``.
+    """
+    positions = torch.arange(num_rows, dtype=torch.float64)
+    if num_rows > offset:
+        positions[offset:] = positions_fn(num_rows - offset) + offset
+    table = sinusoid_table(positions, dim)
+    for row in padding_rows:
+        if row < num_rows:
+            table[row] = 0
+    return table
+
+
+class ScaledSinusoidRows:
+    """Picklable stand-in for a sinusoidal module's ``get_embedding``: rows it regrows stay scaled.
+
+    Args:
+        offset: table row of position 0.
+        padding_rows: rows kept at zero.
+        factor: s as an exact fraction.
+        method: the registered ``"sinusoidal"`` method that maps p to the evaluated position.
+    """
+
+    def __init__(self, offset: int, padding_rows: tuple[int, ...], factor: Fraction, method: str) -> None:
+        self.offset, self.padding_rows, self.factor, self.method = offset, padding_rows, factor, method
+
+    def __call__(self, num_embeddings: int, embedding_dim: int, padding_idx: int | None = None) -> torch.Tensor:
+        compute = get_method(self.method, "sinusoidal").compute
+        table = scaled_sinusoid_rows(
+            num_embeddings, embedding_dim, self.offset, self.padding_rows, lambda n: compute(n, self.factor, None)
+        )
+        return table.to(torch.get_default_dtype())
 
 
 @register_method(

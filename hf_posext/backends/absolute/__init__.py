@@ -1,5 +1,5 @@
 """The absolute-position backend: learned tables, sinusoidal encodings and ALiBi length limits
-(surgery in :mod:`hf_posext.backends.absolute.surgery`)."""
+(sites: where they are; plan: the changes; surgery: patch, unpatch, describe, load)."""
 
 from __future__ import annotations
 

@@ -23,7 +23,6 @@ import dataclasses
 import functools
 import json
 import os
-import types
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Iterator
@@ -43,6 +42,13 @@ from hf_posext.backends.rope.sites import (
     rope_parameters,
     set_rope_parameters,
     window_attribute,
+)
+from hf_posext.backends.saving import (
+    check_tokenizer,
+    install_save_pretrained,
+    remove_save_pretrained,
+    restore_tokenizer_lengths,
+    set_tokenizer_lengths,
 )
 from hf_posext.core.errors import check_model
 from hf_posext.core.loading import config_kwargs, model_class_for
@@ -256,10 +262,7 @@ def patch_rope(model: nn.Module, request: ScalingRequest, *, tokenizer: Any = No
     scale = resolve_factor(request.factor, request.target_length, window)
     scaling = ScalingConfig(spec.name, scale, window, kept_method_parameters(main_site.current[main_type], spec.name, request.params_dict))
     new_modules = [build_rotary_module(site, scaling) for site in sites]
-    if tokenizer is not None and not isinstance(getattr(tokenizer, "model_max_length", None), int):
-        raise TypeError(
-            f"tokenizer= must be a transformers tokenizer (with an int model_max_length), got {type(tokenizer).__name__}."
-        )
+    check_tokenizer(tokenizer)
 
     # Work out every config change before touching the model.
     planned, scale_changes = _plan_configs(model, sites, new_modules, scaling, previous)
@@ -290,11 +293,11 @@ def patch_rope(model: nn.Module, request: ScalingRequest, *, tokenizer: Any = No
         _set_scales(previous.scale_changes if previous else [], patched=True)
         raise
     state = _PatchState(scaling, sites, new_modules, snapshots, stock_loadable, scale_changes=scale_changes)
-    state.tokenizers = _set_tokenizer_lengths(previous, tokenizer, scaling.target_length)
+    state.tokenizers = set_tokenizer_lengths(previous.tokenizers if previous else [], tokenizer, scaling.target_length)
     model.__dict__[_STATE_ATTRIBUTE] = state
     if any(module.is_dynamic for module in new_modules):
         _install_generate_wrapper(model, state)
-    model.__dict__["save_pretrained"] = types.MethodType(_save_with_serving_check, model)
+    install_save_pretrained(model, _complete_saved_config)
     return model
 
 
@@ -303,28 +306,12 @@ def _set_scales(changes: list[ScaleChange], patched: bool) -> None:
         change.module.scaling = change.patched if patched else change.original
 
 
-def _set_tokenizer_lengths(previous: _PatchState | None, tokenizer: Any, length: int) -> list[tuple[Any, Any]]:
-    """Give the tokenizers of this patch (the new one, else the previous patch's) ``model_max_length`` = ``length``.
-
-    Returns (tokenizer, its length before any patch) pairs, for ``unpatch``.
-    """
-    kept = list(previous.tokenizers) if previous is not None else []
-    if tokenizer is not None:
-        for tok, value in kept:
-            tok.model_max_length = value
-        kept = [(tokenizer, tokenizer.model_max_length)]
-    for tok, _ in kept:
-        tok.model_max_length = length
-    return kept
-
-
-def _save_with_serving_check(self: nn.Module, save_directory: str | os.PathLike, *args: Any, **kwargs: Any) -> Any:
-    """``save_pretrained``, then the legacy RoPE fields that transformers 4.x needs, in the form every
+def _complete_saved_config(model: nn.Module, save_directory: str) -> None:
+    """After ``save_pretrained``: the legacy RoPE fields that transformers 4.x needs, in the form every
     transformers reads alike (:func:`~hf_posext.core.saved_config.plain_save_legacy_fields`); a warning with
     the fix when no such form exists and 4.x would read the folder as another model."""
-    result = type(self).save_pretrained(self, save_directory, *args, **kwargs)
-    path = os.path.join(os.fspath(save_directory), "config.json")
-    if kwargs.get("is_main_process", True) and os.path.isfile(path):
+    path = os.path.join(save_directory, "config.json")
+    if os.path.isfile(path):
         with open(path) as file:
             saved = json.load(file)
         completed = plain_save_legacy_fields(saved)
@@ -337,9 +324,8 @@ def _save_with_serving_check(self: nn.Module, save_directory: str | os.PathLike,
                 "legacy fields, transformers 5 could not resume a Trainer run from it): transformers 4.x and the "
                 "runtimes built on it load this model unscaled, with their default rope_theta; for them run `hf-posext export SAVED_DIR --for "
                 "transformers --out NEW_DIR` (or --for vllm / sglang / llama.cpp), see docs/serving.md",
-                stacklevel=2,
+                stacklevel=3,  # the caller of save_pretrained
             )
-    return result
 
 
 def unpatch_rope(model: nn.Module) -> nn.Module:
@@ -357,10 +343,9 @@ def unpatch_rope(model: nn.Module) -> nn.Module:
     for config, snapshot in state.config_snapshots:
         restore_config(config, snapshot)
     _set_scales(state.scale_changes, patched=False)
-    for tokenizer, value in state.tokenizers:
-        tokenizer.model_max_length = value
+    restore_tokenizer_lengths(state.tokenizers)
     _remove_generate_wrapper(model, state)
-    model.__dict__.pop("save_pretrained", None)
+    remove_save_pretrained(model)
     del model.__dict__[_STATE_ATTRIBUTE]
     return model
 

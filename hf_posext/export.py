@@ -21,8 +21,7 @@ from typing import Any
 
 from hf_posext.core.errors import DamagedFileError
 from hf_posext.core.loading import check_weight_files
-from hf_posext.core.files import refuse_non_empty_folder, staged_folder
-from hf_posext.core.paths import check_output_folder
+from hf_posext.core.files import check_output_folder, refuse_non_empty_folder, staged_folder
 from hf_posext.core.saved_config import (
     flat_rope_parameters,
     set_tokenizer_max_length,

@@ -15,7 +15,7 @@ from hf_posext.adapters.base_weights import check_base_weights
 from hf_posext.adapters.peft_format import copy_into_base, is_old_format, load_trainable_extras
 from hf_posext.adapters.record import ADAPTER_WEIGHTS, PEFT_KEY_PREFIX
 from hf_posext.adapters.verify import check_adapter
-from hf_posext.core.files import refuse_non_empty_folder, staged_folder
+from hf_posext.core.files import check_output_folder, refuse_non_empty_folder, staged_folder
 
 __all__ = ["apply_adapter", "load_adapted_model", "save_merged"]
 
@@ -136,7 +136,6 @@ def save_merged(base_model: str, folder: str | os.PathLike, out: str | os.PathLi
         AdapterMismatchError, AdapterFileError, FileNotFoundError, RecordError: see :func:`load_adapted_model`.
     """
     from hf_posext.api import describe
-    from hf_posext.core.paths import check_output_folder
     from hf_posext.models import load_tokenizer
 
     out = Path(out)

@@ -29,8 +29,7 @@ from hf_posext.api import describe, load, patch
 from hf_posext.cli import adapter_command, export_command, inspect_command
 from hf_posext.cli.scaling_arguments import add_scaling_arguments, request_from_arguments
 from hf_posext.core.errors import run_reporting_errors
-from hf_posext.core.files import staged_folder
-from hf_posext.core.paths import check_output_folder
+from hf_posext.core.files import check_output_folder, staged_folder
 from hf_posext.core.request import parse_param_items
 from hf_posext.evaluation import cli as evaluation_cli
 from hf_posext.integrations.lm_eval import cli as lm_eval_cli

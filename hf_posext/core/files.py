@@ -7,7 +7,8 @@ first's rename takes the second's temporary away and the second stops on ``[Errn
 
 A folder (a merged model, an exported model, a converted adapter) is written into a staged folder beside its
 destination and moved there in one rename (:func:`staged_folder`): a reader sees the old folder or the new one,
-never a mix, and a failure leaves the destination as it was.
+never a mix, and a failure leaves the destination as it was. Where a command writes is checked before anything is
+loaded or written (:func:`check_output_folder`, :func:`refuse_non_empty_folder`).
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from hf_posext.core.paths import replace_folder
-
-__all__ = ["atomic_path", "write_text_atomic", "write_json_atomic", "staged_folder", "refuse_non_empty_folder"]
+__all__ = [
+    "atomic_path", "write_text_atomic", "write_json_atomic", "check_output_folder", "refuse_non_empty_folder",
+    "replace_folder", "staged_folder",
+]
 
 
 def _plain_mode(directory: bool = False) -> int:
@@ -74,6 +76,19 @@ def write_json_atomic(path: str | os.PathLike, data: Any, *, indent: int | None 
     write_text_atomic(path, text + ("\n" if final_newline else ""))
 
 
+def replace_folder(staged: str | os.PathLike, out: str | os.PathLike) -> None:
+    """Put the finished folder ``staged`` at ``out`` in one rename, replacing a folder there (a reader sees the old
+    folder or the new one, never a mix); ``staged`` must sit on the same file system (beside ``out``)."""
+    staged, out = Path(staged), Path(out)
+    if out.exists():
+        trash = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.old-"))
+        os.replace(out, trash / "old")
+        os.replace(staged, out)
+        shutil.rmtree(trash)
+    else:
+        os.replace(staged, out)
+
+
 @contextmanager
 def staged_folder(out: str | os.PathLike, *, merge: bool = False) -> Iterator[Path]:
     """A new folder beside ``out`` to write into; when the block succeeds it becomes ``out``.
@@ -103,6 +118,30 @@ def staged_folder(out: str | os.PathLike, *, merge: bool = False) -> Iterator[Pa
             replace_folder(staged, out)
     finally:
         shutil.rmtree(staged, ignore_errors=True)
+
+
+def check_output_folder(path: str | os.PathLike, option: str = "--out", what: str = "the output") -> None:
+    """Refuse an output folder that cannot be created or written into as a folder.
+
+    Args:
+        path: the folder a command will write (it may not exist yet).
+        option: how the user gave it (``--out``, ``output.dir``), named in the message.
+        what: what goes there, for the message (``the results``, ``the model``).
+
+    Raises:
+        ValueError: ``path`` is a file, or a folder above it is a file (so it cannot be created).
+    """
+    path = Path(path).expanduser()
+    if path.is_file():
+        raise ValueError(f"{option} {path} is a file; give a folder for {what} (new or existing).")
+    for parent in path.absolute().parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ValueError(
+                    f"{option} {path} cannot be created: {parent} is a file, not a folder. Give an {option} "
+                    f"path under a folder (or move {parent} away)."
+                )
+            return
 
 
 def refuse_non_empty_folder(out: str | os.PathLike, *, overwrite: bool = False, fix: str = "pass --overwrite") -> None:

@@ -22,8 +22,7 @@ import re
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from hf_posext.core.files import write_text_atomic
-from hf_posext.core.paths import check_output_folder
+from hf_posext.core.files import check_output_folder, write_text_atomic
 from hf_posext.evaluation.html_report import write_html
 from hf_posext.evaluation.labels import model_name, short_label
 from hf_posext.evaluation.paired import comparison_tables

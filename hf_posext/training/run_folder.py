@@ -16,9 +16,8 @@ from typing import Any
 
 import torch
 
-from hf_posext.core.files import write_text_atomic
+from hf_posext.core.files import check_output_folder, write_text_atomic
 from hf_posext.core.locks import LOCK_NAME
-from hf_posext.core.paths import check_output_folder
 from hf_posext.training.checkpoints import (
     CHECKSUMS_FILE, RUN_FILE, checkpoint_step, find_latest_checkpoint, read_run_info, verify_for_resume,
 )

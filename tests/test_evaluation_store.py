@@ -1,6 +1,9 @@
 """The results store: the same text named by another path form is the same run (one file, its cells kept)."""
 
+import json
 import os
+
+import pytest
 
 from hf_posext.evaluation.store import ResultStore, equivalent_run_configs
 
@@ -59,4 +62,63 @@ def test_a_save_writes_through_a_temporary_file_of_its_own(tmp_path):
     store.path.with_suffix(".json.tmp").mkdir(parents=True)  # the shared name, taken
     store.put("a", {"length": 64})
     assert '"a": {' in store.path.read_text()
+    store.close()  # its writer lock file goes with it
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == sorted([store.path.name, store.path.with_suffix(".csv").name])
+
+
+def _other_process_writing(out, task: str, run_config: dict) -> "subprocess.Popen":
+    """Another process whose store writes ``task``'s results file in ``out`` (held until killed)."""
+    import subprocess
+    import sys
+
+    script = ("import json, sys, time\nfrom hf_posext.evaluation.store import ResultStore\n"
+              "store = ResultStore(sys.argv[1], sys.argv[2], json.loads(sys.argv[3]))\n"
+              "store.put('theirs', {'method': 'none', 'factor': 1.0, 'length': 64})\nprint('writing', flush=True)\ntime.sleep(600)\n")
+    process = subprocess.Popen([sys.executable, "-c", script, str(out), task, json.dumps(run_config)],
+                               stdout=subprocess.PIPE, text=True)
+    assert process.stdout.readline().strip() == "writing"
+    return process
+
+
+def test_a_second_writer_of_one_results_file_is_refused_before_it_starts(tmp_path):
+    """Two writers of one results file would each keep the cells they read at their start: the second (another
+    process, or another store in this one) is refused, naming the file and the holder; a reader is not."""
+    from hf_posext.core.locks import FolderBusyError
+
+    config = {"model": "tiny", "seed": 0}
+    process = _other_process_writing(tmp_path, "demo", config)
+    try:
+        with pytest.raises(FolderBusyError, match=rf"demo-tiny-\w+\.json is being written by another run \(pid "
+                                                  rf"{process.pid} on .*\); two writers of one results file") as error:
+            ResultStore(tmp_path, "demo", config)
+        assert "\n" not in str(error.value)
+        assert ResultStore(tmp_path, "demo", config, write=False).has("theirs")  # reading needs no lock
+        assert ResultStore(tmp_path, "demo", {**config, "seed": 1}).path.name.startswith("demo-tiny-")  # another file
+    finally:
+        process.kill()
+        process.wait()
+    store = ResultStore(tmp_path, "demo", config)  # a killed writer releases the file
+    assert store.has("theirs")
+    with pytest.raises(FolderBusyError, match="is being written by another run"):
+        ResultStore(tmp_path, "demo", config)  # a second store in the same process
+    store.put("mine", {"method": "none", "factor": 1.0, "length": 128})
+    store.close()
+    again = ResultStore(tmp_path, "demo", config)
+    assert again.has("theirs") and again.has("mine")
+    again.close()
+    store.put("later", {"method": "none", "factor": 1.0, "length": 256})  # a save after close takes the lock again, or is refused
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".lock")] or store._lock is not None
+    store.close()
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".lock")]  # a closed store leaves no lock file
+
+
+def test_a_refused_writer_leaves_no_new_folder(tmp_path):
+    from hf_posext.core.locks import FolderBusyError
+
+    out = tmp_path / "new"
+    first = ResultStore(out, "needle", {"model": "tiny"})
+    first.put("a", {"method": "none", "factor": 1.0, "length": 64})
+    with pytest.raises(FolderBusyError):
+        ResultStore(out, "needle", {"model": "tiny"})
+    first.close()
+    assert sorted(p.suffix for p in out.iterdir()) == [".csv", ".json"]

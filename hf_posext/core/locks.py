@@ -22,10 +22,12 @@ import re
 import shlex
 import socket
 import sys
+import weakref
 from pathlib import Path
 from typing import IO, Callable, Iterator
 
-__all__ = ["FolderBusyError", "LOCK_NAME", "hold_folder", "hold_folder_on_main", "hold_parts", "folder_holder", "lock_name"]
+__all__ = ["FolderBusyError", "LOCK_NAME", "FileWriterLock", "hold_folder", "hold_folder_on_main", "hold_parts", "folder_holder",
+           "lock_name", "lock_file_writer"]
 
 #: The lock file a writing run holds in its folder while it runs (its line says who holds it).
 LOCK_NAME = ".hf-posext.lock"
@@ -152,6 +154,55 @@ def hold_folder_on_main(stack: contextlib.ExitStack, folder: str | os.PathLike, 
     refusal = next((text for text in share(refusal) if text), "")
     if refusal:
         raise FolderBusyError(refusal)
+
+
+class FileWriterLock:
+    """The lock one writer of a file holds (:func:`lock_file_writer`) until :meth:`release` (or until it is
+    garbage-collected, or its process ends)."""
+
+    def __init__(self, path: Path, handle: IO[str] | None) -> None:
+        self.path = path
+        self._handle = handle
+        self._finalizer = weakref.finalize(self, _release, path, handle)
+
+    @property
+    def held(self) -> bool:
+        return self._finalizer.alive
+
+    def release(self) -> None:
+        """Give the lock up (its lock file removed); again: nothing."""
+        self._finalizer()
+
+
+def _release(path: Path, handle: IO[str] | None) -> None:
+    if handle is None:
+        return
+    path.unlink(missing_ok=True)  # while still held, as hold_folder does
+    handle.close()
+
+
+def lock_file_writer(path: str | os.PathLike, option: str = "--out", what: str = "the results") -> FileWriterLock:
+    """Take the writer's lock of the file ``path`` (a lock file beside it): one writer of a file at a time, in any
+    process. ``flock`` locks are per open file, so a second writer is refused even in the same process.
+
+    Raises:
+        FolderBusyError: another writer holds it; the message names the file, the holder and the fix.
+    """
+    path = Path(path).expanduser()
+    lock = path.parent / lock_name(f"file {path.name}")
+    if fcntl is None:
+        return FileWriterLock(lock, None)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle = _locked(lock)
+    if handle is None:
+        holder = folder_holder(path.parent, f"file {path.name}") or "another process"
+        raise FolderBusyError(f"{path} is being written by another run ({holder}); two writers of one results file would "
+                              f"lose each other's cells: wait for it to finish, or give another {option} for {what}.")
+    handle.seek(0)
+    handle.truncate()
+    handle.write(_holder_line() + "\n")
+    handle.flush()
+    return FileWriterLock(lock, handle)
 
 
 def _locked(path: Path) -> IO[str] | None:

@@ -136,8 +136,14 @@ def run_grid(
         description: progress bar label.
         unit_name: what a unit is (``"trial"``, ``"window"``), for log lines.
     """
-    job = _Job(evaluate, aggregate, store, dist or Distributed(), batch_size, reuse_identical, progress, description,
-               unit_name)
+    try:
+        return _run_grid(model, methods, lengths, factor, plan, store, _Job(
+            evaluate, aggregate, store, dist or Distributed(), batch_size, reuse_identical, progress, description, unit_name))
+    finally:
+        store.close()  # the file's writer lock: another run may write it now
+
+
+def _run_grid(model, methods, lengths, factor, plan, store: ResultStore, job: "_Job") -> ResultStore:
     original_window = describe(model).original_window
     weights = weights_fingerprint(model)  # before any method patches a learned position table
     # cells written before every element was hashed are checked against the sampled hash they carry

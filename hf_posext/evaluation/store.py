@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _datetime
 import json
 import os
@@ -77,6 +78,11 @@ class ResultStore:
     The file name is ``{task}-{model}-{hash of the run config}.json``: the same command finds its own
     file again and skips the cells already in it; a different model, text or seed writes a new file.
     Methods and lengths are cells, not config, so adding a method to a finished run only computes it.
+
+    One writer per file: a store that writes holds the file's writer lock (:func:`hf_posext.core.locks.lock_file_writer`)
+    from before it reads the file until :meth:`close` (``run_grid`` closes it when it ends; a later save takes the lock
+    again), so that a second writer of the same file, in this process or another, is refused before it starts instead
+    of dropping the first one's cells.
     """
 
     def __init__(self, out_dir: str | os.PathLike, task: str, run_config: dict[str, Any], *, overwrite: bool = False, write: bool = True) -> None:
@@ -90,11 +96,22 @@ class ResultStore:
                 if self._path_for(task, other).exists():
                     self.path, run_config = self._path_for(task, other), other
                     break
+        self._lock = None
+        created = not self.out_dir.exists()
+        if write:
+            self._take_lock()
         self.data: dict[str, Any] = {"task": task, "config": run_config, "versions": versions(), "cells": {}, "runs": []}
         if self.path.exists() and not overwrite:
             from hf_posext.evaluation.results_files import read_results_file
 
-            previous = read_results_file(self.path)  # a damaged file is named, never reused or silently replaced
+            try:
+                previous = read_results_file(self.path)  # a damaged file is named, never reused or silently replaced
+            except BaseException:
+                self.close()
+                if created:
+                    with contextlib.suppress(OSError):
+                        self.out_dir.rmdir()
+                raise
             self.data["cells"] = previous["cells"]
             self.data["runs"] = previous.get("runs", [])
             if previous.get("partial"):
@@ -104,6 +121,30 @@ class ResultStore:
         # run keeps its own versions, and each cell the index of the run that computed it.
         self.data["runs"].append({"started": _datetime.datetime.now().isoformat(timespec="seconds"), "seconds": None,
                                   "versions": self.data["versions"]})
+
+    def _take_lock(self) -> None:
+        from hf_posext.core.locks import lock_file_writer
+
+        created = not self.out_dir.exists()
+        try:
+            self._lock = lock_file_writer(self.path)
+        except BaseException:
+            if created:  # a refused writer leaves no folder behind
+                with contextlib.suppress(OSError):
+                    self.out_dir.rmdir()
+            raise
+
+    def close(self) -> None:
+        """Give up the file's writer lock (the store stays readable; a later save takes the lock again)."""
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+    def __enter__(self) -> "ResultStore":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
 
     def _path_for(self, task: str, run_config: dict[str, Any]) -> Path:
         key = stable_digest(run_config, length=8, algorithm="sha1")
@@ -147,6 +188,8 @@ class ResultStore:
         if not self.write:
             return
         self.out_dir.mkdir(parents=True, exist_ok=True)
+        if self._lock is None:  # closed before: one writer at a time still
+            self._take_lock()
         write_text_atomic(self.path, json.dumps(self.data, indent=1, default=str))
         from hf_posext.evaluation.report import write_csv
 

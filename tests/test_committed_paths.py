@@ -1,5 +1,6 @@
 """Committed files name no path of the machine they were written on: no home-folder path (a cache, an output folder)
-anywhere users read, and no absolute path as the base model that a committed adapter or run claims."""
+anywhere users read, no temporary or workspace folder (/tmp/..., /work/...) in the docs and committed results, and no
+absolute path as the base model that a committed adapter or run claims."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ REPO = Path(__file__).resolve().parent.parent
 HOME_PATH = re.compile(r"(?<![\w./-])/(?:root|home/[\w.-]+|Users/[\w.-]+)/")
 #: An absolute path of a machine (a home folder, a temporary folder, this workspace).
 MACHINE_PATH = re.compile(r"^(?:/(?:root|home|Users|tmp|private|work|var|mnt)/|[A-Za-z]:\\)")
+#: A temporary folder or this workspace where a path starts (not inside a longer path, a URL or after $TMPDIR).
+SCRATCH_PATH = re.compile(r"(?<![\w./$-])/(?:tmp|work)/")
 
 
 def committed(*patterns: str) -> list[Path]:
@@ -48,3 +51,39 @@ def test_no_committed_adapter_or_run_claims_a_machine_path_as_its_base():
     bad = [f"{path.relative_to(REPO)}: {field} {value!r}" for path, field, value in claims
            if isinstance(value, str) and MACHINE_PATH.match(value)]
     assert claims and not bad, "\n".join(bad)
+
+
+def _read_by_users_or_results(path: Path) -> bool:
+    """Docs (every Markdown file, docs/, recipes/, eval/) and committed results (bench/results/); not code, whose
+    defaults (TMPDIR or /tmp) are what it does."""
+    name = path.relative_to(REPO).as_posix()
+    if name.endswith((".py", ".sh")):
+        return False
+    return name.endswith(".md") or name.startswith(("docs/", "recipes/", "eval/", "bench/results/", "data/"))
+
+
+def test_no_doc_or_committed_result_names_a_temporary_or_workspace_folder():
+    """A results file, a run history or a doc that names /tmp/x or /work/x names a folder of the machine it ran on
+    (data read from /work/shared/data/books is the repository's data/books; a scratch tree is $TMPDIR/x)."""
+    found = []
+    for path in committed():
+        if not _read_by_users_or_results(path):
+            continue
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+        found += [f"{path.relative_to(REPO)}:{text.count(chr(10), 0, m.start()) + 1}: {text[m.start():m.start() + 40]!r}"
+                  for m in SCRATCH_PATH.finditer(text)]
+    assert not found, ("temporary or workspace paths (write data/books, a path relative to the repository, or "
+                       "$TMPDIR/...):\n" + "\n".join(found[:40]))
+
+
+def test_the_scan_finds_what_it_guards():
+    assert SCRATCH_PATH.search('"data": "/work/shared/data/books"') and SCRATCH_PATH.search("--out /tmp/x")
+    assert not SCRATCH_PATH.search("$TMPDIR/x https://example.org/tmp/x data/work/x")
+
+
+def test_committed_results_stay_valid_json():
+    for path in committed("bench/results/*.json"):
+        json.loads(path.read_text(encoding="utf-8"))

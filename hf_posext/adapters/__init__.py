@@ -33,7 +33,6 @@ loads), :mod:`~hf_posext.adapters.peft_format` (trained modules as PEFT ``module
 :mod:`hf_posext.cli.adapter_command`.
 """
 
-
 from hf_posext.adapters.base_weights import base_weights_fingerprints, check_base_weights, same_base_model
 from hf_posext.adapters.convert import check_convert_destination, convert_adapter, finish_adapter_folder
 from hf_posext.adapters.loading import apply_adapter, load_adapted_model, save_merged

@@ -15,7 +15,7 @@ import torch
 pytest.importorskip("lm_eval")
 
 import hf_posext  # noqa: E402
-from hf_posext.integrations.lm_eval.model import PosextHFLM  # noqa: E402
+from hf_posext.integrations.lm_eval.model import PosextHFLM, parse_posext_args  # noqa: E402
 from hf_posext.models import tiny_model  # noqa: E402
 from tests.conftest import transformers_major  # noqa: E402
 
@@ -203,3 +203,14 @@ def test_peft_adapter_with_another_factor_names_the_lm_eval_fix(recipe_adapter, 
                                                    r"posext=yarn:factor=4 \(or leave posext= out") as error:
         PosextHFLM(pretrained=str(TINY_MODEL), peft=str(recipe_adapter), device="cpu", **spelling)
     assert "--methods" not in str(error.value) and "--factor" not in str(error.value) and "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("yarn+string", r"^posext= 'yarn\+string': method=yarn\+string needs the size of its frequency part"),
+    ("yarn", r"^posext= 'yarn': method=yarn needs its size"),
+    ("yarn+self-extend:factor=4", r"^posext= 'yarn\+self-extend:factor=4': .*yarn\+self-extend:factor=4:self-extend.group_size=4"),
+])
+def test_a_request_without_its_size_names_the_model_argument(text, message):
+    with pytest.raises(ValueError, match=message) as error:
+        parse_posext_args({"posext": text, "pretrained": "x"})
+    assert "\n" not in str(error.value)

@@ -94,7 +94,7 @@ def parse_posext_args(model_args: dict[str, Any], *, sized: bool = True) -> tupl
         text = model_args[POSEXT_ARGUMENT]
         rest = {key: value for key, value in model_args.items() if key != POSEXT_ARGUMENT}
         request = parse_request("none" if text is None else str(text), where=f"{POSEXT_ARGUMENT}=")
-        return (request.require_size() if sized else request), rest
+        return (_sized(request, text) if sized else request), rest
     request, rest = ScalingRequest.from_model_args(model_args, sized=sized)
     if request is not None:
         warn_at_caller(f"{POSEXT_PREFIX}method=... is deprecated and will be removed: write "
@@ -114,6 +114,14 @@ def _with_lm_eval_fix(message: str, record: Any) -> str:
     return (f"{head}: pass {POSEXT_ARGUMENT}={trained} (or leave {POSEXT_ARGUMENT}= out to take the adapter's; an "
             f"attention-level method may be stacked on it without a factor: {POSEXT_ARGUMENT}={record.method}+string), "
             "or train an adapter for that scaling.")
+
+
+def _sized(request: ScalingRequest, text: Any) -> ScalingRequest:
+    """``request.require_size()``, its refusal naming the model argument as given (``posext= 'yarn+string': ...``)."""
+    try:
+        return request.require_size()
+    except ValueError as error:
+        raise ValueError(f"{POSEXT_ARGUMENT}= {str(text)!r}: {error}") from None
 
 
 def _prefer_gloo_on_cpu() -> None:
@@ -203,7 +211,8 @@ class PosextHFLM(HFLM):
             self._check_posext_adapter(pretrained, rest["peft"])
         if self.posext_adapter is None and request is not None:
             # without an hf-posext adapter to take it from, a request must carry its size (posext=none needs none)
-            self.posext_request = request.require_size(prefix="" if POSEXT_ARGUMENT in kwargs else POSEXT_PREFIX)
+            self.posext_request = (_sized(request, kwargs[POSEXT_ARGUMENT]) if POSEXT_ARGUMENT in kwargs else
+                                   request.require_size(prefix=POSEXT_PREFIX))
         if isinstance(pretrained, str):
             pretrained = resolve_model_path(pretrained)
             if isinstance(rest.get("tokenizer"), str):

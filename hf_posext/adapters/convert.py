@@ -19,7 +19,7 @@ from hf_posext.adapters.record import (
     AdapterRecord, read_adapter_record,
 )
 from hf_posext.adapters.verify import check_adapter
-from hf_posext.core.files import refuse_non_empty_folder, staged_folder, write_text_atomic
+from hf_posext.core.files import refuse_non_empty_folder, staged_folder, write_json_atomic, write_text_atomic
 from hf_posext.core.integrity import write_manifest
 
 __all__ = ["finish_adapter_folder", "convert_adapter", "check_convert_destination"]
@@ -71,7 +71,7 @@ def convert_adapter(source: str | os.PathLike, out: str | os.PathLike | None = N
         data = json.loads((source / ADAPTER_RECORD).read_text())
         data["version"] = RECORD_VERSION
         data["base_weights"] = fingerprints
-        write_text_atomic(staged / ADAPTER_RECORD, json.dumps(data, indent=1, default=str) + "\n")
+        write_json_atomic(staged / ADAPTER_RECORD, data, indent=1, final_newline=True)
         if model_card is not None:
             write_text_atomic(staged / "README.md", model_card)
         finish_adapter_folder(staged)

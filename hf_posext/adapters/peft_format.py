@@ -3,7 +3,6 @@ back from either format (the PEFT one, or :data:`EXTRAS_FILE` of adapters writte
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -12,7 +11,7 @@ import torch
 
 from hf_posext.adapters.record import ADAPTER_CONFIG, ADAPTER_WEIGHTS, EXTRAS_FILE, PEFT_KEY_PREFIX, peft_config
 from hf_posext.core.errors import RecordError
-from hf_posext.core.files import atomic_path, write_text_atomic
+from hf_posext.core.files import atomic_path, write_json_atomic
 
 __all__ = ["trained_module_names", "write_trained_modules", "saved_extra_names", "is_old_format",
            "load_trainable_extras", "copy_into_base", "is_lora_key", "save_lora_only"]
@@ -96,7 +95,7 @@ def write_trained_modules(folder: str | os.PathLike, extras: dict[str, torch.Ten
         weights[PEFT_KEY_PREFIX + head] = weights[PEFT_KEY_PREFIX + embedding].clone()
     with atomic_path(folder / ADAPTER_WEIGHTS) as staged:
         save_file(weights, str(staged), metadata={"format": "pt"})
-    write_text_atomic(folder / ADAPTER_CONFIG, json.dumps(config, indent=2, sort_keys=True))
+    write_json_atomic(folder / ADAPTER_CONFIG, config, sort_keys=True)
 
 
 def saved_extra_names(folder: str | os.PathLike) -> list[str]:

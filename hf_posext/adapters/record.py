@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from hf_posext.core.errors import DamagedFileError, RecordError
-from hf_posext.core.files import write_text_atomic
+from hf_posext.core.files import write_json_atomic
 from hf_posext.core.integrity import MANIFEST_FILE
 
 __all__ = [
@@ -80,7 +80,7 @@ def write_adapter_record(folder: str | os.PathLike, base_model: str, report: Any
               "params": dict(report.params), "original_window": report.original_window, "current_window": report.current_window}
     if base_weights:
         record["base_weights"] = dict(base_weights)
-    write_text_atomic(path, json.dumps(record, indent=1, default=str) + "\n")
+    write_json_atomic(path, record, indent=1, final_newline=True)
     return path
 
 

@@ -367,3 +367,22 @@ def test_a_saved_scaling_is_reloaded_exactly_as_hf_posext_load_does(tmp_path, fa
     ids = torch.randint(4, 76, (1, 100), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert torch.equal(lm.model(ids).logits, reference(ids).logits)
+
+
+def test_a_second_comparison_into_one_output_file_is_refused_before_any_task_is_built(tiny_dir, tmp_path, monkeypatch):
+    """Each comparison writes its own rows: a second one into the file another is writing would replace them."""
+    from hf_posext.core.locks import FolderBusyError, lock_file_writer
+
+    import lm_eval.tasks
+
+    out = tmp_path / "comparison.json"
+    holder = lock_file_writer(out)  # the first comparison, still running
+    monkeypatch.setattr(lm_eval.tasks, "get_task_dict", lambda *a, **k: pytest.fail("tasks built before the check"))
+    try:
+        with pytest.raises(FolderBusyError, match=r"comparison.json is being written by another run .*give another "
+                                                  r"--out for the comparison") as error:
+            compare_methods(tiny_dir, ["none"], ["posext_tiny_ppl"], include_path=str(TASKS_DIR), output_path=out)
+        assert "\n" not in str(error.value)
+    finally:
+        holder.release()
+    assert not out.exists()

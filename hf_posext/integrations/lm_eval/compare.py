@@ -13,7 +13,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hf_posext.core.files import write_text_atomic
 from hf_posext.core.grammar import format_request, parse_request, split_top_level
+from hf_posext.core.locks import lock_file_writer
 from hf_posext.integrations.lm_eval.launcher import import_harness
 from hf_posext.user_warnings import warn_at_caller
 
@@ -139,44 +141,48 @@ def compare_methods(
         raise ValueError("--fewshot_as_multiturn needs --apply_chat_template (few-shot turns are chat messages).")
     path = resolve_model_path(pretrained)
     check_tokenizer_files(path, pretrained)  # before the tasks (minutes for RULER) and any model are built
-    metadata: dict[str, Any] = {"pretrained": path, "tokenizer": path}
-    if max_seq_lengths:
-        metadata["max_seq_lengths"] = list(max_seq_lengths)
-    task_manager = None
-    if include_path:  # indexing the harness's ~15k built-in tasks takes ~20 s: skip it when not needed
-        local = TaskManager(include_path=include_path, include_defaults=False, metadata=metadata)
-        if all(task in local.all_tasks for task in tasks):
-            task_manager = local
-    if task_manager is None:
-        task_manager = TaskManager(include_path=include_path, metadata=metadata)
-    task_objects = _leaf_tasks(get_task_dict(tasks, task_manager))
-    rows: list[dict[str, Any]] = []
-    reports: dict[str, Any] = {}
-    for spec, posext_args in specs.items():
-        started = time.perf_counter()
-        lm = PosextHFLM(
-            pretrained=path, device=device, batch_size=batch_size, max_length=max_length,
-            **dict(model_args or {}), **posext_args,
-        )
-        results = simple_evaluate(
-            model=lm, tasks=task_objects, limit=limit, batch_size=batch_size, device=device, task_manager=task_manager,
-            apply_chat_template=apply_chat_template, fewshot_as_multiturn=fewshot_as_multiturn, system_instruction=system_instruction,
-        )
-        logger.info("%s done in %.0f s: %s", spec, time.perf_counter() - started, _score_rows(spec, results))
-        rows.extend(_score_rows(spec, results))
-        reports[spec] = {"report": lm.posext_report, "seconds": round(time.perf_counter() - started, 1),
-                         "first_prompt": _first_prompt(results)}
-        del lm, results
-        gc.collect()
-        if output_path is not None:  # after every method: a long comparison keeps what it finished
-            settings = {"pretrained": pretrained, "tasks": tasks, "max_seq_lengths": max_seq_lengths, "limit": limit,
-                        "max_length": max_length, "model_args": model_args, "device": device,
-                        "apply_chat_template": apply_chat_template, "fewshot_as_multiturn": fewshot_as_multiturn,
-                        "system_instruction": system_instruction}
-            Path(output_path).parent.mkdir(parents=True, exist_ok=True)
-            Path(output_path).write_text(
-                json.dumps({"rows": rows, "reports": reports, "settings": settings}, indent=2, default=str)
+    # one writer of the output file at a time: a second comparison into it is refused before any task or model is built
+    writer = lock_file_writer(output_path, "--out", "the comparison") if output_path is not None else None
+    try:
+        metadata: dict[str, Any] = {"pretrained": path, "tokenizer": path}
+        if max_seq_lengths:
+            metadata["max_seq_lengths"] = list(max_seq_lengths)
+        task_manager = None
+        if include_path:  # indexing the harness's ~15k built-in tasks takes ~20 s: skip it when not needed
+            local = TaskManager(include_path=include_path, include_defaults=False, metadata=metadata)
+            if all(task in local.all_tasks for task in tasks):
+                task_manager = local
+        if task_manager is None:
+            task_manager = TaskManager(include_path=include_path, metadata=metadata)
+        task_objects = _leaf_tasks(get_task_dict(tasks, task_manager))
+        rows: list[dict[str, Any]] = []
+        reports: dict[str, Any] = {}
+        for spec, posext_args in specs.items():
+            started = time.perf_counter()
+            lm = PosextHFLM(
+                pretrained=path, device=device, batch_size=batch_size, max_length=max_length,
+                **dict(model_args or {}), **posext_args,
             )
+            results = simple_evaluate(
+                model=lm, tasks=task_objects, limit=limit, batch_size=batch_size, device=device, task_manager=task_manager,
+                apply_chat_template=apply_chat_template, fewshot_as_multiturn=fewshot_as_multiturn, system_instruction=system_instruction,
+            )
+            logger.info("%s done in %.0f s: %s", spec, time.perf_counter() - started, _score_rows(spec, results))
+            rows.extend(_score_rows(spec, results))
+            reports[spec] = {"report": lm.posext_report, "seconds": round(time.perf_counter() - started, 1),
+                             "first_prompt": _first_prompt(results)}
+            del lm, results
+            gc.collect()
+            if output_path is not None:  # after every method: a long comparison keeps what it finished
+                settings = {"pretrained": pretrained, "tasks": tasks, "max_seq_lengths": max_seq_lengths, "limit": limit,
+                            "max_length": max_length, "model_args": model_args, "device": device,
+                            "apply_chat_template": apply_chat_template, "fewshot_as_multiturn": fewshot_as_multiturn,
+                            "system_instruction": system_instruction}
+                write_text_atomic(output_path, json.dumps({"rows": rows, "reports": reports, "settings": settings}, indent=2,
+                                                          default=str))
+    finally:
+        if writer is not None:
+            writer.release()
     return rows
 
 

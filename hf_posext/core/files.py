@@ -27,11 +27,19 @@ __all__ = [
 ]
 
 
-def _plain_mode(directory: bool = False) -> int:
-    """The mode ``open``/``mkdir`` would give under the current umask (read without changing it for long)."""
-    umask = os.umask(0)
+def _umask() -> int:
+    """The process's umask: read from ``/proc`` where there is one (setting it to read it would, for an instant, let
+    another thread create a file any user may write), else set and restored at once."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    umask = os.umask(0o077)
     os.umask(umask)
-    return (0o777 if directory else 0o666) & ~umask
+    return umask
 
 
 @contextmanager
@@ -49,7 +57,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     staged = Path(name)
     try:
         yield staged
-        os.chmod(staged, _plain_mode())
+        os.chmod(staged, 0o666 & ~_umask())  # the mode open() gives; mkstemp gives 0o600
         os.replace(staged, path)
     except BaseException:
         staged.unlink(missing_ok=True)
@@ -106,10 +114,11 @@ def staged_folder(out: str | os.PathLike, *, merge: bool = False) -> Iterator[Pa
     staged = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
     try:
         yield staged
-        os.chmod(staged, _plain_mode(directory=True))
+        umask = _umask()
+        os.chmod(staged, 0o777 & ~umask)
         for path in staged.rglob("*"):
             if not path.is_symlink():
-                os.chmod(path, _plain_mode(directory=path.is_dir()))
+                os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~umask)
         if merge:
             out.mkdir(parents=True, exist_ok=True)
             for entry in staged.iterdir():

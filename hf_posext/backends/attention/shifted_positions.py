@@ -26,6 +26,7 @@ decode step against SDPA.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -268,9 +269,8 @@ def string_split(
     Returns:
         ``[batch, q_len, heads, head_dim]``.
     """
-    batch, heads, q_len, head_dim = query.shape
-    kv_heads, kv_len = key.shape[1], key.shape[2]
-    groups = heads // kv_heads
+    batch, heads, q_len, _ = query.shape
+    kv_len = key.shape[2]
     shift = layer.shifted_offset
     if not fused_attention_with_lse(query, attention_mask):  # calls that write out [rows, keys]: bounded memory
         block = min(block, max(MASKED_QUERY_BLOCK, SCORE_BLOCK_ELEMENTS // max(1, batch * heads * kv_len)))
@@ -281,25 +281,7 @@ def string_split(
     def index(position: int) -> int:
         return min(max(position - first_key_position, 0), kv_len)
 
-    def call(q: torch.Tensor, rows: slice, low: int, high: int, causal: bool = False, band: torch.Tensor | None = None,
-             flip: bool = False):
-        rows_n = rows.stop - rows.start
-        k, v = key[:, :, low:high], value[:, :, low:high]
-        if flip:  # query and key order reversed: a causal call then sees, per query, the keys from its own on
-            k, v = k.flip(2), v.flip(2)
-        mask = None if attention_mask is None else attention_mask[:, :, rows, low:high]
-        if band is not None:
-            mask = band[None, None] if mask is None else mask & band
-        if causal and mask is None and groups > 1:
-            # Causal over the diagonal needs one row per key: repeat its few keys per query head instead.
-            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-            return attention_with_lse(q, k, v, None, scaling, is_causal=True)
-        if mask is not None and groups > 1:
-            mask = mask.expand(batch, 1, rows_n, high - low).repeat(1, 1, groups, 1)
-        q = q.reshape(batch, kv_heads, groups * rows_n, head_dim)
-        output, lse = attention_with_lse(q, k, v, mask, scaling, is_causal=causal and mask is None)
-        return output.reshape(batch, heads, rows_n, head_dim), lse.reshape(batch, heads, rows_n)
-
+    call = functools.partial(_string_call, key, value, attention_mask, scaling)
     outputs = []
     position, last = first_query_position, first_query_position + q_len
     while position < last:
@@ -320,14 +302,49 @@ def string_split(
             parts.append(call(block_shifted, rows, edge, near, band=~exact))
         if edge > 0:
             parts.append(call(block_shifted, rows, 0, edge))
-        if len(parts) == 1:
-            outputs.append(parts[0][0].to(value.dtype))
-        else:
-            lse = torch.stack([p[1] for p in parts]).logsumexp(dim=0)
-            merged = sum(o.float() * torch.nan_to_num(torch.exp(l - lse), nan=0.0)[..., None] for o, l in parts)
-            outputs.append(merged.to(value.dtype))
+        outputs.append(_merged(parts, value.dtype))
         position = b
     return torch.cat(outputs, dim=2).transpose(1, 2).contiguous()
+
+
+def _string_call(key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor | None, scaling: float,
+                 q: torch.Tensor, rows: slice, low: int, high: int, causal: bool = False,
+                 band: torch.Tensor | None = None, flip: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """One fused call of :func:`string_split`: queries ``q`` (the call's rows ``rows``) against keys ``[low, high)``.
+
+    ``causal``: the keys are the queries' own positions; ``band``: a ``[rows, keys]`` bool mask (True = attend);
+    ``flip``: keys in reverse order (with ``causal``, each query sees the keys from its own on).
+
+    Returns:
+        The output ``[batch, heads, rows, head_dim]`` and its log-sum-exp ``[batch, heads, rows]``.
+    """
+    batch, heads, _, head_dim = q.shape
+    kv_heads, rows_n = key.shape[1], rows.stop - rows.start
+    groups = heads // kv_heads
+    k, v = key[:, :, low:high], value[:, :, low:high]
+    if flip:  # query and key order reversed: a causal call then sees, per query, the keys from its own on
+        k, v = k.flip(2), v.flip(2)
+    mask = None if attention_mask is None else attention_mask[:, :, rows, low:high]
+    if band is not None:
+        mask = band[None, None] if mask is None else mask & band
+    if causal and mask is None and groups > 1:
+        # Causal over the diagonal needs one row per key: repeat its few keys per query head instead.
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        return attention_with_lse(q, k, v, None, scaling, is_causal=True)
+    if mask is not None and groups > 1:
+        mask = mask.expand(batch, 1, rows_n, high - low).repeat(1, 1, groups, 1)
+    q = q.reshape(batch, kv_heads, groups * rows_n, head_dim)
+    output, lse = attention_with_lse(q, k, v, mask, scaling, is_causal=causal and mask is None)
+    return output.reshape(batch, heads, rows_n, head_dim), lse.reshape(batch, heads, rows_n)
+
+
+def _merged(parts: list[tuple[torch.Tensor, torch.Tensor]], dtype: torch.dtype) -> torch.Tensor:
+    """The softmax over the whole row from its pieces: ``sum_s o_s * exp(l_s - logsumexp_s l_s)``."""
+    if len(parts) == 1:
+        return parts[0][0].to(dtype)
+    lse = torch.stack([p[1] for p in parts]).logsumexp(dim=0)
+    merged = sum(o.float() * torch.nan_to_num(torch.exp(l - lse), nan=0.0)[..., None] for o, l in parts)
+    return merged.to(dtype)
 
 
 def string_attention(

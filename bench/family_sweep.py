@@ -34,6 +34,7 @@ if not HELP_ONLY:  # `--help` answers without loading torch (tests/test_bench_he
     import torch
     import transformers
 
+    from hf_posext.core.files import write_text_atomic
     from hf_posext.family_sweep.known import problems
     from hf_posext.family_sweep.matrix import render_page
     from hf_posext.family_sweep.sweep import FamilyResult, result_from_dict, sweep_class
@@ -84,7 +85,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog=__doc__.split("\n\n", 1)[1])
     parser.add_argument("--classes", help="comma-separated class names (default: every *ForCausalLM class)")
-    parser.add_argument("--out", type=Path, default=RESULTS / "sweep.json", help="the JSON record (default: %(default)s)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help=f"the JSON record (default: {RESULTS / 'sweep.json'}; with --classes and no --merge, none "
+                             "unless given: a partial sweep never replaces the whole record)")
     parser.add_argument("--docs", type=Path, default=DOCS, help="the generated matrix page (default: %(default)s)")
     parser.add_argument("--no-docs", action="store_true", help="do not rewrite the matrix page (always so with --classes)")
     parser.add_argument("--status", type=Path, help="also write the non-ok findings there, one line each")
@@ -92,28 +95,32 @@ def main(argv: list[str] | None = None) -> int:
                         help="replace only the --classes rows of the existing JSON, and regenerate the page from all rows")
     parser.add_argument("--render-only", action="store_true", help="regenerate the page from the existing JSON; sweep nothing")
     args = parser.parse_args(argv)
+    partial = bool(args.classes) and not args.merge
+    if args.out is None and not partial:
+        args.out = RESULTS / "sweep.json"
     if args.render_only:
         record = json.loads(args.out.read_text())
-        args.docs.write_text(render_page([result_from_dict(row) for row in record["rows"]], record["versions"], COMMAND))
+        write_text_atomic(args.docs, render_page([result_from_dict(row) for row in record["rows"]], record["versions"], COMMAND))
         return 0
     logging.disable(logging.WARNING)
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
     classes = args.classes.split(",") if args.classes else causal_lm_classes()
     results, seconds = run(classes)
-    if args.merge and args.out.exists():
+    if args.merge and args.out is not None and args.out.exists():
         swept = {r.class_name for r in results}
         earlier = [result_from_dict(row) for row in json.loads(args.out.read_text())["rows"] if row["class_name"] not in swept]
         results = sorted(earlier + results, key=lambda r: r.class_name)
     found = [line for result in results for line in problems(result)]
     record = {"versions": versions(), "machine": platform.machine(), "seconds": round(seconds, 1),
               "totals": totals(results), "problems": found, "rows": [dataclasses.asdict(r) for r in results]}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=1) + "\n")
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(args.out, json.dumps(record, indent=1) + "\n")
     if args.status:
-        args.status.write_text("\n".join(status_lines(results)) + "\n")
-    if not (args.no_docs or (args.classes and not args.merge)):
-        args.docs.write_text(render_page(results, versions(), COMMAND))
+        write_text_atomic(args.status, "\n".join(status_lines(results)) + "\n")
+    if not (args.no_docs or partial):
+        write_text_atomic(args.docs, render_page(results, versions(), COMMAND))
     print(json.dumps({"totals": record["totals"], "seconds": record["seconds"]}))
     print("\n".join(found) or "every result as listed in hf_posext/family_sweep/known.py")
     return 1 if found else 0

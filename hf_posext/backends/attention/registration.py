@@ -16,6 +16,7 @@ attention-level cell by the source of that module.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -23,7 +24,13 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from hf_posext.backends.attention.kernels import rotate
+from hf_posext.backends.attention.probe import (
+    PROBE_IMPLEMENTATION,
+    ROTARY_OFFSET_ATTRIBUTE,
+    AttentionLayer,
+    find_attention_layers,
+    register_probe,
+)
 from hf_posext.backends.rope import surgery as rope_surgery
 from hf_posext.core.loading import config_kwargs, model_class_for
 from hf_posext.core.record import CONFIG_KEY, FREQUENCY_FIELD, ScalingReport, restore_config, snapshot_config, text_config
@@ -44,9 +51,6 @@ __all__ = [
     "report",
     "load_unpatched",
 ]
-
-_PROBE_IMPLEMENTATION = "hf_posext_attention_probe"
-
 
 @dataclass(frozen=True)
 class AttentionMethod:
@@ -74,25 +78,6 @@ class AttentionMethod:
     scaled_word: str = "scaled"
 
 
-@dataclass(frozen=True)
-class AttentionLayer:
-    """One attention module an attention-level method drives, with the rotary embedding that feeds it.
-
-    Attributes:
-        path: the module's name in the model. module: the attention module.
-        inv_freq: its rotary inverse frequencies (float64, CPU). rotary_dim: channels carrying RoPE.
-        interleaved: GPT-J pair layout instead of rotate_half halves.
-        scaled: False for a layer type the method leaves alone (Gemma 3 sliding-window layers).
-    """
-
-    path: str
-    module: nn.Module
-    inv_freq: torch.Tensor
-    rotary_dim: int
-    interleaved: bool
-    scaled: bool
-
-
 @dataclass
 class AttentionState:
     """What :func:`install` changed, kept on the model so that :func:`uninstall` puts it back.
@@ -102,6 +87,7 @@ class AttentionState:
         modules: ``(path, module)`` of every attention module carrying per-layer settings.
         config_snapshot: the config fields as they were. swapped_sites: rotary sites whose module was swapped.
         max_positions: ``max_position_embeddings`` before patching (None when not an integer).
+        position_free: paths of the attention modules whose q and k carry no rotary position (NoPE layers).
     """
 
     settings: Any
@@ -110,6 +96,7 @@ class AttentionState:
     config_snapshot: dict[str, Any]
     swapped_sites: list[Any]
     max_positions: int | None
+    position_free: tuple[str, ...] = ()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -124,16 +111,31 @@ def register(method: AttentionMethod | None = None) -> None:
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
 
-    if _PROBE_IMPLEMENTATION not in _REGISTERED:
-        AttentionInterface.register(_PROBE_IMPLEMENTATION, _probe_attention)
-        AttentionMaskInterface.register(_PROBE_IMPLEMENTATION, sdpa_mask)
-        _REGISTERED.add(_PROBE_IMPLEMENTATION)
+    if PROBE_IMPLEMENTATION not in _REGISTERED:
+        register_probe()
+        _REGISTERED.add(PROBE_IMPLEMENTATION)
     if method is None or method.name in _REGISTERED:
         return
+    attention = _rotary_channels_first(method.attention)
     for mask_kind, name in method.implementations.items():
-        AttentionInterface.register(name, method.attention)
+        AttentionInterface.register(name, attention)
         AttentionMaskInterface.register(name, eager_mask if mask_kind == "eager" else sdpa_mask)
     _REGISTERED.add(method.name)
+
+
+def _rotary_channels_first(attention: Callable[..., Any]) -> Callable[..., Any]:
+    """``attention`` for modules whose rotary channels come last (latent attention): the same channel
+    permutation on q and k puts them first, as the kernels expect; dot products and the output are unchanged.
+    Wrapped so that the function keeps its module and name (the evaluation fingerprints cells by them)."""
+
+    @functools.wraps(attention)
+    def call(module, query, key, value, *args, **kwargs):
+        offset = getattr(module, ROTARY_OFFSET_ATTRIBUTE, 0)
+        if offset:
+            query, key = query.roll(-offset, dims=-1), key.roll(-offset, dims=-1)
+        return attention(module, query, key, value, *args, **kwargs)
+
+    return call
 
 
 def call_settings(module: nn.Module, query: torch.Tensor, scaling: float | None, kwargs: dict[str, Any], *,
@@ -166,189 +168,6 @@ def plain_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
-
-
-# --------------------------------------------------------------------------------------------------
-# Finding the attention modules: does attention go through the registry, with q/k rotated as the
-# rotary module says?
-# --------------------------------------------------------------------------------------------------
-
-_PROBE_RECORD: list[tuple[nn.Module, torch.Tensor, torch.Tensor, bool]] | None = None
-
-
-def _probe_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-    if _PROBE_RECORD is not None:
-        _PROBE_RECORD.append((module, query.detach().float().clone(), key.detach().float().clone(),
-                              kwargs.get("s_aux") is not None))
-    kwargs.pop("softcap", None)
-    return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
-
-
-def _record_attention(model: nn.Module, positions: torch.Tensor) -> list[tuple[nn.Module, torch.Tensor, torch.Tensor, bool]]:
-    global _PROBE_RECORD
-    device = next(model.parameters()).device
-    ids = (torch.arange(positions.shape[1]) % max(2, int(getattr(model.config, "vocab_size", 2) or 2))).to(device)[None]
-    _PROBE_RECORD = []
-    try:
-        with torch.no_grad():
-            model(input_ids=ids, position_ids=positions.to(device), use_cache=False)
-        return _PROBE_RECORD
-    finally:
-        _PROBE_RECORD = None
-
-
-def _close(a: torch.Tensor, b: torch.Tensor, tol: float) -> bool:
-    scale = max(float(b.abs().max()), 1e-6)
-    return float((a - b).abs().max()) <= tol * scale
-
-
-def _unsupported(model: nn.Module, reason: str, label: str) -> ValueError:
-    from hf_posext.core.errors import UnsupportedModelError
-
-    return UnsupportedModelError(
-        f"{label} cannot be applied to {type(model).__name__}: {reason}. It needs a RoPE model whose "
-        "attention modules call transformers' attention-function registry with rotated q and k (Llama, "
-        "Mistral, Qwen, Gemma, Phi, GPT-NeoX, GPT-J... in transformers 5.x); use a frequency method such "
-        "as 'yarn' for this model."
-    )
-
-
-def _probe(model: nn.Module, rotary: dict[str, tuple[torch.Tensor, int, bool, bool]], names: dict[int, str], label: str) -> list[nn.Module]:
-    """Check, with two tiny forwards, that every attention call goes through the registry with q/k
-    rotated by the frequencies found (``rotary``: path -> inv_freq, rotary_dim, interleaved, scaled);
-    returns the attention modules in call order. Restores the model."""
-    original = model.config._attn_implementation
-    was_training = model.training
-    model.eval()
-    length, shift = 6, 5
-    try:
-        model.set_attn_implementation(_PROBE_IMPLEMENTATION)
-        if model.config._attn_implementation != _PROBE_IMPLEMENTATION:
-            raise ValueError("set_attn_implementation had no effect")
-        first = _record_attention(model, torch.arange(length)[None])
-        second = _record_attention(model, torch.arange(length)[None] + shift)
-    except Exception as error:
-        raise _unsupported(model, f"its attention could not be routed through transformers' AttentionInterface ({error})", label) from error
-    finally:
-        model.set_attn_implementation(original)
-        model.train(was_training)
-    if not first or len(first) != len(second):
-        raise _unsupported(model, "its attention modules do not call the AttentionInterface registry", label)
-    sinks = sorted({names.get(id(module), type(module).__name__) for module, *_, has_sinks in first if has_sinks})
-    if sinks:
-        raise _unsupported(model, f"its attention in {sinks[0]}{' and others' if len(sinks) > 1 else ''} adds learned "
-                                  "attention sinks (s_aux), which the split and chunked kernels cannot apply", label)
-    modules = []
-    dtype = next(model.parameters()).dtype
-    tol = 1e-3 if dtype == torch.float32 else 3e-2
-    checked_types = set()
-    for (module, q1, k1, _), (module2, q2, k2, _) in zip(first, second):
-        if module is not module2:
-            raise _unsupported(model, "its attention modules are called in a different order on each forward", label)
-        if id(module) not in names:
-            raise _unsupported(model, f"an attention call came from {type(module).__name__}, which is not a submodule", label)
-        if module not in modules:
-            modules.append(module)
-        entry = rotary.get(names[id(module)])
-        if entry is None or not entry[3]:
-            continue
-        inv_freq, rotary_dim, interleaved, _ = entry
-        kind = (float(inv_freq[0]), rotary_dim)
-        if kind in checked_types:
-            continue  # one layer per rotary embedding: later layers see only float drift
-        checked_types.add(kind)
-        delta = torch.full((1, length), shift)
-        for name, before, after in (("queries", q1, q2), ("keys", k1, k2)):
-            if not _close(rotate(before, delta, inv_freq, rotary_dim, interleaved), after, tol):
-                raise _unsupported(
-                    model,
-                    f"the {name} reaching attention in {names[id(module)]} are not rotated the way its rotary "
-                    f"module describes (rotary dim {rotary_dim}, {'interleaved' if interleaved else 'rotate_half'} layout)",
-                    label,
-                )
-    return modules
-
-
-def _layer_type(model: nn.Module, module: nn.Module) -> str | None:
-    layer_types = getattr(model.config, "layer_types", None)
-    index = getattr(module, "layer_idx", None)
-    if layer_types and isinstance(index, int) and 0 <= index < len(layer_types):
-        return layer_types[index]
-    return None
-
-
-def _rotary_per_module(model: nn.Module, sites: list, label: str) -> dict[str, tuple[torch.Tensor, int, bool, bool]]:
-    """path -> (inv_freq float64 CPU, rotary dim, interleaved, scaled) for every module with a ``layer_idx``."""
-    from hf_posext.methods.rope import RotaryBase
-
-    main = next(site for site in sites if site.scaled_layer_types)
-    frequencies = {}
-    for layer_type, dim in main.dims.items():
-        current = main.current[layer_type]
-        if current.spec.dynamic:
-            raise ValueError(
-                f"The model's own rotary embedding is dynamic ({current.method}): its frequencies change with the "
-                f"sequence length, so {label} cannot re-rotate cached keys consistently. Load the model with a "
-                f"static rope_type (or unscaled) before applying {label}."
-            )
-        inv_freq, _ = current.spec.compute(
-            RotaryBase(main.bases[layer_type], dim), current.original_max_position_embeddings, current.factor, None,
-            current.parsed_params,
-        )
-        frequencies[layer_type] = (inv_freq.double().cpu(), dim, layer_type in main.scaled_layer_types)
-    interleaved = main.layout == "sin_cos_half"
-    per_module = {}
-    for path, module in model.named_modules():
-        if not hasattr(module, "layer_idx"):
-            continue
-        layer_type = _layer_type(model, module) if len(frequencies) > 1 else next(iter(frequencies))
-        if layer_type in frequencies:
-            inv_freq, dim, scaled = frequencies[layer_type]
-            per_module[path] = (inv_freq, dim, interleaved, scaled)
-    return per_module
-
-
-def find_attention_layers(model: nn.Module, label: str) -> tuple[list[AttentionLayer], list[tuple[Any, nn.Module]]]:
-    """The attention modules of a RoPE model, verified by a probe, for an attention-level method (read-only).
-
-    Args:
-        model: the model. label: the method's name for error messages (e.g. ``"Dual Chunk Attention"``).
-
-    Returns:
-        The layers, and ``(rotary site, replacement module)`` pairs for fixed sin/cos tables (GPT-J) that
-        stop at the original window and must be swapped for a length-free rotary module.
-
-    Raises:
-        UnsupportedModelError: attention bypasses transformers' registry, or q/k are not rotated the
-            way the model's rotary module says. ValueError: a dynamic rotary embedding.
-    """
-    from hf_posext.backends.rope.sites import build_rotary_module, find_rotary_sites
-    from hf_posext.core.request import ScalingConfig
-
-    stacked = rope_surgery.patched_sites(model)  # a composition: the frequencies of hf_posext's own rotary modules
-    sites = stacked if stacked is not None else find_rotary_sites(model)
-    rotary = _rotary_per_module(model, sites, label)
-    names = {id(module): path for path, module in model.named_modules()}
-    register()  # the probe's attention function
-    modules = _probe(model, rotary, names, label)
-    missing = [names[id(m)] for m in modules if names[id(m)] not in rotary]
-    if missing:
-        raise _unsupported(model, f"no rotary settings for attention module(s) {', '.join(missing[:3])}", label)
-    layers = [AttentionLayer(names[id(m)], m, *rotary[names[id(m)]]) for m in modules]
-    # A fixed sin/cos table (GPT-J's embed_positions) stops at the original window; attention-level
-    # methods keep true positions, so those modules are swapped for our identical, length-free rotary module.
-    swaps = []
-    for site in (site for site in sites if site.layout == "sin_cos_half" and stacked is None):
-        window = site.current[site.scaled_layer_types[0]].original_max_position_embeddings
-        swaps.append((site, build_rotary_module(site, ScalingConfig("none", 1.0, window))))
-    return layers, swaps
-
-
-# --------------------------------------------------------------------------------------------------
-# patch / unpatch / describe / load
-# --------------------------------------------------------------------------------------------------
 
 
 def is_patched(model: nn.Module, method: AttentionMethod) -> bool:
@@ -428,6 +247,8 @@ def install(
     model.set_attn_implementation(method.implementations[mask_kind])
     for layer in layers:
         setattr(layer.module, method.layer_attribute, layer_settings(layer, mask_kind))
+        if layer.rotary_offset:
+            setattr(layer.module, ROTARY_OFFSET_ATTRIBUTE, layer.rotary_offset)
     for site, replacement in swaps:
         setattr(site.parent, site.attribute, replacement)
     max_positions = getattr(config, "max_position_embeddings", None)
@@ -437,6 +258,7 @@ def install(
     _attach_frequency_record(config, frequency)
     model.__dict__[method.state_attribute] = AttentionState(
         settings, base, [(layer.path, layer.module) for layer in layers], snapshot, [site for site, _ in swaps], max_positions,
+        tuple(layer.path for layer in layers if layer.position_free),
     )
     return model
 
@@ -486,6 +308,7 @@ def uninstall(model: nn.Module, method: AttentionMethod) -> nn.Module:
     model.set_attn_implementation(state.base_implementation)
     for _, module in state.modules:
         module.__dict__.pop(method.layer_attribute, None)
+        module.__dict__.pop(ROTARY_OFFSET_ATTRIBUTE, None)
     for site in state.swapped_sites:
         setattr(site.parent, site.attribute, site.module)
     restore_config(model.config, state.config_snapshot)
@@ -504,7 +327,11 @@ def report(
     if state.swapped_sites:
         notes.append("fixed sin/cos table replaced by an identical rotary module without a length limit")
     if len(scaled) != len(state.modules):
-        notes.append(f"{method.scaled_word} in {len(scaled)} of {len(state.modules)} attention layers (others: sliding window)")
+        free = len(state.position_free)
+        others = "sliding window" if not free else (
+            "no rotary position (NoPE)" if free == len(state.modules) - len(scaled)
+            else f"{free} with no rotary position (NoPE), the rest sliding window")
+        notes.append(f"{method.scaled_word} in {len(scaled)} of {len(state.modules)} attention layers (others: {others})")
     return ScalingReport(
         family=getattr(model.config, "model_type", type(model).__name__),
         kind="attention",

@@ -33,6 +33,7 @@ from hf_posext.methods import get_method
 from hf_posext.methods.transformers import ROPE_TYPES, method_for_rope_type, reads_top_level_original_window, window_is_scaled
 
 __all__ = [
+    "refuse_codebook_positions",
     "RotarySite",
     "UnsupportedModelError",
     "find_rotary_sites",
@@ -221,12 +222,28 @@ def frequency_buffers(module: nn.Module) -> tuple[str, dict[str | None, int]] | 
     return None
 
 
+def refuse_codebook_positions(model: nn.Module) -> None:
+    """Refuse a model whose positions count codebooks, not tokens (CSM's depth decoder): one token per codebook,
+    so its window is the number of codebooks and there is no longer sequence to extend."""
+    config = getattr(model, "config", None)
+    codebooks = getattr(config, "num_codebooks", None)
+    window = getattr(config, "max_position_embeddings", None)
+    if isinstance(codebooks, int) and isinstance(window, int) and codebooks == window:
+        raise UnsupportedModelError(
+            f"{type(model).__name__}'s positions count its {codebooks} codebooks (one token per codebook, and "
+            "they index its embedding table), so there is no longer sequence to extend; scale the model that "
+            "feeds it (CSM's backbone) instead."
+        )
+
+
 def find_rotary_sites(model: nn.Module) -> list[RotarySite]:
     """Every rotary module of ``model`` with its verified base and current scaling.
 
     Raises:
-        UnsupportedModelError: no rotary module found, or one whose output cannot be reproduced.
+        UnsupportedModelError: no rotary module found, or one whose output cannot be reproduced, or positions
+            that count codebooks rather than tokens.
     """
+    refuse_codebook_positions(model)
     sites = []
     for path, module in model.named_modules():
         if isinstance(module, ScaledRotaryEmbedding) or not accepts_position_ids(module):

@@ -1,0 +1,122 @@
+"""Attention-level methods on every rotary geometry the probe finds, checked against the model's own rotary.
+
+Reference: with one layer, the last token's logits depend only on how its query meets every key. Self-Extend
+rotates that query to ``P = i // G + W - W // G`` and a key at distance ``d >= W`` to ``j // G``; a neighbour
+key keeps its distance. The *unpatched* model given position ids ``P - d`` for neighbours, ``j // G`` for far
+keys and ``P`` for the query computes exactly that with its own rotary module, whatever its channel pairing,
+placement or direction. So a wrong geometry (pairs read as halves, rotary channels looked for in front of the
+latent-attention channels, the reversed rotation of NanoChat) moves the last token's logits far beyond float noise.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import hf_posext
+from hf_posext.backends.attention import probe
+from hf_posext.family_sweep.tiny import build_tiny, tiny_family_config
+from tests.conftest import transformers_major
+
+pytestmark = pytest.mark.skipif(transformers_major() < 5, reason="attention registry dispatch as in transformers 5.x")
+
+GROUP, NEIGHBOURS, LENGTH = 4, 6, 96  # 3x the tiny window of 32
+SHARPEN = 8.0
+
+#: class -> (the geometry the probe must find on layer 0: interleaved, rotary offset, reversed; config overrides)
+GEOMETRIES = {
+    "LlamaForCausalLM": ((False, 0, False), {}),
+    "CohereForCausalLM": ((True, 0, False), {}),  # neighbouring pairs
+    "Glm4ForCausalLM": ((True, 0, False), {}),  # neighbouring pairs on a partial rotary
+    "DeepseekV3ForCausalLM": ((False, 4, False), {}),  # latent attention: rotary channels after 4 position-free ones
+    "DeepseekV2ForCausalLM": ((True, 4, False), {}),  # the same with neighbouring pairs (complex rotary)
+    "NanoChatForCausalLM": ((False, 0, True), {}),  # rotation by minus the angle
+    "Llama4ForCausalLM": ((True, 0, False), {}),  # complex rotary: neighbouring pairs
+    "Gemma4ForCausalLM": ((False, 0, False), {"layer_types": ["full_attention"]}),  # proportional: 1/4 of the pairs rotate
+}
+
+
+def _one_layer(class_name: str, overrides: dict) -> torch.nn.Module:
+    config = tiny_family_config(class_name, num_hidden_layers=1, **overrides)
+    if getattr(config, "layer_types", None) and "layer_types" not in overrides:
+        config.layer_types = config.layer_types[:1]
+    for name in ("first_k_dense_replace", "num_nextn_predict_layers"):
+        if hasattr(config, name):
+            setattr(config, name, 0)
+    model = build_tiny(class_name, seed=3, config=config)
+    # At the 0.02 init every attention row is nearly uniform, and positions barely move the logits: sharpen the
+    # attention (every projection inside it, so latent and plain attention alike) until they do.
+    with torch.no_grad():
+        for path, module in model.named_modules():
+            if isinstance(module, torch.nn.Linear) and ".self_attn." in f".{path}." and "o_proj" not in path:
+                module.weight.mul_(SHARPEN)
+    return model
+
+
+def _self_extend_positions(length: int) -> torch.Tensor:
+    i = length - 1
+    query = i // GROUP + NEIGHBOURS - NEIGHBOURS // GROUP
+    positions = [query - (i - j) if i - j < NEIGHBOURS else j // GROUP for j in range(length)]
+    return torch.tensor(positions)[None]
+
+
+@pytest.mark.parametrize("class_name", sorted(GEOMETRIES))
+def test_self_extend_matches_the_models_own_rotary_at_emulated_positions(class_name):
+    (interleaved, offset, reversed_), overrides = GEOMETRIES[class_name]
+    model = _one_layer(class_name, overrides)
+    ids = torch.randint(3, int(model.config.vocab_size), (1, LENGTH), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        reference = model(input_ids=ids, attention_mask=torch.ones_like(ids), position_ids=_self_extend_positions(LENGTH),
+                          use_cache=False).logits[0, -1]
+        plain = model(input_ids=ids, use_cache=False).logits[0, -1]
+    layers, _ = probe.find_attention_layers(model, "Self-Extend")
+    first = layers[0]
+    assert (first.interleaved, first.rotary_offset, bool(first.inv_freq[0] < 0)) == (interleaved, offset, reversed_)
+    hf_posext.patch(model, "self-extend", group_size=GROUP, neighbor_window=NEIGHBOURS)
+    with torch.no_grad():
+        extended = model(input_ids=ids, use_cache=False).logits[0, -1]
+    effect = float((plain - reference).abs().max())
+    error = float((extended - reference).abs().max())
+    print(f"{class_name}: effect {effect:.2e}, error {error:.2e}")
+    assert effect > 1e-3, f"the grouped positions barely move {class_name}'s logits ({effect:.2e}): no test"
+    assert error < effect / 1000, f"{class_name}: Self-Extend is {error:.2e} from the reference (effect {effect:.2e})"
+    hf_posext.unpatch(model)
+
+
+def test_a_nope_layer_is_left_as_plain_attention_and_described():
+    model = build_tiny("Llama4ForCausalLM")  # layer 1 is a NoPE layer (no_rope_layers)
+    layers, _ = probe.find_attention_layers(model, "STRING")
+    assert [layer.position_free for layer in layers] == [False, True]
+    assert [layer.scaled for layer in layers] == [True, False]
+    hf_posext.patch(model, "string")
+    notes = hf_posext.describe(model).notes
+    assert any("1 of 2 attention layers (others: no rotary position (NoPE))" in note for note in notes), notes
+
+
+def test_rotary_channels_last_are_moved_first_only_while_patched():
+    model = build_tiny("DeepseekV3ForCausalLM")
+    attention = model.model.layers[0].self_attn
+    hf_posext.patch(model, "string")
+    assert getattr(attention, probe.ROTARY_OFFSET_ATTRIBUTE) == 4
+    hf_posext.unpatch(model)
+    assert not hasattr(attention, probe.ROTARY_OFFSET_ATTRIBUTE)
+
+
+def test_a_rotation_no_geometry_explains_is_refused_in_one_line(monkeypatch):
+    model = build_tiny("LlamaForCausalLM")
+    record = probe.probe_attention
+
+    def scrambled(module, query, key, *args, **kwargs):  # q and k reach attention with their channels reversed
+        return record(module, query.flip(-1), key.flip(-1), *args, **kwargs)
+
+    monkeypatch.setattr(probe, "probe_attention", scrambled)
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(probe.PROBE_IMPLEMENTATION, scrambled)
+    try:
+        with pytest.raises(hf_posext.UnsupportedModelError, match=r"are not rotated the way its rotary module describes "
+                           r"\(rotary dim 8 of 8 channels; no pairing, placement or direction fits\)"):
+            hf_posext.patch(model, "self-extend", group_size=2, neighbor_window=4)
+    finally:
+        AttentionInterface.register(probe.PROBE_IMPLEMENTATION, record)
+    assert hf_posext.describe(model).method == "none"

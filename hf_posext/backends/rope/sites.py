@@ -33,6 +33,7 @@ from hf_posext.methods import get_method
 from hf_posext.methods.transformers import ROPE_TYPES, method_for_rope_type, reads_top_level_original_window, window_is_scaled
 
 __all__ = [
+    "fill_legacy_rope_fields",
     "refuse_codebook_positions",
     "RotarySite",
     "UnsupportedModelError",
@@ -112,6 +113,27 @@ def set_rope_parameters(config, params: dict[str, Any], layer_type: str | None =
         if reads_top_level_original_window(params["rope_type"]) and params.get("original_max_position_embeddings"):
             # e.g. 4.x LongRoPE reads the pre-training window from the config itself (Phi-3 style).
             config.original_max_position_embeddings = params["original_max_position_embeddings"]
+
+
+def fill_legacy_rope_fields(config) -> None:
+    """Give a config class that reads ``rope_theta`` and ``rope_scaling`` (transformers 4.x) those fields from a
+    flat ``rope_parameters`` dict (a folder saved by transformers 5), when the config lacks them: its model would
+    otherwise find no ``rope_theta`` at all, or build the class's default base. Configs that take
+    ``rope_parameters`` (transformers 5) are left as they are."""
+    params = config.__dict__.get("rope_parameters")
+    if not isinstance(params, dict) or "rope_theta" not in params:
+        return
+    try:
+        accepted = inspect.signature(type(config).__init__).parameters
+    except (TypeError, ValueError):
+        return
+    if "rope_theta" not in accepted:
+        return
+    if "rope_theta" not in config.__dict__:
+        config.rope_theta = params["rope_theta"]
+    if config.__dict__.get("rope_scaling") is None:
+        scaled = params.get("rope_type", "default") != "default"
+        config.rope_scaling = {key: value for key, value in params.items() if key != "rope_theta"} if scaled else None
 
 
 def original_window(config, params: dict[str, Any] | None) -> int:

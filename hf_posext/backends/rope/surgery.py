@@ -36,6 +36,7 @@ from hf_posext.backends.rope.rules import kept_method_parameters, kept_rope_keys
 from hf_posext.backends.rope.sites import (
     RotarySite,
     build_rotary_module,
+    fill_legacy_rope_fields,
     find_rotary_sites,
     outputs_match,
     probe,
@@ -515,6 +516,7 @@ def load_rope(path: str, record: dict[str, Any], config: Any = None, **from_pret
         config = AutoConfig.from_pretrained(path, **config_kwargs(from_pretrained_kwargs))
     target = text_config(config)
     restore_config(target, dict(record.get("original_config", {})))
+    fill_legacy_rope_fields(target)  # a transformers 5 save loaded by transformers 4.x
     target.__dict__.pop(CONFIG_KEY, None)
     model = model_class_for(config).from_pretrained(path, config=config, **from_pretrained_kwargs)
     scaling = ScalingConfig.from_dict(record)

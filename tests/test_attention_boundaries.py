@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import hf_posext
-from hf_posext.backends.attention import self_extend
+from hf_posext.backends.attention import self_extend, self_extend_kernels
 from hf_posext.models import tiny_model
 from tests import test_dca, test_dca_scale, test_self_extend, test_string
 from tests.conftest import logits_of, transformers_major
@@ -286,7 +286,7 @@ def test_dca_fused_equals_the_explicit_kernel_across_the_chunk_length(block):
 
 @pytest.mark.parametrize("block", [1, 3, 512])
 def test_self_extend_split_equals_the_grouped_kernel_across_the_neighbor_window(block):
-    from hf_posext.backends.attention import self_extend
+    from hf_posext.backends.attention import self_extend_kernels
     from hf_posext.backends.attention.self_extend import grouped_attention, split_grouped_attention
 
     group, window = 3, 5
@@ -296,7 +296,7 @@ def test_self_extend_split_equals_the_grouped_kernel_across_the_neighbor_window(
         query_positions, key_positions = torch.arange(first, first + q_len)[None], torch.arange(start, start + kv_len)[None]
         expected = grouped_attention(q, k, v, None, query_positions, key_positions, _inv_freq(), HEAD_DIM, False, group,
                                      window, HEAD_DIM ** -0.5)
-        key_grouped = self_extend._to_grouped(k, key_positions, "key", group, window, _inv_freq(), HEAD_DIM, False)
+        key_grouped = self_extend_kernels.to_grouped(k, key_positions, "key", group, window, _inv_freq(), HEAD_DIM, False)
         split = split_grouped_attention(q, k, v, key_grouped, None, query_positions, key_positions, _inv_freq(), HEAD_DIM,
                                         False, group, window, HEAD_DIM ** -0.5, block=block)
         torch.testing.assert_close(split, expected, atol=1e-5, rtol=1e-5, msg=f"kv_len {kv_len}, q_len {q_len}, start {start}")

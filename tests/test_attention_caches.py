@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import hf_posext
-from hf_posext.backends.attention import dual_chunk, self_extend
+from hf_posext.backends.attention import dual_chunk, self_extend, self_extend_kernels
 from hf_posext.backends.attention.dual_chunk import DualChunkLayerSettings, dual_chunk_decode, dual_chunk_explicit, dual_chunk_fused
 from hf_posext.backends.attention.self_extend import SelfExtendLayerSettings, grouped_attention, self_extend_decode
 from hf_posext.backends.attention.shifted_positions import StringLayerSettings, string_explicit, string_split
@@ -150,9 +150,9 @@ def test_grouped_tables_follow_sizes_and_frequencies(changes):
         return grouped_attention(q, k, v, None, positions, positions, s["inv_freq"], s["rotary_dim"], s["interleaved"],
                                  s["group_size"], s["neighbor_window"], HEAD_DIM ** -0.5)
 
-    self_extend._GROUPED_TABLES.clear()
+    self_extend_kernels._GROUPED_TABLES.clear()
     base = run()
-    _assert_same_as_fresh(lambda: run(**changes), self_extend._GROUPED_TABLES.clear, differs_from=base)
+    _assert_same_as_fresh(lambda: run(**changes), self_extend_kernels._GROUPED_TABLES.clear, differs_from=base)
 
 
 def test_grouped_tables_keep_the_query_and_key_roles_apart():
@@ -164,14 +164,14 @@ def test_grouped_tables_keep_the_query_and_key_roles_apart():
     positions = torch.arange(LENGTH)[None]
     q, k = _rope(raw_q, positions, _inv_freq()).float(), _rope(raw_k, positions, _inv_freq()).float()
     expected = _reference(raw_q, raw_k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), 3, 7, _inv_freq())
-    self_extend._GROUPED_TABLES.clear()
+    self_extend_kernels._GROUPED_TABLES.clear()
     run = lambda: grouped_attention(q, k, v, None, positions, positions, _inv_freq(), HEAD_DIM, False, 3, 7, HEAD_DIM ** -0.5)
     first = run()
     torch.testing.assert_close(first.double(), expected, atol=1e-5, rtol=1e-5)  # both tables built from empty
-    _assert_same_as_fresh(run, self_extend._GROUPED_TABLES.clear)
+    _assert_same_as_fresh(run, self_extend_kernels._GROUPED_TABLES.clear)
     # only the key table held: the query table must be built, not taken from it
-    self_extend._GROUPED_TABLES.clear()
-    self_extend._grouped_table("key", LENGTH, 3, 7, _inv_freq(), torch.device("cpu"))
+    self_extend_kernels._GROUPED_TABLES.clear()
+    self_extend_kernels._grouped_table("key", LENGTH, 3, 7, _inv_freq(), torch.device("cpu"))
     torch.testing.assert_close(run(), first, atol=1e-6, rtol=1e-6)
 
 
@@ -308,14 +308,14 @@ def test_self_extend_tables_follow_every_frequency_not_only_the_ends():
     tables must not be shared between them."""
     import torch
 
-    from hf_posext.backends.attention import self_extend
+    from hf_posext.backends.attention import self_extend_kernels
 
-    self_extend._GROUPED_TABLES.clear()
+    self_extend_kernels._GROUPED_TABLES.clear()
     first = torch.tensor([1.0, 0.5, 0.25, 0.125, 0.0625], dtype=torch.float64)
     middle = first.clone()
     middle[2] = 0.2  # same size, same first, second and last entries
-    cos_a, _ = self_extend._grouped_table("key", 64, 3, 7, first, "cpu")
-    cos_b, _ = self_extend._grouped_table("key", 64, 3, 7, middle, "cpu")
+    cos_a, _ = self_extend_kernels._grouped_table("key", 64, 3, 7, first, "cpu")
+    cos_b, _ = self_extend_kernels._grouped_table("key", 64, 3, 7, middle, "cpu")
     assert not torch.equal(cos_a[:, 2], cos_b[:, 2])
     positions = torch.arange(64, dtype=torch.float64)
     angles = (torch.div(positions, 3, rounding_mode="floor") - positions) * 0.2
@@ -330,9 +330,9 @@ def test_self_extend_tables_follow_every_frequency_not_only_the_ends():
 def test_grouped_tables_follow_the_device():
     """A table built for one device is never handed to a call on another (the meta device stands in for an
     accelerator: a stale table would come back on the CPU)."""
-    self_extend._GROUPED_TABLES.clear()
-    cos, _ = self_extend._grouped_table("key", 64, 3, 7, _inv_freq(), "cpu")
-    on_meta, _ = self_extend._grouped_table("key", 64, 3, 7, _inv_freq(), torch.device("meta"))
+    self_extend_kernels._GROUPED_TABLES.clear()
+    cos, _ = self_extend_kernels._grouped_table("key", 64, 3, 7, _inv_freq(), "cpu")
+    on_meta, _ = self_extend_kernels._grouped_table("key", 64, 3, 7, _inv_freq(), torch.device("meta"))
     assert cos.device.type == "cpu" and on_meta.device.type == "meta"
 
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import hf_posext
-from hf_posext.backends.attention import dual_chunk
+from hf_posext.backends.attention import dual_chunk, dual_chunk_kernels
 from hf_posext.backends.attention.dual_chunk import DualChunkLayerSettings, dual_chunk_decode, dual_chunk_explicit, dual_chunk_fused
 from hf_posext.methods.dual_chunk import relative_distance
 from hf_posext.models import tiny_model
@@ -196,13 +196,13 @@ def test_decode_step_equals_the_explicit_and_prefill_paths(rows, layout, mask):
 
 def test_decode_step_check_fails_with_a_wrong_position_set(monkeypatch):
     """A broken decode step (inter-chunk queries one position off) is caught by the comparison above."""
-    real = dual_chunk._query_offsets_by_distance
+    real = dual_chunk_kernels._query_offsets_by_distance
 
     def one_off(*args, **kwargs):
         offsets, distances = real(*args, **kwargs)
         return offsets + (torch.arange(distances) >= 2).view(-1, *([1] * (offsets.dim() - 1))), distances
 
-    monkeypatch.setattr(dual_chunk, "_query_offsets_by_distance", one_off)
+    monkeypatch.setattr(dual_chunk_kernels, "_query_offsets_by_distance", one_off)
     dual_chunk.clear_decode_tables()
     q, k, v, _, layer, pos = _decode_case(1, "rotate_half", None)
     new = dual_chunk_decode(q[:, :, -1:], k, v, None, pos[:, -1:].clone(), layer, 8 ** -0.5)

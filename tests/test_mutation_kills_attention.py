@@ -147,7 +147,7 @@ def test_a_self_extend_decode_step_rotates_only_the_new_keys(monkeypatch):
     """Each decode step reuses the grouped rotation of the keys the layer saw at the previous step: with a
     cache of n keys it rotates the 1 new key, not all n + 1 again (the cost of a step would grow with n)."""
     import hf_posext
-    from hf_posext.backends.attention import self_extend
+    from hf_posext.backends.attention import self_extend_kernels
     from hf_posext.models import tiny_model
 
     model = tiny_model("llama")
@@ -155,8 +155,8 @@ def test_a_self_extend_decode_step_rotates_only_the_new_keys(monkeypatch):
     hf_posext.patch(model, "self-extend", group_size=3, neighbor_window=10)
     ids = torch.randint(3, 128, (1, 48), generator=torch.Generator().manual_seed(0))
     rotated = []
-    real = self_extend.rotate_with
-    monkeypatch.setattr(self_extend, "rotate_with", lambda states, *a, **kw: rotated.append(states.shape[2]) or real(states, *a, **kw))
+    real = self_extend_kernels.rotate_with
+    monkeypatch.setattr(self_extend_kernels, "rotate_with", lambda states, *a, **kw: rotated.append(states.shape[2]) or real(states, *a, **kw))
     with torch.no_grad():
         cache = model(ids[:, :40], use_cache=True).past_key_values
         prefill, rotated[:] = list(rotated), []

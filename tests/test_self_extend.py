@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import hf_posext
-from hf_posext.backends.attention import self_extend
+from hf_posext.backends.attention import self_extend, self_extend_kernels
 from hf_posext.backends.rope.sites import UnsupportedModelError
 from hf_posext.models import TINY_FAMILIES, tiny_model
 from hf_posext.backends.attention.self_extend import grouped_attention, max_extended_length, rotate, size_for_target, split_grouped_attention
@@ -69,7 +69,7 @@ def test_split_attention_matches_the_papers_construction(dtype, block):
     inv_freq = 1.0 / (10000 ** (torch.arange(0, 8, 2).double() / 8))
     pos = torch.arange(50)[None]
     rq, rk = _rope(q, pos, inv_freq).to(dtype), _rope(k, pos, inv_freq).to(dtype)
-    key_grouped = self_extend._to_grouped(rk, pos, "key", 3, 7, inv_freq, 8, False)
+    key_grouped = self_extend_kernels.to_grouped(rk, pos, "key", 3, 7, inv_freq, 8, False)
     expected = _reference(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), 3, 7, inv_freq)
     out = split_grouped_attention(rq, rk, v.to(dtype), key_grouped, None, pos, pos, inv_freq, 8, False, 3, 7, 8 ** -0.5, block=block)
     assert out.dtype == dtype
@@ -153,7 +153,7 @@ def test_decode_step_equals_the_explicit_and_prefill_paths(rows, layout, mask):
     plain = grouped_attention(q[:, :, -rows:], k, v, attention_mask, step, pos, *geometry, None, None, scaling)
     assert_close_guarding(new, old, plain, atol=1e-5, rtol=1e-5)
     if mask is None:
-        key_grouped = self_extend._to_grouped(k, pos, "key", 3, 7, *geometry)
+        key_grouped = self_extend_kernels.to_grouped(k, pos, "key", 3, 7, *geometry)
         prefill = split_grouped_attention(q, k, v, key_grouped, None, pos, pos, *geometry, 3, 7, scaling)[:, -rows:]
         assert_close_guarding(new, prefill, plain, atol=1e-5, rtol=1e-5)
     # The tables serve the next layer of the same step (same position_ids tensor), and no other step.
@@ -169,7 +169,7 @@ def test_decode_step_check_fails_with_a_wrong_neighbour_window(monkeypatch):
     """A broken decode step (grouped positions for one more key than the paper says) is caught."""
     from hf_posext.backends.attention.self_extend import self_extend_decode
 
-    real = self_extend._decode_tables
+    real = self_extend_kernels._decode_tables
 
     def one_short(query_positions, kv_len, settings, head_dim, scaling):
         tables = real(query_positions, kv_len, settings, head_dim, scaling)
@@ -177,7 +177,7 @@ def test_decode_step_check_fails_with_a_wrong_neighbour_window(monkeypatch):
         tables.neighbour = (query_positions.unsqueeze(-1) - key_positions.unsqueeze(-2)) < settings.neighbor_window - 1
         return tables
 
-    monkeypatch.setattr(self_extend, "_decode_tables", one_short)
+    monkeypatch.setattr(self_extend_kernels, "_decode_tables", one_short)
     self_extend.clear_decode_tables()
     q, k, v, _, settings, pos = _decode_case(1, "rotate_half", None)
     geometry = (settings.inv_freq, settings.rotary_dim, settings.interleaved)

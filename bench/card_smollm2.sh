@@ -126,7 +126,7 @@ fi
 LAB_BOOKS="$(cd "$(dirname "$0")/.." && pwd)/../shared/data/books"   # beside the repository in the lab; a clone has none
 if [ -z "${BOOKS+set}" ] && [ -d "$LAB_BOOKS" ]; then BOOKS=$LAB_BOOKS; fi
 if [ -n "${BOOKS:-}" ]; then
-  TEXTS=(--ppl-data "$BOOKS/austen-emma.txt" --haystack "$BOOKS/melville-moby_dick.txt")
+  TEXTS=(--data "$BOOKS/austen-emma.txt" --haystack "$BOOKS/melville-moby_dick.txt")
 else
   TEXTS=()
   case "$part" in tasks|tasks-bfloat16|tasks32) echo "no BOOKS folder: perplexity and needle use the CLI's built-in text (builtin:python-docs)" >&2 ;; esac
@@ -165,13 +165,13 @@ fi
 HEADLINE_ROW="fine-tuned with aggregation practice=${AGGREGATION:-}@string:1"
 # the CPU floor's three rows at 16384: yarn x4, BEST x4 and the headline
 FLOOR_ROWS="base=smollm2-135m@yarn:4;$BEST:4,$HEADLINE_ROW"
-card() { OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} "$PYTHON" -m hf_posext.cli eval card --dtype "$DTYPE" --device "${DEVICE:-cpu}" \
+card() { OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} "$PYTHON" -m hf_posext.cli eval suite --dtype "$DTYPE" --device "${DEVICE:-cpu}" \
            --no-progress --sample-cache $R/ruler-samples "$@"; }
 case "$part" in
 counting)   card --models "base=smollm2-135m@none;yarn:4,fine-tuned=$MERGED@string:1" --tasks niah_single_1,ruler_fwe \
-                 --lengths 2048,8192,16384 --samples "${SAMPLES:-20}" --skip-over-window --out $R/cpu ;;
+                 --lengths 2048,8192,16384 --trials "${SAMPLES:-20}" --skip-over-window --out $R/cpu ;;
 counting32) card --models "$HEADLINE_ROW${WITH_FIRST:+,fine-tuned=$MERGED@string:1},base=smollm2-135m@yarn:4" --tasks "${TASKS:-niah_single_1,ruler_fwe}" \
-                 --lengths 32768 --samples "${SAMPLES:-10}" --out $R/cpu-32k ;;
+                 --lengths 32768 --trials "${SAMPLES:-10}" --out $R/cpu-32k ;;
 ending)     card --models "base=smollm2-135m@none;yarn:4,fine-tuned=$MERGED@string:1,fine-tuned on harder practice=$HARDER@string:1,fine-tuned with aggregation practice=$AGGREGATION@string:1" \
                  --tasks ending --lengths 2048 --out $R/ending ;;
 ruler)
@@ -179,43 +179,43 @@ ruler)
             # (what does not wait on which fine-tune is the headline); GRID=base: the original model's two tasks here
             if [ "${GRID:-all}" = floor ] || [ "${GRID:-all}" = training-free ]; then
               rows=$FLOOR_ROWS; [ "$GRID" = training-free ] && rows="base=smollm2-135m@yarn:4;$BEST:4"
-              card --models "$rows" --tasks "${TASKS:-ruler}" --lengths 16384 --samples "${SAMPLES:-20}" --out $R/cpu
+              card --models "$rows" --tasks "${TASKS:-ruler}" --lengths 16384 --trials "${SAMPLES:-20}" --out $R/cpu
             elif [ "${GRID:-all}" = base ]; then  # the original model on the two tasks cpu/ holds for it (the other four: cpu-float32/)
-              card --models "$BASE_ROW" --tasks niah_single_1,ruler_fwe --lengths 2048,4096,8192 --samples "${SAMPLES:-20}" \
+              card --models "$BASE_ROW" --tasks niah_single_1,ruler_fwe --lengths 2048,4096,8192 --trials "${SAMPLES:-20}" \
                    --skip-over-window --out $R/cpu
             else
-              card --models "$ALL_ROWS" --tasks ruler --lengths 2048,4096,8192,16384 --samples "${SAMPLES:-20}" --skip-over-window \
+              card --models "$ALL_ROWS" --tasks ruler --lengths 2048,4096,8192,16384 --trials "${SAMPLES:-20}" --skip-over-window \
                    --out $R/cpu
             fi ;;
 ruler-float32|tasks)
             if [ "$part" = tasks ]; then T=perplexity,passkey,needle; O=$R/cpu-tasks; else
               T=niah_multikey_2,niah_multikey_3,ruler_vt,ruler_cwe; O=$R/cpu-float32; TEXTS=(); fi
             if [ "${GRID:-all}" != floor ]; then
-              card --models "$BASE_ROW" "${TEXTS[@]}" --tasks $T --lengths 2048,4096,8192 --samples "${SAMPLES:-20}" \
+              card --models "$BASE_ROW" "${TEXTS[@]}" --tasks $T --lengths 2048,4096,8192 --trials "${SAMPLES:-20}" \
                    --skip-over-window --out $O || exit; fi
             if [ "${GRID:-all}" != base ]; then
-              card --models "$FLOOR_ROWS" "${TEXTS[@]}" --tasks $T --lengths 16384 --samples "${SAMPLES:-20}" --out $O; fi ;;
+              card --models "$FLOOR_ROWS" "${TEXTS[@]}" --tasks $T --lengths 16384 --trials "${SAMPLES:-20}" --out $O; fi ;;
 tasks-bfloat16) card --models "$FLOOR_ROWS" "${TEXTS[@]}" --tasks perplexity,passkey,needle --lengths 16384 \
-                 --samples "${SAMPLES:-20}" --out $R/cpu-tasks-16k ;;
-best32)     card --models "base=smollm2-135m@$BEST:4" --tasks niah_single_1,ruler_fwe --lengths 32768 --samples "${SAMPLES:-10}" \
+                 --trials "${SAMPLES:-20}" --out $R/cpu-tasks-16k ;;
+best32)     card --models "base=smollm2-135m@$BEST:4" --tasks niah_single_1,ruler_fwe --lengths 32768 --trials "${SAMPLES:-10}" \
                  --out $R/cpu-32k-best ;;
 harder)     card --models "base=smollm2-135m@none,fine-tuned=$MERGED@string:1,fine-tuned on harder practice=$HARDER@string:1" \
-                 --tasks ruler_fwe,niah_single_1 --lengths 2048,8192 --samples "${SAMPLES:-20}" --skip-over-window \
+                 --tasks ruler_fwe,niah_single_1 --lengths 2048,8192 --trials "${SAMPLES:-20}" --skip-over-window \
                  --out $R/cpu-harder ;;
 harder16)   card --models "fine-tuned on harder practice=$HARDER@string:1" --tasks "${TASKS:-niah_multikey_2,ruler_fwe,niah_single_1}" \
-                 --lengths 16384 --samples "${SAMPLES:-20}" --out $R/cpu ;;
+                 --lengths 16384 --trials "${SAMPLES:-20}" --out $R/cpu ;;
 harder32)   card --models "fine-tuned=$MERGED@string:1,base=smollm2-135m@yarn:4,fine-tuned on harder practice=$HARDER@string:1" \
-                 --tasks "${TASKS:-ruler_fwe,niah_single_1}" --lengths 32768 --samples "${SAMPLES:-20}" --out $R/cpu-32k ;;
+                 --tasks "${TASKS:-ruler_fwe,niah_single_1}" --lengths 32768 --trials "${SAMPLES:-20}" --out $R/cpu-32k ;;
 aggregation16) card --models "fine-tuned with aggregation practice=$AGGREGATION@string:1" --tasks "${TASKS:-ruler_fwe,niah_single_1}" \
-                 --lengths 16384 --samples "${SAMPLES:-20}" --out $R/cpu ;;
+                 --lengths 16384 --trials "${SAMPLES:-20}" --out $R/cpu ;;
 aggregation32) card --models "fine-tuned with aggregation practice=$AGGREGATION@string:1" --tasks "${TASKS:-ruler_fwe,niah_single_1}" \
-                 --lengths 32768 --samples "${SAMPLES:-20}" --out $R/cpu-32k ;;
+                 --lengths 32768 --trials "${SAMPLES:-20}" --out $R/cpu-32k ;;
 string-offset) card --models "fine-tuned=$MERGED@string:1" --param shifted_offset=16384 --tasks "${TASKS:-ruler_fwe}" \
-                 --lengths 32768 --samples "${SAMPLES:-10}" --out $R/cpu-32k ;;
-as-saved32) card --models "fine-tuned=$MERGED@as-saved" --tasks "${TASKS:-ruler_fwe}" --lengths 32768 --samples "${SAMPLES:-10}" \
+                 --lengths 32768 --trials "${SAMPLES:-10}" --out $R/cpu-32k ;;
+as-saved32) card --models "fine-tuned=$MERGED@as-saved" --tasks "${TASKS:-ruler_fwe}" --lengths 32768 --trials "${SAMPLES:-10}" \
                  --out $R/cpu-32k ;;
 tasks32)    card --models "$HEADLINE_ROW${WITH_FIRST:+,fine-tuned=$MERGED@string:1}${WITH_HARDER:+,fine-tuned on harder practice=$HARDER@string:1},base=smollm2-135m@yarn:4${WITH_BEST:+;$BEST:4}" \
-                 "${TEXTS[@]}" --tasks "${TASKS:-perplexity,passkey,needle}" --lengths 32768 --samples "${SAMPLES:-10}" --out $R/cpu-32k-tasks ;;
+                 "${TEXTS[@]}" --tasks "${TASKS:-perplexity,passkey,needle}" --lengths 32768 --trials "${SAMPLES:-10}" --out $R/cpu-32k-tasks ;;
 esac
 exit
 }

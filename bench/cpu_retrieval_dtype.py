@@ -1,7 +1,7 @@
 """Is bfloat16 faster than float32 for retrieval on this CPU, with the same answers on the same trials?
 
 Runs the same passkey trials (hf_posext.evaluation.passkey, one trial per depth) and the same RULER samples
-(``hf-posext eval card``, one task) once in float32 and once in bfloat16, one dtype after the other on the
+(``hf-posext eval suite``, one task) once in float32 and once in bfloat16, one dtype after the other on the
 same cores, and compares per trial: the greedy answer, whether it was found, and the seconds. RULER samples
 come from the card's sample cache, so both dtypes read identical prompts; the card records prefill,
 generation and harness seconds per sample.
@@ -66,8 +66,8 @@ def run_passkey(args: argparse.Namespace, dtype: str) -> dict:
 
 def run_ruler(args: argparse.Namespace, dtype: str) -> dict:
     out = Path(args.out) / dtype / "card"
-    command = [sys.executable, "-m", "hf_posext.cli", "eval", "card", "--models", f"{args.model}@{args.method}:{args.factor:g}",
-               "--tasks", args.ruler_task, "--lengths", str(args.length), "--samples", str(args.ruler_samples),
+    command = [sys.executable, "-m", "hf_posext.cli", "eval", "suite", "--models", f"{args.model}@{args.method}:{args.factor:g}",
+               "--tasks", args.ruler_task, "--lengths", str(args.length), "--trials", str(args.ruler_samples),
                "--dtype", dtype, "--out", str(out), "--sample-cache", args.sample_cache, "--no-progress"]
     subprocess.run(command, check=True)
     samples = {}

@@ -302,10 +302,10 @@ card)
     tar czf "$OUT/card-samples.tgz" -C "$KEPT_CACHE" .
   }
   # the machine reaches nothing outside: HF_HUB_OFFLINE makes the download tasks' check fail at once (33 s without)
-  HF_HUB_OFFLINE=1 cli eval card --models "$ROWS" \
+  HF_HUB_OFFLINE=1 cli eval suite --models "$ROWS" \
       --tasks "${CARD_TASKS:-perplexity,passkey,needle,ruler}" --lengths "${CARD_LENGTHS:-2048,4096,8192,$L2,$L4}" \
-      --samples ${SAMPLES:-50} --skip-over-window ${CARD_PARAM:+--param "$CARD_PARAM"} \
-      $G --dtype "$DTYPE" --ppl-data "$BOOKS/austen-emma.txt" --haystack "$BOOKS/melville-moby_dick.txt" \
+      --trials ${SAMPLES:-50} --skip-over-window ${CARD_PARAM:+--param "$CARD_PARAM"} \
+      $G --dtype "$DTYPE" --data "$BOOKS/austen-emma.txt" --haystack "$BOOKS/melville-moby_dick.txt" \
       --sample-cache $R/card/ruler-samples --out "$F" --no-progress > "$OUT/card.log" 2>&1
   echo "card exit $?"; save
   ;;

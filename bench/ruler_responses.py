@@ -4,7 +4,7 @@
     python bench/ruler_responses.py --task niah_multikey_2 --out -
 
 A score says how often a row is right; this says what it writes when it is wrong. Each response of the card's sample
-files (``FOLDER/*/ruler/TASK-*.jsonl``, the files ``hf-posext eval card`` writes, one per row, task, length and
+files (``FOLDER/*/ruler/TASK-*.jsonl``, the files ``hf-posext eval suite`` writes, one per row, task, length and
 dtype) is put in one class. For the word tasks (``ruler_fwe``, ``ruler_cwe``, ``ruler_vt``):
 
 * ``counting``: it begins with a numbered list with nothing in it (`` 1. 2. 3. 4. ...``: its first line that is not
@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     folder = Path(args.folder)
     if not folder.is_dir():
-        print(f"--folder {folder} is not a folder; give a card's results folder (hf-posext eval card --out).", file=sys.stderr)
+        print(f"--folder {folder} is not a folder; give a card's results folder (hf-posext eval suite --out).", file=sys.stderr)
         return 2
     items = summarize(folder, args.task, Path(args.samples) if args.samples else folder / "ruler-samples")
     if not items:

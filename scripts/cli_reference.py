@@ -28,7 +28,7 @@ EXAMPLES: dict[str, list[str]] = {
         "hf-posext eval perplexity --model smollm2-135m --methods none,yarn --lengths 4096,8192,16384 --data builtin:python-docs",
         "hf-posext eval passkey --model smollm2-135m --methods none,yarn --lengths 8192,16384 --trials 1",
         "hf-posext eval needle --model smollm2-135m --methods yarn --lengths 16384 --trials 1",
-        "hf-posext eval card --models smollm2-135m --methods none,yarn --lengths 2048,8192 --tasks passkey,ruler --samples 2",
+        "hf-posext eval suite --models smollm2-135m --methods none,yarn --lengths 2048,8192 --tasks passkey,ruler --trials 2",
     ],
     "report": ["hf-posext report results/"],
     "train": ["hf-posext train --config recipes/configs/tiny/ci-stage1-cpu.yaml --overwrite"],
@@ -93,7 +93,8 @@ def _section(parser: argparse.ArgumentParser, name: str, summary: str, level: in
         lines += ["Example:", "", "```bash", *example, "```", ""]
     helps = _subcommand_help(parser)
     for child_name, child in _subparsers(parser).items():
-        lines += _section(child, f"{name} {child_name}", helps.get(child_name, ""), level + 1)
+        if child_name in helps:  # a subcommand kept under an old name only (eval card) is not listed
+            lines += _section(child, f"{name} {child_name}", helps[child_name], level + 1)
     return lines
 
 

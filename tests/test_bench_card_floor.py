@@ -152,7 +152,7 @@ def test_the_card_script_refuses_a_grid_it_does_not_know_before_running_anything
     (headline / "config.json").write_text("{}")
     for part in ("ruler", "ruler-float32", "tasks"):
         refused = run(part, "flor")
-        assert refused.returncode == 2 and "eval card" not in refused.stdout, refused.stdout
+        assert refused.returncode == 2 and "eval suite" not in refused.stdout, refused.stdout
         assert refused.stderr.strip() == f"unknown GRID=flor for {part}: use all, floor or base (ruler also takes training-free)"
     assert run("tasks", "training-free").returncode == 2
     grids = {"training-free": "--models base=smollm2-135m@yarn:4;dynamic-ntk:4 --tasks ruler_vt --lengths 16384",
@@ -177,11 +177,11 @@ def test_the_card_script_asks_for_the_headline_model_only_where_a_part_measures_
 
     for part, grid in (("ruler", "floor"), ("tasks-bfloat16", "all"), ("tasks32", "all"), ("counting32", "all")):
         stopped = run(part, grid)
-        assert stopped.returncode == 1 and "eval card" not in stopped.stdout, (part, stopped.stdout)
+        assert stopped.returncode == 1 and "eval suite" not in stopped.stdout, (part, stopped.stdout)
         assert stopped.stderr.splitlines()[-1].startswith("no merged aggregation-practice model"), stopped.stderr
     for part, grid in (("ruler", "base"), ("ruler", "training-free"), ("best32", "all")):
         done = run(part, grid)
-        assert done.returncode == 0 and "eval card" in done.stdout and "aggregation" not in done.stdout, (part, done.stderr)
+        assert done.returncode == 0 and "eval suite" in done.stdout and "aggregation" not in done.stdout, (part, done.stderr)
 
 
 def test_the_card_script_refuses_the_old_switch_for_the_aggregation_row(tmp_path):

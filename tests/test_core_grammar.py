@@ -18,7 +18,7 @@ from hf_posext.cli.scaling_arguments import request_from_arguments
 from hf_posext.core.grammar import format_request, parse_request, split_top_level
 from hf_posext.core.request import ScalingRequest
 from hf_posext.evaluation.arguments import parse_methods
-from hf_posext.evaluation.card import parse_model_specs
+from hf_posext.card.spec import parse_model_specs
 from hf_posext.training.config import ConfigError, config_from_dict
 
 VALID = [

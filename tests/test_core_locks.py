@@ -145,7 +145,7 @@ def test_eval_of_a_task_and_model_another_run_is_writing_is_refused_before_loadi
 
 def test_card_into_a_held_folder_is_refused_before_loading(holder, capsys, monkeypatch):
     from hf_posext.cli import main
-    import hf_posext.integrations.lm_eval.card as card
+    import hf_posext.card.run as card
 
     folder, process = holder
 
@@ -153,8 +153,8 @@ def test_card_into_a_held_folder_is_refused_before_loading(holder, capsys, monke
         raise AssertionError("the card went on into a folder another run holds")
 
     monkeypatch.setattr(card, "card_model_rows", no_rows)
-    code = main(["eval", "card", "--models", TINY, "--methods", "none", "--tasks", "perplexity", "--lengths", "64",
-                 "--samples", "1", "--out", str(folder), "--no-progress"])
+    code = main(["eval", "suite", "--models", TINY, "--methods", "none", "--tasks", "perplexity", "--lengths", "64",
+                 "--trials", "1", "--out", str(folder), "--no-progress"])
     error = capsys.readouterr().err.strip()
     assert code == 2 and f"(pid {process.pid} " in error and "another --out for the card" in error, error
     assert [p.name for p in folder.iterdir()] == [LOCK_NAME]
@@ -166,15 +166,15 @@ def test_a_card_and_an_eval_writing_one_tasks_folder_refuse_each_other_before_lo
     that whichever starts second is refused (before, both ran and one run's cells were lost)."""
     from hf_posext.cli import main
     import hf_posext.evaluation.loading as loading
-    import hf_posext.integrations.lm_eval.card as card
+    import hf_posext.card.run as card
 
     def no_loading(*args, **kwargs):
         raise AssertionError("the model was loaded for results another run is writing")
 
     monkeypatch.setattr(loading, "load_model_and_tokenizer", no_loading)
     out = tmp_path / "card"
-    card_argv = ["eval", "card", "--models", TINY, "--methods", "none", "--tasks", "passkey", "--lengths", "320",
-                 "--samples", "1", "--out", str(out), "--no-progress"]
+    card_argv = ["eval", "suite", "--models", TINY, "--methods", "none", "--tasks", "passkey", "--lengths", "320",
+                 "--trials", "1", "--out", str(out), "--no-progress"]
     eval_argv = ["eval", "passkey", "--model", TINY, "--methods", "none", "--lengths", "320", "--depths", "0.5",
                  "--trials", "1", "--no-generate", "--out", str(out / "tasks"), "--no-progress"]
     process = hold_in_another_process(out / "tasks", f"passkey {TINY}")  # an eval of the card's task and model
@@ -193,7 +193,7 @@ def test_a_card_and_an_eval_writing_one_tasks_folder_refuse_each_other_before_lo
         refusals.append((main(eval_argv), capsys.readouterr().err.strip()))
         return 0
 
-    monkeypatch.setattr(card, "_run_card_holding_folder", eval_beside)
+    monkeypatch.setattr(card, "run_in_folder", eval_beside)
     assert main(card_argv) == 0
     ((code, error),) = refusals
     assert code == 2 and f"is being written by another passkey {TINY} run (pid {os.getpid()} " in error, error

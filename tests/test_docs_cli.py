@@ -56,5 +56,5 @@ def test_every_example_parses(example):
 
 def test_the_eval_help_names_its_four_tasks():
     help_text = SUBCOMMANDS["eval"][0]
-    for task in ("perplexity", "passkey", "needle", "card"):
+    for task in ("perplexity", "passkey", "needle", "suite"):
         assert task in help_text

@@ -9,13 +9,13 @@ import torch
 
 from hf_posext.evaluation.ending import INSTRUCTIONS, answer_endings, chat_prompt, end_token_ids, ended_like
 from hf_posext.models import tiny_model
-from tests.test_evaluation_card import LENGTH, _char_tokenizer
+from tests.card_helpers import LENGTH, char_tokenizer
 
 TEMPLATE = "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>{% endfor %}{% if add_generation_prompt %}<s>assistant: {% endif %}"
 
 
 def _tokenizer():
-    tokenizer = _char_tokenizer()
+    tokenizer = char_tokenizer()
     tokenizer.chat_template = TEMPLATE
     return tokenizer
 
@@ -52,7 +52,7 @@ def test_ended_like_pairs_by_instruction_and_leaves_out_instructions_one_side_la
 
 
 def test_the_card_pairs_the_rows_chat_endings_instruction_by_instruction():
-    from hf_posext.evaluation.card import markdown_card
+    from hf_posext.card.render import markdown_card
 
     def cell(row, index, ended, key="k"):
         return {"task": "ending", "kind": "ending", "row": row, "row_index": index, "length": 256, "base": index == 0,
@@ -71,7 +71,7 @@ def test_the_prompt_is_the_chat_template_with_the_assistant_turn_opened():
     tokenizer = _tokenizer()
     text = tokenizer.decode(chat_prompt(tokenizer, "Hi?"))
     assert text.endswith("user: Hi?</s><s>assistant: ")
-    plain = _char_tokenizer()
+    plain = char_tokenizer()
     with pytest.raises(ValueError, match="no chat template"):
         chat_prompt(plain, "Hi?")
 
@@ -89,9 +89,9 @@ def test_the_card_ending_row_on_a_tiny_model(tmp_path, monkeypatch, capsys):
     _tokenizer().save_pretrained(folder)
     plain = tmp_path / "plain"
     tiny_model("llama", max_position_embeddings=LENGTH).save_pretrained(plain)
-    _char_tokenizer().save_pretrained(plain)
+    char_tokenizer().save_pretrained(plain)
     out = tmp_path / "card"
-    assert main(["eval", "card", "--models", f"base={folder}@none;yarn:2,plain={plain}", "--lengths", str(LENGTH), "--tasks", "ending",
+    assert main(["eval", "suite", "--models", f"base={folder}@none;yarn:2,plain={plain}", "--lengths", str(LENGTH), "--tasks", "ending",
                  "--out", str(out), "--no-progress"]) == 0
     card = json.loads((out / "card.json").read_text())
     cells = {c["row"]: c for c in card["cells"]}
@@ -119,16 +119,16 @@ def test_the_card_ending_row_on_a_tiny_model(tmp_path, monkeypatch, capsys):
         raise AssertionError("answered again")
 
     monkeypatch.setattr(ending, "answer_endings", refuse)
-    assert main(["eval", "card", "--models", f"base={folder}@none;yarn:2", "--lengths", str(LENGTH), "--tasks", "ending",
+    assert main(["eval", "suite", "--models", f"base={folder}@none;yarn:2", "--lengths", str(LENGTH), "--tasks", "ending",
                  "--out", str(out), "--no-progress"]) == 0
     assert json.loads((out / "card.json").read_text())["cells"] == card["cells"]
     monkeypatch.setattr(ending, "INSTRUCTIONS", INSTRUCTIONS[4:6])
     capsys.readouterr()
-    assert main(["eval", "card", "--models", f"base={folder}@none", "--lengths", str(LENGTH), "--tasks", "ending", "--out", str(out),
+    assert main(["eval", "suite", "--models", f"base={folder}@none", "--lengths", str(LENGTH), "--tasks", "ending", "--out", str(out),
                  "--no-progress"]) != 0
     assert "answered again" in capsys.readouterr().err
     path.write_text("{not json")
-    assert main(["eval", "card", "--models", f"base={folder}@yarn:2", "--lengths", str(LENGTH), "--tasks", "ending", "--out",
+    assert main(["eval", "suite", "--models", f"base={folder}@yarn:2", "--lengths", str(LENGTH), "--tasks", "ending", "--out",
                  str(out), "--no-progress"]) != 0
     assert f"chat-ending results {path} are not readable" in capsys.readouterr().err
 
@@ -143,7 +143,7 @@ def test_a_chat_template_that_is_not_valid_jinja_is_refused_by_the_card_before_a
 
     folder = tmp_path / "chat-model"
     tiny_model("llama", max_position_embeddings=512).save_pretrained(folder)
-    tokenizer = _char_tokenizer()
+    tokenizer = char_tokenizer()
     tokenizer.chat_template = "{% for message in messages %}{{ message['content'] }"  # a brace short
     tokenizer.save_pretrained(folder)
     with pytest.raises(ChatTemplateError, match=r"chat template is not a valid Jinja template \("):
@@ -151,8 +151,8 @@ def test_a_chat_template_that_is_not_valid_jinja_is_refused_by_the_card_before_a
     monkeypatch.setattr(loading, "load_model_and_tokenizer", lambda *a, **k: pytest.fail("a model loaded"))
     capsys.readouterr()  # the save's own output
     out = tmp_path / "card"
-    code = main(["eval", "card", "--models", str(folder), "--methods", "none", "--tasks", "ending", "--lengths", "256",
-                 "--samples", "1", "--out", str(out), "--no-progress"])
+    code = main(["eval", "suite", "--models", str(folder), "--methods", "none", "--tasks", "ending", "--lengths", "256",
+                 "--trials", "1", "--out", str(out), "--no-progress"])
     error = capsys.readouterr().err.strip()
     assert code == 2 and f"{folder}: the tokenizer's chat template is not a valid Jinja template" in error, error
     assert len(error.splitlines()) == 1 and not out.exists()
@@ -167,7 +167,7 @@ def test_a_row_whose_window_cannot_hold_a_prompt_and_its_answer_is_refused_or_li
     _tokenizer().save_pretrained(folder)
     capsys.readouterr()
     out = tmp_path / "card"
-    argv = ["eval", "card", "--models", f"base={folder}@none", "--lengths", "64", "--tasks", "ending", "--out", str(out),
+    argv = ["eval", "suite", "--models", f"base={folder}@none", "--lengths", "64", "--tasks", "ending", "--out", str(out),
             "--no-progress"]
     assert main(argv) == 2
     error = capsys.readouterr().err.strip()

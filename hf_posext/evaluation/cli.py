@@ -1,4 +1,5 @@
-"""``hf-posext eval {perplexity,passkey,needle}`` and ``hf-posext report``; also behind eval/*.py.
+"""``hf-posext eval {perplexity,passkey,needle}`` and ``hf-posext report``; also behind eval/*.py (``eval suite``:
+:mod:`hf_posext.cli.card_command`).
 
 Examples:
     hf-posext eval perplexity --model smollm2-135m --methods none,yarn,dynamic-yarn --lengths 4096,8192,16384 --data books/
@@ -254,26 +255,28 @@ def main_task(task: str, argv: list[str] | None = None) -> int:
 
 
 def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
-    sub = parser.add_subparsers(dest="task", required=True)
+    from hf_posext.cli import card_command
+
+    # "card", the suite's old name, parses but is not listed
+    sub = parser.add_subparsers(dest="task", required=True, metavar="{" + ",".join([*TASKS, "suite"]) + "}")
     for task in TASKS:
         add_task_arguments(sub.add_parser(task, help=f"{task} evaluation"), task)
-    from hf_posext.evaluation.card import add_card_arguments
-
-    add_card_arguments(sub.add_parser("card", help="report card: perplexity, passkey, needle and offline RULER, models x methods x lengths"))
+    card_command.add_arguments(sub.add_parser("suite", help=card_command.HELP, description=card_command.HELP))
+    card_command.add_arguments(sub.add_parser("card", description=card_command.OLD_NAME_HELP))
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    if args.task == "card":
-        from hf_posext.integrations.lm_eval.card import run_card
+    if args.task in ("suite", "card"):
+        from hf_posext.cli import card_command
 
-        return run_card(args)
+        return card_command.run(args)
     return run_task(args.task, args)
 
 
 def _add_report_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("folder", nargs="+",
                         help="a results folder written by hf-posext eval / eval/*.py, or the --out folder of hf-posext eval "
-                             "card (its card is written again from card.json and its sample files); several card folders "
+                             "suite (its card is written again from card.json and its sample files); several card folders "
                              "with --out: one card combining them")
     parser.add_argument("--out", help="where to write report.md and the plots (default: the results folder)")
     parser.add_argument("--compare", nargs=2, action="append", default=[], metavar=("FIRST", "SECOND"),
@@ -298,32 +301,30 @@ def _run_report(args: argparse.Namespace) -> int:
 
 
 def _rewrite_card(args: argparse.Namespace) -> int:
-    from hf_posext.evaluation.card import markdown_card, rewrite_card
+    from hf_posext.card.folder import rewrite_card
 
     if args.compare:
-        raise ValueError(f"--compare: {args.folder} is a report card, which compares its rows on the same RULER samples "
+        raise ValueError(f"--compare: {args.folder} is a suite's card, which compares its rows on the same RULER samples "
                          f"itself; for passkey and needle run hf-posext report {Path(args.folder) / 'tasks'} --compare A B.")
     paths = rewrite_card(args.folder, args.out)
-    data = json.loads(paths["json"].read_text())
-    print(markdown_card(data["cells"], data.get("skipped") or []))
+    print(paths["markdown"].read_text(encoding="utf-8").rstrip("\n"))  # the card.md just written
     print(f"\ncard: {paths['html']} (+ {paths['json'].name}, {paths['markdown'].name}, plots)")
     return 0
 
 
 def _combine_cards(args: argparse.Namespace, folders: list[str]) -> int:
-    from hf_posext.evaluation.card import combine_cards, markdown_card
+    from hf_posext.card.folder import CARD_FILE, combine_cards
 
-    not_cards = [f for f in folders if not (Path(f) / "card.json").is_file()]
+    not_cards = [f for f in folders if not (Path(f) / CARD_FILE).is_file()]
     if not_cards:
-        raise ValueError(f"{not_cards[0]} holds no card.json: several folders are combined only as report cards "
-                         "(the --out folders of hf-posext eval card); pass one results folder at a time otherwise.")
+        raise ValueError(f"{not_cards[0]} holds no card.json: several folders are combined only as suite cards "
+                         "(the --out folders of hf-posext eval suite); pass one results folder at a time otherwise.")
     if not args.out:
         raise ValueError("several card folders: pass --out FOLDER for the combined card (not one of them).")
     if args.compare:
-        raise ValueError("--compare applies to a passkey and needle results folder, not to combined report cards.")
+        raise ValueError("--compare applies to a passkey and needle results folder, not to combined suite cards.")
     paths = combine_cards(folders, args.out)
-    data = json.loads(paths["json"].read_text())
-    print(markdown_card(data["cells"], data.get("skipped") or []))
+    print(paths["markdown"].read_text(encoding="utf-8").rstrip("\n"))  # the card.md just written
     print(f"\ncard: {paths['html']} (+ {paths['json'].name}, {paths['markdown'].name}, plots), combined from {len(folders)} cards")
     return 0
 

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 from hf_posext.evaluation.tables import Table
 
-__all__ = ["file_ids", "render_html", "write_html"]
+__all__ = ["file_ids", "html_page", "render_html", "write_html"]
 
 _CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 24px auto; max-width: 1200px;
@@ -120,6 +120,14 @@ def render_html(title: str, runs: Sequence[dict[str, Any]], tables: Sequence[Tab
         body.append("<h2>Plots</h2>")
         body += [_image_html(Path(path)) for path in plots]
     body += ["<h2>Provenance</h2>", _provenance_html(runs, ids)]
+    return html_page(title, body)
+
+
+def html_page(title: str, body: Sequence[str]) -> str:
+    """One self-contained page: ``title`` in its head, the ``body`` parts (HTML, one a line) in this module's style.
+
+    The results report and the suite's card (:mod:`hf_posext.card.render`) share it.
+    """
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><title>{html.escape(title)}</title>"
             f"<style>{_CSS}</style></head>\n<body>\n" + "\n".join(body) + "\n</body></html>\n")

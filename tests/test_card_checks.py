@@ -8,14 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from hf_posext.evaluation.card import CardFileError, rewrite_card, score_summary, write_card
-from hf_posext.evaluation.card_checks import card_cell_problem
+from hf_posext.card.checks import card_cell_problem
+from hf_posext.card.folder import CardFileError, rewrite_card, write_card
+from hf_posext.card.stats import score_summary
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def passkey_cell(outcomes: list[float], **changes) -> dict:
-    """A passkey cell of the card as ``eval card`` writes it (one score a trial, keyed DEPTH/TRIAL)."""
+    """A passkey cell of the card as ``eval suite`` writes it (one score a trial, keyed DEPTH/TRIAL)."""
     scores = {f"0.5/{i}": v for i, v in enumerate(outcomes)}
     return {"task": "passkey", "kind": "passkey", "row": "base", "row_index": 0, "length": 2048, "base": True,
             "in_window": True, "source": "tasks/passkey-m-0.json", "scores": scores,
@@ -47,7 +48,7 @@ def test_a_card_cell_no_run_writes_is_refused_naming_the_cell_and_field(tmp_path
         rewrite_card(folder)
     message = str(refused.value)
     assert message.startswith(f"{folder / 'card.json'}: cell base, {cell['task']} at 2048 has {problem}"), message
-    assert "restore card.json from version control, or delete it and run the card again" in message
+    assert "restore card.json from version control, or delete it and run the suite again" in message
     assert "\n" not in message
 
 
@@ -67,7 +68,7 @@ def test_every_committed_card_passes():
 
 
 def test_a_truncated_card_names_a_fix_that_works(tmp_path):
-    """A run into the folder reads its card first (to keep the cells it does not compute), so "run the card again"
+    """A run into the folder reads its card first (to keep the cells it does not compute), so "run the suite again"
     alone fails with the same error: the fix says to delete the damaged file first."""
     folder = tmp_path / "card"
     write_card(folder, [passkey_cell([1.0, 0.0])], [], {"samples": 2, "partial": False})
@@ -77,7 +78,7 @@ def test_a_truncated_card_names_a_fix_that_works(tmp_path):
         rewrite_card(folder)
     message = str(refused.value)
     assert message.startswith(f"{folder / 'card.json'} is not a card") and "\n" not in message
-    assert message.endswith("restore card.json from version control, or delete it and run the card again.")
+    assert message.endswith("restore card.json from version control, or delete it and run the suite again.")
 
 
 def test_a_run_of_another_seed_into_a_card_folder_is_refused_before_anything_changes(tmp_path, capsys, monkeypatch):
@@ -88,8 +89,8 @@ def test_a_run_of_another_seed_into_a_card_folder_is_refused_before_anything_cha
     folder = tmp_path / "card"
     write_card(folder, [passkey_cell([1.0, 0.0])], [], {"samples": 2, "seed": 0, "partial": False})
     before = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
-    code = main(["eval", "card", "--models", "tiny", "--methods", "none", "--tasks", "passkey", "--lengths", "400",
-                 "--samples", "2", "--seed", "1", "--out", str(folder), "--no-progress"])
+    code = main(["eval", "suite", "--models", "tiny", "--methods", "none", "--tasks", "passkey", "--lengths", "400",
+                 "--trials", "2", "--seed", "1", "--out", str(folder), "--no-progress"])
     error = capsys.readouterr().err.strip()
     assert code == 2 and f"holds a card of --seed 0" in error and "pass --seed 0, or give another --out" in error, error
     assert len(error.splitlines()) == 1

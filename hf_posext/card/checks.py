@@ -10,13 +10,10 @@ perplexity cell holds ``mean`` >= 1 (exp of a mean negative log-likelihood) over
 
 from __future__ import annotations
 
-import json
 import math
-import os
-from pathlib import Path
 from typing import Any
 
-__all__ = ["card_cell_problem", "cell_name", "card_seed_problem"]
+__all__ = ["card_cell_problem", "cell_name"]
 
 _TOLERANCE = 1e-9
 
@@ -88,21 +85,3 @@ def _proportion_problem(cell: dict[str, Any], n: int, mean: Any, scores: dict[st
         if value is not None and (not _number(value) or not 0 <= value <= 1):
             return f"{bound} {value!r}, outside [0, 1]"
     return None
-
-
-def card_seed_problem(folder: str | os.PathLike, seed: int) -> str | None:
-    """Why a card run of ``seed`` may not write into ``folder`` (one line), or None.
-
-    A card's RULER samples, passkeys and needle trials are drawn from its seed, and its rows are compared sample by
-    sample: cells of two seeds on one card would be paired as if they were the same samples. A folder without a
-    readable card (or a combined card, which has no seed of its own) is left to the run's own checks.
-    """
-    path = Path(folder) / "card.json"
-    try:
-        earlier = json.loads(path.read_text(encoding="utf-8"))["settings"].get("seed")
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError):
-        return None
-    if earlier is None or earlier == seed:
-        return None
-    return (f"--out {folder} holds a card of --seed {earlier} ({path}), and this run's --seed {seed} would put cells of "
-            f"two seeds on it (other samples and trials, compared as if the same); pass --seed {earlier}, or give another --out.")

@@ -1,0 +1,106 @@
+"""Each row of a suite built on its model: the scaling requests it asks for, sized, and the ``describe`` report of
+the model as evaluated (the report names the row and sets its window)."""
+
+from __future__ import annotations
+
+import gc
+from typing import Any, Sequence
+
+from hf_posext.api import describe, patch, unpatch
+from hf_posext.card.spec import AS_SAVED, ModelSpec, Row, is_base_row
+from hf_posext.core.request import ScalingRequest
+
+__all__ = ["check_requests", "as_request", "card_model_rows", "tokenizer_path"]
+
+
+def _requests(methods: str, params: dict[str, Any], factor: float | None, lengths: Sequence[int], original_window: int) -> list[ScalingRequest | None]:
+    from hf_posext.evaluation.arguments import parse_methods
+    from hf_posext.evaluation.grid import resolve_factor_for
+
+    names = [m.strip() for m in methods.split(",") if m.strip()]
+    others = [m for m in names if m != AS_SAVED]
+    parsed = iter(parse_methods(others, params) if others else [])
+    requests: list[ScalingRequest | None] = []
+    for name in names:
+        if name == AS_SAVED:
+            requests.append(None)
+            continue
+        request = next(parsed)
+        requests.append(ScalingRequest(request.method, resolve_factor_for(request, factor, lengths, original_window), params=request.params))
+    return requests
+
+
+def check_requests(specs: Sequence[ModelSpec], methods: str, factor: float | None, params: dict[str, Any]) -> None:
+    """Every row's method names, parameters and given factors, checked as :func:`card_model_rows` will use them (a factor
+    sized from a model's window is checked there, once the window is known).
+
+    Raises:
+        ValueError: an unknown method or parameter, or a factor below 1.
+    """
+    from hf_posext.evaluation.arguments import parse_methods
+
+    for spec in specs:
+        for asked, given in (spec.methods or ((methods, None),)):
+            sized = given if given is not None else factor
+            names = [m.strip() for m in asked.split(",") if m.strip() and m.strip() != AS_SAVED]
+            for request in parse_methods(names, params) if names else []:
+                if sized is not None:
+                    ScalingRequest(request.method, sized, params=request.params)
+
+
+def as_request(report: dict[str, Any]) -> ScalingRequest:
+    """The request that reproduces a saved scaling (for the evaluation tasks, which patch every method)."""
+    params = dict(report.get("params") or {})
+    for part in report.get("parts") or []:
+        params.update(part.get("params") or {})
+    return ScalingRequest(report["method"], float(report.get("factor") or 1), params=tuple(sorted(params.items())))
+
+
+def card_model_rows(specs: Sequence[ModelSpec], lengths: Sequence[int], methods: str = "none", factor: float | None = None,
+                    params: dict[str, Any] | None = None) -> list[Row]:
+    """Every row with its report, computed on each model (loaded once, patched and restored per method).
+
+    Args:
+        specs: the models; one whose entry names its own methods (``MODEL@REQUEST;...``) takes those.
+        lengths: the suite's lengths (a factor left out is sized to the longest).
+        methods, factor, params: the requests of every model without its own (``--methods``, ``--factor``,
+            ``--param``).
+    """
+    from hf_posext.evaluation.loading import load_model_and_tokenizer
+
+    rows: list[Row] = []
+    for spec_index, spec in enumerate(specs):
+        model, _ = load_model_and_tokenizer(spec.model, dtype="float32", device="cpu", adapter=spec.adapter)
+        saved = describe(model).to_dict()
+        if spec.methods:
+            requests = [r for name, given in spec.methods
+                        for r in _requests(name, params or {}, given if given is not None else factor, lengths, saved["original_window"])]
+        else:
+            requests = _requests(methods, params or {}, factor, lengths, saved["original_window"])
+        for request in requests:
+            if request is None:
+                report = saved
+            else:
+                patch(model, request.method, request.factor, **request.params_dict)
+                report = describe(model).to_dict()
+                unpatch(model)
+            rows.append(Row(len(rows), spec, request, report, base=is_base_row(spec_index, spec, request.method if request else None, saved),
+                            saved=saved))
+        del model
+        gc.collect()
+    return rows
+
+
+def tokenizer_path(spec: ModelSpec) -> str:
+    """The folder or hub name lm-eval reads the row's tokenizer from (RULER samples are drawn with it)."""
+    from hf_posext.core.loading import check_tokenizer_files
+    from hf_posext.evaluation.loading import is_tiny_model_name
+    from hf_posext.models import resolve_model_path
+
+    if is_tiny_model_name(spec.model):
+        raise ValueError(f"{spec.model}: the RULER tasks need a model whose tokenizer is saved (lm-eval draws the samples "
+                         "with it) and the tiny test models have none; save one to a folder (tiny_model(...).save_pretrained(DIR) "
+                         "and a tokenizer beside it) and pass DIR, or run the suite's other tasks on it.")
+    path = resolve_model_path(spec.model)
+    check_tokenizer_files(path, spec.model)
+    return path

@@ -17,14 +17,10 @@ MAX_MODULE_LINES = 600
 MAX_FUNCTION_LINES = 80
 
 #: Modules still over MAX_MODULE_LINES (path relative to hf_posext/), being split.
-MODULES_OVER = {
-    "evaluation/card.py",  # moving into hf_posext/card/ (another change): delete when it lands
-    "integrations/lm_eval/card.py",  # likewise
-}
+MODULES_OVER: set[str] = set()
 
 #: Functions still over MAX_FUNCTION_LINES, as "path::qualified name", being split.
 FUNCTIONS_OVER = {
-    "integrations/lm_eval/card.py::_run_card_holding_folder",  # moving into hf_posext/card/
     "evaluation/perplexity.py::evaluate_perplexity",
     "evaluation/plots.py::line_figure",
     "integrations/lm_eval/compare.py::compare_methods",

@@ -159,6 +159,48 @@ PANEL_TITLE_WIDTH = 44
 MIN_LOG_SPAN = 1.5
 
 
+def _panel_lines(axis, group: list[dict[str, Any]], metric: str, styles: dict[str, tuple[Any, str, bool]], rate: bool,
+                 used: dict[str, Any]) -> list[float]:
+    """One panel of :func:`line_figure`: a line per method (rates with their intervals), offset sideways.
+
+    Adds each method's legend handle to ``used``; returns the values plotted.
+    """
+    from matplotlib.lines import Line2D
+
+    plotted: list[float] = []
+    labels = sorted({_label(r) for r in group}, key=lambda m: (m != "none", m))
+    for i, label in enumerate(labels):
+        members = [r for r in group if _label(r) == label]
+        pooled = _pooled_by_length(members, metric) if rate else {}
+        points = sorted({n: p.rate for n, p in pooled.items()}.items()) if pooled else sorted(_mean_by_length(members, metric).items())
+        if not points:
+            continue
+        shift = 2 ** ((i - (len(labels) - 1) / 2) * _DODGE_OCTAVES)
+        colour, marker, filled = styles[label]
+        face = colour if filled else "none"
+        plotted += [v for _, v in points]
+        axis.plot([n * shift for n, _ in points], [v for _, v in points], color=colour, marker=marker, markersize=6,
+                  markerfacecolor=face, linewidth=1.4, alpha=0.9)
+        if pooled:
+            intervals = [pooled[n].interval for n, _ in points]
+            axis.errorbar([n * shift for n, _ in points], [v for _, v in points],
+                          yerr=[[v - low for (_, v), (low, _) in zip(points, intervals)],
+                                [high - v for (_, v), (_, high) in zip(points, intervals)]],
+                          fmt="none", ecolor=colour, elinewidth=1.0, capsize=2.5, alpha=0.8)
+        used[label] = Line2D([], [], color=colour, marker=marker, markerfacecolor=face, linewidth=1.4)
+    return plotted
+
+
+def _log_axis(axis) -> None:
+    """A logarithmic y axis whose ticks read as plain numbers (perplexity)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    axis.set_yscale("log")
+    axis.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 7.0)))
+    axis.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    axis.yaxis.set_minor_formatter(NullFormatter())
+
+
 def line_figure(records: Sequence[dict[str, Any]], metric: str, ylabel: str, title: str,
                 styles: dict[str, tuple[Any, str, bool]], log_y: bool = False, rate: bool = False):
     """Metric against length: one panel per (model, factor), one line per method, the legend outside.
@@ -194,38 +236,14 @@ def line_figure(records: Sequence[dict[str, Any]], metric: str, ylabel: str, tit
     window_handle = None
     plotted: list[float] = []
     for axis, ((model, factor), group) in zip(axes.flat, groups.items()):
-        labels = sorted({_label(r) for r in group}, key=lambda m: (m != "none", m))
-        for i, label in enumerate(labels):
-            members = [r for r in group if _label(r) == label]
-            pooled = _pooled_by_length(members, metric) if rate else {}
-            points = sorted({n: p.rate for n, p in pooled.items()}.items()) if pooled else sorted(_mean_by_length(members, metric).items())
-            if not points:
-                continue
-            shift = 2 ** ((i - (len(labels) - 1) / 2) * _DODGE_OCTAVES)
-            colour, marker, filled = styles[label]
-            face = colour if filled else "none"
-            plotted += [v for _, v in points]
-            axis.plot([n * shift for n, _ in points], [v for _, v in points], color=colour, marker=marker, markersize=6,
-                      markerfacecolor=face, linewidth=1.4, alpha=0.9)
-            if pooled:
-                intervals = [pooled[n].interval for n, _ in points]
-                axis.errorbar([n * shift for n, _ in points], [v for _, v in points],
-                              yerr=[[v - low for (_, v), (low, _) in zip(points, intervals)],
-                                    [high - v for (_, v), (_, high) in zip(points, intervals)]],
-                              fmt="none", ecolor=colour, elinewidth=1.0, capsize=2.5, alpha=0.8)
-            used[label] = Line2D([], [], color=colour, marker=marker, markerfacecolor=face, linewidth=1.4)
+        plotted += _panel_lines(axis, group, metric, styles, rate, used)
         window = _original_window(group)
         if window:
             axis.axvline(window, color="grey", linestyle=":", linewidth=1.2)
             window_handle = Line2D([], [], color="grey", linestyle=":", linewidth=1.2)
         _length_axis(axis, lengths, window)
         if log_y:
-            from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
-
-            axis.set_yscale("log")
-            axis.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 7.0)))
-            axis.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
-            axis.yaxis.set_minor_formatter(NullFormatter())
+            _log_axis(axis)
         if rate:
             axis.set_ylim(-0.05, 1.05)
         depths = depths_note(group, all_depths, metric) if rate else ""

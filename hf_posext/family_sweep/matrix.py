@@ -74,7 +74,7 @@ def render_page(results: list[FamilyResult], versions: str, command: str) -> str
         f"that applies to its positions ({versions}; `{command}`). A method is *taken* when `patch` succeeds, a "
         "forward beyond the original window gives finite logits, `unpatch` restores state dict, config and logits "
         "to the bit, and (for one method per class) `save_pretrained` + `hf_posext.load` gives the same logits. "
-        "*Parity* lists the methods whose logits equal, to 1e-4, those of the model transformers builds itself with "
+        "*Parity* lists the methods whose logits equal, to 1e-4 and to 1/100 of what that scaling changes, those of the model transformers builds itself with "
         "that `rope_type` in its `rope_parameters`. Refusals carry the one line `patch` raises; the expected ones are "
         "listed in `hf_posext/family_sweep/known.py`.",
         "",

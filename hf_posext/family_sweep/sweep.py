@@ -34,8 +34,12 @@ LONG_LENGTH = int(WINDOW * 1.5)
 SHORT_LENGTH = WINDOW // 2
 #: The composition swept on RoPE families whose attention goes through transformers' AttentionInterface.
 COMPOSITION = f"yarn{COMPOSITION_SEPARATOR}string"
-#: Logits equal "to float precision": tiny float32 models, a handful of layers.
+#: Logits equal "to float precision": tiny float32 models, a handful of layers (measured: 0, bit for bit, on
+#: Llama, Qwen 3, Gemma 3, Cohere, Phi-3, DeepSeek-V3 and gpt-oss).
 TOLERANCE = 1e-4
+#: Parity must be able to fail: the difference allowed is also at most this fraction of what transformers' scaling
+#: changes in the logits (at the 0.02 init of a tiny model that can be 1e-5, below TOLERANCE).
+SENSITIVITY = 0.01
 #: The method whose saved folder is reloaded, by preference (the first one that patched is used otherwise).
 SAVE_LOAD_PREFERENCE = ("yarn", "linear")
 
@@ -183,8 +187,11 @@ def _parity(model: nn.Module, method: str, baseline: dict[str, Any], patched: to
     if stock is None:
         return None
     difference = (stock - patched).abs().max().item()
-    _check(math.isfinite(difference) and torch.allclose(stock, patched, atol=TOLERANCE, rtol=TOLERANCE),
-           f"{method} differs from transformers' own rope_parameters scaling by {difference:.3g}")
+    effect = (stock - baseline["long_logits"]).abs().max().item()
+    allowed = min(TOLERANCE, SENSITIVITY * effect)
+    _check(math.isfinite(difference) and difference <= allowed,
+           f"{method} differs from transformers' own rope_parameters scaling by {difference:.3g} (allowed {allowed:.3g}: "
+           f"1/100 of the {effect:.3g} its scaling changes)")
     return True
 
 

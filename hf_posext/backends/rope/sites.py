@@ -127,7 +127,7 @@ def fill_legacy_rope_fields(config) -> None:
         accepted = inspect.signature(type(config).__init__).parameters
     except (TypeError, ValueError):
         return
-    if "rope_theta" not in accepted:
+    if "rope_theta" not in accepted or "rope_parameters" in accepted:  # a transformers 5 class (rope_scaling aliases)
         return
     if "rope_theta" not in config.__dict__:
         config.rope_theta = params["rope_theta"]

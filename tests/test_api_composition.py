@@ -325,3 +325,13 @@ def test_a_size_qualified_by_the_attention_part_is_refused_naming_the_one_size(n
                                          rf"{name.partition('.')[2]}=\.\.\. unqualified \(it sizes 'yarn'\)") as error:
         hf_posext.patch(_model(), f"yarn+{method}", factor=2, **{name: size})
     assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("text", ["yarn:factor=4", "yarn+string:factor=4", "string+yarn:factor=2:local_value=8"])
+def test_a_whole_request_where_a_method_name_is_taken_names_both_ways_to_write_it(text):
+    method = text.split(":")[0]
+    with pytest.raises(ValueError, match=rf"^'{re.escape(text)}' is a whole request \(method:settings\), but a method "
+                                         rf"name is taken here: write the method alone \('{re.escape(method)}'\).*"
+                                         rf"--method {re.escape(text)}, posext={re.escape(text)}") as error:
+        hf_posext.patch(_model(), text)
+    assert "\n" not in str(error.value)

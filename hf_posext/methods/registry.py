@@ -216,6 +216,18 @@ def _normalise(name: str) -> str:
     return name.strip().lower().replace("_", "-")
 
 
+def _refuse_request_text(name: str) -> None:
+    """Refuse a whole request (``yarn:factor=4``) given where a method name is taken, naming both ways to write it."""
+    if ":" not in name:
+        return
+    method = name.split(":", 1)[0].strip()
+    raise ValueError(
+        f"{name!r} is a whole request (method:settings), but a method name is taken here: write the method alone "
+        f"({method!r}) with its settings as arguments (patch(model, {method!r}, factor=4)), or give the whole request "
+        f"where one is taken (--method {name}, posext={name}, a recipe's scaling: {name})."
+    )
+
+
 def split_composition(name: str) -> tuple[str, str] | None:
     """``(frequency method, attention method)`` of a composed name such as ``"yarn+string"``; None for one method.
 
@@ -231,6 +243,7 @@ def split_composition(name: str) -> tuple[str, str] | None:
     """
     if not isinstance(name, str):
         raise TypeError(f"The method must be a name (str), got {type(name).__name__}.")
+    _refuse_request_text(name)
     key = _normalise(name)
     if COMPOSITION_SEPARATOR not in key:
         return None
@@ -294,6 +307,7 @@ def check_method_name(name: str) -> str:
     key = _normalise(name)
     if kinds_of(key):
         return key
+    _refuse_request_text(name)
     composition = split_composition(key)
     if composition is not None:
         return COMPOSITION_SEPARATOR.join(composition)

@@ -214,3 +214,12 @@ def test_a_request_without_its_size_names_the_model_argument(text, message):
     with pytest.raises(ValueError, match=message) as error:
         parse_posext_args({"posext": text, "pretrained": "x"})
     assert "\n" not in str(error.value)
+
+
+def test_peft_adapter_of_another_base_names_the_lm_eval_fix(recipe_adapter, monkeypatch):
+    from hf_posext.adapters import AdapterMismatchError
+
+    monkeypatch.setattr(PosextHFLM, "_create_model", lambda *a, **k: pytest.fail("the model loaded before the check"))
+    with pytest.raises(AdapterMismatchError, match=r"not 'org/other-model': pass pretrained=\S*tiny-llama\.$") as error:
+        PosextHFLM(pretrained="org/other-model", peft=str(recipe_adapter), device="cpu")
+    assert "--model" not in str(error.value) and "\n" not in str(error.value)

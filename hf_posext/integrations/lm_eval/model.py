@@ -105,6 +105,8 @@ def parse_posext_args(model_args: dict[str, Any], *, sized: bool = True) -> tupl
 #: Where the fix of an adapter mismatch starts in :func:`hf_posext.adapters.check_adapter`'s message (it names
 #: ``hf-posext eval`` flags, which lm-eval does not take).
 _EVAL_FIX = ": evaluate it with "
+#: The same for another base model (``pass --model BASE``).
+_EVAL_BASE_FIX = ": pass --model "
 
 
 def _with_lm_eval_fix(message: str, record: Any) -> str:
@@ -237,7 +239,10 @@ class PosextHFLM(HFLM):
         if not os.path.isfile(os.path.join(folder, ADAPTER_RECORD)):
             return  # another PEFT adapter: the harness loads it as usual
         request = self.posext_request
-        record = check_adapter(folder, pretrained)  # its files and its base, before any scaling is compared
+        try:
+            record = check_adapter(folder, pretrained)  # its files and its base, before any scaling is compared
+        except AdapterMismatchError as error:  # another base: the fix in lm-eval's spelling
+            raise AdapterMismatchError(str(error).replace(_EVAL_BASE_FIX, ": pass pretrained=")) from None
         if request is None:
             self.posext_request = ScalingRequest.from_kwargs(record.method, record.factor, **record.params)
         else:

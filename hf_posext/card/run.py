@@ -20,7 +20,6 @@ from typing import Any, Sequence
 
 from hf_posext.card.budgets import SHORT_BUDGETS
 from hf_posext.card.folder import CardFolder, earlier_card, in_row_order, merged_row_order, write_card
-from hf_posext.card.render import markdown_card
 from hf_posext.card.rows import card_model_rows, check_requests
 from hf_posext.card.samples import DeferredSampleWrites, SampleCache
 from hf_posext.card.settings import CardSettings
@@ -103,8 +102,8 @@ def run_in_folder(settings: CardSettings, started: float) -> int:
         for cell in ruler_runner.run_ruler_plans(plans, ruler, settings, evaluation_dtype(settings.dtype, "ruler", settings.device)):
             cells.append(cell)
             writer.partial(cells)  # a long run shows what it has so far
-    final, skipped_now, paths = writer.final(cells)
-    print(markdown_card(final, skipped_now))  # the card.md just written
+    paths = writer.final(cells)
+    print(paths["markdown"].read_text(encoding="utf-8").rstrip("\n"))  # the card.md just written (its comparisons computed once)
     print(f"\ncard: {paths['html']} (+ {paths['json'].name}, {paths['markdown'].name}, plots); {time.time() - started:.0f} s")
     return 0
 
@@ -174,8 +173,7 @@ class CardWriter:
         placed, settings = in_row_order([*done, *self.carried, *self._waiting(done)], self.card_settings(partial=True), self.position)
         write_card(self.settings.out, placed, self._skipped(), settings)
 
-    def final(self, done: Sequence[Cell]) -> tuple[list[Cell], list[dict[str, str]], dict[str, Path]]:
-        """Write the finished card; returns its cells, skipped entries and paths."""
+    def final(self, done: Sequence[Cell]) -> dict[str, Path]:
+        """Write the finished card; returns its paths (``{"json", "markdown", "html"}``)."""
         placed, settings = in_row_order([*done, *self.carried], self.card_settings(partial=False), self.position)
-        skipped = self._skipped()
-        return placed, skipped, write_card(self.settings.out, placed, skipped, settings)
+        return write_card(self.settings.out, placed, self._skipped(), settings)

@@ -338,3 +338,22 @@ def test_a_damaged_card_or_a_missing_sample_file_is_named(tmp_path, capsys):
         rewrite_card(folder)
     assert main(["report", str(folder), "--compare", "a", "b"]) == 2
     assert "compares its rows on the same RULER samples itself" in capsys.readouterr().err
+
+
+def test_a_write_computes_the_paired_comparisons_once(tmp_path, monkeypatch):
+    """card.json, card.md and card.html show the same comparisons: computed once a write, handed to each."""
+    from hf_posext.card import folder, render, stats
+
+    calls = []
+
+    def counted(cells):
+        calls.append(len(cells))
+        return stats.paired_comparisons(cells)
+
+    monkeypatch.setattr(folder, "paired_comparisons", counted)
+    monkeypatch.setattr(render, "paired_comparisons", counted)
+    cells = [ruler_cell("base", 0, {0: 1, 1: 0}), ruler_cell("yarn", 1, {0: 0, 1: 0}),
+             {**ruler_cell("base", 0, {0: 1}), "task": "ending", "kind": "ending"}]
+    paths = write_card(tmp_path / "card", cells, [], {"samples": 2})
+    assert calls == [3]
+    assert "1:0 of 2" in paths["markdown"].read_text() and "1:0 of 2" in paths["html"].read_text()

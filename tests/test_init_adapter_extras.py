@@ -34,10 +34,10 @@ def test_stage2_without_a_kind_stage1_trained_is_refused_before_loading(stage1, 
 
 
 def test_the_kinds_are_told_by_module_names_or_left_to_the_load():
-    from hf_posext.training.lora import _extra_kinds
+    from hf_posext.training.lora import extra_kinds
 
-    assert _extra_kinds(["model.embed_tokens.weight", "model.layers.0.input_layernorm.weight", "model.norm.weight"]) == \
+    assert extra_kinds(["model.embed_tokens.weight", "model.layers.0.input_layernorm.weight", "model.norm.weight"]) == \
         {"norms", "embeddings"}
-    assert _extra_kinds(["transformer.wte.weight", "transformer.ln_f.bias"]) == {"norms", "embeddings"}
-    assert _extra_kinds(["model.layers.0.input_layernorm.weight"]) == {"norms"}
-    assert _extra_kinds(["model.something_else.weight"]) is None
+    assert extra_kinds(["transformer.wte.weight", "transformer.ln_f.bias"]) == {"norms", "embeddings"}
+    assert extra_kinds(["model.layers.0.input_layernorm.weight"]) == {"norms"}
+    assert extra_kinds(["model.something_else.weight"]) is None

@@ -23,15 +23,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from hf_posext.core.request import ScalingRequest, parse_value
+from hf_posext.core.request import SETTING_SEPARATOR, SIZE_FIELDS, ScalingRequest, format_request, parse_value
 
 __all__ = ["SETTING_SEPARATOR", "MODEL_ARGUMENT", "parse_request", "format_request", "split_top_level", "looks_like_request_text"]
 
 #: Between the method and each ``name=value`` setting.
-SETTING_SEPARATOR = ":"
 #: The lm-eval model argument that holds a whole request (``posext=yarn:factor=4``).
 MODEL_ARGUMENT = "posext"
-_SIZE_FIELDS = ("factor", "target_length", "original_max_position_embeddings")
 EXAMPLE = "yarn:factor=4 (or yarn+string:factor=4:string.local_value=128)"
 
 
@@ -91,30 +89,13 @@ def parse_request(text: str, where: str = "scaling request") -> ScalingRequest:
                 f"{where} {text!r}: {item!r} is not NAME=VALUE; write e.g. {method}:factor={item.strip() or 4} "
                 f"(settings follow the method, each after a ':')."
             )
-        target = sizes if name in _SIZE_FIELDS else params
+        target = sizes if name in SIZE_FIELDS else params
         if name in sizes or name in params:
             raise ValueError(f"{where} {text!r} gives {name!r} twice; give it once.")
         target[name] = parse_value(value.strip())
     try:
-        return ScalingRequest(method, *(sizes.get(name) for name in _SIZE_FIELDS), params=tuple(params.items()))
+        return ScalingRequest(method, *(sizes.get(name) for name in SIZE_FIELDS), params=tuple(params.items()))
     except (TypeError, ValueError) as error:
         raise ValueError(f"{where} {text!r}: {error}") from error
 
 
-def _format_value(value: Any) -> str:
-    if isinstance(value, bool) or value is None:
-        return json.dumps(value)
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    if isinstance(value, (list, tuple, dict)):
-        return json.dumps(value, separators=(",", ":"))
-    return str(value)
-
-
-def format_request(request: ScalingRequest) -> str:
-    """The text of ``request`` in this grammar; :func:`parse_request` reads it back to an equal request."""
-    settings = [(name, getattr(request, name)) for name in _SIZE_FIELDS if getattr(request, name) is not None]
-    if request.method == "none" and settings == [("factor", 1.0)]:
-        return "none"  # the baseline needs no size
-    settings += list(request.params)
-    return SETTING_SEPARATOR.join([request.method, *(f"{name}={_format_value(value)}" for name, value in settings)])

@@ -35,11 +35,16 @@ from hf_posext.methods import COMPOSITION_SEPARATOR, Method, check_method_name, 
 
 __all__ = [
     "ScalingRequest", "ScalingConfig", "resolve_factor", "parse_value", "parse_param_items", "plain_number", "MODEL_ARGS_PREFIX",
+    "SETTING_SEPARATOR", "SIZE_FIELDS", "format_request",
 ]
+
+#: Separates the method from its settings, and the settings from each other, in a request's text.
+SETTING_SEPARATOR = ":"
+#: The settings that size a request (every other setting is a method parameter).
+SIZE_FIELDS = ("factor", "target_length", "original_max_position_embeddings")
 
 #: Prefix of the lm-eval model arguments that make up a request (``posext_method=yarn``).
 MODEL_ARGS_PREFIX = "posext_"
-_SIZE_FIELDS = ("factor", "target_length", "original_max_position_embeddings")
 #: The request's own field names where they start an argument name in a message ("factor=0.5 is ...").
 _FIELD_NAMES = re.compile(r"(?<![\w'])(?:factor|target_length|original_max_position_embeddings)(?==| must)")
 
@@ -147,7 +152,7 @@ def _split_composed_params(method: str, params: dict[str, Any]) -> dict[str, dic
             if part not in split:
                 raise ValueError(f"Parameter {key!r} names part {part!r}, which {method!r} does not have; qualify it with "
                                  f"{' or '.join(repr(p + '.') for p in parts)}.")
-            if name in _SIZE_FIELDS:
+            if name in SIZE_FIELDS:
                 raise ValueError(
                     f"{key!r}: a composition has one size, its frequency part's: write {name}=... unqualified (it sizes "
                     f"{parts[0]!r}); {parts[1]!r} is sized on the window {parts[0]!r} gives"
@@ -270,7 +275,7 @@ class ScalingRequest:
         """
         if not isinstance(mapping, Mapping):
             raise ValueError(f"{where} must be a mapping with method, factor, ..., got {type(mapping).__name__}.")
-        known = ("method", "params", *_SIZE_FIELDS)
+        known = ("method", "params", *SIZE_FIELDS)
         unknown = [k for k in mapping if k not in known]
         if unknown:
             raise ValueError(f"{where} has no field {unknown[0]!r}; its fields are: {', '.join(known)}.")
@@ -282,7 +287,7 @@ class ScalingRequest:
         try:
             return cls(
                 str(mapping["method"]),
-                *(parse_value(mapping.get(name)) for name in _SIZE_FIELDS),
+                *(parse_value(mapping.get(name)) for name in SIZE_FIELDS),
                 params=tuple((str(k), parse_value(v)) for k, v in params.items()),
             )
         except (TypeError, ValueError) as error:
@@ -333,7 +338,7 @@ class ScalingRequest:
                 raise ValueError(f"Model argument {key!r} names no parameter: use {MODEL_ARGS_PREFIX}<name>=<value>.")
             if name == "method":
                 section["method"] = "none" if value is None else value
-            elif name in _SIZE_FIELDS:
+            elif name in SIZE_FIELDS:
                 section[name] = value
             else:
                 params[name] = value
@@ -347,7 +352,7 @@ class ScalingRequest:
             return None, rest
         try:
             request = cls(
-                str(section["method"]), *(parse_value(section.get(name)) for name in _SIZE_FIELDS),
+                str(section["method"]), *(parse_value(section.get(name)) for name in SIZE_FIELDS),
                 params=tuple((k, parse_value(v)) for k, v in params.items()),
             )
         except (TypeError, ValueError) as error:
@@ -406,8 +411,6 @@ class ScalingRequest:
         defaults = {get_method(attention.method, kind).default_factor for kind in kinds_of(attention.method)}
         sizing = _size_params(attention.method)
         if sizing:
-            from hf_posext.core.grammar import format_request
-
             example = dataclasses.replace(self, params=tuple(sorted((*self.params, (sizing[0], 4)))))
             raise ValueError(
                 f"{self.method}: the factor sizes {frequency.method}; {attention.method} is sized on the window "
@@ -564,3 +567,22 @@ class ScalingConfig:
             params=dict(data.get("params", {})),
             kind=data.get("kind", "rope"),
         )
+
+
+def _format_value(value: Any) -> str:
+    if isinstance(value, bool) or value is None:
+        return json.dumps(value)
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    if isinstance(value, (list, tuple, dict)):
+        return json.dumps(value, separators=(",", ":"))
+    return str(value)
+
+
+def format_request(request: ScalingRequest) -> str:
+    """The text of ``request`` in the request grammar (``METHOD:NAME=VALUE:...``); :func:`hf_posext.core.grammar.parse_request` reads it back to an equal request."""
+    settings = [(name, getattr(request, name)) for name in SIZE_FIELDS if getattr(request, name) is not None]
+    if request.method == "none" and settings == [("factor", 1.0)]:
+        return "none"  # the baseline needs no size
+    settings += list(request.params)
+    return SETTING_SEPARATOR.join([request.method, *(f"{name}={_format_value(value)}" for name, value in settings)])

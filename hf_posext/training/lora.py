@@ -19,7 +19,7 @@ from torch import nn
 from hf_posext.adapters import apply_adapter, saved_extra_names
 
 __all__ = ["LoraTargetError", "linear_module_names", "setup_trainable", "trainable_state_dict", "extra_parameter_names",
-           "check_init_adapter"]
+           "check_init_adapter", "extra_kinds"]
 
 class LoraTargetError(ValueError):
     """A LoRA target module name that matches no linear layer of the model."""
@@ -67,7 +67,7 @@ def extra_parameter_names(model: nn.Module, train_embeddings: bool, train_norms:
     return names
 
 
-def _extra_kinds(names: list[str]) -> set[str] | None:
+def extra_kinds(names: list[str]) -> set[str] | None:
     """``{"norms", "embeddings"}`` or a part of it: the kinds of the trained parameters ``names`` (an adapter's
     ``modules_to_save``), told by their module names; None when one of them is neither clearly (the check is
     then left to the load, which compares the exact names)."""
@@ -126,7 +126,7 @@ def check_init_adapter(finetune: Any, base_model: str, method: str, factor: floa
         ("finetune.target_modules", saved_targets, asked_targets)) if a != b]
     saved_extras = saved_extra_names(folder)
     has_extras = bool(saved_extras)
-    kinds = _extra_kinds(saved_extras)
+    kinds = extra_kinds(saved_extras)
     if has_extras != bool(finetune.train_norms or finetune.train_embeddings):
         differences.append(f"trained norms/embeddings: the adapter {'holds' if has_extras else 'has no'} "
                            f"them, the recipe {'does not train them' if has_extras else 'trains them'} "

@@ -23,7 +23,6 @@ MODULES_OVER: set[str] = set()
 FUNCTIONS_OVER = {
     "evaluation/perplexity.py::evaluate_perplexity",
     "integrations/lm_eval/compare.py::compare_methods",
-    "training/model_card.py::adapter_model_card",
 }
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -64,12 +65,64 @@ def adapter_model_card(config: TrainConfig, record: dict[str, Any], log_path: Pa
         log_path: the run's ``log.jsonl``.
         measured: the text of the "Measured" section (None: say that only the loss was measured).
     """
+    base = _BaseNames.of(record["base_model"])
+    lines = [*_front_matter(base, record), *_recipe_lines(config, record, _log_summary(log_path)),
+             *_use_section(config, record, base), "## Measured", "", measured or NOT_MEASURED, ""]
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class _BaseNames:
+    """How the card names the base model: ``name`` as the record gives it, its hub id, and the name a hub reader sees."""
+
+    name: str
+    hub: str
+    is_hub: bool
+    shown: str
+
+    @classmethod
+    def of(cls, name: str) -> _BaseNames:
+        hub = hub_id(name)
+        is_hub = not looks_like_local_path(hub) and not os.path.exists(hub) and hub.count("/") == 1
+        return cls(name, hub, is_hub, hub if is_hub else _public_name(name))
+
+    @property
+    def embedded(self) -> bool:
+        return self.name.strip().lower() in EMBEDDED_HUB_IDS
+
+    @property
+    def argument(self) -> str:
+        """The name to pass hf-posext: the embedded name, the hub id, or for a local base a placeholder (no machine path)."""
+        return self.name if self.embedded else self.hub if self.is_hub else "BASE_MODEL_DIR"
+
+
+def _front_matter(base: _BaseNames, record: dict[str, Any]) -> list[str]:
+    """The YAML header, the title, and the base model and scaling lines."""
+    window = record.get("current_window")
+    if base.embedded:
+        embedded = EMBEDDED[base.name.strip().lower()]
+        provenance = (f", as embedded in hf-posext (`{base.name}`: the model's {embedded.quantisation} GGUF dequantised "
+                      f"to float32, under {embedded.licence}; the hub's own weights are close to it but not equal, and "
+                      "hf-posext's loaders, which check the weights fingerprint in `posext_adapter.json`, refuse them).")
+    else:
+        provenance = "."
+    return ["---"] + ([f"base_model: {base.hub}"] if base.is_hub else []) + [
+        "library_name: peft",
+        "tags: [hf-posext, long-context, lora]",
+        "---",
+        "",
+        f"# {base.shown} with {record['method']} x{record['factor']:g}: a LoRA adapter for a {window}-token window",
+        "",
+        f"- **Base model:** `{base.shown}` (window {record.get('original_window')} tokens){provenance}",
+        f"- **Scaling:** `{record['method']}` x{record['factor']:g} (parameters {record.get('params') or {}}), window "
+        f"{window} tokens. The adapter only works under this scaling: `hf-posext eval --adapter`, "
+        "`hf-posext lm-eval` (`peft=`) and `hf_posext.adapters.load_adapted_model` refuse another base or scaling.",
+    ]
+
+
+def _recipe_lines(config: TrainConfig, record: dict[str, Any], summary: dict[str, Any]) -> list[str]:
+    """What was trained, on which data, from which start, on which schedule, and what the run logged."""
     d, f, t = config.data, config.finetune, config.train
-    name = record["base_model"]
-    hub = hub_id(name)
-    is_hub = not looks_like_local_path(hub) and not os.path.exists(hub) and hub.count("/") == 1
-    shown = hub if is_hub else _public_name(name)
-    summary = _log_summary(log_path)
     trained = [f"LoRA r={f.rank}, alpha={f.alpha:g} on {', '.join(f.target_modules)}"]
     if f.train_norms:
         trained.append("the normalisation layers")
@@ -79,62 +132,56 @@ def adapter_model_card(config: TrainConfig, record: dict[str, Any], log_path: Pa
             if d.pose else f"full-length {d.sequence_length}-token sequences")
     if d.pose and d.pose_far_fraction:
         pose += f", {d.pose_far_fraction:.0%} of them with their last chunk at the end of that span (data.pose_far_fraction)"
-    scaling = f"`{record['method']}` x{record['factor']:g}"
-    lines = ["---"] + ([f"base_model: {hub}"] if is_hub else []) + [
-        "library_name: peft",
-        "tags: [hf-posext, long-context, lora]",
-        "---",
-        "",
-        f"# {shown} with {record['method']} x{record['factor']:g}: a LoRA adapter for a "
-        f"{record.get('current_window')}-token window",
-        "",
-        f"- **Base model:** `{shown}` (window {record.get('original_window')} tokens)"
-        + (f", as embedded in hf-posext (`{name}`: the model's {EMBEDDED[name.strip().lower()].quantisation} GGUF dequantised "
-           f"to float32, under {EMBEDDED[name.strip().lower()].licence}; the hub's own weights are "
-           "close to it but not equal, and hf-posext's loaders, which check the weights fingerprint in `posext_adapter.json`, "
-           "refuse them)." if name.strip().lower() in EMBEDDED_HUB_IDS else "."),
-        f"- **Scaling:** {scaling} (parameters {record.get('params') or {}}), window "
-        f"{record.get('current_window')} tokens. The adapter only works under this scaling: `hf-posext eval --adapter`, "
-        "`hf-posext lm-eval` (`peft=`) and `hf_posext.adapters.load_adapted_model` refuse another base or scaling.",
-        f"- **Trained:** {'; '.join(trained)}.",
-        f"- **Data:** `{_public_name(d.source)}`" + (f" without {', '.join(_public_name(e) for e in d.exclude)}" if d.exclude else "") + f"; {pose}.",
-    ]
+    excluded = f" without {', '.join(_public_name(e) for e in d.exclude)}" if d.exclude else ""
+    lines = [f"- **Trained:** {'; '.join(trained)}.", f"- **Data:** `{_public_name(d.source)}`{excluded}; {pose}."]
     if d.retrieval_records:
-        every = d.retrieval_fraction == 1
-        share, ask = ("every sample hides", "asks") if every else (f"{d.retrieval_fraction:.0%} of the samples hide", "ask")
-        labels = ("every token" if d.retrieval_labels == "all" else
-                  "their answers only" + (" (the loss below is over answer tokens)" if every else ""))
-        wording = (", each record and each question in one of several wordings (`data.retrieval_wording: varied`)"
-                   if d.retrieval_wording == "varied" else "")
-        tasks = list(getattr(d, "retrieval_tasks", ["lookup"]))
-        if tasks != ["lookup"]:
-            wording += f"; questions drawn from {', '.join(t.replace('_', ' ') for t in tasks)} (`data.retrieval_tasks`)"
-        if getattr(d, "retrieval_values", "digits") != "digits":
-            wording += "; values codes or two-word phrases"
-        if getattr(d, "retrieval_chat", 0.0):
-            wording += (f"; {d.retrieval_chat:.0%} of them conversations in the model's chat template (an answer with "
-                        "its end-of-turn token)")
-        lines.append(f"- **Retrieval samples:** {share} {d.retrieval_records} synthetic key-value records and {ask} "
-                     f"for them at the end (`hf_posext.training.retrieval_data`){wording}, trained on {labels}.")
+        lines.append(_retrieval_line(d))
     if f.init_adapter:
         start = Path(str(f.init_adapter).rstrip("/"))
         start_name = f"{start.parent.name}/{start.name}" if start.name == "adapter" and start.parent.name else start.name
         lines.append(f"- **Started from:** the adapter `{start_name}` (its LoRA weights and trained norms/embeddings), "
                      "not a fresh LoRA.")
-    lines += [
+    lines.append(
         f"- **Schedule:** {t.max_steps} optimizer steps of {t.batch_size} x {t.gradient_accumulation_steps} sequences per process, "
         f"learning rate {t.learning_rate:g} ({t.lr_schedule}, {t.warmup_steps} warm-up steps), seed {t.seed}, loss `{t.loss}`"
         + (", averaged over sequences (each sample weighs the same, `train.loss_average: sequences`)."
-           if getattr(t, "loss_average", "tokens") == "sequences" else "."),
-    ]
+           if getattr(t, "loss_average", "tokens") == "sequences" else ".")
+    )
     if summary:
         tokens = f", {summary['tokens']:,} tokens" if summary.get("tokens") else ""
         lines.append(f"- **Run:** {summary['steps']} steps{tokens}; training loss {summary['loss_first']:.3f} at the first logged step, "
                      f"{summary['loss_last']:.3f} averaged over the last {summary['last_count']} (`log.jsonl` of the run).")
-    # the name to pass hf-posext: the embedded name, the hub id, or for a local base a placeholder (no machine path)
-    base_arg = name if name.strip().lower() in EMBEDDED_HUB_IDS else hub if is_hub else "BASE_MODEL_DIR"
+    return lines
+
+
+def _retrieval_line(d: Any) -> str:
+    """The line on the synthetic retrieval samples of the recipe's data section ``d``."""
+    every = d.retrieval_fraction == 1
+    share, ask = ("every sample hides", "asks") if every else (f"{d.retrieval_fraction:.0%} of the samples hide", "ask")
+    labels = ("every token" if d.retrieval_labels == "all" else
+              "their answers only" + (" (the loss below is over answer tokens)" if every else ""))
+    wording = (", each record and each question in one of several wordings (`data.retrieval_wording: varied`)"
+               if d.retrieval_wording == "varied" else "")
+    tasks = list(getattr(d, "retrieval_tasks", ["lookup"]))
+    if tasks != ["lookup"]:
+        wording += f"; questions drawn from {', '.join(t.replace('_', ' ') for t in tasks)} (`data.retrieval_tasks`)"
+    if getattr(d, "retrieval_values", "digits") != "digits":
+        wording += "; values codes or two-word phrases"
+    if getattr(d, "retrieval_chat", 0.0):
+        wording += (f"; {d.retrieval_chat:.0%} of them conversations in the model's chat template (an answer with "
+                    "its end-of-turn token)")
+    return (f"- **Retrieval samples:** {share} {d.retrieval_records} synthetic key-value records and {ask} "
+            f"for them at the end (`hf_posext.training.retrieval_data`){wording}, trained on {labels}.")
+
+
+def _use_section(config: TrainConfig, record: dict[str, Any], base: _BaseNames) -> list[str]:
+    """``## Use``: loading the adapter with hf-posext (Python and CLI), then with stock transformers and PEFT."""
+    f = config.finetune
+    method, factor, argument = record["method"], record["factor"], base.argument
     extras = " + the trained norms/embeddings (PEFT `modules_to_save`)" if (f.train_norms or f.train_embeddings) else ""
-    lines += [
+    params = ("".join(f", {k}={v!r}" for k, v in sorted((record.get("params") or {}).items()))
+              if method != "yarn" else "")
+    return [
         "",
         "## Use",
         "",
@@ -143,14 +190,14 @@ def adapter_model_card(config: TrainConfig, record: dict[str, Any], log_path: Pa
         "",
         "```python",
         "from hf_posext.adapters import load_adapted_model, save_merged",
-        f"model = load_adapted_model({base_arg!r}, 'ADAPTER_DIR')     # {record['method']} x{record['factor']:g}, adapted, merged",
-        f"save_merged({base_arg!r}, 'ADAPTER_DIR', 'merged')          # the merged model + tokenizer, scaling in config.json",
+        f"model = load_adapted_model({argument!r}, 'ADAPTER_DIR')     # {method} x{factor:g}, adapted, merged",
+        f"save_merged({argument!r}, 'ADAPTER_DIR', 'merged')          # the merged model + tokenizer, scaling in config.json",
         "```",
         "",
         "```bash",
-        f"hf-posext eval passkey --model {base_arg} --adapter ADAPTER_DIR --methods {record['method']} "
+        f"hf-posext eval passkey --model {argument} --adapter ADAPTER_DIR --methods {method} "
         f"--lengths {record.get('current_window')}",
-        f"hf-posext lm-eval run --model hf-posext --model_args pretrained={base_arg},peft=ADAPTER_DIR --tasks niah_single_1",
+        f"hf-posext lm-eval run --model hf-posext --model_args pretrained={argument},peft=ADAPTER_DIR --tasks niah_single_1",
         "```",
         "",
         "With stock transformers and PEFT:",
@@ -160,15 +207,9 @@ def adapter_model_card(config: TrainConfig, record: dict[str, Any], log_path: Pa
         "from peft import PeftModel",
         "from transformers import AutoModelForCausalLM",
         "",
-        f"base = AutoModelForCausalLM.from_pretrained({(hub if is_hub else 'BASE_MODEL_DIR')!r})",
-        f"hf_posext.patch(base, {record['method']!r}, factor={record['factor']:g})"
-        + ("".join(f", {k}={v!r}" for k, v in sorted((record.get('params') or {}).items())) if record["method"] != "yarn" else ""),
+        f"base = AutoModelForCausalLM.from_pretrained({(base.hub if base.is_hub else 'BASE_MODEL_DIR')!r})",
+        f"hf_posext.patch(base, {method!r}, factor={factor:g}){params}",
         f"model = PeftModel.from_pretrained(base, 'ADAPTER_DIR')     # LoRA{extras}",
         "```",
         "",
-        "## Measured",
-        "",
-        measured or NOT_MEASURED,
-        "",
     ]
-    return "\n".join(lines)

@@ -53,6 +53,7 @@ __all__ = [
     "RESUME_IGNORED_KEYS",
     "RENAMED_KEYS",
     "upgrade_renamed_keys",
+    "current_init_adapter",
     "RECIPE_SUFFIXES",
     "names_recipe",
     "stage_adapter_folder",
@@ -331,7 +332,6 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return data
 
 
-#: A ``finetune.init_adapter`` ending in one of these names a recipe (the stage before), not an adapter folder.
 def stage_adapter_folder(recipe: str | Path) -> str:
     """The adapter folder that a run of ``recipe`` writes when it finishes: ``<its output.dir>/adapter``.
 
@@ -367,6 +367,37 @@ def check_stage_adapter(recipe: str | Path) -> str:
             f"which does not exist yet. Run `hf-posext train --config {recipe}` first (or set "
             "finetune.init_adapter=PATH to an adapter folder).")
     return folder
+
+
+def current_init_adapter(value: str, require_previous_stage: bool = False) -> str:
+    """A ``finetune.init_adapter`` as given, or its new name where it names a renamed recipe (its former path) or a
+    folder under a renamed recipe's former output folder (``runs/OLD/adapter``); the new name comes with one
+    ``FutureWarning`` line, ``X is now Y``. A path that exists is kept as it is.
+
+    Raises:
+        ConfigError: (``require_previous_stage``) the former output folder's new one does not exist either; the
+            message names it and the command that writes it.
+    """
+    from hf_posext.training.recipe_names import recipe_writing, renamed_output_folder, renamed_recipe
+
+    if names_recipe(value):
+        new = renamed_recipe(value)
+        if new is not None:
+            warnings.warn(f"finetune.init_adapter: {value} is now {new} (the old name works for one release); "
+                          "rename it in the recipe.", FutureWarning, stacklevel=3)
+        return value if new is None else new
+    new = renamed_output_folder(value)
+    if new is None:
+        return value
+    recipe = recipe_writing(str(Path(new).parent if Path(new).name == "adapter" else new))
+    written_by = f"written by {recipe}; " if recipe else ""
+    if require_previous_stage and not Path(new).is_dir():
+        run = f"run `hf-posext train --config {recipe}` first" if recipe else "run its recipe first"
+        raise ConfigError(f"finetune.init_adapter: {value} does not exist, and its recipe now writes it to {new}, which does "
+                          f"not exist yet either: {run} (or point finetune.init_adapter at an adapter folder you have).")
+    warnings.warn(f"finetune.init_adapter: {value} is now {new} ({written_by}the old name works for one release); "
+                  "rename it in the recipe.", FutureWarning, stacklevel=3)
+    return new
 
 
 def _read_recipe(path: Path) -> dict[str, Any]:
@@ -413,6 +444,8 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None, val
             raise ConfigError(f"{path} is empty: it sets no section (model, scaling, data, ...). Write the recipe in it, "
                               "or copy one from recipes/configs/.")
     config = config_from_dict(apply_overrides(data, overrides or []))
+    if config.finetune.init_adapter is not None:
+        config.finetune.init_adapter = current_init_adapter(str(config.finetune.init_adapter), require_previous_stage)
     previous = config.finetune.init_adapter
     if previous is not None and names_recipe(previous):
         if path is not None and Path(previous).resolve() == path.resolve():

@@ -22,7 +22,6 @@ MODULES_OVER: set[str] = set()
 #: Functions still over MAX_FUNCTION_LINES, as "path::qualified name", being split.
 FUNCTIONS_OVER = {
     "evaluation/perplexity.py::evaluate_perplexity",
-    "integrations/lm_eval/compare.py::compare_methods",
 }
 
 

@@ -127,63 +127,87 @@ def compare_methods(
         One row per (method, task, metric): ``{"method", "task", "metric", "value"}``.
     """
     import_harness()
-    from lm_eval import simple_evaluate
-    from lm_eval.tasks import TaskManager, get_task_dict
-
-    from hf_posext.integrations.lm_eval.model import PosextHFLM
     from hf_posext.core.loading import check_tokenizer_files
+    from hf_posext.integrations.lm_eval.model import PosextHFLM
     from hf_posext.models import resolve_model_path
 
     specs = {spec: parse_method_spec(spec) for spec in methods}  # every spec checked before any work
-    if fewshot_as_multiturn is None:
-        fewshot_as_multiturn = bool(apply_chat_template)
-    elif fewshot_as_multiturn and not apply_chat_template:
-        raise ValueError("--fewshot_as_multiturn needs --apply_chat_template (few-shot turns are chat messages).")
+    chat = _chat_options(apply_chat_template, fewshot_as_multiturn, system_instruction)
     path = resolve_model_path(pretrained)
     check_tokenizer_files(path, pretrained)  # before the tasks (minutes for RULER) and any model are built
+    settings = {"pretrained": pretrained, "tasks": tasks, "max_seq_lengths": max_seq_lengths, "limit": limit,
+                "max_length": max_length, "model_args": model_args, "device": device, **chat}
     # one writer of the output file at a time: a second comparison into it is refused before any task or model is built
     writer = lock_file_writer(output_path, "--out", "the comparison") if output_path is not None else None
     try:
-        metadata: dict[str, Any] = {"pretrained": path, "tokenizer": path}
-        if max_seq_lengths:
-            metadata["max_seq_lengths"] = list(max_seq_lengths)
-        task_manager = None
-        if include_path:  # indexing the harness's ~15k built-in tasks takes ~20 s: skip it when not needed
-            local = TaskManager(include_path=include_path, include_defaults=False, metadata=metadata)
-            if all(task in local.all_tasks for task in tasks):
-                task_manager = local
-        if task_manager is None:
-            task_manager = TaskManager(include_path=include_path, metadata=metadata)
-        task_objects = _leaf_tasks(get_task_dict(tasks, task_manager))
+        task_manager, task_objects = _build_tasks(path, tasks, max_seq_lengths, include_path)
         rows: list[dict[str, Any]] = []
         reports: dict[str, Any] = {}
+        evaluate_kwargs = {"limit": limit, "batch_size": batch_size, "device": device, "task_manager": task_manager,
+                           **chat}
         for spec, posext_args in specs.items():
             started = time.perf_counter()
             lm = PosextHFLM(
                 pretrained=path, device=device, batch_size=batch_size, max_length=max_length,
                 **dict(model_args or {}), **posext_args,
             )
-            results = simple_evaluate(
-                model=lm, tasks=task_objects, limit=limit, batch_size=batch_size, device=device, task_manager=task_manager,
-                apply_chat_template=apply_chat_template, fewshot_as_multiturn=fewshot_as_multiturn, system_instruction=system_instruction,
-            )
-            logger.info("%s done in %.0f s: %s", spec, time.perf_counter() - started, _score_rows(spec, results))
-            rows.extend(_score_rows(spec, results))
-            reports[spec] = {"report": lm.posext_report, "seconds": round(time.perf_counter() - started, 1),
-                             "first_prompt": _first_prompt(results)}
-            del lm, results
+            spec_rows, reports[spec] = _evaluate_method(spec, lm, task_objects, evaluate_kwargs, started)
+            rows.extend(spec_rows)
+            del lm  # freed before the next method's model loads
             gc.collect()
             if output_path is not None:  # after every method: a long comparison keeps what it finished
-                settings = {"pretrained": pretrained, "tasks": tasks, "max_seq_lengths": max_seq_lengths, "limit": limit,
-                            "max_length": max_length, "model_args": model_args, "device": device,
-                            "apply_chat_template": apply_chat_template, "fewshot_as_multiturn": fewshot_as_multiturn,
-                            "system_instruction": system_instruction}
                 write_text_atomic(output_path, json.dumps({"rows": rows, "reports": reports, "settings": settings}, indent=2,
                                                           default=str))
     finally:
         if writer is not None:
             writer.release()
     return rows
+
+
+def _chat_options(apply_chat_template: bool | str, fewshot_as_multiturn: bool | None,
+                  system_instruction: str | None) -> dict[str, Any]:
+    """The harness's chat arguments, ``fewshot_as_multiturn`` defaulting to on with a chat template.
+
+    Raises:
+        ValueError: ``fewshot_as_multiturn`` without ``apply_chat_template``.
+    """
+    if fewshot_as_multiturn is None:
+        fewshot_as_multiturn = bool(apply_chat_template)
+    elif fewshot_as_multiturn and not apply_chat_template:
+        raise ValueError("--fewshot_as_multiturn needs --apply_chat_template (few-shot turns are chat messages).")
+    return {"apply_chat_template": apply_chat_template, "fewshot_as_multiturn": fewshot_as_multiturn,
+            "system_instruction": system_instruction}
+
+
+def _build_tasks(path: str, tasks: list[str], max_seq_lengths: list[int] | None,
+                 include_path: str | None) -> tuple[Any, list]:
+    """The harness's task manager and the leaf tasks of ``tasks``, built once for every method."""
+    from lm_eval.tasks import TaskManager, get_task_dict
+
+    metadata: dict[str, Any] = {"pretrained": path, "tokenizer": path}
+    if max_seq_lengths:
+        metadata["max_seq_lengths"] = list(max_seq_lengths)
+    task_manager = None
+    if include_path:  # indexing the harness's ~15k built-in tasks takes ~20 s: skip it when not needed
+        local = TaskManager(include_path=include_path, include_defaults=False, metadata=metadata)
+        if all(task in local.all_tasks for task in tasks):
+            task_manager = local
+    if task_manager is None:
+        task_manager = TaskManager(include_path=include_path, metadata=metadata)
+    return task_manager, _leaf_tasks(get_task_dict(tasks, task_manager))
+
+
+def _evaluate_method(spec: str, lm: Any, task_objects: list, evaluate_kwargs: dict[str, Any],
+                     started: float) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Run the built tasks on ``lm``, the model under method ``spec``: its score rows and its report (the scaling, the
+    seconds since ``started``, taken before the model loaded, and the first prompt the harness built)."""
+    from lm_eval import simple_evaluate
+
+    results = simple_evaluate(model=lm, tasks=task_objects, **evaluate_kwargs)
+    rows = _score_rows(spec, results)
+    logger.info("%s done in %.0f s: %s", spec, time.perf_counter() - started, rows)
+    return rows, {"report": lm.posext_report, "seconds": round(time.perf_counter() - started, 1),
+                  "first_prompt": _first_prompt(results)}
 
 
 def format_comparison(rows: list[dict[str, Any]]) -> str:

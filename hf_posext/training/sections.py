@@ -76,7 +76,7 @@ def _help(text: str, default: Any = dataclasses.MISSING, factory: Any = dataclas
 
 @dataclass
 class ModelSection:
-    name: str = _help("hub name, local folder, or 'smollm2-135m' (the embedded default)", "smollm2-135m")
+    name: str = _help("hub name, local folder, or an embedded name: 'smollm2-135m-instruct' (also 'smollm2-135m', the default)", "smollm2-135m")
     precision: str = _help("'auto' (bf16 where the accelerator supports it, else fp32), 'bf16' or 'fp32'", "auto")
     attn_implementation: str = _help(
         "attention kernel: 'sdpa' or 'eager' (PoSE needs one that honours position ids with an explicit mask)", "sdpa"

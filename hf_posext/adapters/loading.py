@@ -16,6 +16,7 @@ from hf_posext.adapters.peft_format import copy_into_base, is_old_format, load_t
 from hf_posext.adapters.record import ADAPTER_WEIGHTS, PEFT_KEY_PREFIX
 from hf_posext.adapters.verify import check_adapter
 from hf_posext.core.files import check_output_folder, refuse_non_empty_folder, staged_folder
+from hf_posext.core.saved_config import save_tokenizer_with_max_length
 
 __all__ = ["apply_adapter", "load_adapted_model", "save_merged"]
 
@@ -146,6 +147,5 @@ def save_merged(base_model: str, folder: str | os.PathLike, out: str | os.PathLi
     model = load_adapted_model(base_model, folder, dtype=dtype)
     with staged_folder(out) as staged:
         model.save_pretrained(str(staged))
-        tokenizer.model_max_length = describe(model).current_window
-        tokenizer.save_pretrained(str(staged))
+        save_tokenizer_with_max_length(tokenizer, staged, describe(model).current_window)
     return out

@@ -31,6 +31,7 @@ from hf_posext.cli.scaling_arguments import add_scaling_arguments, request_from_
 from hf_posext.core.errors import run_reporting_errors
 from hf_posext.core.files import check_output_folder, staged_folder
 from hf_posext.core.request import parse_param_items
+from hf_posext.core.saved_config import save_tokenizer_with_max_length
 from hf_posext.evaluation import cli as evaluation_cli
 from hf_posext.integrations.lm_eval import cli as lm_eval_cli
 from hf_posext.methods import available_methods, get_method
@@ -78,10 +79,8 @@ def _run_patch(args: argparse.Namespace) -> int:
     patch(model, **request.patch_kwargs())
     with staged_folder(args.out, merge=True) as staging:  # nothing lands in --out unless every file was written
         model.save_pretrained(staging)
-        if tokenizer is not None:
-            # Serving runtimes cap the length at the tokenizer's model_max_length (vLLM: docs/serving.md).
-            tokenizer.model_max_length = describe(model).current_window
-            tokenizer.save_pretrained(staging)
+        if tokenizer is not None:  # model_max_length = the new window: serving runtimes cap the length there
+            save_tokenizer_with_max_length(tokenizer, staging, describe(model).current_window)
     print(describe(model))
     if tokenizer is None:
         print(f"note: {args.model} has no tokenizer files, so none was saved beside the model", file=sys.stderr)

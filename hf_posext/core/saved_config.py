@@ -19,6 +19,10 @@ Two forms:
   reads its class's default theta: right only when the saved theta is that default. Otherwise no form
   serves all three readers (``bench/legacy_rope_fields.py``), and :func:`older_readers_differ` tells the
   save to warn.
+
+A saved tokenizer's ``model_max_length`` is the served length too (serving runtimes cap the length there; vLLM:
+docs/serving.md): :func:`save_tokenizer_with_max_length` saves a tokenizer object with it, the one place that does,
+and :func:`set_tokenizer_max_length` edits it in tokenizer files already saved (a copied folder).
 """
 
 from __future__ import annotations
@@ -32,7 +36,8 @@ from typing import Any
 from hf_posext.core.files import write_json_atomic
 
 __all__ = ["flat_rope_parameters", "with_legacy_rope_fields", "plain_save_legacy_fields", "older_readers_differ",
-           "legacy_default_theta", "write_json_atomically", "set_tokenizer_max_length"]
+           "legacy_default_theta", "write_json_atomically", "set_tokenizer_max_length",
+           "save_tokenizer_with_max_length"]
 
 #: The rotary base transformers 4.x assumes when a config has no ``rope_theta`` (most classes).
 LEGACY_DEFAULT_THETA = 10000.0
@@ -152,3 +157,15 @@ def set_tokenizer_max_length(folder: str | os.PathLike, length: int) -> bool:
     data["model_max_length"] = length
     write_json_atomically(path, data)
     return True
+
+
+def save_tokenizer_with_max_length(tokenizer: Any, folder: str | os.PathLike, length: int) -> None:
+    """Set ``tokenizer.model_max_length = length`` (the object keeps it), then save the tokenizer into ``folder``.
+
+    Args:
+        tokenizer: a transformers tokenizer.
+        folder: where to save it (``tokenizer.save_pretrained``).
+        length: the served length, a patched model's current window (``describe(model).current_window``).
+    """
+    tokenizer.model_max_length = length
+    tokenizer.save_pretrained(os.fspath(folder))

@@ -16,8 +16,8 @@ from hf_posext.adapters import (
     apply_adapter, finish_adapter_folder, trained_module_names, write_adapter_record, write_trained_modules,
 )
 from hf_posext.api import describe
-from hf_posext.core.files import staged_folder
-from hf_posext.training.checkpoints import write_json_atomic
+from hf_posext.core.files import staged_folder, write_json_atomic
+from hf_posext.core.saved_config import save_tokenizer_with_max_length
 from hf_posext.training.config import TrainConfig
 from hf_posext.training.loading import load_patched_model
 from hf_posext.training.model_card import adapter_model_card
@@ -125,6 +125,4 @@ def merge_adapter(config: TrainConfig, adapter_dir: Path, out_dir: Path, dtype: 
 def save_tokenizer_for(model: Any, tokenizer: Any, folder: str | Path) -> None:
     """Save ``tokenizer`` next to ``model`` with ``model_max_length`` = the model's extended window
     (serving runtimes cap their length there; docs/serving.md)."""
-
-    tokenizer.model_max_length = describe(model).current_window
-    tokenizer.save_pretrained(str(folder))
+    save_tokenizer_with_max_length(tokenizer, folder, describe(model).current_window)

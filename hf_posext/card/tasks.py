@@ -23,7 +23,7 @@ from hf_posext.card.stats import Cell, perplexity_cell_fields, score_summary, tr
 from hf_posext.core.errors import DamagedFileError
 from hf_posext.core.files import write_text_atomic
 
-__all__ = ["EVALUATION_TASKS", "DEPTHS", "evaluation_cells", "ending_cells", "stored_endings", "ending_sample_key",
+__all__ = ["EVALUATION_TASKS", "DEPTHS", "RUNNERS", "evaluation_cells", "ending_cells", "stored_endings", "ending_sample_key",
            "check_chat_templates"]
 
 #: The tasks run through :mod:`hf_posext.evaluation`, in the order they run.
@@ -61,20 +61,40 @@ def _trials(settings: CardSettings) -> int:
     return max(1, math.ceil(settings.trials / len(DEPTHS)))
 
 
-def _row_task_cells(task: str, row: Row, model: Any, tokenizer: Any, dtype: str, settings: CardSettings) -> list[Cell]:
-    """One row's cells of ``task`` at every length, run (or resumed) through :mod:`hf_posext.evaluation`."""
-    from hf_posext.evaluation import needle, passkey, perplexity
+def _perplexity(model: Any, tokenizer: Any, settings: CardSettings, common: dict[str, Any]) -> Any:
+    """Perplexity over at most 8 windows of ``settings.data`` a length."""
+    from hf_posext.evaluation import perplexity
 
+    return perplexity.evaluate_perplexity(model, tokenizer, data=settings.data, max_segments=min(8, settings.trials), **common)
+
+
+def _passkey(model: Any, tokenizer: Any, settings: CardSettings, common: dict[str, Any]) -> Any:
+    """Passkey retrieval: the suite's trials spread over :data:`DEPTHS`, from its seed."""
+    from hf_posext.evaluation import passkey
+
+    return passkey.evaluate_passkey(model, tokenizer, depths=DEPTHS, trials=_trials(settings), seed=settings.seed, **common)
+
+
+def _needle(model: Any, tokenizer: Any, settings: CardSettings, common: dict[str, Any]) -> Any:
+    """A needle in ``settings.haystack``: the suite's trials spread over :data:`DEPTHS`, from its seed."""
+    from hf_posext.evaluation import needle
+
+    return needle.evaluate_needle(model, tokenizer, haystack=settings.haystack, depths=DEPTHS, trials=_trials(settings),
+                                  seed=settings.seed, **common)
+
+
+#: One runner per task run through :mod:`hf_posext.evaluation`: ``(model, tokenizer, settings, common) -> results store``.
+RUNNERS: dict[str, Callable[[Any, Any, CardSettings, dict[str, Any]], Any]] = {
+    "perplexity": _perplexity, "passkey": _passkey, "needle": _needle,
+}
+
+
+def _row_task_cells(task: str, row: Row, model: Any, tokenizer: Any, dtype: str, settings: CardSettings) -> list[Cell]:
+    """One row's cells of ``task`` at every length, run (or resumed) through its runner (:data:`RUNNERS`)."""
     request = row.request or as_request(row.report)
     common = dict(methods=[request], lengths=list(settings.lengths), factor=request.factor, out_dir=settings.out / "tasks",
                   model_name=row.spec.key, extra_config={"dtype": dtype}, progress=settings.progress)
-    if task == "perplexity":
-        store = perplexity.evaluate_perplexity(model, tokenizer, data=settings.data, max_segments=min(8, settings.trials), **common)
-    elif task == "passkey":
-        store = passkey.evaluate_passkey(model, tokenizer, depths=DEPTHS, trials=_trials(settings), seed=settings.seed, **common)
-    else:
-        store = needle.evaluate_needle(model, tokenizer, haystack=settings.haystack, depths=DEPTHS, trials=_trials(settings),
-                                       seed=settings.seed, **common)
+    store = RUNNERS[task](model, tokenizer, settings, common)
     prefix = f"{request.label}|factor={request.factor:g}|"
     records = {cid: r for cid, r in store.cells.items() if cid.startswith(prefix)}
     cells = []

@@ -122,9 +122,11 @@ if [ "$part" = combine ]; then
   exec "$PYTHON" bench/card_floor.py --card "$R/card.json"   # what the sample floor still needs: $R/FLOOR.md
 fi
 # BOOKS: a folder with austen-emma.txt and melville-moby_dick.txt for the perplexity and needle cells (default: the
-# lab's public-domain books where they are; elsewhere, as in a clone, the CLI's built-in text, said in one line).
-LAB_BOOKS="$(cd "$(dirname "$0")/.." && pwd)/../shared/data/books"   # beside the repository in the lab; a clone has none
-if [ -z "${BOOKS+set}" ] && [ -d "$LAB_BOOKS" ]; then BOOKS=$LAB_BOOKS; fi
+# repository's data/books, as the committed cells record it, "data/books/austen-emma.txt"; BOOKS= uses the CLI's
+# built-in text, said in one line).
+REPO_BOOKS=data/books   # relative, as the committed cells' keys hold it (this script runs from the repository root)
+[ -d "$REPO_BOOKS" ] || REPO_BOOKS="$(cd "$(dirname "$0")/.." && pwd)/data/books"
+if [ -z "${BOOKS+set}" ] && [ -d "$REPO_BOOKS" ]; then BOOKS=$REPO_BOOKS; fi
 if [ -n "${BOOKS:-}" ]; then
   TEXTS=(--data "$BOOKS/austen-emma.txt" --haystack "$BOOKS/melville-moby_dick.txt")
 else

@@ -75,6 +75,7 @@ set -uo pipefail
 stage=${1:?stage: checks|train|quality|q65k|longest|cost|finetune|adapters|trainingfree|string|gemma3}
 OUT=${2:?output folder}
 PYTHON=${PYTHON:-python3}
+# Not the repository's data/books: the committed quality and long4x results' keys hold this literal path.
 BOOKS=${BOOKS:-/work/shared/data/books}
 T=${STAGE_TIMEOUT:-300}
 mkdir -p "$OUT"

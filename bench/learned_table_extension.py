@@ -21,7 +21,7 @@ Run (measured 2026-11-26: pre-training 2500 steps + everything, 2862 s of CPU on
 ``--reuse-base`` redoes the evaluations and fine-tunes on the saved model in 1227 s of CPU):
 
     python bench/learned_table_extension.py --train-steps 2500 --threads 2 --finetune-steps 100 --finetune-lr 1e-4 \
-        --data /work/shared/data/books --out bench/results/learned_table_extension
+        --data data/books --out bench/results/learned_table_extension
 """
 
 from __future__ import annotations
@@ -44,7 +44,8 @@ if not HELP_ONLY:  # `--help` answers without loading torch (tests/test_bench_he
     import hf_posext
     from hf_posext.methods.learned import linear_table
 
-DEFAULT_DATA = "/work/shared/data/books"
+#: The repository's books, found from this script's place.
+DEFAULT_DATA = str(Path(__file__).resolve().parent.parent / "data" / "books")
 
 
 # --------------------------------------------------------------------------------------------------

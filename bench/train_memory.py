@@ -297,11 +297,8 @@ def check_package(probes: list[dict], tree: Path) -> None:
 
 
 def default_data() -> Path:
-    """The books beside the checkout (``../shared/data/books``; one level further up from a worktree in ``wt/``)."""
-    for base in (ROOT.parent, ROOT.parent.parent):
-        if (base / "shared" / "data" / "books").exists():
-            return base / "shared" / "data" / "books"
-    return ROOT.parent / "shared" / "data" / "books"
+    """The repository's books, ``data/books`` (found from this script's place, whatever the working directory)."""
+    return ROOT / "data" / "books"
 
 
 def allocator_name(mmap_threshold: int | None) -> str:

@@ -30,7 +30,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_RECIPE = "recipes/configs/smollm2-135m/32k-books-24-steps-cpu.yaml"
 DEFAULT_OVERRIDES = [
-    "data.source=/work/shared/data/books", "data.sequence_length=512", "data.max_tokens=40000", "train.batch_size=1", "train.gradient_accumulation_steps=1",
+    f"data.source={REPO / 'data' / 'books'}", "data.sequence_length=512", "data.max_tokens=40000", "train.batch_size=1", "train.gradient_accumulation_steps=1",
     "train.max_steps=5", "train.warmup_steps=0", "output.checkpoint_every=0", "output.save_merged=false",
 ]
 

@@ -15,7 +15,7 @@ from torch import nn
 
 from hf_posext.backends import BACKENDS, Backend, backend_for_record, primary_backend
 from hf_posext.core.errors import RecordError, UnsupportedModelError, check_model
-from hf_posext.core.loading import check_weight_files, config_kwargs, model_class_for
+from hf_posext.core.loading import check_known_model_type, check_weight_files, config_kwargs, model_class_for
 from hf_posext.core.record import CONFIG_KEY, DIGEST_FIELD, FREQUENCY_FIELD, ScalingReport, seal_record, text_config, validate_record
 from hf_posext.core.record_checks import check_record_digest, check_record_matches_config
 from hf_posext.core.request import ScalingRequest
@@ -387,6 +387,7 @@ def load(name_or_path: str | os.PathLike, **from_pretrained_kwargs: Any) -> nn.M
     from hf_posext.models import resolve_model_path
 
     path = resolve_model_path(str(name_or_path))
+    check_known_model_type(path, from_pretrained_kwargs)
     config = AutoConfig.from_pretrained(path, **config_kwargs(from_pretrained_kwargs))
     record = read_record(path, config)
     if record is not None:

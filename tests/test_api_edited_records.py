@@ -85,3 +85,20 @@ def test_a_record_saved_before_digests_still_loads(saved, tmp_path):
 
     model = hf_posext.load(edited(tmp_path, saved, edit))
     assert hf_posext.describe(model).current_window == 256
+
+
+def test_a_folder_of_a_model_type_transformers_lacks_is_refused_in_one_line_before_loading(tmp_path):
+    import json
+
+    import hf_posext
+    from hf_posext.models import tiny_model
+
+    tiny_model("llama").save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config.update(model_type="llama99", transformers_version="9.0.0")
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError) as info:
+        hf_posext.load(tmp_path)
+    message = str(info.value)
+    assert "\n" not in message and "holds a 'llama99' model, which transformers" in message
+    assert "it was saved by transformers 9.0.0: load it with a transformers that has 'llama99' (>= 9.0.0)." in message

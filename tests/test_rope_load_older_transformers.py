@@ -3,11 +3,13 @@
 transformers 5 keeps the rotary base only in ``rope_parameters``; the 4.57 config classes read ``rope_theta`` and
 ``rope_scaling``, and the record's pre-patch snapshot says neither existed. Without a bridge, 4.57 fails with
 ``AttributeError: ... has no attribute 'rope_theta'`` (Llama, Cohere, gpt-oss, DeepSeek-V2, Llama 4); with it, the
-model loads with the same logits as the one saved.
+model loads with the same logits as the one saved. A family 4.57 does not have is refused in one line. Every folder
+goes through one 4.57 process (starting one costs seconds).
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 
 import pytest
@@ -23,28 +25,60 @@ pytestmark = [
     pytest.mark.skipif(not TF457_PYTHON.exists(), reason="no transformers 4.57 venv (.venv-tf457, made by scripts/test.sh)"),
 ]
 
+#: Families 4.57 has (they load with the logits saved) and families it lacks (refused in one line).
+LOADED = ["LlamaForCausalLM", "CohereForCausalLM", "Cohere2ForCausalLM", "DeepseekV2ForCausalLM", "GptOssForCausalLM",
+          "Llama4ForCausalLM"]
+REFUSED = ["Gemma4ForCausalLM", "Qwen3_5ForCausalLM", "Mistral4ForCausalLM"]
+
 LOAD_SCRIPT = """
-import sys, torch, hf_posext
-model = hf_posext.load(sys.argv[1])
-ids = torch.load(sys.argv[2])
-with torch.no_grad():
-    torch.save(model(input_ids=ids).logits, sys.argv[3])
-print(hf_posext.describe(model).method)
+import json, sys, torch, hf_posext
+found = {}
+for folder in json.loads(sys.argv[1]):
+    try:
+        model = hf_posext.load(folder)
+    except ValueError as error:
+        found[folder] = {"refused": str(error)}
+        continue
+    with torch.no_grad():
+        torch.save(model(input_ids=torch.load(folder + "/ids.pt")).logits, folder + "/logits-4.57.pt")
+    found[folder] = {"method": hf_posext.describe(model).method}
+print(json.dumps(found))
 """
 
 
-@pytest.mark.parametrize("class_name", ["LlamaForCausalLM", "CohereForCausalLM", "DeepseekV2ForCausalLM"])
-def test_a_transformers_5_save_loads_under_4_57_with_the_same_logits(tmp_path, class_name):
-    model = build_tiny(class_name)
-    hf_posext.patch(model, "yarn", factor=2)
-    ids = input_ids(model, 64)
-    with torch.no_grad():
-        expected = model(input_ids=ids).logits
-    model.save_pretrained(tmp_path / "saved")
-    torch.save(ids, tmp_path / "ids.pt")
-    result = subprocess.run([str(TF457_PYTHON), "-c", LOAD_SCRIPT, str(tmp_path / "saved"), str(tmp_path / "ids.pt"),
-                             str(tmp_path / "logits.pt")], capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.split()[-1] == "yarn"
-    loaded = torch.load(tmp_path / "logits.pt")
+@pytest.fixture(scope="module")
+def loaded_under_4_57(tmp_path_factory):
+    """Every family saved patched (yarn x2) under transformers 5, then loaded by one transformers 4.57 process."""
+    root = tmp_path_factory.mktemp("saved")
+    expected = {}
+    for class_name in LOADED + REFUSED:
+        model = build_tiny(class_name)
+        hf_posext.patch(model, "yarn", factor=2)
+        ids = input_ids(model, 64)
+        with torch.no_grad():
+            expected[class_name] = model(input_ids=ids).logits
+        model.save_pretrained(root / class_name)
+        torch.save(ids, root / class_name / "ids.pt")
+    folders = [str(root / name) for name in LOADED + REFUSED]
+    result = subprocess.run([str(TF457_PYTHON), "-c", LOAD_SCRIPT, json.dumps(folders)], capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    return {name: (found[str(root / name)], root / name, expected[name]) for name in LOADED + REFUSED}
+
+
+@pytest.mark.parametrize("class_name", LOADED)
+def test_a_transformers_5_save_loads_under_4_57_with_the_same_logits(loaded_under_4_57, class_name):
+    found, folder, expected = loaded_under_4_57[class_name]
+    assert found == {"method": "yarn"}
+    loaded = torch.load(folder / "logits-4.57.pt")
     assert float((loaded - expected).abs().max()) < 1e-4
+
+
+@pytest.mark.parametrize("class_name", REFUSED)
+def test_a_family_4_57_does_not_have_is_refused_in_one_line(loaded_under_4_57, class_name):
+    found, folder, _ = loaded_under_4_57[class_name]
+    model_type = json.loads((folder / "config.json").read_text())["model_type"]
+    message = found["refused"]
+    assert "\n" not in message and f"holds a {model_type!r} model, which transformers 4.57" in message
+    assert f"load it with a transformers that has {model_type!r} (>= 5." in message

@@ -19,6 +19,7 @@ __all__ = [
     "tokenizer_files",
     "check_tokenizer_files",
     "check_causal_lm_folder",
+    "check_known_model_type",
 ]
 
 _CONFIG_KWARGS = ("trust_remote_code", "revision", "token")
@@ -48,6 +49,39 @@ def model_class_for(config: Any) -> Any:
     raise ValueError(
         f"No model class for model_type {getattr(config, 'model_type', '?')!r} (architectures: "
         f"{getattr(config, 'architectures', None)}); load the model yourself and call hf_posext.patch on it."
+    )
+
+
+def check_known_model_type(path: str | os.PathLike, from_pretrained_kwargs: dict[str, Any] | None = None) -> None:
+    """Refuse, in one line, a local folder whose ``config.json`` names a model type the installed transformers does
+    not have (a family newer than it), instead of transformers' own several-sentence error.
+
+    A hub name, a folder without ``config.json``, remote code (``auto_map`` with ``trust_remote_code``) and a
+    config.json that is not readable JSON are left to ``from_pretrained``.
+
+    Raises:
+        ValueError: names the model type, the transformers that saved it and the one installed.
+    """
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    config_path = Path(path) / "config.json"
+    if not config_path.is_file():
+        return
+    try:
+        saved = json.loads(config_path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return
+    model_type = saved.get("model_type") if isinstance(saved, dict) else None
+    if not isinstance(model_type, str) or model_type in CONFIG_MAPPING_NAMES:
+        return
+    if saved.get("auto_map") and (from_pretrained_kwargs or {}).get("trust_remote_code"):
+        return
+    by = saved.get("transformers_version")
+    raise ValueError(
+        f"{config_path} holds a {model_type!r} model, which transformers {transformers.__version__} (installed) does "
+        f"not have{f'; it was saved by transformers {by}' if by else ''}: load it with a transformers that has "
+        f"{model_type!r}{f' (>= {by})' if by else ''}."
     )
 
 

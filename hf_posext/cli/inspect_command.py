@@ -45,7 +45,7 @@ def load_rotary_model(name: str) -> Any:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", help="hub name, local folder, smollm2-135m, or tiny[:FAMILY[:WINDOW]]")
+    parser.add_argument("model", help="hub name, local folder, smollm2-135m-instruct (alias smollm2-135m), or tiny[:FAMILY[:WINDOW]]")
     add_scaling_arguments(parser)
     parser.add_argument("--plot", metavar="PNG", help="also draw the wavelengths to this PNG file")
     parser.add_argument("--json", action="store_true", help="print the table as JSON instead of text")

@@ -111,14 +111,14 @@ def _run_demo(args: argparse.Namespace) -> int:
 
 
 def _describe_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", help="hub name, local folder or smollm2-135m")
+    p.add_argument("model", help="hub name, local folder or smollm2-135m-instruct (alias smollm2-135m)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--no-hf-posext-load", dest="hf_posext_load", action="store_false",
                    help="load with plain from_pretrained (ignore a saved hf_posext scaling)")
 
 
 def _patch_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", help="hub name, local folder or smollm2-135m")
+    p.add_argument("model", help="hub name, local folder or smollm2-135m-instruct (alias smollm2-135m)")
     add_scaling_arguments(p)
     p.add_argument("--out", required=True, help="folder to save the patched model to")
 

@@ -10,7 +10,7 @@ from hf_posext.api import describe, patch, unpatch
 from hf_posext.card.spec import AS_SAVED, ModelSpec, Row, is_base_row
 from hf_posext.core.request import ScalingRequest
 
-__all__ = ["check_requests", "as_request", "card_model_rows", "tokenizer_path"]
+__all__ = ["check_requests", "check_adapter_rows", "as_request", "card_model_rows", "tokenizer_path"]
 
 
 def _requests(methods: str, params: dict[str, Any], factor: float | None, lengths: Sequence[int], original_window: int) -> list[ScalingRequest | None]:
@@ -46,6 +46,67 @@ def check_requests(specs: Sequence[ModelSpec], methods: str, factor: float | Non
             for request in parse_methods(names, params) if names else []:
                 if sized is not None:
                     ScalingRequest(request.method, sized, params=request.params)
+
+
+#: Where the fix of an adapter mismatch starts in :func:`hf_posext.adapters.check_adapter`'s message (it names
+#: ``hf-posext eval`` flags, which the suite does not take for one row).
+_EVAL_FIX = ": evaluate it with "
+#: The same for another base model (``pass --model BASE``).
+_EVAL_BASE_FIX = ": pass --model "
+
+
+def _entry(spec: ModelSpec, request: str | None = None) -> str:
+    """``[LABEL=]MODEL+ADAPTER[@REQUEST]``: a ``--models`` entry as the user writes it."""
+    label = f"{spec.label}=" if spec.label else ""
+    return f"{label}{spec.model}+{spec.adapter}" + (f"@{request}" if request else "")
+
+
+def _with_suite_fix(message: str, spec: ModelSpec, record: Any, methods: str | None = None) -> str:
+    """An adapter-mismatch ``message`` with its fix in the suite's spelling (``MODEL+ADAPTER@yarn:factor=4``);
+    ``methods``: the ``--methods`` the row took its requests from (it has no ``@`` of its own)."""
+    where = f"--models entry {_entry(spec)!r}" + (f" (its requests from --methods {methods})" if methods else "")
+    if _EVAL_BASE_FIX in message:
+        head = message.split(_EVAL_BASE_FIX, 1)[0]
+        entry = _entry(ModelSpec(record.base_model, spec.adapter, spec.label))
+        return f"{where}: {head}: write the entry {entry}."
+    head = message.split(_EVAL_FIX, 1)[0] if _EVAL_FIX in message else message.rstrip(".")
+    trained = f"{record.method}:factor={record.factor:g}"
+    return (f"{where}: {head}: write {_entry(spec, trained)} (or {_entry(spec, AS_SAVED)} to take "
+            f"the adapter's own scaling; an attention-level method may be stacked on it: "
+            f"@{record.method}+string:factor={record.factor:g}), or train an adapter for that scaling.")
+
+
+def check_adapter_rows(specs: Sequence[ModelSpec], methods: str, factor: float | None, params: dict[str, Any],
+                       lengths: Sequence[int]) -> None:
+    """Every adapter row's request checked against what its adapter was trained with (files, base model, method,
+    factor and parameters: :func:`hf_posext.adapters.check_adapter`), sized as :func:`card_model_rows` will size it,
+    before any model loads. A row ``@as-saved`` takes the adapter's own scaling; ``none`` or another scaling would
+    evaluate the adapter on a model it was not trained for.
+
+    Raises:
+        AdapterMismatchError: another base model or scaling; the fix is in the ``--models`` spelling.
+        AdapterFileError: a damaged or altered adapter file.
+    """
+    from hf_posext.adapters import AdapterMismatchError, check_adapter, read_adapter_record
+
+    for spec in specs:
+        if not spec.adapter:
+            continue
+        try:
+            record = check_adapter(spec.adapter, spec.model)  # its files and its base, before any scaling is compared
+        except AdapterMismatchError as error:
+            raise AdapterMismatchError(_with_suite_fix(str(error), spec, read_adapter_record(spec.adapter))) from None
+        for name, given in (spec.methods or ((methods, None),)):
+            sized = given if given is not None else factor
+            # sized as the row will be: from the adapter's original window (an old record without one: its factor)
+            window = int(record.original_window or 0) or (max(lengths) / record.factor)
+            for request in _requests(name, params, sized, lengths, window):
+                if request is None:
+                    continue  # as-saved: the adapter's own scaling
+                try:
+                    check_adapter(spec.adapter, spec.model, request.method, request.factor, request.params_dict, verify=False)
+                except AdapterMismatchError as error:
+                    raise AdapterMismatchError(_with_suite_fix(str(error), spec, record, None if spec.methods else methods)) from None
 
 
 def as_request(report: dict[str, Any]) -> ScalingRequest:

@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 from hf_posext.card.budgets import SHORT_BUDGETS
 from hf_posext.card.folder import CardFolder, earlier_card, in_row_order, merged_row_order, write_card
-from hf_posext.card.rows import card_model_rows, check_requests
+from hf_posext.card.rows import card_model_rows, check_adapter_rows, check_requests
 from hf_posext.card.samples import DeferredSampleWrites, SampleCache
 from hf_posext.card.settings import CardSettings
 from hf_posext.card.spec import Row, relabelled_rows
@@ -59,6 +59,7 @@ def check_settings(settings: CardSettings) -> None:
 
     Raises:
         ValueError: a bad folder, method, parameter, factor or chat template.
+        AdapterMismatchError: an adapter row asking for another base model or scaling than its adapter's.
         FileNotFoundError: a text source that looks like a path but does not exist.
     """
     from hf_posext.core.paths import check_output_folder
@@ -71,6 +72,8 @@ def check_settings(settings: CardSettings) -> None:
         if task in settings.tasks:
             check_text_source(source)
     check_requests(settings.models, settings.methods, settings.factor, settings.params)  # named before any model loads
+    # an adapter row evaluated at a scaling other than its training's (x8 for x4, or none) computes what nobody trained
+    check_adapter_rows(settings.models, settings.methods, settings.factor, settings.params, settings.lengths)
     if "ending" in settings.tasks:
         check_chat_templates(settings.models)
 

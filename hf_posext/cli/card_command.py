@@ -27,7 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--models", required=True,
                         help="comma-separated [LABEL=]MODEL[+ADAPTER][@REQUEST;...] (REQUEST: docs/request-grammar.md, e.g. yarn:factor=4): hub name, folder, smollm2-135m; the first, "
                              "when it has no adapter and no scaling saved in its config, is the base model, and its unscaled row "
-                             "the reference of 'beyond the base model' (e.g. smollm2-135m,fine-tuned=runs/r/merged@as-saved;string:factor=1)")
+                             "the reference of 'beyond the base model' (e.g. smollm2-135m,fine-tuned=runs/r/merged@as-saved;string:factor=1); "
+                             "a MODEL+ADAPTER row runs at its adapter's scaling only: @as-saved, or the scaling it was trained with")
     parser.add_argument("--methods", default="none",
                         help="comma-separated requests applied to every model (e.g. none,yarn:factor=4); none = unscaled, as-saved = the model's own saved "
                              "scaling (default: %(default)s)")

@@ -1,7 +1,7 @@
 """Every command that takes a dtype prints, in its first lines, the dtype it chose and why (``dtype: X (why)``).
 
 The evaluation tasks' line is tested in tests/test_evaluation_loading_dtype.py; here: ``hf-posext train`` (the
-recipe's ``model.precision``) and ``hf-posext lm-eval-compare`` (``--model-args dtype=``).
+recipe's ``model.precision``), ``hf-posext lm-eval-compare`` (``--model-args dtype=``) and ``hf-posext eval suite``.
 """
 
 from __future__ import annotations
@@ -55,3 +55,16 @@ def test_lm_eval_compare_prints_its_dtype_first(capsys, monkeypatch):
     assert main(["lm-eval-compare", TINY_MODEL, "--methods", "none", "--tasks", "niah_single_1",
                  "--model-args", "dtype=bfloat16"]) == 0
     assert capsys.readouterr().err.splitlines()[0] == "dtype: bfloat16 (--model-args dtype=bfloat16, as given)"
+
+
+@pytest.mark.parametrize("dtype, expected", [
+    ("float32", "dtype: float32 (--dtype float32, as given)"),
+    ("auto", "dtype: float32 (auto: perplexity stays float32"),
+])
+def test_eval_suite_prints_its_dtype_first(capsys, tmp_path, dtype, expected):
+    from hf_posext.cli import main
+    from tests.training_helpers import TINY_CORPUS
+
+    assert main(["eval", "suite", "--models", TINY_MODEL, "--lengths", "64", "--tasks", "perplexity", "--trials", "1",
+                 "--data", str(TINY_CORPUS), "--dtype", dtype, "--out", str(tmp_path / "suite"), "--no-progress"]) == 0
+    assert capsys.readouterr().err.splitlines()[0].startswith(expected)

@@ -23,7 +23,7 @@ from hf_posext.card.folder import CardFolder, earlier_card, in_row_order, merged
 from hf_posext.card.rows import card_model_rows, check_adapter_rows, check_requests
 from hf_posext.card.samples import DeferredSampleWrites, SampleCache
 from hf_posext.card.settings import CardSettings
-from hf_posext.card.spec import Row, relabelled_rows
+from hf_posext.card.spec import RULER_DOWNLOAD_TASKS, RULER_OFFLINE_TASKS, Row, relabelled_rows
 from hf_posext.card.stats import Cell
 from hf_posext.card.tasks import EVALUATION_TASKS, check_chat_templates, ending_cells, evaluation_cells
 from hf_posext.integrations.lm_eval import ruler as ruler_runner
@@ -80,8 +80,12 @@ def check_settings(settings: CardSettings) -> None:
 
 def run_in_folder(settings: CardSettings, started: float) -> int:
     """:func:`run_card` once its settings are checked and its folder is held."""
-    from hf_posext.evaluation.loading import AUTO_DTYPE, auto_dtype_note, evaluation_dtype
+    from hf_posext.evaluation.loading import dtype_line, evaluation_dtype, resolve_dtype
 
+    # the dtype chosen, and why, first: a figure is matched with the dtype it was computed in (each RULER task as "ruler")
+    ruler_names = {"ruler", *RULER_OFFLINE_TASKS, *RULER_DOWNLOAD_TASKS}
+    print(dtype_line(*resolve_dtype(settings.dtype, ["ruler" if task in ruler_names else task for task in settings.tasks],
+                                    settings.device)), file=sys.stderr)
     earlier = CardFolder.read(settings.out)  # the one read of card.json: a damaged one is named here, not overwritten
     seed_problem = earlier.seed_problem(settings.seed)
     if seed_problem:
@@ -95,8 +99,6 @@ def run_in_folder(settings: CardSettings, started: float) -> int:
         plans = ruler_runner.plan_ruler_cells(rows, ruler, settings, cache, skipped)
         cache.flush()
     writer = CardWriter(settings, earlier, rows, ruler, downloads, skipped, started)
-    if settings.dtype == AUTO_DTYPE:
-        print(auto_dtype_note(["ruler" if task in ruler else task for task in settings.tasks], settings.device), file=sys.stderr)
     cells = evaluation_cells(rows, settings, writer.partial)
     if "ending" in settings.tasks:
         cells.extend(ending_cells(rows, settings, skipped))

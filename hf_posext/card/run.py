@@ -62,7 +62,7 @@ def check_settings(settings: CardSettings) -> None:
         AdapterMismatchError: an adapter row asking for another base model or scaling than its adapter's.
         FileNotFoundError: a text source that looks like a path but does not exist.
     """
-    from hf_posext.core.paths import check_output_folder
+    from hf_posext.core.files import check_output_folder
     from hf_posext.text_sources import check_text_source
 
     check_output_folder(settings.out, "--out", "the card")

@@ -8,7 +8,6 @@ killed run resumes where it stopped.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
@@ -16,7 +15,7 @@ from typing import Any, Iterable
 
 from hf_posext.core.errors import DamagedFileError
 from hf_posext.core.files import write_text_atomic
-from hf_posext.core.integrity import json_digest
+from hf_posext.core.integrity import json_digest, stable_digest
 
 __all__ = ["SAMPLE_RECORD_VERSION", "tokenizer_hash", "sample_cache_key", "SampleCache", "SampleResultsError", "SampleResults",
            "header_differences", "read_sample_records", "DeferredSampleWrites"]
@@ -44,7 +43,7 @@ def tokenizer_hash(tokenizer: Any) -> str:
         "special": {name: getattr(tokenizer, name, None) for name in ("bos_token", "eos_token", "unk_token", "pad_token")},
         "added": sorted(str(token) for token in getattr(tokenizer, "all_special_tokens", [])),
     }
-    return hashlib.sha256(json.dumps(description, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return stable_digest(description)  # sha256, 16 hex digits: the sample caches of earlier runs are keyed by it
 
 
 def sample_cache_key(task: str, task_version: Any, tokenizer_key: str, length: int, seed: int, generator_version: str) -> dict[str, Any]:
@@ -54,7 +53,7 @@ def sample_cache_key(task: str, task_version: Any, tokenizer_key: str, length: i
 
 
 def _key_name(key: dict[str, Any]) -> str:
-    digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
+    digest = stable_digest(key, length=10, algorithm="sha1")  # the names earlier runs wrote their samples under
     return f"{key['task']}-{key['length']}-seed{key['seed']}-{key['tokenizer'][:8]}-{digest}.json"
 
 

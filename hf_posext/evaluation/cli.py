@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from hf_posext.core.errors import run_reporting_errors
-from hf_posext.core.paths import check_output_folder
+from hf_posext.core.files import check_output_folder
 from hf_posext.core.request import parse_param_items
 
 __all__ = ["TASKS", "add_task_arguments", "check_task_arguments", "run_task", "main_task"]

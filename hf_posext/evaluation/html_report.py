@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
+from hf_posext.core.files import write_text_atomic
 from hf_posext.evaluation.tables import Table
 
 __all__ = ["file_ids", "html_page", "render_html", "write_html"]
@@ -135,9 +136,8 @@ def html_page(title: str, body: Sequence[str]) -> str:
 
 def write_html(path: str | os.PathLike, title: str, runs: Sequence[dict[str, Any]], tables: Sequence[Table],
                plots: Sequence[Path]) -> Path:
-    """Write :func:`render_html` to ``path`` atomically (a temporary file, then a rename)."""
+    """Write :func:`render_html` to ``path`` atomically (a temporary file of its own, then a rename: two writers
+    never share one temporary name)."""
     path = Path(path)
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(render_html(title, runs, tables, plots), encoding="utf-8")
-    temporary.replace(path)
+    write_text_atomic(path, render_html(title, runs, tables, plots))
     return path

@@ -32,11 +32,12 @@ def same_base_model(given: str, recorded: str) -> bool:
     """Whether the model names ``given`` and ``recorded`` are one model (the same name, or one local or embedded folder)."""
     if given == recorded:
         return True
-    from hf_posext.models import EMBEDDED_MODELS, cache_dir
+    from hf_posext.models import embedded_folder
 
     def where(name: str) -> Path | None:
-        if name.strip().lower() in EMBEDDED_MODELS:
-            return (cache_dir() / name.strip().lower()).resolve()
+        folder = embedded_folder(name)  # an embedded name or its alias: one cached folder
+        if folder is not None:
+            return folder.resolve()
         return Path(name).expanduser().resolve() if os.path.exists(os.path.expanduser(name)) else None
 
     given_path, recorded_path = where(given), where(recorded)

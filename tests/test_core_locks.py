@@ -44,11 +44,11 @@ def holder(tmp_path):
 def test_a_second_writer_is_refused_naming_the_first(holder):
     folder, process = holder
     with pytest.raises(FolderBusyError) as refused:
-        with hold_folder(folder, "--out", "the card"):
+        with hold_folder(folder, "--out", "the suite"):
             raise AssertionError("entered a folder another process holds")
     message = str(refused.value)
     assert f"pid {process.pid} on " in message and "since " in message and "-c" in message, message
-    assert "wait for it to finish, or give another --out for the card" in message and "\n" not in message
+    assert "wait for it to finish, or give another --out for the suite" in message and "\n" not in message
     assert (folder / LOCK_NAME).exists()  # the refused run did not remove the holder's lock file
 
 
@@ -107,7 +107,7 @@ def test_on_main_every_process_raises_the_main_processs_refusal(holder):
             hold_folder_on_main(stack, folder, "output.dir", "the run", main=main, share=share)
     assert shared[0] and shared[1] == ""  # only the main process tried the lock
     with contextlib.ExitStack() as stack:  # free folder: the main process holds it until the stack closes
-        hold_folder_on_main(stack, folder.parent / "free", "--out", "the card", main=True, share=lambda r: [r])
+        hold_folder_on_main(stack, folder.parent / "free", "--out", "the suite", main=True, share=lambda r: [r])
         assert (folder.parent / "free" / LOCK_NAME).exists()
     assert not (folder.parent / "free").exists()
 
@@ -156,7 +156,7 @@ def test_card_into_a_held_folder_is_refused_before_loading(holder, capsys, monke
     code = main(["eval", "suite", "--models", TINY, "--methods", "none", "--tasks", "perplexity", "--lengths", "64",
                  "--trials", "1", "--out", str(folder), "--no-progress"])
     error = capsys.readouterr().err.strip()
-    assert code == 2 and f"(pid {process.pid} " in error and "another --out for the card" in error, error
+    assert code == 2 and f"(pid {process.pid} " in error and "another --out for the suite" in error, error
     assert [p.name for p in folder.iterdir()] == [LOCK_NAME]
 
 

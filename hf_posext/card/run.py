@@ -49,7 +49,7 @@ def run_card(settings: CardSettings) -> int:
     # one run writes a card folder at a time: a second would drop the first's newer cells from card.json; and its
     # tasks' results files in OUT/tasks are held as `eval TASK --out OUT/tasks` holds them
     parts = [results_part(task, spec.key) for task in EVALUATION_TASKS if task in settings.tasks for spec in settings.models]
-    with hold_folder(settings.out, "--out", "the card"), hold_parts(settings.out / "tasks", parts, "--out", "the card"), \
+    with hold_folder(settings.out, "--out", "the suite"), hold_parts(settings.out / "tasks", parts, "--out", "the suite"), \
             transformers_progress_bars(settings.progress):
         return run_in_folder(settings, started)
 
@@ -65,7 +65,7 @@ def check_settings(settings: CardSettings) -> None:
     from hf_posext.core.files import check_output_folder
     from hf_posext.text_sources import check_text_source
 
-    check_output_folder(settings.out, "--out", "the card")
+    check_output_folder(settings.out, "--out", "the suite")
     if settings.sample_cache:
         check_output_folder(settings.sample_cache, "--sample-cache", "the RULER samples")
     for task, source in (("perplexity", settings.data), ("needle", settings.haystack)):

@@ -90,10 +90,8 @@ def test_a_corrupt_results_file_is_named_never_reused(tmp_path):
     assert sorted(SampleResults(path, {**header, "row": "r, renamed"}).records) == [0, 1]
 
 
-def test_sample_cache_names_and_tokenizer_hashes_keep_their_values():
+def test_sample_cache_names_and_tokenizer_hashes_keep_their_values(tmp_path):
     """Earlier runs' sample caches are found by these values: pinned from the release that wrote them."""
-    from hf_posext.card.samples import _key_name
-
     class Vocabulary:  # a tokenizer without a backend: hashed by its vocabulary (no library version in the value)
         bos_token, eos_token = "<s>", "</s>"
 
@@ -102,5 +100,5 @@ def test_sample_cache_names_and_tokenizer_hashes_keep_their_values():
 
     key = {"task": "niah_single_1", "task_version": "1", "tokenizer": "abcdef0123456789", "length": 4096, "seed": 0,
            "lm_eval": "0.4.9"}
-    assert _key_name(key) == "niah_single_1-4096-seed0-abcdef01-f7bbe56ea7.json"
+    assert SampleCache(tmp_path).path(key).name == "niah_single_1-4096-seed0-abcdef01-f7bbe56ea7.json"
     assert tokenizer_hash(Vocabulary()) == "aaa0d0ba04f742c9"

@@ -82,10 +82,6 @@ def run_in_folder(settings: CardSettings, started: float) -> int:
     """:func:`run_card` once its settings are checked and its folder is held."""
     from hf_posext.evaluation.loading import dtype_line, evaluation_dtype, resolve_dtype
 
-    # the dtype chosen, and why, first: a figure is matched with the dtype it was computed in (each RULER task as "ruler")
-    ruler_names = {"ruler", *RULER_OFFLINE_TASKS, *RULER_DOWNLOAD_TASKS}
-    print(dtype_line(*resolve_dtype(settings.dtype, ["ruler" if task in ruler_names else task for task in settings.tasks],
-                                    settings.device)), file=sys.stderr)
     earlier = CardFolder.read(settings.out)  # the one read of card.json: a damaged one is named here, not overwritten
     seed_problem = earlier.seed_problem(settings.seed)
     if seed_problem:
@@ -98,6 +94,11 @@ def run_in_folder(settings: CardSettings, started: float) -> int:
         cache = DeferredSampleWrites(SampleCache(settings.sample_cache or settings.out / "ruler-samples"))
         plans = ruler_runner.plan_ruler_cells(rows, ruler, settings, cache, skipped)
         cache.flush()
+    # the dtype chosen, and why, once the run is known to go ahead (a refusal stays one line) and before any model
+    # loads: a figure is matched with the dtype it was computed in (each RULER task as "ruler")
+    ruler_names = {"ruler", *RULER_OFFLINE_TASKS, *RULER_DOWNLOAD_TASKS}
+    print(dtype_line(*resolve_dtype(settings.dtype, ["ruler" if task in ruler_names else task for task in settings.tasks],
+                                    settings.device)), file=sys.stderr)
     writer = CardWriter(settings, earlier, rows, ruler, downloads, skipped, started)
     cells = evaluation_cells(rows, settings, writer.partial)
     if "ending" in settings.tasks:

@@ -165,6 +165,25 @@ def test_a_byte_identical_copy_of_the_base_is_accepted_by_its_weights_not_refuse
         load_adapted_model(str(other), folder)
 
 
+def test_convert_on_a_byte_identical_copy_of_the_base_is_judged_by_its_weights_not_refused_by_its_path(run, tmp_path, capsys):
+    """``adapter convert --model COPY`` (the base moved, or copied elsewhere) converts; another model's weights at
+    another path are refused in one line, and nothing is written."""
+    from hf_posext.models import tiny_model
+
+    copy = tmp_path / "base-copy"
+    shutil.copytree(TINY_MODEL, copy)
+    folder = copied_run(run, tmp_path)
+    assert main(["adapter", "convert", str(folder), str(tmp_path / "converted"), "--model", str(copy)]) == 0
+    assert main(["adapter", "verify", str(tmp_path / "converted")]) == 0
+    other = tmp_path / "other-base"
+    tiny_model("llama", seed=5, **_tiny_shape()).save_pretrained(other)
+    capsys.readouterr()
+    assert main(["adapter", "convert", str(folder), str(tmp_path / "refused"), "--model", str(other)]) != 0
+    (error,) = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]  # beside the load's bar
+    assert "does not have the weights the adapter" in error, error
+    assert not (tmp_path / "refused").exists()
+
+
 def test_a_base_folder_that_now_holds_other_weights_names_a_fix_other_than_itself(run, tmp_path):
     from hf_posext.adapters import AdapterMismatchError, load_adapted_model
     from hf_posext.models import tiny_model

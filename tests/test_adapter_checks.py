@@ -184,6 +184,31 @@ def test_convert_on_a_byte_identical_copy_of_the_base_is_judged_by_its_weights_n
     assert not (tmp_path / "refused").exists()
 
 
+def test_an_adapter_without_a_fingerprint_whose_base_folder_is_gone_names_a_fix_that_works(run, tmp_path, capsys):
+    """An adapter written before base fingerprints, whose recorded base folder moved: judged by path, its fix named
+    the folder that is gone. It now says so and how to record a fingerprint, after which the moved base is taken."""
+    from hf_posext.adapters import AdapterMismatchError, load_adapted_model
+
+    gone, moved = tmp_path / "base", tmp_path / "moved-base"
+    shutil.copytree(TINY_MODEL, moved)
+    folder = copied_run(run, tmp_path)
+    record = json.loads((folder / ADAPTER_RECORD).read_text())
+    record.pop("base_weights", None)
+    (folder / ADAPTER_RECORD).write_text(json.dumps({**record, "base_model": str(gone)}))
+    finish_adapter_folder(folder)
+    with pytest.raises(AdapterMismatchError) as refused:
+        check_adapter(folder, str(moved))
+    message = str(refused.value)
+    assert f"{gone} no longer exists" in message and "put the base back there" in message, message
+    assert f"pass --model {gone}" not in message and "\n" not in message
+    gone.symlink_to(moved)  # the fix: the base back at its recorded place, then convert records its fingerprint
+    assert main(["adapter", "convert", str(folder)]) == 0
+    gone.unlink()
+    load_adapted_model(str(moved), folder)  # judged by its weights now
+    with pytest.raises(AdapterMismatchError, match=f"{gone} no longer exists: give a local folder holding the base's"):
+        check_adapter(folder, "org/other-model")  # a hub id is not judged by weights: the fix names a folder
+
+
 def test_a_base_folder_that_now_holds_other_weights_names_a_fix_other_than_itself(run, tmp_path):
     from hf_posext.adapters import AdapterMismatchError, load_adapted_model
     from hf_posext.models import tiny_model

@@ -23,6 +23,12 @@ __all__ = ["verify_adapter_files", "check_adapter"]
 _RESTORE = "restore the adapter folder from the training run"
 
 
+def _a_folder_now_gone(name: str) -> bool:
+    """Whether ``name`` is a local path (absolute, ``~`` or ``./``), not a hub id, with nothing there now."""
+    path = os.path.expanduser(name)
+    return (os.path.isabs(path) or name.startswith(("./", "../"))) and not os.path.exists(path)
+
+
 def _check_safetensors(path: Path) -> None:
     from safetensors import safe_open
 
@@ -127,6 +133,13 @@ def check_adapter(folder: str | os.PathLike, base_model: str, method: str | None
         # a local folder other than the recorded one (a copy, a moved base) is judged by its weights once it loads
         fix = (f"set model.name: {record.base_model} in the recipe (or drop finetune.init_adapter to train a new adapter)"
                if recipe else f"pass --model {record.base_model}")
+        if _a_folder_now_gone(record.base_model) and record.base_weights:  # the fix above names a folder not there
+            fix = (f"{record.base_model} no longer exists: give a local folder holding the base's weights (it is judged "
+                   "by its weights fingerprint, not its path)")
+        elif _a_folder_now_gone(record.base_model):
+            fix = (f"{record.base_model} no longer exists, and the adapter records no weights fingerprint to judge "
+                   f"another folder by: put the base back there (a link to it will do), then `hf-posext adapter convert "
+                   f"{folder}` records its fingerprint, after which a copy at any path is judged by its weights")
         raise AdapterMismatchError(f"The adapter {folder} was trained on base model {record.base_model!r} "
                                    f"({ADAPTER_RECORD}), not {base_model!r}: {fix}.")
     composition = split_composition(method) if isinstance(method, str) else None

@@ -120,3 +120,72 @@ def test_a_rotation_no_geometry_explains_is_refused_in_one_line(monkeypatch):
     finally:
         AttentionInterface.register(probe.PROBE_IMPLEMENTATION, record)
     assert hf_posext.describe(model).method == "none"
+
+
+#: Families whose attention adds learned sinks (``s_aux``): one logit per query head in every softmax denominator.
+SINK_FAMILIES = ["GptOssForCausalLM", "GraniteSWAForCausalLM", "GraniteMoeSWAForCausalLM"]
+
+
+def _with_sinks(class_name: str, values: torch.Tensor | float) -> torch.nn.Module:
+    model = _one_layer(class_name, {"layer_types": ["full_attention"]})
+    attention = model.model.layers[0].self_attn
+    with torch.no_grad():
+        attention.sinks.copy_(torch.as_tensor(values, dtype=attention.sinks.dtype).expand_as(attention.sinks))
+    return model
+
+
+@pytest.mark.parametrize("class_name", SINK_FAMILIES)
+def test_self_extend_applies_learned_attention_sinks_as_the_model_does(class_name):
+    """Self-Extend past the window equals the unpatched model (whose own attention applies the sinks) at the
+    emulated positions; a kernel that dropped the sinks would sit at the sinks' whole effect from it."""
+    sinks = torch.linspace(-1.0, 3.0, _one_layer(class_name, {"layer_types": ["full_attention"]}).config.num_attention_heads)
+    model, no_sinks = _with_sinks(class_name, sinks), _with_sinks(class_name, -1e4)
+    ids = torch.randint(3, int(model.config.vocab_size), (1, LENGTH), generator=torch.Generator().manual_seed(0))
+    emulated = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "position_ids": _self_extend_positions(LENGTH), "use_cache": False}
+    with torch.no_grad():
+        reference, without = model(**emulated).logits[0, -1], no_sinks(**emulated).logits[0, -1]
+        plain = model(input_ids=ids, use_cache=False).logits[0, -1]
+    assert float((plain - reference).abs().max()) > 1e-3, "the grouped positions barely move the logits: no test of the grouped path"
+    hf_posext.patch(model, "self-extend", group_size=GROUP, neighbor_window=NEIGHBOURS)
+    with torch.no_grad():
+        extended = model(input_ids=ids, use_cache=False).logits[0, -1]
+    effect, error = float((reference - without).abs().max()), float((extended - reference).abs().max())
+    print(f"{class_name}: sinks' effect {effect:.2e}, error {error:.2e}")
+    assert effect > 1e-3, f"the sinks barely move {class_name}'s logits ({effect:.2e}): no test"
+    assert error < effect / 1000, f"{class_name}: Self-Extend with sinks is {error:.2e} from the reference (effect {effect:.2e})"
+
+
+@pytest.mark.parametrize("method, params", [("self-extend", {"group_size": GROUP, "neighbor_window": 24}),
+                                            ("dca", {"factor": 3}), ("string", {"factor": 3}), ("yarn+string", {"factor": 3})])
+def test_learned_sinks_are_kept_inside_the_window_and_in_cached_decoding(method, params):
+    """Inside the window (Self-Extend: its neighbour window) the attention-level methods leave gpt-oss as it was,
+    its sinks included; past it, a decode step over the KV cache equals the full recompute (DCA's decode kernel
+    applies the sinks too)."""
+    model = _with_sinks("GptOssForCausalLM", 2.0)
+    ids = torch.randint(3, int(model.config.vocab_size), (1, 48), generator=torch.Generator().manual_seed(1))
+    inside = ids[:, :24]  # within the tiny window of 32
+    with torch.no_grad():
+        before = model(input_ids=inside, use_cache=False).logits
+    hf_posext.patch(model, method, **params)
+    with torch.no_grad():
+        after = model(input_ids=inside, use_cache=False).logits
+        full = model(input_ids=ids, use_cache=False).logits[0, -1]
+        cache = model(input_ids=ids[:, :-1], use_cache=True).past_key_values
+        step = model(input_ids=ids[:, -1:], past_key_values=cache, use_cache=True).logits[0, -1]
+    if method != "yarn+string":  # yarn rescales every frequency, inside the window too
+        assert float((after - before).abs().max()) < 1e-5, float((after - before).abs().max())
+    assert float((step - full).abs().max()) < 1e-4, float((step - full).abs().max())
+
+
+def test_a_sparse_attention_indexer_is_refused_in_one_line():
+    """A DSA indexer (GLM-MoE-DSA, HY-V4) ranks keys by their rotary positions outside the attention function: with
+    Self-Extend applied to the attention alone, HY-V4's logits sit at the positions' whole effect from the emulated reference (measured:
+    error 1.9e-2 for an effect of 1.6e-2), so every attention-level method refuses it, and frequency methods remain."""
+    model = build_tiny("GlmMoeDsaForCausalLM")
+    for method in ("self-extend", "dca", "string", "yarn+string"):
+        with pytest.raises(hf_posext.UnsupportedModelError) as refused:
+            hf_posext.patch(model, method, factor=2) if method != "self-extend" else hf_posext.patch(model, method, group_size=2, neighbor_window=8)
+        assert "holds GlmMoeDsaIndexer, a sparse-attention indexer" in str(refused.value) and "\n" not in str(refused.value)
+        assert hf_posext.describe(model).method == "none"
+    hf_posext.patch(model, "yarn", factor=2)
+    assert hf_posext.describe(model).method == "yarn"

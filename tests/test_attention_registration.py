@@ -43,11 +43,15 @@ def test_a_layer_without_its_settings_names_the_method_and_the_fix(method, param
 
 
 @pytest.mark.parametrize("method, params, function, title", CASES, ids=[c[0] for c in CASES])
-def test_attention_sinks_are_refused_and_the_default_scale_is_one_over_root_d(method, params, function, title):
+def test_attention_sinks_join_the_softmax_and_the_default_scale_is_one_over_root_d(method, params, function, title):
     model, attention, _ = _patched(method, params)
     q, k, v = (torch.randn(1, 4, 6, 8, generator=torch.Generator().manual_seed(i)) for i in range(3))
-    with pytest.raises(ValueError, match=rf"^{title} does not support attention sinks \(s_aux\); unpatch this model\.$"):
-        function(attention, q, k, v, None, s_aux=torch.zeros(4))
+    # learned sinks (gpt-oss): one logit per head beside every row's scores, with no value
+    sinks = torch.tensor([-1.0, 0.0, 1.0, 3.0])
+    scores = (q @ k.transpose(2, 3) * 8 ** -0.5).masked_fill(torch.ones(6, 6, dtype=torch.bool).triu(1), float("-inf"))
+    weights = torch.cat([scores, sinks.view(1, 4, 1, 1).expand(1, 4, 6, 1)], dim=-1).softmax(-1)[..., :-1]
+    with_sinks, _ = function(attention, q, k, v, None, s_aux=sinks)
+    torch.testing.assert_close(with_sinks, (weights @ v).transpose(1, 2), atol=1e-6, rtol=1e-6)
     # Six tokens: inside every method's plain range, so the call is causal softmax attention at scale 8 ** -0.5.
     out, _ = function(attention, q, k, v, None, is_causal=True)
     expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2)

@@ -141,23 +141,24 @@ def dual_chunk_attention(
     attention (transformers' own SDPA function on the SDPA path); decode steps (at most
     ``DECODE_QUERIES`` queries) run :func:`dual_chunk_decode`; prefills past one chunk run
     :func:`dual_chunk_fused` where it applies; everything else (eager prefill, logit cap, training
-    dropout, per-row positions) runs :func:`dual_chunk_explicit`. Attention weights are not returned.
+    dropout, per-row positions, learned attention sinks) runs :func:`dual_chunk_explicit`. Attention weights
+    are not returned.
     """
     layer: DualChunkLayerSettings
     layer, scaling = call_settings(module, query, scaling, kwargs, attribute=_LAYER_ATTRIBUTE, title="Dual Chunk Attention", method="dca")
-    softcap = kwargs.get("softcap")
+    softcap, sinks = kwargs.get("softcap"), kwargs.get("s_aux")  # sinks: the decode and written-out paths only
     q_len = query.shape[2]
     if layer.chunk_size is not None and q_len <= DECODE_QUERIES and not (dropout and module.training):
-        return dual_chunk_decode(query, key, value, attention_mask, kwargs.get("position_ids"), layer, scaling, softcap), None
+        return dual_chunk_decode(query, key, value, attention_mask, kwargs.get("position_ids"), layer, scaling, softcap, sinks), None
     query_positions, key_positions = call_positions(query, key, kwargs.get("position_ids"), _LABEL)
     plain = layer.chunk_size is None
     if not plain and q_len > DECODE_QUERIES:
         # A prefill: one host sync is cheap next to the work, and prompts inside one chunk stay bit for bit the
         # model's (prompts of at most DECODE_QUERIES tokens took the decode kernel above: equal values, not SDPA's bits).
         plain = int(query_positions.max()) < chunk_length(layer.chunk_size, layer.local_window)
-    if plain and layer.mask_kind == "sdpa" and softcap is None:
+    if plain and layer.mask_kind == "sdpa" and softcap is None and sinks is None:
         return plain_attention(module, query, key, value, attention_mask, dropout, scaling, kwargs)
-    if not plain and q_len > DECODE_QUERIES:
+    if not plain and q_len > DECODE_QUERIES and sinks is None:
         start = fused_start(layer.mask_kind, attention_mask, query_positions, softcap, dropout, module.training, (query, key, value))
         if start is not None:
             if layer.scale_length is not None:
@@ -168,7 +169,7 @@ def dual_chunk_attention(
         scaling = scaling * score_scale(query_positions[:, -1], layer.scale_length).view(-1, 1, 1, 1, 1)
     output = dual_chunk_explicit(
         query, key, value, attention_mask, query_positions, key_positions, active, scaling,
-        softcap=softcap, dropout=dropout, training=module.training,
+        softcap=softcap, dropout=dropout, training=module.training, sinks=sinks,
     )
     return output, None
 

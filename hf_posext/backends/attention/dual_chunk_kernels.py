@@ -160,6 +160,7 @@ def dual_chunk_explicit(
     dropout: float = 0.0,
     training: bool = False,
     block_elements: int = SCORE_BLOCK_ELEMENTS,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Dual Chunk Attention with the scores written out, block of queries by block.
 
@@ -175,6 +176,7 @@ def dual_chunk_explicit(
         layer: rotary frequencies and chunking. scaling: score multiplier. softcap: Gemma 2 logit cap.
         dropout, training: attention dropout, applied when training.
         block_elements: score elements materialised at once.
+        sinks: learned attention sinks, one logit per query head (gpt-oss), or None.
 
     Returns:
         ``[batch, q_len, heads, head_dim]``.
@@ -212,7 +214,7 @@ def dual_chunk_explicit(
             kind = (query_chunk[:, start:end, None] - key_chunk[:, None, :]).clamp_(0, kinds - 1)
             scores = scores.gather(3, kind[:, None, None, None].expand(batch, kv_heads, groups, 1, rows, kv_len))
         scores = scores.squeeze(3)
-        outputs.append(finish_block(scores, value, attention_mask, start, offset, scaling, softcap, dropout, training))
+        outputs.append(finish_block(scores, value, attention_mask, start, offset, scaling, softcap, dropout, training, sinks))
     return torch.cat(outputs, dim=2).transpose(1, 2).contiguous()
 
 
@@ -387,6 +389,7 @@ def dual_chunk_decode(
     layer: DualChunkLayerSettings,
     scaling: float,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Dual Chunk Attention for a few new queries against a long key cache, in a fixed number of kernels.
 
@@ -405,7 +408,7 @@ def dual_chunk_decode(
         attention_mask: None (causal), bool (True = attend) or additive float, broadcastable to
             ``[batch, heads, q_len, kv_len]``. position_ids: the queries' positions (None: the last q_len).
         layer: rotary frequencies and chunking (``layer.chunk_size`` set). scaling: score multiplier.
-        softcap: Gemma 2 logit cap.
+        softcap: Gemma 2 logit cap. sinks: learned attention sinks, one logit per query head, or None.
 
     Returns:
         ``[batch, q_len, heads, head_dim]``.
@@ -425,4 +428,4 @@ def dual_chunk_decode(
     scores = torch.matmul(rotated.reshape(batch, kv_heads, groups * distances * q_len, head_dim), key.transpose(2, 3))
     index = tables.kind.view(-1, 1, 1, 1, q_len, kv_len).expand(batch, kv_heads, groups, 1, q_len, kv_len)
     scores = scores.view(batch, kv_heads, groups, distances, q_len, kv_len).gather(3, index).squeeze(3)
-    return finish_decode(scores, attention_mask, tables.future, value, softcap)
+    return finish_decode(scores, attention_mask, tables.future, value, softcap, sinks)

@@ -13,7 +13,7 @@ import torch
 
 __all__ = [
     "rotate", "rotate_with", "rotation_factors", "partners", "rotate_by_factors", "attention_with_lse", "fused_attention_with_lse", "cuda_attention_with_lse",
-    "call_positions", "StepTables", "finish_decode", "finish_block", "fused_start",
+    "call_positions", "StepTables", "finish_decode", "finish_block", "fused_start", "probabilities",
 ]
 
 
@@ -250,9 +250,30 @@ class StepTables:
         self._held.clear()
 
 
+def probabilities(scores: torch.Tensor, sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """The softmax over the keys (the last dimension), in float32.
+
+    With learned attention sinks (gpt-oss, Granite SWA, DeepSeek-V4: one logit ``s_h`` per query head), each
+    row's denominator also holds ``exp(s_h)``, a key that carries no value:
+    ``p_j = exp(x_j) / (exp(s_h) + sum_k exp(x_k))`` (Xiao et al. 2023, "Efficient Streaming Language Models
+    with Attention Sinks"; the learned form of OpenAI's gpt-oss).
+
+    Args:
+        scores: ``[batch, kv_heads, groups, rows, keys]``, query head ``h = kv * groups + g`` at ``[:, kv, g]``
+            (transformers' ``repeat_kv`` order).
+        sinks: ``[heads]`` logits, or None (a plain softmax).
+    """
+    if sinks is None:
+        return torch.softmax(scores, dim=-1, dtype=torch.float32)
+    batch, kv_heads, groups, rows, _ = scores.shape
+    column = sinks.to(device=scores.device, dtype=torch.float32).reshape(1, kv_heads, groups, 1, 1)
+    combined = torch.cat([scores.float(), column.expand(batch, kv_heads, groups, rows, 1)], dim=-1)
+    return torch.softmax(combined, dim=-1)[..., :-1]
+
+
 def finish_decode(
     scores: torch.Tensor, attention_mask: torch.Tensor | None, future: torch.Tensor | None, value: torch.Tensor,
-    softcap: float | None = None,
+    softcap: float | None = None, sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Logit cap, mask, softmax and values for decode-step scores ``[B, kv_heads, groups, q_len, kv_len]``.
 
@@ -261,6 +282,7 @@ def finish_decode(
         attention_mask: None, bool (True = attend) or additive float, broadcastable to ``[B, heads, q_len, kv_len]``.
         future: with no ``attention_mask``, ``[q_len, kv_len]`` True for keys after a query (None: none).
         value: ``[B, kv_heads, kv_len, head_dim]``. softcap: Gemma 2 logit cap.
+        sinks: learned attention sinks, one logit per query head (see :func:`probabilities`), or None.
 
     Returns:
         ``[B, q_len, heads, head_dim]``.
@@ -282,7 +304,7 @@ def finish_decode(
             scores = torch.where(mask, scores, torch.finfo(scores.dtype).min)
         else:
             scores = scores + mask
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
+    probs = probabilities(scores, sinks).to(value.dtype)
     out = torch.matmul(probs.view(batch, kv_heads, groups * q_len, kv_len), value)
     return out.view(batch, kv_heads, groups, q_len, head_dim).reshape(batch, heads, q_len, head_dim).transpose(1, 2).contiguous()
 
@@ -297,6 +319,7 @@ def finish_block(
     softcap: float | None,
     dropout: float,
     training: bool,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The tail every written-out (explicit) attention path shares, for one block of query rows.
 
@@ -311,6 +334,7 @@ def finish_block(
         start: the block's first query row. offset: ``kv_len - q_len`` (keys before the first query).
         scaling: score multiplier. softcap: Gemma 2 logit cap (None: none).
         dropout, training: attention dropout, applied when training.
+        sinks: learned attention sinks, one logit per query head (see :func:`probabilities`), or None.
 
     Returns:
         ``[batch, heads, rows, head_dim]``.
@@ -335,7 +359,7 @@ def finish_block(
             scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
         else:
             scores = scores + mask
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
+    probs = probabilities(scores, sinks).to(value.dtype)
     if dropout and training:
         probs = torch.nn.functional.dropout(probs, p=dropout, training=True)
     out = torch.matmul(probs.view(batch, kv_heads, groups * rows, kv_len), value)

@@ -26,6 +26,8 @@ both q and k, so their dot products, and the attention output, are unchanged.
 
 from __future__ import annotations
 
+import inspect
+
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,15 +86,16 @@ class _Rotary:
     scaled: bool
 
 
-_RECORD: list[tuple[nn.Module, torch.Tensor, torch.Tensor, bool]] | None = None
+_RECORD: list[tuple[nn.Module, torch.Tensor, torch.Tensor]] | None = None
 
 
 def probe_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
-    """The probe's attention function: records q, k and whether sinks were passed, then runs SDPA."""
+    """The probe's attention function: records q and k, then runs SDPA (learned sinks, ``s_aux``, are left out:
+    the probe reads only q and k)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     if _RECORD is not None:
-        _RECORD.append((module, query.detach().float().clone(), key.detach().float().clone(), kwargs.get("s_aux") is not None))
+        _RECORD.append((module, query.detach().float().clone(), key.detach().float().clone()))
     kwargs.pop("softcap", None)
     return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
 
@@ -188,13 +191,9 @@ def _probe(model: nn.Module, rotary: dict[str, _Rotary], names: dict[int, str], 
     first, second = _record_twice(model, label, length, shift)
     if not first or len(first) != len(second):
         raise unsupported(model, "its attention modules do not call the AttentionInterface registry", label)
-    sinks = sorted({names.get(id(module), type(module).__name__) for module, *_, has_sinks in first if has_sinks})
-    if sinks:
-        raise unsupported(model, f"its attention in {sinks[0]}{' and others' if len(sinks) > 1 else ''} adds learned "
-                                 "attention sinks (s_aux), which the split and chunked kernels cannot apply", label)
     tol = 1e-3 if next(model.parameters()).dtype == torch.float32 else 3e-2
     layers: dict[int, AttentionLayer] = {}
-    for (module, q1, k1, _), (module2, q2, k2, _) in zip(first, second):
+    for (module, q1, k1), (module2, q2, k2) in zip(first, second):
         if module is not module2:
             raise unsupported(model, "its attention modules are called in a different order on each forward", label)
         if id(module) not in names:
@@ -260,6 +259,20 @@ def _rotary_per_module(model: nn.Module, sites: list, label: str) -> dict[str, _
     return per_module
 
 
+def rotary_readers(layers: list[AttentionLayer]) -> list[tuple[str, str]]:
+    """``(attention path, class name)`` of each scaled attention layer that holds a module of its own taking
+    ``position_embeddings`` (found by its forward's signature): a sparse-attention indexer (DeepSeek-V3.2's DSA,
+    GLM-5, HY-V4) that ranks keys with the rotary positions outside the attention function. A frequency method
+    scales its positions too; an attention-level method, which changes only the attention function, cannot."""
+    found = []
+    for layer in (layer for layer in layers if layer.scaled):
+        for child in layer.module.modules():
+            if child is not layer.module and "position_embeddings" in inspect.signature(child.forward).parameters:
+                found.append((layer.path, type(child).__name__))
+                break
+    return found
+
+
 def find_attention_layers(model: nn.Module, label: str) -> tuple[list[AttentionLayer], list[tuple[Any, nn.Module]]]:
     """The attention modules of a RoPE model, verified by a probe, for an attention-level method (read-only).
 
@@ -271,7 +284,7 @@ def find_attention_layers(model: nn.Module, label: str) -> tuple[list[AttentionL
         stop at the original window and must be swapped for a length-free rotary module.
 
     Raises:
-        UnsupportedModelError: attention bypasses transformers' registry, passes attention sinks, or q/k are
+        UnsupportedModelError: attention bypasses transformers' registry, or q/k are
             rotated in no way the probe knows. ValueError: a dynamic rotary embedding.
     """
     from hf_posext.backends.rope.sites import build_rotary_module, find_rotary_sites
@@ -283,6 +296,12 @@ def find_attention_layers(model: nn.Module, label: str) -> tuple[list[AttentionL
     names = {id(module): path for path, module in model.named_modules()}
     register_probe()
     layers = _probe(model, rotary, names, label)
+    readers = rotary_readers(layers)
+    if readers:
+        path, reader = readers[0]
+        raise unsupported(model, f"its attention in {path}{' and others' if len(readers) > 1 else ''} holds {reader}, "
+                                 "a sparse-attention indexer that picks the keys by their rotary positions, which "
+                                 f"{label} does not remap (it would pick them at positions past the window)", label)
     # A fixed sin/cos table (GPT-J's embed_positions) stops at the original window; attention-level
     # methods keep true positions, so those modules are swapped for our identical, length-free rotary module.
     swaps = []

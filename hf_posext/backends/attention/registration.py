@@ -141,7 +141,7 @@ def _rotary_channels_first(attention: Callable[..., Any]) -> Callable[..., Any]:
 def call_settings(module: nn.Module, query: torch.Tensor, scaling: float | None, kwargs: dict[str, Any], *,
                   attribute: str, title: str, method: str) -> tuple[Any, float]:
     """What every registered attention function checks first: the settings the patch attached to ``module``,
-    no attention sinks, and the scale (``1/sqrt(head size)`` when the model passes none).
+    and the scale (``1/sqrt(head size)`` when the model passes none).
 
     Args:
         attribute: the module attribute holding the method's layer settings.
@@ -149,7 +149,6 @@ def call_settings(module: nn.Module, query: torch.Tensor, scaling: float | None,
 
     Raises:
         RuntimeError: the module carries no settings (a copied model, a hand-edited config).
-        ValueError: the model passes attention sinks (``s_aux``), which no split or chunked kernel here applies.
     """
     settings = getattr(module, attribute, None)
     if settings is None:
@@ -157,8 +156,6 @@ def call_settings(module: nn.Module, query: torch.Tensor, scaling: float | None,
             f"{type(module).__name__} is set to {title} but carries no {title} settings (was the model copied or "
             f"its config edited by hand?). Call hf_posext.patch(model, {method!r}, ...) again."
         )
-    if kwargs.get("s_aux") is not None:
-        raise ValueError(f"{title} does not support attention sinks (s_aux); unpatch this model.")
     return settings, query.shape[-1] ** -0.5 if scaling is None else scaling
 
 

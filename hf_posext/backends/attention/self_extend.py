@@ -157,24 +157,25 @@ def self_extend_attention(
     (Gemma 3 sliding layers) and calls where every pair is inside the window run plain attention
     (transformers' own SDPA function on the SDPA path); decode steps past the window (at most
     ``DECODE_QUERIES`` queries) on an accelerator (``DECODE_DEVICES``) run :func:`self_extend_decode`; longer calls run
-    :func:`split_grouped_attention` where it applies, else :func:`grouped_attention`. Attention weights
-    are not returned.
+    :func:`split_grouped_attention` where it applies, else :func:`grouped_attention`. Learned attention sinks
+    (``s_aux``, gpt-oss) are applied by :func:`grouped_attention`, which every call with them takes. Attention
+    weights are not returned.
     """
     settings: SelfExtendLayerSettings
     settings, scaling = call_settings(module, query, scaling, kwargs, attribute=_LAYER_ATTRIBUTE, title="Self-Extend", method="self-extend")
-    softcap = kwargs.get("softcap")
+    softcap, sinks = kwargs.get("softcap"), kwargs.get("s_aux")  # sinks: the written-out path only
     q_len, kv_len = query.shape[2], key.shape[2]
-    if (query.device.type in DECODE_DEVICES and settings.group_size is not None and settings.group_size > 1
+    if (sinks is None and query.device.type in DECODE_DEVICES and settings.group_size is not None and settings.group_size > 1
             and q_len <= DECODE_QUERIES and kv_len > settings.neighbor_window and not (dropout and module.training)):
         return self_extend_decode(query, key, value, attention_mask, kwargs.get("position_ids"), settings, scaling, softcap), None
     query_positions, key_positions = call_positions(query, key, kwargs.get("position_ids"), "Self-Extend")
     plain = settings.group_size is None or settings.group_size == 1 or int(
         (query_positions.max() - key_positions.min())
     ) < settings.neighbor_window
-    if plain and settings.mask_kind == "sdpa" and softcap is None:
+    if plain and settings.mask_kind == "sdpa" and softcap is None and sinks is None:
         return plain_attention(module, query, key, value, attention_mask, dropout, scaling, kwargs)
     key_grouped = None if plain else _grouped_keys(settings, key, key_positions, query.shape[2])
-    if not plain and _can_split(settings, attention_mask, query_positions, key_positions, softcap, dropout, module, (query, key, value)):
+    if not plain and sinks is None and _can_split(settings, attention_mask, query_positions, key_positions, softcap, dropout, module, (query, key, value)):
         output = split_grouped_attention(
             query, key, value, key_grouped, attention_mask, query_positions, key_positions,
             settings.inv_freq, settings.rotary_dim, settings.interleaved, settings.group_size, settings.neighbor_window, scaling,
@@ -184,7 +185,7 @@ def self_extend_attention(
         query, key, value, attention_mask, query_positions, key_positions,
         settings.inv_freq, settings.rotary_dim, settings.interleaved,
         None if plain else settings.group_size, None if plain else settings.neighbor_window,
-        scaling, softcap=softcap, dropout=dropout, training=module.training, key_grouped=key_grouped,
+        scaling, softcap=softcap, dropout=dropout, training=module.training, key_grouped=key_grouped, sinks=sinks,
     )
     return output, None
 

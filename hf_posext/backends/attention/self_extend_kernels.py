@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from hf_posext.backends.attention.kernels import (
-    StepTables, attention_with_lse, finish_decode, head_groups, rotate, rotate_by_factors, rotate_with,
+    StepTables, attention_with_lse, finish_decode, head_groups, probabilities, rotate, rotate_by_factors, rotate_with,
     rotation_factors,
 )
 from hf_posext.core.deprecation import renamed_keyword
@@ -123,6 +123,7 @@ def grouped_attention(
     block_elements: int = SCORE_BLOCK_ELEMENTS,
     key_grouped: torch.Tensor | None = None,
     window: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Self-Extend attention over rotated q/k: neighbour scores inside ``neighbor_window``, grouped beyond it.
 
@@ -138,6 +139,7 @@ def grouped_attention(
         dropout, training: attention dropout, applied when training.
         block_elements: score elements materialised at once (sets the query block size).
         key_grouped: the keys already rotated to their grouped positions, if the caller has them.
+        sinks: learned attention sinks, one logit per query head (gpt-oss), or None.
 
     Returns:
         ``[batch, q_len, heads, head_dim]`` (the layout transformers' attention functions return).
@@ -160,7 +162,7 @@ def grouped_attention(
             key_grouped = to_grouped(key, key_positions, "key", group_size, neighbor_window, inv_freq, rotary_dim, interleaved)
     blocks = _ScoreBlocks(query, key, value, attention_mask, query_positions, key_positions, groups,
                           query_grouped, key_grouped if grouped else None, neighbor_window if grouped else None,
-                          scaling, softcap, dropout if training else 0.0)
+                          scaling, softcap, dropout if training else 0.0, sinks)
     block = max(1, min(q_len, block_elements // max(1, batch * heads * kv_len)))
     if grouped:
         block = min(block, max(64, neighbor_window))  # the band of both kinds per block is (block + W) keys wide
@@ -189,6 +191,7 @@ class _ScoreBlocks:
     scaling: float
     softcap: float | None
     dropout: float
+    sinks: torch.Tensor | None = None  # one logit per query head (gpt-oss), or None
 
     def __post_init__(self) -> None:
         kv_len, key_positions = self.key.shape[2], self.key_positions
@@ -231,7 +234,7 @@ class _ScoreBlocks:
             scores = torch.tanh(scores / self.softcap) * self.softcap
         if self.attention_mask is not None:
             scores = self.masked(scores, start, end, high)
-        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(self.value.dtype)
+        probs = probabilities(scores, self.sinks).to(self.value.dtype)
         if self.dropout:
             probs = nn.functional.dropout(probs, p=self.dropout, training=True)
         out = torch.matmul(probs.view(batch, kv_heads, groups * rows, high), self.value[:, :, :high])

@@ -159,6 +159,7 @@ def string_explicit(
     dropout: float = 0.0,
     training: bool = False,
     block_elements: int = SCORE_BLOCK_ELEMENTS,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """STRING with the scores written out, block of queries by block (also a decode step).
 
@@ -174,6 +175,7 @@ def string_explicit(
         layer: rotary layout and the shift. scaling: score multiplier. softcap: Gemma 2 logit cap.
         dropout, training: attention dropout, applied when training.
         block_elements: score elements materialised at once.
+        sinks: learned attention sinks, one logit per query head (gpt-oss), or None.
 
     Returns:
         ``[batch, q_len, heads, head_dim]``.
@@ -203,7 +205,7 @@ def string_explicit(
             scores = torch.where(far[:, None, None], scores[:, :, :, 1], scores[:, :, :, 0])
         else:
             scores = scores[:, :, :, 0]
-        outputs.append(finish_block(scores, value, attention_mask, start, offset, scaling, softcap, dropout, training))
+        outputs.append(finish_block(scores, value, attention_mask, start, offset, scaling, softcap, dropout, training, sinks))
     return torch.cat(outputs, dim=2).transpose(1, 2).contiguous()
 
 
@@ -362,13 +364,13 @@ def string_attention(
     Calls where every distance is below S (at most S keys, or a prefill whose last position is below S)
     run plain attention (transformers' own SDPA function on the SDPA path); prefills past S run
     :func:`string_split` where it applies; decode steps and everything else (eager, logit cap, training,
-    per-row positions) run :func:`string_explicit`. Attention weights are not returned.
+    per-row positions, learned attention sinks) run :func:`string_explicit`. Attention weights are not returned.
     """
     layer: StringLayerSettings
     layer, scaling = call_settings(module, query, scaling, kwargs, attribute=_LAYER_ATTRIBUTE, title="STRING attention", method="string")
     if layer.attention_factor != 1.0:
         scaling = scaling * layer.attention_factor ** 2
-    softcap = kwargs.get("softcap")
+    softcap, sinks = kwargs.get("softcap"), kwargs.get("s_aux")  # sinks: the written-out path only
     q_len, kv_len = query.shape[2], key.shape[2]
     plain = layer.shifted_offset is None or kv_len <= layer.shifted_offset  # keys consecutive: every d < S
     positions = None
@@ -376,17 +378,17 @@ def string_attention(
         # A prefill: one host sync is cheap next to the work, and prompts shorter than S stay the model's.
         positions = call_positions(query, key, kwargs.get("position_ids"), _LABEL)
         plain = int(positions[0].max()) < layer.shifted_offset
-    if plain and layer.mask_kind == "sdpa" and softcap is None:
+    if plain and layer.mask_kind == "sdpa" and softcap is None and sinks is None:
         return plain_attention(module, query, key, value, attention_mask, dropout, scaling, kwargs)
     query_positions, key_positions = positions or call_positions(query, key, kwargs.get("position_ids"), _LABEL)
-    if not plain and q_len > DECODE_QUERIES:
+    if not plain and q_len > DECODE_QUERIES and sinks is None:
         start = fused_start(layer.mask_kind, attention_mask, query_positions, softcap, dropout, module.training, (query, key, value))
         if start is not None:
             return string_split(query, key, value, attention_mask, start, layer, scaling), None
     active = dataclasses.replace(layer, shifted_offset=None) if plain else layer
     output = string_explicit(
         query, key, value, attention_mask, query_positions, key_positions, active, scaling,
-        softcap=softcap, dropout=dropout, training=module.training,
+        softcap=softcap, dropout=dropout, training=module.training, sinks=sinks,
     )
     return output, None
 

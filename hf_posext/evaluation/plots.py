@@ -408,12 +408,17 @@ def layout_problems(figure) -> list[str]:
 
 
 def save_figure(figure, path: str | os.PathLike, dpi: int = 110) -> Path:
-    """Write ``figure`` as PNG (warning about any :func:`layout_problems`) and close it."""
+    """Write ``figure`` as PNG, whole or not at all (warning about any :func:`layout_problems`), and close it."""
     import matplotlib.pyplot as plt
+
+    from hf_posext.core.files import atomic_path
 
     problems = layout_problems(figure)
     if problems:
         warnings.warn(f"{path}: layout problems: {'; '.join(problems)}", stacklevel=2)
-    figure.savefig(path, dpi=dpi)
-    plt.close(figure)
+    try:
+        with atomic_path(path) as staged:
+            figure.savefig(staged, dpi=dpi, format="png")
+    finally:
+        plt.close(figure)
     return Path(path)

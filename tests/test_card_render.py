@@ -47,3 +47,24 @@ def test_a_task_plot_draws_the_base_models_best_in_window_score_and_every_points
     assert columns(figure) == 2  # short labels keep two
     ppl = [{**c, "task": "perplexity", "low": None, "high": None, "mean": m} for c, m in zip(cells[:3], (30.0, 25.8, 20.0))]
     assert base_reference(ppl) == (25.8, 4096)
+
+
+def test_a_plot_is_drawn_again_only_when_its_tasks_cells_change_or_its_file_did(tmp_path, monkeypatch):
+    """A run writes its card after every sample: the plots of the tasks that did not change are kept as drawn, and a
+    plot whose file was replaced or removed since is drawn again."""
+    import hf_posext.card.render as render
+
+    drawn: list[str] = []
+    real = render.card_figure
+    monkeypatch.setattr(render, "card_figure", lambda task, *a, **k: drawn.append(task) or real(task, *a, **k))
+    first = [ruler_cell("base", 0, {0: 1, 1: 0}), ruler_cell("base", 0, {0: 1, 1: 1}, task="ruler_fwe")]
+    render.write_plots(tmp_path, first, {})
+    assert sorted(drawn) == ["niah_single_1", "ruler_fwe"]
+    render.write_plots(tmp_path, first, {})  # nothing changed: nothing drawn
+    assert len(drawn) == 2
+    second = [first[0], ruler_cell("base", 0, {0: 1, 1: 1, 2: 0}, task="ruler_fwe")]
+    render.write_plots(tmp_path, second, {})  # one task's cells changed: that plot only
+    assert drawn[2:] == ["ruler_fwe"]
+    (tmp_path / "card-niah_single_1.png").unlink()
+    paths = render.write_plots(tmp_path, second, {})  # a removed file is drawn again
+    assert drawn[3:] == ["niah_single_1"] and all(path.is_file() for path in paths)

@@ -107,13 +107,18 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     classes = args.classes.split(",") if args.classes else causal_lm_classes()
     results, seconds = run(classes)
+    merged: dict = {}
     if args.merge and args.out is not None and args.out.exists():
         swept = {r.class_name for r in results}
-        earlier = [result_from_dict(row) for row in json.loads(args.out.read_text())["rows"] if row["class_name"] not in swept]
+        before = json.loads(args.out.read_text())
+        earlier = [result_from_dict(row) for row in before["rows"] if row["class_name"] not in swept]
         results = sorted(earlier + results, key=lambda r: r.class_name)
+        # "seconds" stays the whole sweep's; the re-swept classes are listed apart, each with its time
+        merged = {"seconds": before.get("seconds"), "merged": [
+            *before.get("merged", []), {"classes": sorted(swept), "seconds": round(seconds, 1)}]}
     found = [line for result in results for line in problems(result)]
     record = {"versions": versions(), "machine": platform.machine(), "seconds": round(seconds, 1),
-              "totals": totals(results), "problems": found, "rows": [dataclasses.asdict(r) for r in results]}
+              "totals": totals(results), "problems": found, "rows": [dataclasses.asdict(r) for r in results], **merged}
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(args.out, json.dumps(record, indent=1) + "\n")

@@ -68,3 +68,16 @@ def test_eval_suite_prints_its_dtype_first(capsys, tmp_path, dtype, expected):
     assert main(["eval", "suite", "--models", TINY_MODEL, "--lengths", "64", "--tasks", "perplexity", "--trials", "1",
                  "--data", str(TINY_CORPUS), "--dtype", dtype, "--out", str(tmp_path / "suite"), "--no-progress"]) == 0
     assert capsys.readouterr().err.splitlines()[0].startswith(expected)
+
+
+def test_a_train_refusal_stays_one_line_the_dtype_comes_once_the_checks_pass(capsys, tmp_path, monkeypatch):
+    """The dtype line is printed after every check (exclusions, stage 2, the run folder), before the model loads: a
+    refused run prints its one line only."""
+    from hf_posext.cli import main
+
+    monkeypatch.chdir(REPO)
+    assert main(["train", "--config", str(TINY_RECIPE), f"output.dir={tmp_path / 'run'}", "data.exclude=[nosuch-book]",
+                 "--no-progress"]) != 0
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and "data.exclude" in error and "dtype:" not in error, error
+    assert not (tmp_path / "run").exists()

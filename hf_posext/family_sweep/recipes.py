@@ -64,8 +64,8 @@ RECIPES: dict[str, tuple[dict[str, Any], str]] = {
 }
 
 #: class name -> the one-line reason no tiny instance of it can run on this machine.
-_DRAFT_HEAD = ("a drafting head: its forward needs the target model's inputs_embeds and shared_kv_states, "
-               "so it is patched through its target model")
+_DRAFT_HEAD = ("a drafting head: no tiny instance runs alone (its forward needs its target model's inputs_embeds "
+               "and shared_kv_states, and its default config does not build); untested")
 UNBUILDABLE: dict[str, str] = {
     "Gemma4AssistantForCausalLM": _DRAFT_HEAD,
     "Gemma4UnifiedAssistantForCausalLM": _DRAFT_HEAD,

@@ -150,13 +150,16 @@ def _run_train(args: argparse.Namespace) -> int:
     if args.print_config:
         print(config.to_yaml())
         return 0
-    if launched_local_rank() in (None, 0):
-        from hf_posext.evaluation.loading import dtype_line
-        from hf_posext.training.arguments import training_dtype
+    from hf_posext.evaluation.loading import dtype_line
+    from hf_posext.training.arguments import training_dtype
 
-        print(dtype_line(*training_dtype(config)), file=sys.stderr)
+    def announce() -> None:  # the dtype, once every check has passed (a refusal stays one line), before the model loads
+        if launched_local_rank() in (None, 0):
+            print(dtype_line(*training_dtype(config)), file=sys.stderr)
+
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    result = train(config, resume=resume, overwrite=args.overwrite, stop_at_step=args.stop_at_step, progress=args.progress)
+    result = train(config, resume=resume, overwrite=args.overwrite, stop_at_step=args.stop_at_step, progress=args.progress,
+                   announce=announce)
     from accelerate import PartialState
 
     if PartialState().is_main_process:

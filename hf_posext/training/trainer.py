@@ -38,7 +38,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from transformers import TrainerCallback, TrainingArguments
@@ -142,6 +142,7 @@ def train(
     overwrite: bool = False,
     stop_at_step: int | None = None,
     progress: bool = True,
+    announce: Callable[[], None] | None = None,
 ) -> TrainResult:
     """Run a training recipe with :class:`PosextTrainer` under the current accelerate environment.
 
@@ -156,6 +157,8 @@ def train(
         stop_at_step: stop after this optimizer step, without the final save, as an interruption would
             (checkpoints due at or before it are written). For tests and time-boxed runs.
         progress: show progress bars (main process only).
+        announce: called once every check has passed, just before the model loads (the CLI prints the dtype
+            there, so that a refusal stays one line).
 
     Returns:
         A :class:`TrainResult`.
@@ -180,6 +183,8 @@ def train(
     # its checkpoints into the first's, or delete them with --overwrite
     with contextlib.ExitStack() as held:
         hold_folder_on_main(held, output_dir, "output.dir", "the run", main=main, share=all_refusals)
+        if announce is not None:
+            announce()
         trainable = load_trainable_model(config, args)
         data = load_packed_sequences(config.data, tokenizer, config.train.seed, trainable.pose_target,
                                      progress=progress and main)

@@ -43,7 +43,7 @@ KNOWN: dict[tuple[str, str], Expected] = {
     ('CpmAntForCausalLM', '*'): Expected(REFUSED, 'No rotary (RoPE) module found in CpmAntForCausalLM (no position embedding module found either). hf_posext'),
     ('CsmDepthDecoderForCausalLM', '*'): Expected(REFUSED, "CsmDepthDecoderForCausalLM's positions count its 32 codebooks (one token per codebook"),
     ('DeepseekV32ForCausalLM', 'attention'): Expected(REFUSED, 'a sparse-attention indexer that picks the keys by their rotary positions, which'),
-    ('DeepseekV4ForCausalLM', 'attention'): Expected(REFUSED, 'no rotary settings for attention module model.layers.0.self_attn'),
+    ('DeepseekV4ForCausalLM', 'attention'): Expected(REFUSED, 'holds its own rotary module (model.layers.0.self_attn.compressor.rotary_emb)'),
     ('DeepseekV4ForCausalLM', 'dynamic-ntk'): Expected(REFUSED, 'NTK-aware scaling raises the base to b*s^(d/(d-2)), undefined for rotary dim d=2: use linear or yarn for this'),
     ('DeepseekV4ForCausalLM', 'ntk'): Expected(REFUSED, 'NTK-aware scaling raises the base to b*s^(d/(d-2)), undefined for rotary dim d=2: use linear or yarn for this'),
     ('Dots3NoteForCausalLM', 'attention'): Expected(REFUSED, 'a sparse-attention indexer that picks the keys by their rotary positions, which'),

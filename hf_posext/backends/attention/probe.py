@@ -201,7 +201,11 @@ def _probe(model: nn.Module, rotary: dict[str, _Rotary], names: dict[int, str], 
         path = names[id(module)]
         entry = rotary.get(path)
         if entry is None:
-            raise unsupported(model, f"no rotary settings for attention module {path}", label)
+            own = next((f"{path}.{name.rsplit('.', 1)[0]}" for name, _ in module.named_buffers() if "." in name
+                        and name.endswith("inv_freq")), None)  # a rotary module inside the attention module
+            raise unsupported(model, f"its attention module {path} holds its own rotary module ({own}), whose positions an "
+                                     "attention-level method cannot follow" if own else
+                                     f"no rotary module of the model feeds its attention module {path}", label)
         if id(module) in layers:
             continue
         found = _geometry((q1, k1, q2, k2), entry, shift, tol)

@@ -357,3 +357,31 @@ def test_a_write_computes_the_paired_comparisons_once(tmp_path, monkeypatch):
     paths = write_card(tmp_path / "card", cells, [], {"samples": 2})
     assert calls == [3]
     assert "1:0 of 2" in paths["markdown"].read_text() and "1:0 of 2" in paths["html"].read_text()
+
+
+def test_a_ruler_cell_edited_in_card_json_is_named_and_shown_as_its_samples_say(tmp_path):
+    """``report``: a RULER cell whose scores or k in card.json differ from its sample file is named in one warning
+    line, and the card shows the sample file's numbers (an untouched card gives no warning)."""
+    import warnings
+
+    from hf_posext.card.folder import rewrite_card
+
+    folder = tmp_path / "card"
+    _sample_file(folder / "ruler" / "first.jsonl", [1, 0, 1, 1])
+    cell = {**ruler_cell("row 0", 0, {0: 1.0, 1: 0.0, 2: 1.0, 3: 1.0}), "source": "first.jsonl"}
+    write_card(folder, [cell], [], {"samples": 4, "partial": False})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rewrite_card(folder)  # untouched: no warning
+    data = json.loads((folder / "card.json").read_text())
+    data["cells"][0].update(k=4, scores={"0": 1.0, "1": 1.0, "2": 1.0, "3": 1.0})
+    (folder / "card.json").write_text(json.dumps(data))
+    with pytest.warns(UserWarning, match=r"row 0, niah_single_1 at 4096: its scores in card.json differ from its sample "
+                                         r"file first.jsonl \(card.json edited\?\); the card shows the sample file's$"):
+        rewrite_card(folder)
+    assert json.loads((folder / "card.json").read_text())["cells"][0]["k"] == 3
+    data = json.loads((folder / "card.json").read_text())
+    data["cells"][0]["k"] = 4  # k alone edited: no longer the sum of the cell's own scores
+    (folder / "card.json").write_text(json.dumps(data))
+    with pytest.warns(UserWarning, match=r"row 0, niah_single_1 at 4096: its scores in card.json differ"):
+        rewrite_card(folder)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import warnings
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -129,6 +130,22 @@ class CardFolder:
         return [dict(cell) for cell in cells], list(skipped), dict(settings)
 
 
+def _differs_from_samples(cell: Cell, fresh: Cell) -> bool:
+    """Whether a RULER cell of ``card.json`` contradicts its sample file: a sample it lists with another score, or a
+    k that is not the sum of its own 0/1 scores. Samples the file holds beyond the cell's (a run that went on) are
+    not a contradiction; a card of an older release kept no per-sample scores and is not compared."""
+    if "scores" not in cell:
+        return False
+    try:
+        scores = {str(k): float(v) for k, v in dict(cell["scores"]).items()}
+        if any(fresh["scores"].get(i, v) != v for i, v in scores.items()):
+            return True
+        whole = all(v in (0, 1) for v in scores.values()) and cell.get("n") == len(scores)
+        return whole and "k" in cell and cell["k"] != sum(scores.values())
+    except (TypeError, ValueError, AttributeError):
+        return True
+
+
 def _card_cells(card: CardFolder) -> Cards:
     """:meth:`CardFolder.cells`, computed."""
     folder, path, data = card.folder, card.folder / CARD_FILE, card.data
@@ -151,7 +168,11 @@ def _card_cells(card: CardFolder) -> Cards:
         if found is None:
             raise FileNotFoundError(f"{path}: the samples of {cell.get('row')}, {cell.get('task')} at {cell.get('length')} are not in "
                                     f"{candidates[0]} nor {source}; restore the file, or run the suite again.")
-        cell.update(ruler_cell_fields(read_sample_records(found), int(cell.get("samples") or samples)))
+        fresh = ruler_cell_fields(read_sample_records(found), int(cell.get("samples") or samples))
+        if _differs_from_samples(cell, fresh):  # the card shows what the samples say; an edit is named, not hidden
+            warnings.warn(f"{path}: {cell_name(cell)}: its scores in {CARD_FILE} differ from its sample file "
+                          f"{found.name} ({CARD_FILE} edited?); the card shows the sample file's", stacklevel=2)
+        cell.update(fresh)
         used.add(found.resolve())
     for cell in cells:
         if cell.get("kind") == "perplexity" and not cell.get("scores"):

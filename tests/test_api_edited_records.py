@@ -78,13 +78,23 @@ def test_an_edited_original_config_is_refused_by_the_records_digest(saved, tmp_p
     assert "re-save the model with hf_posext" in message and "\n" not in message
 
 
-def test_a_record_saved_before_digests_still_loads(saved, tmp_path):
+def test_a_record_saved_before_digests_still_loads_and_says_it_is_not_checked(saved, tmp_path):
+    """A record without a digest (saved before digests, or the digest removed by hand) loads, with one warning line
+    saying a hand edit of it cannot be detected; a sealed record loads without it."""
+    import warnings
+
     def edit(config):
         config["hf_posext"].pop("digest")
         config["hf_posext"]["frequency_scaling"].pop("digest", None)
 
-    model = hf_posext.load(edited(tmp_path, saved, edit))
+    with pytest.warns(UserWarning, match=r"field 'hf_posext' has no digest \(saved by a release before digests, or removed "
+                                         r"by hand\), so a hand edit of it cannot be detected; re-save the model") as seen:
+        model = hf_posext.load(edited(tmp_path, saved, edit))
     assert hf_posext.describe(model).current_window == 256
+    assert all("\n" not in str(w.message) for w in seen)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        hf_posext.load(saved[0])
 
 
 def test_a_folder_of_a_model_type_transformers_lacks_is_refused_in_one_line_before_loading(tmp_path):

@@ -7,12 +7,14 @@ and later unpatch to, a model other than the one saved. Two checks, both before 
 - the record against the config's RoPE dict, where transformers' ``rope_type`` is the record's method (the saved
   factor and pre-training window must be the record's), naming both values;
 - the record's content against its digest (:data:`hf_posext.core.record.DIGEST_FIELD`), which catches an edit of
-  any field. Records saved before digests have none and are read as before.
+  any field. Records saved before digests have none: they are read as before, with one warning line saying that
+  their content is not checked (a digest removed by hand reads the same).
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 from hf_posext.core.errors import RecordError
@@ -77,6 +79,10 @@ def check_record_digest(record: dict[str, Any], source: str) -> None:
     Raises:
         RecordError: the field and the fix, in one line.
     """
+    if record and record.get(DIGEST_FIELD) is None:
+        warnings.warn(f"{source}: field {CONFIG_KEY!r} has no {DIGEST_FIELD} (saved by a release before digests, or "
+                      "removed by hand), so a hand edit of it cannot be detected; re-save the model with hf_posext to "
+                      "seal it.", stacklevel=3)
     frequency = record.get(FREQUENCY_FIELD)
     for field, part in ((repr(CONFIG_KEY), record), (f"{CONFIG_KEY!r}.{FREQUENCY_FIELD}", frequency)):
         if not isinstance(part, dict) or part.get(DIGEST_FIELD) is None:

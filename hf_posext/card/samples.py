@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -83,7 +84,10 @@ class SampleCache:
         if not isinstance(data, dict) or data.get("key") != key or not isinstance(data.get("docs"), list):
             raise DamagedFileError(f"RULER sample cache {path} does not hold the samples of {key}; delete it to generate them again.")
         docs = data["docs"]
-        if data.get("digest") is not None and data["digest"] != json_digest(docs):  # a cache before digests has none
+        if data.get("digest") is None:  # a cache before digests has none: read as it is, and said once
+            warnings.warn(f"RULER sample cache {path} has no digest (written before digests, or removed by hand), so an "
+                          "edit of its docs cannot be detected; delete it to generate the samples again with one.", stacklevel=2)
+        elif data["digest"] != json_digest(docs):
             raise DamagedFileError(f"RULER sample cache {path}: its docs do not match their digest (edited after they were "
                                    "generated); delete it to generate the samples again.")
         return docs[:n] if len(docs) >= n else None

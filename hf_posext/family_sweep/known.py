@@ -65,7 +65,7 @@ KNOWN: dict[tuple[str, str], Expected] = {
     ('MusicgenForCausalLM', '*'): Expected(REFUSED, 'No rotary (RoPE) module found in MusicgenForCausalLM (no position embedding module found either). hf_posext'),
     ('MusicgenMelodyForCausalLM', '*'): Expected(REFUSED, 'No rotary (RoPE) module found in MusicgenMelodyForCausalLM (no position embedding module found either).'),
     ('NemotronHForCausalLM', '*'): Expected(REFUSED, 'No rotary (RoPE) module found in NemotronHForCausalLM (no position embedding module found either). hf_posext'),
-    ('RecurrentGemmaForCausalLM', '*'): Expected(REFUSED, "Could not find the model's window in its config (max_position_embeddings / n_positions); pass"),
+    ('RecurrentGemmaForCausalLM', '*'): Expected(REFUSED, 'recurrent_gemma attends only within a sliding window of 16 tokens (attention_window_size)'),
     ('RwkvForCausalLM', '*'): Expected(REFUSED, 'No rotary (RoPE) module found in RwkvForCausalLM (no position embedding module found either). hf_posext'),
     ('WhisperForCausalLM', '*'): Expected(REFUSED, 'No rotary (RoPE) module found in WhisperForCausalLM (found learned position tables:'),
     ('Zamba2ForCausalLM', '*'): Expected(REFUSED, 'No rotary (RoPE) module found in Zamba2ForCausalLM (no position embedding module found either). hf_posext'),

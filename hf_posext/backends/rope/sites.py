@@ -150,9 +150,17 @@ def original_window(config, params: dict[str, Any] | None) -> int:
             if scaled and params.get("factor"):
                 return int(round(value / params["factor"]))
             return value
+    local = getattr(config, "attention_window_size", None)
+    if isinstance(local, int) and local > 0:  # local attention only (RecurrentGemma): no distance past the band
+        raise UnsupportedModelError(
+            f"{getattr(config, 'model_type', 'this model')} attends only within a sliding window of {local} tokens "
+            "(attention_window_size) and declares no window of positions (max_position_embeddings): no relative "
+            f"distance past {local} ever reaches its rotary embedding, so it runs at any length as it is: there is "
+            "nothing to scale."
+        )
     raise UnsupportedModelError(
-        "Could not find the model's window in its config (max_position_embeddings / n_positions); "
-        "pass original_max_position_embeddings= to patch()."
+        "Could not find the model's window in its config (max_position_embeddings / n_positions): set "
+        "model.config.max_position_embeddings to its pre-training length, then patch."
     )
 
 

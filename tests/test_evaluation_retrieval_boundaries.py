@@ -334,3 +334,33 @@ def test_the_haystack_takes_a_sentence_that_exactly_fills_the_budget_and_says_cy
     assert len(taken) == 3 and not cycled
     taken, cycled = hay.take(sum(lengths) + lengths[0])  # the first sentence again
     assert len(taken) == 4 and cycled
+
+
+class IdsText:
+    """Decodes generated tokens as their ids: the test reads exactly which tokens were generated."""
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return " ".join(str(i) for i in ids)
+
+
+def test_a_sliding_window_cache_rewinds_the_answer_and_generates_as_a_full_recompute():
+    """Gemma 3's local layers keep only their window in the KV cache: scoring the answer and then rewinding it past
+    the window failed in transformers 5.x ("`crop` was called, but the current layer does not track past states").
+    The teacher-forced outcome and the greedy tokens equal those of forwards without a cache."""
+    from hf_posext.family_sweep.tiny import build_tiny
+
+    gemma = build_tiny("Gemma3ForCausalLM")  # sliding window 16, window 32
+    assert "sliding_attention" in gemma.config.layer_types
+    generator = torch.Generator().manual_seed(0)
+    prompt, answer = torch.randint(4, 100, (1, 24), generator=generator), torch.randint(4, 100, (1, 3), generator=generator)
+    (result,) = score_retrieval(gemma, IdsText(), prompt.tolist(), answer.tolist(), ["0"], max_new_tokens=4)
+    with torch.no_grad():
+        forced = gemma(input_ids=torch.cat([prompt, answer[:, :-1]], 1), use_cache=False).logits[0, -3:].argmax(-1)
+        ids, tokens = prompt, []
+        for _ in range(4):
+            token = gemma(input_ids=ids, use_cache=False).logits[0, -1].argmax()
+            tokens.append(int(token))
+            ids = torch.cat([ids, token.view(1, 1)], 1)
+    assert result["teacher_forced"] == bool((forced == answer[0]).all())
+    assert result["answer_token_accuracy"] == float((forced == answer[0]).float().mean())
+    assert result["generated"] == " ".join(map(str, tokens))

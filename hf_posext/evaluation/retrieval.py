@@ -34,6 +34,14 @@ def first_integer(text: str) -> str | None:
     return match.group(0) if match else None
 
 
+def _keep_past(cache: Any) -> None:
+    # A sliding-window layer (Gemma 3's local layers) drops the keys that leave its window as tokens arrive, so it
+    # could not rewind the answer tokens past it; recording keeps them until the crop (transformers 5.x; a no-op
+    # for full-attention layers, and absent where a cache cannot record).
+    if hasattr(cache, "activate_past_recording"):
+        cache.activate_past_recording()
+
+
 def _drop_last(cache: Any, count: int) -> None:
     # A negative crop removes tokens from the end in transformers 4.57 and 5.x alike.
     if count <= 0:
@@ -101,6 +109,7 @@ def score_retrieval(
             cache = _returned_cache(out)
             first = head_logits(model, out.last_hidden_state[:, -1:])
             if answer_length > 1:
+                _keep_past(cache)
                 rest = decoder(input_ids=answer_ids[:, :-1], use_cache=True, **{cache_name: cache}).last_hidden_state
                 logits = torch.cat([first, head_logits(model, rest)], dim=1)
                 _drop_last(cache, answer_length - 1)

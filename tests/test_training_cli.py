@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import yaml
 
@@ -116,6 +117,8 @@ def test_the_tiny_two_stage_recipe_runs_end_to_end_and_stage_2_waits_for_stage_1
     assert not (tmp_path / "run2").exists()
 
     assert cli.main(["train", "--config", str(stage1), "--no-progress"]) == 0
+    # --no-progress: no bar at all, transformers' own (writing the model's shards) included
+    assert not re.search(r"\d+/\d+ \[\d\d:\d\d", capsys.readouterr().err)
     assert cli.main(stage2) == 0
     capsys.readouterr()
     saved = yaml.safe_load((tmp_path / "run2" / "train_config.yaml").read_text())

@@ -150,7 +150,7 @@ def _run_train(args: argparse.Namespace) -> int:
     if args.print_config:
         print(config.to_yaml())
         return 0
-    from hf_posext.evaluation.loading import dtype_line
+    from hf_posext.evaluation.loading import dtype_line, transformers_progress_bars
     from hf_posext.training.arguments import training_dtype
 
     def announce() -> None:  # the dtype, once every check has passed (a refusal stays one line), before the model loads
@@ -158,8 +158,9 @@ def _run_train(args: argparse.Namespace) -> int:
             print(dtype_line(*training_dtype(config)), file=sys.stderr)
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    result = train(config, resume=resume, overwrite=args.overwrite, stop_at_step=args.stop_at_step, progress=args.progress,
-                   announce=announce)
+    with transformers_progress_bars(args.progress):  # --no-progress: transformers' own bars (loading, saving) too
+        result = train(config, resume=resume, overwrite=args.overwrite, stop_at_step=args.stop_at_step,
+                       progress=args.progress, announce=announce)
     from accelerate import PartialState
 
     if PartialState().is_main_process:

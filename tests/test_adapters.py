@@ -359,6 +359,17 @@ def test_the_eval_command_refuses_a_mismatch_before_loading_or_writing(run, tmp_
     assert not out.exists()
 
 
+def test_the_eval_command_without_methods_runs_the_adapter_at_its_own_scaling(run, tmp_path):
+    """No --methods with --adapter: the scaling the adapter was trained with (yarn x4), not the default comparison
+    (none,yarn,dynamic-yarn), whose unscaled row the adapter refuses."""
+    out = tmp_path / "results"
+    argv = ["eval", "perplexity", "--model", str(TINY_MODEL), "--adapter", str(run / "adapter"), "--lengths", "128",
+            "--data", str(TINY_MODEL.parent / "corpus"), "--max-segments", "1", "--out", str(out), "--no-progress"]
+    assert main(argv) == 0
+    (results,) = out.glob("perplexity-*.json")
+    assert [(c["method"], c["factor"]) for c in json.loads(results.read_text())["cells"].values()] == [("yarn", 4.0)]
+
+
 def test_the_eval_command_runs_the_adapter_with_its_scaling(run, tmp_path):
     out = tmp_path / "results"
     # no --factor: the adapter's x4, not longest length / window (128 / 64 = 2)

@@ -27,12 +27,18 @@ __all__ = ["TASKS", "add_task_arguments", "check_task_arguments", "run_task", "m
 TASKS = ("perplexity", "passkey", "needle")
 
 
+#: The methods ``hf-posext eval`` compares when ``--methods`` is not given (and no ``--adapter`` names its own).
+DEFAULT_METHODS = "none,yarn,dynamic-yarn"
+
+
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="hub name, local folder, smollm2-135m, or tiny[:FAMILY[:WINDOW]] (a random test model)")
     parser.add_argument("--adapter", metavar="DIR",
                         help="a LoRA adapter folder written by hf-posext train (runs/NAME/adapter), applied to --model and merged; "
                              "refused unless --model and the methods are the base and scaling it was trained with")
-    parser.add_argument("--methods", default="none,yarn,dynamic-yarn", help="comma-separated scaling requests, e.g. none,yarn:factor=4:beta_fast=16 (docs/request-grammar.md); none = unpatched (default: %(default)s)")
+    parser.add_argument("--methods", help="comma-separated scaling requests, e.g. none,yarn:factor=4:beta_fast=16 "
+                        f"(docs/request-grammar.md); none = unpatched (default: {DEFAULT_METHODS}; with --adapter, the "
+                        "scaling the adapter was trained with, e.g. yarn:factor=4)")
     parser.add_argument("--factor", type=float, help="scale factor for every method (default: longest length / original window)")
     parser.add_argument("--param", action="append", metavar="KEY=VALUE", help="deprecated: write the parameter in the request, yarn:beta_fast=16")
     parser.add_argument("--lengths", required=True, help="comma-separated lengths in tokens, e.g. 4096,8192,16384 or 4k,8k")
@@ -126,6 +132,20 @@ def check_task_arguments(task: str, args: argparse.Namespace) -> None:
     check_output_folder(args.out, "--out", "the results")
 
 
+def _requested_methods(args: argparse.Namespace) -> str:
+    """``--methods`` as given; else the scaling ``--adapter`` was trained with (``yarn:factor=4``), else
+    :data:`DEFAULT_METHODS`."""
+    if getattr(args, "methods", None) is not None:
+        return args.methods
+    adapter = getattr(args, "adapter", None)
+    if adapter:
+        from hf_posext.adapters import read_adapter_record
+
+        record = read_adapter_record(adapter)
+        return f"{record.method}:factor={record.factor:g}"
+    return DEFAULT_METHODS
+
+
 def run_task(task: str, args: argparse.Namespace) -> int:
     """Run evaluation ``task`` with parsed ``args``; prints a summary table and writes plots."""
     from hf_posext.evaluation.loading import transformers_progress_bars
@@ -139,7 +159,7 @@ def _run_task(task: str, args: argparse.Namespace) -> int:
     from hf_posext.lm.distributed import Distributed
 
     started = time.time()
-    methods = parse_methods(args.methods, parse_param_items(args.param))
+    methods = parse_methods(_requested_methods(args), parse_param_items(args.param))
     lengths = parse_lengths(args.lengths)
     check_task_arguments(task, args)
     dist = Distributed()

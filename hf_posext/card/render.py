@@ -282,6 +282,11 @@ def _draw_card_figure(task: str, cells: Sequence[Cell], beyond: bool | None, col
 _DRAWN: dict[Path, tuple[str, int, int]] = {}
 
 
+def _written(path: Path) -> tuple[int, int]:
+    stat = path.stat()
+    return stat.st_mtime_ns, stat.st_size
+
+
 def write_plots(out: Path, cells: Sequence[Cell], marks: dict[str, bool | None]) -> list[Path]:
     """``card-TASK.png`` in ``out`` for each task of ``cells`` (:func:`card_figure`), in card order.
 
@@ -292,10 +297,9 @@ def write_plots(out: Path, cells: Sequence[Cell], marks: dict[str, bool | None])
     for task in dict.fromkeys(c["task"] for c in sorted_cells(cells)):
         shown = [c for c in cells if c["task"] == task]
         path, digest = out / f"card-{task}.png", stable_digest([task, shown, marks.get(task)], length=None)
-        drawn = _DRAWN.get(path.resolve())
-        if drawn is not None and path.is_file() and drawn == (digest, path.stat().st_mtime_ns, path.stat().st_size):
+        if path.is_file() and _DRAWN.get(path.resolve()) == (digest, *_written(path)):
             plots.append(path)
             continue
         plots.append(save_figure(card_figure(task, shown, marks.get(task)), path, dpi=100))
-        _DRAWN[path.resolve()] = (digest, path.stat().st_mtime_ns, path.stat().st_size)
+        _DRAWN[path.resolve()] = (digest, *_written(path))
     return plots

@@ -140,9 +140,10 @@ def _requested_methods(args: argparse.Namespace) -> str:
     adapter = getattr(args, "adapter", None)
     if adapter:
         from hf_posext.adapters import read_adapter_record
+        from hf_posext.core.request import ScalingRequest, format_request
 
-        record = read_adapter_record(adapter)
-        return f"{record.method}:factor={record.factor:g}"
+        record = read_adapter_record(adapter)  # its parameters too (a yarn adapter trained at beta_fast=16)
+        return format_request(ScalingRequest.from_kwargs(record.method, record.factor, **record.params))
     return DEFAULT_METHODS
 
 

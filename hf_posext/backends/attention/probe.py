@@ -27,7 +27,6 @@ both q and k, so their dot products, and the attention output, are unchanged.
 from __future__ import annotations
 
 import inspect
-
 from dataclasses import dataclass
 from typing import Any
 

@@ -216,7 +216,7 @@ def test_an_old_adapter_continues_as_init_adapter_like_its_conversion(run, tmp_p
 
 @pytest.mark.parametrize("base,method,factor,expected", [
     ("other-model", None, None, r"trained on base model '.*tiny-llama' \(posext_adapter.json\), not 'other-model': pass --model .*tiny-llama"),
-    (None, "dynamic-ntk", None, r"trained with yarn x4 \(posext_adapter.json\), not dynamic-ntk x4: evaluate it with --methods yarn --factor 4"),
+    (None, "dynamic-ntk", None, r"trained with yarn x4 \(posext_adapter.json\), not dynamic-ntk x4: evaluate it without --methods \(it runs the scaling it was trained with\) or with --methods yarn:factor=4 "),
     (None, "yarn", 8.0, r"trained with yarn x4 \(posext_adapter.json\), not yarn x8"),
     (None, "none", None, r"not none x4"),
 ])
@@ -509,7 +509,7 @@ def test_an_attention_method_stacks_on_the_adapters_frequency_scaling_in_one_cal
     from hf_posext.core.request import ScalingRequest
 
     assert check_adapter(run / "adapter", str(TINY_MODEL), "yarn+string", 4.0, {"string.local_value": 8}).method == "yarn"
-    with pytest.raises(AdapterMismatchError, match=r"trained with yarn x4 .*not ntk x4.*--methods yarn\+string"):
+    with pytest.raises(AdapterMismatchError, match=r"trained with yarn x4 .*not ntk x4.*stacked on it: yarn\+string:factor=4"):
         check_adapter(run / "adapter", str(TINY_MODEL), "ntk+string", 4.0)
     with pytest.raises(AdapterMismatchError, match=r"not yarn x8"):
         check_adapter(run / "adapter", str(TINY_MODEL), "yarn+string", 8.0)

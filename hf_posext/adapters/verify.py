@@ -168,7 +168,8 @@ def check_adapter(folder: str | os.PathLike, base_model: str, method: str | None
             asked += f" (target_length {target_length})"
         fix = (f"set scaling.method: {record.method} and scaling.factor: {record.factor:g} in the recipe, or drop "
                "finetune.init_adapter" if recipe else
-               f"evaluate it with --methods {record.method} --factor {record.factor:g} (an attention-level method may be "
-               f"stacked on it: --methods {record.method}+string), or train an adapter for that scaling")
+               f"evaluate it without --methods (it runs the scaling it was trained with) or with --methods "
+               f"{record.method}:factor={record.factor:g} (an attention-level method may be stacked on it: "
+               f"{record.method}+string:factor={record.factor:g}), or train an adapter for that scaling")
         raise AdapterMismatchError(f"The adapter {folder} was trained with {trained} ({ADAPTER_RECORD}), not {asked}: {fix}.")
     return record

@@ -35,7 +35,7 @@ def check_length_budget(row: str, task: str, length: int, prompt_tokens: int, ma
                 f"max_length {max_length}; lm-eval would cut the prompt's start. Raise --max-length or drop length {length}.")
     if window is not None and need > window:
         return (f"{row}: {task} at {length}: prompt {prompt_tokens} + {max_gen_toks} generated tokens = {need} > the model's "
-                f"window {window}; scale it (e.g. --methods yarn --factor {math.ceil(need / window * 2) / 2:g}), "
+                f"window {window}; scale it (e.g. --methods yarn:factor={math.ceil(need / window * 2) / 2:g}), "
                 f"drop length {length}, or pass --skip-over-window.")
     return None
 

@@ -205,7 +205,7 @@ def _ending_fits(row: Row, longest: int, settings: CardSettings, skipped: list[d
     # no answer fits: 0/48 would read as "never ends its turn"
     reason = f"prompt {longest} + {ENDING_BUDGET} generated tokens = {longest + ENDING_BUDGET} > the model's window {row.window}"
     if not settings.skip_over_window:
-        raise ValueError(f"{row.label}: ending: {reason}; scale it (e.g. --methods yarn --factor "
+        raise ValueError(f"{row.label}: ending: {reason}; scale it (e.g. --methods yarn:factor="
                          f"{math.ceil((longest + ENDING_BUDGET) / row.window * 2) / 2:g}), or pass --skip-over-window.")
     skipped.append({"what": f"{row.label}: ending", "reason": reason})
     return False

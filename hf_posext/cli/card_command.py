@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 
 from hf_posext.card.settings import DEFAULT_OUT, DEFAULT_TASKS, CardSettings
+from hf_posext.models import embedded_names
 from hf_posext.user_warnings import warn_at_caller
 
 __all__ = ["HELP", "OLD_NAME_HELP", "add_arguments", "settings_from_arguments", "run"]
@@ -25,7 +26,7 @@ _DEFAULT_DATA = "builtin:python-docs"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``hf-posext eval suite``, named as its sibling eval commands name theirs."""
     parser.add_argument("--models", required=True,
-                        help="comma-separated [LABEL=]MODEL[+ADAPTER][@REQUEST;...] (REQUEST: docs/request-grammar.md, e.g. yarn:factor=4): hub name, folder, smollm2-135m; the first, "
+                        help="comma-separated [LABEL=]MODEL[+ADAPTER][@REQUEST;...] (REQUEST: docs/request-grammar.md, e.g. yarn:factor=4): hub name, folder, " f"{embedded_names()}; the first, "
                              "when it has no adapter and no scaling saved in its config, is the base model, and its unscaled row "
                              "the reference of 'beyond the base model' (e.g. smollm2-135m,fine-tuned=runs/r/merged@as-saved;string:factor=1); "
                              "a MODEL+ADAPTER row runs at its adapter's scaling only: @as-saved, or the scaling it was trained with")

@@ -17,6 +17,7 @@ import json
 from typing import Any
 
 from hf_posext.cli.scaling_arguments import add_scaling_arguments, request_from_arguments
+from hf_posext.models import embedded_names
 
 __all__ = ["load_rotary_model", "add_arguments", "run"]
 
@@ -45,7 +46,7 @@ def load_rotary_model(name: str) -> Any:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", help="hub name, local folder, smollm2-135m-instruct (alias smollm2-135m), or tiny[:FAMILY[:WINDOW]]")
+    parser.add_argument("model", help=f"hub name, local folder, {embedded_names()}, or tiny[:FAMILY[:WINDOW]]")
     add_scaling_arguments(parser)
     parser.add_argument("--plot", metavar="PNG", help="also draw the wavelengths to this PNG file")
     parser.add_argument("--json", action="store_true", help="print the table as JSON instead of text")

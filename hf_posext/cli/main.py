@@ -35,6 +35,7 @@ from hf_posext.core.saved_config import save_tokenizer_with_max_length
 from hf_posext.evaluation import cli as evaluation_cli
 from hf_posext.integrations.lm_eval import cli as lm_eval_cli
 from hf_posext.methods import available_methods, get_method
+from hf_posext.models import embedded_names
 from hf_posext.training import cli as training_cli
 
 __all__ = ["main", "build_parser", "SUBCOMMANDS", "parse_method_params"]
@@ -111,14 +112,14 @@ def _run_demo(args: argparse.Namespace) -> int:
 
 
 def _describe_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", help="hub name, local folder or smollm2-135m-instruct (alias smollm2-135m)")
+    p.add_argument("model", help=f"hub name, local folder, {embedded_names()}")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--no-hf-posext-load", dest="hf_posext_load", action="store_false",
                    help="load with plain from_pretrained (ignore a saved hf_posext scaling)")
 
 
 def _patch_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", help="hub name, local folder or smollm2-135m-instruct (alias smollm2-135m)")
+    p.add_argument("model", help=f"hub name, local folder, {embedded_names()}")
     add_scaling_arguments(p)
     p.add_argument("--out", required=True, help="folder to save the patched model to")
 

@@ -21,6 +21,7 @@ from typing import Any, Iterator
 from hf_posext.core.errors import run_reporting_errors
 from hf_posext.core.files import check_output_folder
 from hf_posext.core.request import parse_param_items
+from hf_posext.models import embedded_names
 
 __all__ = ["TASKS", "add_task_arguments", "check_task_arguments", "run_task", "main_task"]
 
@@ -32,7 +33,7 @@ DEFAULT_METHODS = "none,yarn,dynamic-yarn"
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, help="hub name, local folder, smollm2-135m, or tiny[:FAMILY[:WINDOW]] (a random test model)")
+    parser.add_argument("--model", required=True, help=f"hub name, local folder, {embedded_names()}, or tiny[:FAMILY[:WINDOW]] (a random test model)")
     parser.add_argument("--adapter", metavar="DIR",
                         help="a LoRA adapter folder written by hf-posext train (runs/NAME/adapter), applied to --model and merged; "
                              "refused unless --model and the methods are the base and scaling it was trained with")

@@ -12,6 +12,8 @@ import argparse
 import logging
 import sys
 
+from hf_posext.models import embedded_names
+
 __all__ = ["add_arguments", "run", "add_compare_arguments", "run_compare", "compare_dtype"]
 
 HELP = "run lm-evaluation-harness (any task) on a scaled model: --model hf-posext"
@@ -42,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
 
 def add_compare_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``hf-posext lm-eval-compare``."""
-    parser.add_argument("model", help="hub name, local folder or smollm2-135m-instruct (alias smollm2-135m)")
+    parser.add_argument("model", help=f"hub name, local folder, {embedded_names()}")
     parser.add_argument("--methods", nargs="+", required=True, metavar="SPEC",
                         help="scaling requests (docs/request-grammar.md), e.g. none yarn:factor=2 dynamic-yarn:factor=2:beta_fast=16")
     parser.add_argument("--tasks", nargs="+", required=True, help="harness task names, e.g. niah_single_1 ruler_vt")

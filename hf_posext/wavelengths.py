@@ -184,6 +184,11 @@ def model_wavelength_table(
         site.bases[layer_type], site.dims[layer_type], window, method, factor, target_length=target_length,
         model=name or getattr(getattr(model, "config", None), "_name_or_path", None), **params,
     )
+    kept = [f"{kind} (base {s.bases[kind]:g})" for s in sites for kind in s.bases
+            if kind is not None and kind not in s.scaled_layer_types]
+    if kept:
+        table.note = ((table.note + "; ") if table.note else "") + (
+            f"shown for the {layer_type} layers, the ones scaled; {', '.join(kept)} keep their positions")
     if current.method != "none":
         table.note = ((table.note + "; ") if table.note else "") + (
             f"the model's config already applies {current.method} x{current.factor:g}; shown from its unscaled base"

@@ -65,6 +65,13 @@ def test_model_table_reads_base_dim_and_window(family, dim):
     assert "linear x2" in text and "interpolated" in text
 
 
+def test_a_model_with_unscaled_layer_types_says_which_layers_the_table_shows():
+    """Gemma 3 scales only its global layers: the table is theirs, and the sliding layers' own base is named."""
+    gemma3 = format_table(model_wavelength_table(tiny_model("gemma3"), "yarn", 2))
+    assert "note: shown for the full_attention layers, the ones scaled; sliding_attention (base 10000) keep their positions" in gemma3
+    assert "note:" not in format_table(model_wavelength_table(tiny_model("llama"), "yarn", 2))
+
+
 def test_plot_writes_a_png(tmp_path):
     table = wavelength_table(**SMOLLM2, method="llama3", factor=8)
     path = plot_wavelengths(table, tmp_path / "sub" / "llama3.png")

@@ -189,3 +189,70 @@ def test_a_sparse_attention_indexer_is_refused_in_one_line():
         assert hf_posext.describe(model).method == "none"
     hf_posext.patch(model, "yarn", factor=2)
     assert hf_posext.describe(model).method == "yarn"
+
+
+def _gemma3n_with_kv_shared_layers(layer_types: list[str], shared: int) -> torch.nn.Module:
+    """A tiny Gemma 3n whose last ``shared`` layers reuse the keys and values of the last earlier layer of their type,
+    as real Gemma 3n checkpoints' last layers do."""
+    config = tiny_family_config("Gemma3nForCausalLM", num_hidden_layers=len(layer_types), num_kv_shared_layers=shared,
+                                layer_types=layer_types)
+    return build_tiny("Gemma3nForCausalLM", seed=3, config=config)
+
+
+def test_self_extend_on_kv_shared_layers_matches_the_models_own_rotary_at_emulated_positions():
+    """Layer 0 computes the only keys (from the embeddings, so their content does not depend on positions) and
+    layers 1 and 2 reuse them: the last token's logits then depend only on how its query meets those keys in each
+    layer, and the unpatched model at the emulated positions is the reference for all three layers. A Self-Extend
+    that left the KV-shared layers plain, or re-rotated their keys to other positions than their source layer's,
+    sits a large part of the effect away (measured once, effect 2.2e-1: leaving them plain, 1.5e-1 from the
+    reference; their keys one position later than their source layer's, 3.9e-2; Self-Extend as it is, 1.5e-7)."""
+    model = _gemma3n_with_kv_shared_layers(["full_attention"] * 3, shared=2)
+    assert model.config.kv_sharing_modes == ["store", "reuse", "reuse"]
+    ids = torch.randint(3, int(model.config.vocab_size), (1, LENGTH), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        reference = model(input_ids=ids, attention_mask=torch.ones_like(ids), position_ids=_self_extend_positions(LENGTH),
+                          use_cache=False).logits[0, -1]
+        plain = model(input_ids=ids, use_cache=False).logits[0, -1]
+    hf_posext.patch(model, "self-extend", group_size=GROUP, neighbor_window=NEIGHBOURS)
+    with torch.no_grad():
+        extended = model(input_ids=ids, use_cache=False).logits[0, -1]
+    effect, error = float((plain - reference).abs().max()), float((extended - reference).abs().max())
+    print(f"Gemma 3n, KV-shared layers: effect {effect:.2e}, error {error:.2e}")
+    assert effect > 1e-3, f"the grouped positions barely move the logits ({effect:.2e}): no test"
+    assert error < effect / 1000, f"Self-Extend on KV-shared layers is {error:.2e} from the reference (effect {effect:.2e})"
+
+
+def test_self_extend_on_kv_shared_layers_decodes_as_it_recomputes_at_the_source_layers_positions(monkeypatch):
+    """The sweep's Gemma 3n (sliding, full, then both again KV-shared): each KV-shared layer gets the same keys at the
+    same key positions as the layer it reuses (the grouped re-rotation of keys follows them), and a decode step
+    over the KV cache past the window gives the full recompute's logits."""
+    from hf_posext.backends.attention import self_extend
+
+    model = _gemma3n_with_kv_shared_layers(["sliding_attention", "full_attention"] * 2, shared=2)
+    assert model.config.kv_sharing_modes == ["store", "store", "reuse", "reuse"]
+    ids = torch.randint(3, int(model.config.vocab_size), (1, LENGTH), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        plain = model(input_ids=ids, use_cache=False).logits[0, -1]
+    hf_posext.patch(model, "self-extend", group_size=GROUP, neighbor_window=NEIGHBOURS)
+    seen, positions_of = [], self_extend.call_positions
+
+    def recorded(query, key, position_ids, label):  # every layer's call, in layer order
+        query_positions, key_positions = positions_of(query, key, position_ids, label)
+        seen.append((key.clone(), key_positions.clone()))
+        return query_positions, key_positions
+
+    monkeypatch.setattr(self_extend, "call_positions", recorded)
+    with torch.no_grad():
+        full = model(input_ids=ids, use_cache=False).logits[0, -1]
+    monkeypatch.setattr(self_extend, "call_positions", positions_of)
+    assert len(seen) == 4
+    for shared, source in ((2, 0), (3, 1)):
+        assert torch.equal(seen[shared][0], seen[source][0]), f"KV-shared layer {shared} does not get layer {source}'s keys"
+        assert torch.equal(seen[shared][1], seen[source][1]), f"KV-shared layer {shared} sees other key positions than layer {source}"
+    with torch.no_grad():
+        cache = model(input_ids=ids[:, :-1], use_cache=True).past_key_values
+        step = model(input_ids=ids[:, -1:], cache=cache, use_cache=True).logits[0, -1]
+    effect, error = float((full - plain).abs().max()), float((step - full).abs().max())
+    print(f"Gemma 3n, KV-shared layers: Self-Extend's effect {effect:.2e}, decode step vs recompute {error:.2e}")
+    assert effect > 1e-3, f"Self-Extend barely moves the logits ({effect:.2e}): no test"
+    assert error < effect / 1000, f"a cached decode step is {error:.2e} from the full recompute (effect {effect:.2e})"

@@ -81,10 +81,13 @@ def stock_rope_parameters_for(method: str, factor: float, window: int, params: d
 
 
 def _scaled_config(config: Any, method: str, factor: float, half: int | None) -> Any | None:
-    parameters = getattr(config, "rope_parameters", None)
+    """A copy of ``config`` whose text config (the config itself, or a drafting head's ``text_config``) carries
+    ``method``'s rope dict; None where transformers has no rope type for it."""
+    text = config.get_text_config()
+    parameters = getattr(text, "rope_parameters", None)
     if not isinstance(parameters, dict) or not parameters:
         return None
-    window = getattr(config, "original_max_position_embeddings", None) or config.max_position_embeddings
+    window = getattr(text, "original_max_position_embeddings", None) or text.max_position_embeddings
     nested = all(isinstance(value, dict) for value in parameters.values())
     if nested:
         scaled = {layer: value if layer in LOCAL_LAYER_TYPES else stock_rope_parameters_for(method, factor, window, value, half)
@@ -96,31 +99,32 @@ def _scaled_config(config: Any, method: str, factor: float, half: int | None) ->
         if scaled is None:
             return None
     stock = copy.deepcopy(config)
-    stock.rope_parameters = scaled
+    stock_text = stock.get_text_config()
+    stock_text.rope_parameters = scaled
     if rope_type_for(method) == "dynamic":  # transformers' dynamic reads the pre-training window from here
         dicts = parameters.values() if nested else [parameters]
         original = next((d["original_max_position_embeddings"] for d in dicts if d.get("original_max_position_embeddings")), None)
-        stock.max_position_embeddings = int(original or window)
+        stock_text.max_position_embeddings = int(original or window)
     return stock
 
 
-def _logits(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+def _logits(model: nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
     with torch.no_grad():
-        return model(input_ids=ids, use_cache=False).logits.float()
+        return model(**inputs, use_cache=False).logits.float()
 
 
-def stock_scaled_logits(model: nn.Module, method: str, factor: float, config: Any, ids: torch.Tensor,
+def stock_scaled_logits(model: nn.Module, method: str, factor: float, config: Any, inputs: dict[str, Any],
                         state: dict[str, torch.Tensor], unscaled: torch.Tensor | None) -> torch.Tensor | None:
-    """The logits of ``ids`` from the model transformers builds with ``method`` in its ``rope_parameters``.
+    """The logits of ``inputs`` from the model transformers builds with ``method`` in its ``rope_parameters``.
 
     Args:
         model: the (patched) model, for its class and rotary dimension.
         method: our method name.
         factor: the scale s.
         config: the model's unpatched config.
-        ids: the tokens.
+        inputs: the forward's keyword inputs (``input_ids``, or a drafting head's synthetic inputs).
         state: the model's unpatched state dict.
-        unscaled: the unpatched model's logits of ``ids`` (None when it cannot run them).
+        unscaled: the unpatched model's logits of ``inputs`` (None when it cannot run them).
 
     Returns:
         The logits, or None where transformers does not scale this family with this method: no rope type for it,
@@ -133,7 +137,7 @@ def stock_scaled_logits(model: nn.Module, method: str, factor: float, config: An
             return None
         stock = type(model)._from_config(stock_config, attn_implementation="eager", dtype=torch.float32).eval()
         stock.load_state_dict(state, strict=False)
-        scaled = _logits(stock, ids)
+        scaled = _logits(stock, inputs)
     except Exception:  # transformers refuses this rope type for this family: it does not scale it itself
         return None
     return None if unscaled is None or torch.equal(scaled, unscaled) else scaled

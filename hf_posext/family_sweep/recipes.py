@@ -12,6 +12,16 @@ __all__ = ["RECIPES", "UNBUILDABLE"]
 
 _HYBRID = "one attention layer among the linear ones"
 
+#: A drafting head's recipe: its text config must satisfy the head's validation (no per-layer inputs, every layer
+#: KV-shared, which the config sets itself), with one sliding and one global layer as its target has; a backbone
+#: narrower than the head, so that the two widths cannot be mixed up. Its inputs are synthetic
+#: (:func:`~hf_posext.family_sweep.tiny.drafting_inputs`).
+_DRAFT_HEAD = (dict(backbone_hidden_size=24, text_config=dict(
+    global_head_dim=16, hidden_size_per_layer_input=0, vocab_size_per_layer_input=0,
+    layer_types=["sliding_attention", "full_attention"])),
+    "a drafting head, run on synthetic target states (a 24-wide backbone's inputs_embeds and shared_kv_states); its "
+    "keys come from its target model, which must carry the same scaling")
+
 #: class name -> (config overrides, why).
 RECIPES: dict[str, tuple[dict[str, Any], str]] = {
     "BailingHybridForCausalLM": (dict(layer_types=["linear_attention", "full_attention"], mlp_layer_types=["dense", "sparse"]),
@@ -29,8 +39,10 @@ RECIPES: dict[str, tuple[dict[str, Any], str]] = {
     "RecurrentGemmaForCausalLM": (dict(num_hidden_layers=3), "three layers: two recurrent, one attention"),
     "GPTJForCausalLM": (dict(rotary_dim=4), "a rotary dim that fits the 8-wide heads"),
     "CodeGenForCausalLM": (dict(rotary_dim=4), "a rotary dim that fits the 8-wide heads"),
-    "Gemma3nForCausalLM": (dict(num_kv_shared_layers=0, layer_types=["sliding_attention", "full_attention"]),
-                           "no KV-shared layers in two"),
+    "Gemma3nForCausalLM": (dict(num_hidden_layers=4, num_kv_shared_layers=2,
+                                layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"]),
+                           "four layers, the last two KV-shared (they reuse the keys of the first two, as real Gemma 3n's last "
+                           "layers do)"),
     "Dots3NoteForCausalLM": (dict(num_key_value_heads=4), "as many key/value heads as query heads"),
     "Kolibri1_1ForCausalLM": (dict(head_dim=16, hidden_size=64), "a head dim that is a multiple of 16"),
     "ZayaForCausalLM": (dict(num_experts_per_tok=1), "one expert per token"),
@@ -61,12 +73,9 @@ RECIPES: dict[str, tuple[dict[str, Any], str]] = {
     "Qwen4ExpForCausalLM": (dict(layer_types=["linear_attention", "indexed_attention"], indexer_n_heads=2, indexer_kv_heads=1,
                                  indexer_head_dim=8, indexer_budget=16, indexer_compress_ratio=4),
                             _HYBRID + ", a small indexer"),
-}
-
-#: class name -> the one-line reason no tiny instance of it can run on this machine.
-_DRAFT_HEAD = ("a drafting head: no tiny instance runs alone (its forward needs its target model's inputs_embeds "
-               "and shared_kv_states, and its default config does not build); untested")
-UNBUILDABLE: dict[str, str] = {
     "Gemma4AssistantForCausalLM": _DRAFT_HEAD,
     "Gemma4UnifiedAssistantForCausalLM": _DRAFT_HEAD,
 }
+
+#: class name -> the one-line reason no tiny instance of it can run on this machine (none today).
+UNBUILDABLE: dict[str, str] = {}

@@ -5,7 +5,8 @@ back to the bit (state dict, config, logits inside the window); for one method p
 :func:`hf_posext.load` back to the same logits; wherever transformers scales the family itself (the method has a
 ``rope_type`` and the model's config holds ``rope_parameters``), equality with the model transformers builds
 from that ``rope_parameters``. The outcome is ``ok``, ``refused`` (``patch`` raised: its first line is kept) or
-``crash`` (anything raised after a successful patch, or a wrong result).
+``crash`` (anything raised after a successful patch, or a wrong result). Every forward runs on
+:func:`~hf_posext.family_sweep.tiny.model_inputs` (a drafting head's: synthetic target states).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from torch import nn
 
 from hf_posext import api
 from hf_posext.family_sweep.parity import method_parameters, stock_scaled_logits
-from hf_posext.family_sweep.tiny import WINDOW, build_tiny, input_ids, position_kind, tiny_family
+from hf_posext.family_sweep.tiny import WINDOW, build_tiny, model_inputs, position_kind, tiny_family
 from hf_posext.methods import BASELINE, COMPOSITION_SEPARATOR, METHODS
 
 __all__ = ["OK", "REFUSED", "CRASH", "SKIPPED", "FACTOR", "MethodOutcome", "FamilyResult", "applicable_methods",
@@ -119,9 +120,9 @@ def applicable_methods(kind: str, attention_interface: bool) -> list[str]:
     return own
 
 
-def _logits(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+def _logits(model: nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
     with torch.no_grad():
-        return model(input_ids=ids, use_cache=False).logits.float()
+        return model(**inputs, use_cache=False).logits.float()
 
 
 #: Config fields that ``save_pretrained`` itself writes: not the patch's to restore.
@@ -137,19 +138,19 @@ def _check(condition: bool, message: str) -> None:
         raise AssertionError(message)
 
 
-def _round_trip(model: nn.Module, ids: torch.Tensor, expected: torch.Tensor) -> None:
+def _round_trip(model: nn.Module, inputs: dict[str, Any], expected: torch.Tensor) -> None:
     """``save_pretrained`` + :func:`hf_posext.load` gives the patched model's logits back."""
     with tempfile.TemporaryDirectory() as folder:
         model.save_pretrained(folder)
         loaded = api.load(folder, attn_implementation="eager", dtype=torch.float32).eval()
-        got = _logits(loaded, ids)
+        got = _logits(loaded, inputs)
     _check(torch.allclose(got, expected, atol=TOLERANCE, rtol=0),
            f"save_pretrained + hf_posext.load changed the logits by {(got - expected).abs().max():.3g}")
 
 
 def _sweep_method(model: nn.Module, method: str, baseline: dict[str, Any], save: bool) -> tuple[MethodOutcome, list[str]]:
     """Patch, long forward, parity, save/load, unpatch to the bit: one method on one model."""
-    short, long = baseline["short_ids"], baseline["long_ids"]
+    short, long = baseline["short_inputs"], baseline["long_inputs"]
     try:
         api.patch(model, method, factor=FACTOR, **method_parameters(method, model, FACTOR))
     except Exception as error:  # a refusal: the one line patch raised
@@ -159,7 +160,7 @@ def _sweep_method(model: nn.Module, method: str, baseline: dict[str, Any], save:
     try:
         notes = list(api.describe(model).notes)
         patched = _logits(model, long)
-        _check(bool(torch.isfinite(patched).all()), f"non-finite logits at {long.shape[1]} tokens after {method}")
+        _check(bool(torch.isfinite(patched).all()), f"non-finite logits at {LONG_LENGTH} tokens after {method}")
         outcome.parity = _parity(model, method, baseline, patched)
         if save:
             _round_trip(model, long, patched)
@@ -182,7 +183,7 @@ def _sweep_method(model: nn.Module, method: str, baseline: dict[str, Any], save:
 
 def _parity(model: nn.Module, method: str, baseline: dict[str, Any], patched: torch.Tensor) -> bool | None:
     """Equality with transformers' own scaling of the same model (None where transformers has none for it)."""
-    stock = stock_scaled_logits(model, method, FACTOR, baseline["config"], baseline["long_ids"], baseline["state"],
+    stock = stock_scaled_logits(model, method, FACTOR, baseline["config"], baseline["long_inputs"], baseline["state"],
                                 baseline["long_logits"])
     if stock is None:
         return None
@@ -195,20 +196,20 @@ def _parity(model: nn.Module, method: str, baseline: dict[str, Any], patched: to
     return True
 
 
-def _unpatched_long_logits(model: nn.Module, ids: torch.Tensor) -> torch.Tensor | None:
-    if getattr(model.config, "rope_parameters", None) is None:
+def _unpatched_long_logits(model: nn.Module, inputs: dict[str, Any]) -> torch.Tensor | None:
+    if getattr(model.config.get_text_config(), "rope_parameters", None) is None:
         return None  # no parity to check: transformers scales no rope dict here
     try:
-        return _logits(model, ids)
+        return _logits(model, inputs)
     except Exception:  # positions past the window: a table without rows there
         return None
 
 
 def _baseline(model: nn.Module) -> dict[str, Any]:
-    short, long = input_ids(model, SHORT_LENGTH), input_ids(model, LONG_LENGTH, seed=1)
+    short, long = model_inputs(model, SHORT_LENGTH), model_inputs(model, LONG_LENGTH, seed=1)
     return {
-        "short_ids": short,
-        "long_ids": long,
+        "short_inputs": short,
+        "long_inputs": long,
         "short_logits": _logits(model, short),
         "long_logits": _unpatched_long_logits(model, long),
         "state": {k: v.clone() for k, v in model.state_dict().items()},

@@ -5,6 +5,9 @@ a 128-word vocabulary, a 32-token window, 4 experts, small MLA ranks, ...); :dat
 the families where the generic config does not build or run (see :mod:`hf_posext.family_sweep.recipes`).
 A model is first built on the meta device and refused when it is not tiny, so a config field the rules miss
 (a 4-billion-parameter default) fails in one line instead of filling the machine's memory.
+
+Every model is run on :func:`model_inputs`: token ids, or for a drafting head (whose forward takes its target
+model's keys and values, ``shared_kv_states``) synthetic target states from a seed (:func:`drafting_inputs`).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from hf_posext.backends.rope.rules import TARGET_STATES_ARGUMENT, reads_target_states
 from hf_posext.family_sweep.recipes import RECIPES, UNBUILDABLE
 
 __all__ = [
@@ -30,6 +34,8 @@ __all__ = [
     "build_tiny",
     "position_kind",
     "input_ids",
+    "model_inputs",
+    "drafting_inputs",
 ]
 
 #: The pre-training window of every tiny model (``max_position_embeddings`` and its aliases).
@@ -148,13 +154,21 @@ def generic_overrides(config_cls: type) -> dict[str, Any]:
 
 
 def _sub_config_overrides(config_cls: type, name: str, sub_config_cls: type) -> dict[str, Any]:
-    """A sub-config's generic sizes; one declared as ``AutoConfig`` is sized as the type its default holds."""
+    """A sub-config's generic sizes; one declared as ``AutoConfig`` is sized as the type its spec names
+    (``sub_configs_defaults``), else as the type the default config holds (a default that does not validate,
+    such as a drafting head's, has only its spec)."""
     if dataclasses.is_dataclass(sub_config_cls) or not hasattr(sub_config_cls, "for_model"):
         return generic_overrides(sub_config_cls)
-    default = getattr(config_cls(), name, None)
-    if default is None or not hasattr(default, "model_type"):
+    from transformers import CONFIG_MAPPING
+
+    spec = (getattr(config_cls, "sub_configs_defaults", None) or {}).get(name)
+    model_type = getattr(spec, "model_type", None)
+    if model_type is None:
+        default = getattr(config_cls(), name, None)
+        model_type = getattr(default, "model_type", None)
+    if model_type not in CONFIG_MAPPING:
         return {}
-    return {"model_type": default.model_type, **generic_overrides(type(default))}
+    return {"model_type": model_type, **generic_overrides(CONFIG_MAPPING[model_type])}
 
 
 def _merge(base: dict[str, Any], recipe: dict[str, Any]) -> dict[str, Any]:
@@ -268,6 +282,47 @@ def input_ids(model: nn.Module, length: int, seed: int = 0) -> torch.Tensor:
     vocab = embeddings.weight.shape[0] if isinstance(embeddings, nn.Embedding) else 128
     generator = torch.Generator().manual_seed(seed)
     return torch.randint(4, max(5, min(vocab, 128)), (1, length), generator=generator)
+
+
+def model_inputs(model: nn.Module, length: int, seed: int = 0) -> dict[str, Any]:
+    """The forward's inputs for a sequence of ``length`` positions: ``input_ids`` (:func:`input_ids`), or for a
+    drafting head (its forward takes its target's keys and values) :func:`drafting_inputs`."""
+    if reads_target_states(model):
+        return drafting_inputs(model, length, seed)
+    return {"input_ids": input_ids(model, length, seed)}
+
+
+def _target_key_shapes(model: nn.Module) -> dict[str, tuple[int, int, int | None]]:
+    """Layer type -> (key/value heads, head dim, sliding window or None), read off the first attention module of
+    each layer type (transformers' attention attributes)."""
+    heads = model.config.get_text_config().num_attention_heads
+    shapes: dict[str, tuple[int, int, int | None]] = {}
+    for module in model.modules():
+        layer_type = getattr(module, "layer_type", None)
+        if isinstance(layer_type, str) and hasattr(module, "num_key_value_groups") and layer_type not in shapes:
+            shapes[layer_type] = (heads // module.num_key_value_groups, module.head_dim, getattr(module, "sliding_window", None))
+    return shapes
+
+
+def drafting_inputs(model: nn.Module, length: int, seed: int = 0) -> dict[str, Any]:
+    """Synthetic inputs of a drafting head that drafts the token at position ``length - 1``, after its target model
+    has read ``length`` tokens (what transformers' assisted generation passes it), from ``seed``:
+
+    - ``inputs_embeds`` ``[1, 1, 2 * backbone_hidden_size]``: the token's embedding beside the target's last hidden state;
+    - ``position_ids`` ``[[length - 1]]``: the position its queries are rotated to;
+    - ``shared_kv_states``: per layer type, the target's keys and values ``[1, key heads, n, head dim]``, n = ``length``
+      (a sliding-window layer type: the window's last tokens). Random normal: the target rotated them, and a random
+      vector rotated by any angle is as random, so no rotation is applied here (none of the head's own would be right).
+    """
+    generator = torch.Generator().manual_seed(seed)
+    width = 2 * int(model.config.backbone_hidden_size)
+    states = {}
+    for layer_type, (heads, head_dim, window) in _target_key_shapes(model).items():
+        kept = min(length, window) if window else length
+        keys, values = (torch.randn(1, heads, kept, head_dim, generator=generator) for _ in range(2))
+        states[layer_type] = (keys, values)
+    return {"inputs_embeds": torch.randn(1, 1, width, generator=generator),
+            "position_ids": torch.tensor([[length - 1]]), TARGET_STATES_ARGUMENT: states}
 
 
 def position_kind(model: nn.Module) -> str:

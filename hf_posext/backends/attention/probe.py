@@ -35,6 +35,7 @@ from torch import nn
 
 from hf_posext.backends.attention.kernels import rotate
 from hf_posext.backends.rope import surgery as rope_surgery
+from hf_posext.backends.rope.rules import TARGET_STATES_ARGUMENT, reads_target_states
 from hf_posext.methods.rope import scaled_frequencies
 
 __all__ = [
@@ -44,6 +45,7 @@ __all__ = [
     "probe_attention",
     "register_probe",
     "unsupported",
+    "drafting_head_refusal",
     "find_attention_layers",
 ]
 
@@ -135,6 +137,19 @@ def unsupported(model: nn.Module, reason: str, label: str) -> ValueError:
         "attention modules call transformers' attention-function registry with rotated q and k (Llama, "
         "Mistral, Qwen, Gemma, Phi, GPT-NeoX, GPT-J... in transformers 5.x); use a frequency method such "
         "as 'yarn' for this model."
+    )
+
+
+def drafting_head_refusal(model: nn.Module, label: str) -> ValueError:
+    """The one-line refusal of an attention-level method for a drafting head (an ``UnsupportedModelError``): the
+    keys it attends to arrive from its target model, rotated there, so the method cannot re-rotate them."""
+    from hf_posext.core.errors import UnsupportedModelError
+
+    return UnsupportedModelError(
+        f"{label} cannot be applied to {type(model).__name__}: it is a drafting head that attends to its target "
+        f"model's keys ({TARGET_STATES_ARGUMENT}), rotated by the target at positions and frequencies it cannot see, "
+        f"so {label} cannot re-rotate them. Patch the target model with {label} and leave this head unpatched (the "
+        "target checks every drafted token), or patch both with the same frequency method, e.g. 'yarn'."
     )
 
 
@@ -287,12 +302,14 @@ def find_attention_layers(model: nn.Module, label: str) -> tuple[list[AttentionL
         stop at the original window and must be swapped for a length-free rotary module.
 
     Raises:
-        UnsupportedModelError: attention bypasses transformers' registry, or q/k are
-            rotated in no way the probe knows. ValueError: a dynamic rotary embedding.
+        UnsupportedModelError: attention bypasses transformers' registry, q/k are rotated in no way the probe
+            knows, or a drafting head's keys come from its target model. ValueError: a dynamic rotary embedding.
     """
     from hf_posext.backends.rope.sites import build_rotary_module, find_rotary_sites
     from hf_posext.core.request import ScalingConfig
 
+    if reads_target_states(model):  # checked first: its forward cannot even run without the target's states
+        raise drafting_head_refusal(model, label)
     stacked = rope_surgery.patched_sites(model)  # a composition: the frequencies of hf_posext's own rotary modules
     sites = stacked if stacked is not None else find_rotary_sites(model)
     rotary = _rotary_per_module(model, sites, label)

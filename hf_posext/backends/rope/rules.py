@@ -10,16 +10,23 @@ Each rule reads the config or the module structure, never a class name:
   ``llama_4_scaling_beta``, Qwen's ``mrope_section``): what a rewritten rope dict must keep;
 - :func:`kept_method_parameters` (a family's own flavour of its method: gpt-oss's YaRN ``truncate=False``,
   DeepSeek's ``mscale`` / ``mscale_all_dim``, DeepSeek-V4's ``attention_factor=1``): re-scaling with the method
-  the model already uses keeps the parameters the model was trained with, unless the call sets them.
+  the model already uses keeps the parameters the model was trained with, unless the call sets them;
+- :func:`reads_target_states` (drafting heads: Gemma 4's assistants): the model attends to keys its target model
+  computed and rotated, so only its queries carry its own rotary positions.
 """
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from hf_posext.core.request import ScalingConfig
 
-__all__ = ["scaled_layer_types", "layers_without_rope", "kept_rope_keys", "kept_method_parameters", "SCALING_KEYS"]
+__all__ = ["scaled_layer_types", "layers_without_rope", "kept_rope_keys", "kept_method_parameters", "reads_target_states",
+           "TARGET_STATES_ARGUMENT", "SCALING_KEYS"]
+
+#: The forward argument through which a drafting head receives its target model's keys and values.
+TARGET_STATES_ARGUMENT = "shared_kv_states"
 
 #: Keys that say how a rope dict scales (any transformers rope type); every other key is the model's own.
 SCALING_KEYS = frozenset({
@@ -95,3 +102,14 @@ def kept_method_parameters(current: ScalingConfig, method: str, requested: dict[
     if current.method != method:
         return dict(requested)
     return {**{k: v for k, v in current.params.items() if v is not None}, **requested}
+
+
+def reads_target_states(model: Any) -> bool:
+    """True for a drafting head: its forward takes :data:`TARGET_STATES_ARGUMENT`, the keys and values its target
+    model computed (and rotated, with the target's frequencies at the target's positions), so it computes no keys
+    of its own and only its queries are rotated by its own rotary module (Gemma 4's assistant heads)."""
+    forward = getattr(type(model), "forward", None)
+    try:
+        return forward is not None and TARGET_STATES_ARGUMENT in inspect.signature(forward).parameters
+    except (TypeError, ValueError):  # a forward without a readable signature takes no such argument by name
+        return False

@@ -32,7 +32,9 @@ from torch import nn
 
 from hf_posext.backends.rope.attention_scale import ScaleChange, folds_rope_scale, softmax_scale_changes
 from hf_posext.backends.rope.module import ScaledRotaryEmbedding
-from hf_posext.backends.rope.rules import kept_method_parameters, kept_rope_keys, layers_without_rope
+from hf_posext.backends.rope.rules import (
+    TARGET_STATES_ARGUMENT, kept_method_parameters, kept_rope_keys, layers_without_rope, reads_target_states,
+)
 from hf_posext.backends.rope.sites import (
     RotarySite,
     build_rotary_module,
@@ -422,6 +424,8 @@ def describe_rope(model: nn.Module) -> ScalingReport:
         notes += _rope_layer_notes(site)
         if scaling.spec.dynamic:
             notes.append("generate() fixes the scale for prompt + max_new_tokens so the KV cache stays consistent")
+        if reads_target_states(model):
+            notes.append(_drafting_head_note(f"hf_posext.patch(target, {scaling.method!r}, factor={scaling.factor:g})"))
         return ScalingReport(
             family=family, kind="rope", method=scaling.method, factor=scaling.factor,
             original_window=scaling.original_max_position_embeddings, current_window=scaling.target_length,
@@ -438,12 +442,22 @@ def describe_rope(model: nn.Module) -> ScalingReport:
     record = getattr(site.config, CONFIG_KEY, None)
     if isinstance(record, dict):
         notes.append(f"saved by hf_posext with {record.get('method')} x{record.get('factor')}; use hf_posext.load to restore it exactly")
+    if reads_target_states(model):
+        notes.append(_drafting_head_note(None))
     return ScalingReport(
         family=family, kind="rope", method=current.method, factor=current.factor,
         original_window=current.original_max_position_embeddings, current_window=current.target_length,
         dynamic=current.spec.dynamic, sites=[s.path for s in sites],
         params={k: v for k, v in current.params.items() if v is not None}, notes=notes,
     )
+
+
+def _drafting_head_note(target_patch: str | None) -> str:
+    """``describe``'s note on a drafting head: only its queries carry its rotary positions, so a scaling of it is
+    right only when its target model carries the same one (``target_patch``: the call that does it, if known)."""
+    same = f"the same scaling ({target_patch})" if target_patch else "any scaling given to this head (same method, same factor)"
+    return (f"a drafting head: the keys it attends to are its target model's ({TARGET_STATES_ARGUMENT}), rotated by the "
+            f"target, so patch the target with {same}, or queries and keys disagree")
 
 
 def _rope_layer_notes(site: RotarySite) -> list[str]:

@@ -19,6 +19,7 @@ from hf_posext.core.loading import check_known_model_type, check_weight_files, c
 from hf_posext.core.record import CONFIG_KEY, DIGEST_FIELD, FREQUENCY_FIELD, ScalingReport, seal_record, text_config, validate_record
 from hf_posext.core.record_checks import check_record_digest, check_record_matches_config
 from hf_posext.core.request import ScalingRequest
+from hf_posext.core.saved_config import check_installed_transformers_reads
 from hf_posext.methods import get_method, kinds_of
 from hf_posext.user_warnings import warn_at_caller
 from hf_posext.backends.rope.surgery import fixed_length
@@ -388,6 +389,7 @@ def load(name_or_path: str | os.PathLike, **from_pretrained_kwargs: Any) -> nn.M
 
     path = resolve_model_path(str(name_or_path))
     check_known_model_type(path, from_pretrained_kwargs)
+    check_installed_transformers_reads(path, from_pretrained_kwargs)
     config = AutoConfig.from_pretrained(path, **config_kwargs(from_pretrained_kwargs))
     record = read_record(path, config)
     if record is not None:

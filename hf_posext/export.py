@@ -185,8 +185,8 @@ def export_config(config: dict[str, Any], target: str) -> dict[str, Any]:
     if record.get("kind", "rope") != "rope":
         return with_legacy_rope_fields(config)
     result = with_legacy_rope_fields(config)
-    rope = flat_rope_parameters(config)
-    if rope is not None and rope.get("rope_type", rope.get("type")) == "linear":
+    rope = flat_rope_parameters(config) or result.get("rope_scaling")  # nested per layer type: the scaled layers'
+    if isinstance(rope, dict) and rope.get("rope_type", rope.get("type")) == "linear":
         original = int(record.get("original_max_position_embeddings") or config["max_position_embeddings"])
         # vLLM and SGLang multiply max_position_embeddings by the factor for linear; llama.cpp's converter
         # copies it to context_length unchanged.

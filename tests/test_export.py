@@ -17,6 +17,7 @@ import hf_posext
 from hf_posext.cli.export_command import add_arguments as add_export_arguments, run as run_export
 from hf_posext.export import ExportError, check_serving, export
 from hf_posext.models import tiny_model
+from tests.conftest import transformers_major
 
 L = 64
 FACTOR = 4.0
@@ -305,3 +306,20 @@ def test_llama_cpp_expectation_table_agrees_with_transformers():
     plain = 1.0 / (10000.0 ** (torch.arange(0, 8, 2).float() / 8))
     assert torch.allclose(torch.tensor(table["llama3"]["rope_freqs"]), plain / scaled, rtol=1e-5)
     assert max(table["llama3"]["rope_freqs"]) == FACTOR and min(table["llama3"]["rope_freqs"]) == 1.0
+
+
+@pytest.mark.skipif(transformers_major() < 5, reason="Gemma 3 nests rope_parameters per layer type only in transformers 5")
+@pytest.mark.parametrize("method", ["yarn", "linear"])
+def test_a_gemma3_export_for_vllm_carries_the_per_layer_type_fields_4x_runtimes_read(method, tmp_path):
+    """vLLM and SGLang builds on transformers 4.x read Gemma 3's global scaling from ``rope_scaling``/``rope_theta`` and
+    its sliding layers' base from ``rope_local_base_freq``; without them they serve the model unscaled."""
+    from hf_posext.family_sweep.tiny import build_tiny
+
+    model = hf_posext.patch(build_tiny("Gemma3ForCausalLM"), method, factor=2)
+    model.save_pretrained(tmp_path / "saved")
+    config = json.loads((export(tmp_path / "saved", "vllm", tmp_path / "out") / "config.json").read_text())
+    full, sliding = config["rope_parameters"]["full_attention"], config["rope_parameters"]["sliding_attention"]
+    assert config["rope_theta"] == full["rope_theta"] and config["rope_local_base_freq"] == sliding["rope_theta"]
+    assert config["rope_scaling"] == {key: value for key, value in full.items() if key != "rope_theta"}
+    if method == "linear":  # vLLM multiplies the window by a linear factor itself
+        assert config["max_position_embeddings"] == full.get("original_max_position_embeddings", 32)

@@ -6,6 +6,12 @@ theta (10000 for Llama) and no scaling. transformers 5 itself reads ``rope_scali
 present, so the copy must equal ``rope_parameters``. Setting ``config.rope_scaling`` in memory does not help
 (in 5.x it only aliases ``rope_parameters``), so these fields can only be written into the saved file.
 
+A config whose ``rope_parameters`` is keyed by layer type (Gemma 3, Gemma 3n, OLMo 3, ModernBERT) was saved by
+4.x as top-level fields too, each setting some layer types: Gemma 3's ``rope_theta`` and ``rope_scaling`` its global
+(``full_attention``) layers and ``rope_local_base_freq`` its sliding ones. transformers 5's config classes still take
+those names as arguments and put each where it belongs, so :func:`legacy_layout` reads the layout off the installed
+config class (no family list), and the legacy fields are written where every layer type a name sets agrees.
+
 Two forms:
 
 - :func:`with_legacy_rope_fields`, the full form (``hf-posext export`` writes it): top-level ``rope_theta``,
@@ -28,15 +34,17 @@ and :func:`set_tokenizer_max_length` edits it in tokenizer files already saved (
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hf_posext.core.files import write_json_atomic
 
-__all__ = ["flat_rope_parameters", "with_legacy_rope_fields", "plain_save_legacy_fields", "older_readers_differ",
-           "legacy_default_theta", "write_json_atomically", "set_tokenizer_max_length",
+__all__ = ["flat_rope_parameters", "LEGACY_THETA_NAMES", "LegacyLayout", "legacy_layout", "nested_legacy_fields", "with_legacy_rope_fields", "plain_save_legacy_fields", "older_readers_differ",
+           "legacy_default_theta", "check_installed_transformers_reads", "write_json_atomically", "set_tokenizer_max_length",
            "save_tokenizer_with_max_length"]
 
 #: The rotary base transformers 4.x assumes when a config has no ``rope_theta`` (most classes).
@@ -56,6 +64,95 @@ LEGACY_OTHER_DEFAULT_THETAS = {
 #: Rope types whose legacy ``rope_scaling`` next to a top-level ``rope_theta`` transformers 5.24's generic
 #: ``PreTrainedConfig`` cannot read (its ``standardize_rope_params`` needs ``max_position_embeddings``).
 GENERIC_READER_FAILS_WITH_THETA = frozenset({"llama3", "yarn", "longrope"})
+
+#: The top-level rotary bases transformers 4.x configs of per-layer-type models read: ``rope_theta`` (Gemma 3's global
+#: layers, OLMo 3's), ``rope_local_base_freq`` (Gemma 3 and 3n's sliding layers), ModernBERT's pair.
+LEGACY_THETA_NAMES = ("rope_theta", "rope_local_base_freq", "global_rope_theta", "local_rope_theta")
+
+
+@dataclass(frozen=True)
+class LegacyLayout:
+    """Which layer types of a nested ``rope_parameters`` each legacy top-level field sets.
+
+    Attributes:
+        thetas: legacy base name (:data:`LEGACY_THETA_NAMES`) -> the layer types whose ``rope_theta`` it sets.
+        scaling: the layer types ``rope_scaling`` is merged into.
+    """
+
+    thetas: dict[str, tuple[str, ...]]
+    scaling: tuple[str, ...]
+
+
+def _probe_config(config_class: type, **legacy: Any) -> dict[str, Any] | None:
+    """The nested ``rope_parameters`` of a default ``config_class`` built with ``legacy`` arguments (None if it
+    does not build or does not nest)."""
+    try:
+        params = config_class(**legacy).rope_parameters
+    except Exception:  # a config class that needs other arguments has no layout to read: no legacy fields
+        return None
+    return params if isinstance(params, dict) and params and all(isinstance(v, dict) for v in params.values()) else None
+
+
+@functools.lru_cache(maxsize=None)
+def legacy_layout(model_type: str) -> LegacyLayout | None:
+    """How the installed (5.x) config class of ``model_type`` maps 4.x's top-level RoPE fields onto its nested
+    ``rope_parameters``: each legacy name is passed alone with a distinct value, and the layer types that take it
+    are read back. None when the class does not nest its ``rope_parameters`` (or is not a 5.x class)."""
+    from transformers import CONFIG_MAPPING
+
+    try:
+        config_class = CONFIG_MAPPING[model_type]
+    except KeyError:
+        return None
+    if _probe_config(config_class) is None:
+        return None
+    thetas = {}
+    for index, name in enumerate(LEGACY_THETA_NAMES):
+        marker = 12345.0 + index
+        params = _probe_config(config_class, **{name: marker}) or {}
+        layer_types = tuple(sorted(t for t, p in params.items() if p.get("rope_theta") == marker))
+        if layer_types:
+            thetas[name] = layer_types
+    params = _probe_config(config_class, rope_scaling={"rope_type": "linear", "factor": 3.0}) or {}
+    scaling = tuple(sorted(t for t, p in params.items() if p.get("rope_type") == "linear" and p.get("factor") == 3.0))
+    return LegacyLayout(thetas, scaling)
+
+
+def _nested_rope_parameters(config: dict[str, Any]) -> dict[str, dict[str, Any]] | None:
+    params = config.get("rope_parameters")
+    if not isinstance(params, dict) or not params or not all(isinstance(v, dict) for v in params.values()):
+        return None
+    return params
+
+
+def nested_legacy_fields(config: dict[str, Any]) -> dict[str, Any] | None:
+    """The legacy top-level fields that say what a nested ``rope_parameters`` says, as :func:`legacy_layout` maps them.
+
+    Args:
+        config: a parsed ``config.json``.
+
+    Returns:
+        None when ``rope_parameters`` is not nested per layer type; else each legacy base whose layer types share one
+        ``rope_theta``, and ``rope_scaling`` (without ``rope_theta``: transformers 5 merges it into the layer types'
+        dicts, 4.x reads the base apart) when every layer type it sets has the same scaling and that is not the
+        default. A scaling no legacy field can carry (some of those layer types scaled, others not) is left out:
+        :func:`older_readers_differ` reports it.
+    """
+    params = _nested_rope_parameters(config)
+    if params is None:
+        return None
+    layout = legacy_layout(config.get("model_type") or "")
+    if layout is None:
+        return {}
+    fields: dict[str, Any] = {}
+    for name, layer_types in layout.thetas.items():
+        bases = {params[t].get("rope_theta") for t in layer_types if t in params}
+        if len(bases) == 1 and None not in bases:
+            fields[name] = bases.pop()
+    scalings = [{k: v for k, v in params[t].items() if k != "rope_theta"} for t in layout.scaling if t in params]
+    if scalings and all(s == scalings[0] for s in scalings) and scalings[0].get("rope_type", "default") != "default":
+        fields["rope_scaling"] = copy.deepcopy(scalings[0])
+    return fields
 
 
 def flat_rope_parameters(config: dict[str, Any]) -> dict[str, Any] | None:
@@ -78,9 +175,14 @@ def with_legacy_rope_fields(config: dict[str, Any]) -> dict[str, Any]:
         ``rope_parameters``; for ``longrope`` also a top-level ``original_max_position_embeddings``
         (transformers 4.57's ``_compute_longrope_parameters`` reads the window only there, and
         transformers 5 gives that field priority, so both agree). Unchanged when there is no flat RoPE dict
-        with a ``rope_theta`` (a 4.x save already has the legacy fields).
+        with a ``rope_theta`` (a 4.x save already has the legacy fields). A nested ``rope_parameters`` gets the
+        fields of :func:`nested_legacy_fields`.
     """
     result = copy.deepcopy(config)
+    nested = nested_legacy_fields(config)
+    if nested is not None:
+        result.update(copy.deepcopy(nested))
+        return result
     params = flat_rope_parameters(config)
     if params is None or "rope_theta" not in params or "rope_parameters" not in config:
         return result
@@ -107,15 +209,16 @@ def plain_save_legacy_fields(config: dict[str, Any]) -> dict[str, Any]:
     Returns:
         A new dict: the full form of :func:`with_legacy_rope_fields` for rope types other than
         :data:`GENERIC_READER_FAILS_WITH_THETA`; for those, the same without the top-level ``rope_theta``
-        when the saved theta is 4.57's default for the model type; otherwise ``config`` unchanged.
+        when the saved theta is 4.57's default for the model type; otherwise ``config`` unchanged. A nested
+        ``rope_parameters`` follows the same rule with the type of its ``rope_scaling``.
     """
     full = with_legacy_rope_fields(config)
-    params = flat_rope_parameters(full)
+    params = full.get("rope_scaling") if _nested_rope_parameters(config) is not None else flat_rope_parameters(full)
     if params is None or full == config:
         return full
-    if params.get("rope_type", params.get("type")) not in GENERIC_READER_FAILS_WITH_THETA:
+    if params.get("rope_type", params.get("type")) not in GENERIC_READER_FAILS_WITH_THETA or "rope_theta" not in full:
         return full
-    if float(params["rope_theta"]) != legacy_default_theta(config.get("model_type")):
+    if float(full["rope_theta"]) != legacy_default_theta(config.get("model_type")):
         return copy.deepcopy(config)
     del full["rope_theta"]
     return full
@@ -139,6 +242,55 @@ def older_readers_differ(config: dict[str, Any]) -> bool:
         return True
     window = params.get("original_max_position_embeddings")
     return rope_type == "longrope" and bool(window) and config.get("original_max_position_embeddings") != window
+
+
+def _nested_readers_differ(config: dict[str, Any]) -> bool:
+    """:func:`older_readers_differ` for a nested ``rope_parameters``: a legacy base or the scaling that 4.x would read
+    otherwise, or a scaled layer type no legacy field carries."""
+    expected = nested_legacy_fields(config) or {}
+    for name, value in expected.items():
+        default = legacy_default_theta(config.get("model_type")) if name == "rope_theta" else None
+        if name != "rope_scaling" and config.get(name, default) != value:
+            return True
+    scaled = any(p.get("rope_type", "default") != "default" for p in config["rope_parameters"].values())
+    return scaled and ("rope_scaling" not in expected or config.get("rope_scaling") != expected["rope_scaling"])
+
+
+def check_installed_transformers_reads(path: str | os.PathLike, from_pretrained_kwargs: dict[str, Any] | None = None) -> None:
+    """Refuse, in one line and before any weight is read, a folder saved by a newer major transformers whose config
+    the installed one rejects (transformers 4.57's OLMo takes only a two-field linear/dynamic ``rope_scaling``, its
+    Phi-3 only longrope): its own error is a traceback from inside the config class.
+
+    Raises:
+        ValueError: names the folder, the model type, both versions, the config class's own complaint and the fix.
+    """
+    import transformers
+    from transformers import AutoConfig
+
+    config_path = Path(path) / "config.json"
+    try:
+        saved = json.loads(config_path.read_text())
+        by = str(saved.get("transformers_version") or "")
+        newer = int(by.split(".")[0]) > int(transformers.__version__.split(".")[0])
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError):  # no readable local config: from_pretrained's job
+        return
+    if not newer:
+        return
+    kwargs = {k: v for k, v in (from_pretrained_kwargs or {}).items() if k in ("trust_remote_code", "revision")}
+    try:
+        AutoConfig.from_pretrained(os.fspath(path), **kwargs)
+    except (ValueError, TypeError, KeyError) as error:
+        complaint = " ".join(str(error).split())[:240]
+        record = saved.get("hf_posext")
+        what = "its config"
+        if "rope_scaling" in complaint:
+            what = (f"the rope_scaling of its hf_posext {record.get('method')} x{record.get('factor'):g} patch"
+                    if isinstance(record, dict) and isinstance(record.get("factor"), (int, float)) else "its rope_scaling")
+        raise ValueError(
+            f"{config_path} holds a {saved.get('model_type')!r} model saved by transformers {by}, and transformers "
+            f"{transformers.__version__} (installed) rejects {what} ({type(error).__name__}: {complaint}): load it with "
+            f"transformers >= {by}."
+        ) from None
 
 
 def write_json_atomically(path: str | os.PathLike, data: dict[str, Any]) -> None:

@@ -115,19 +115,22 @@ def set_rope_parameters(config, params: dict[str, Any], layer_type: str | None =
             config.original_max_position_embeddings = params["original_max_position_embeddings"]
 
 
+#: The layer type whose base and scaling a 4.x config of a per-layer-type model holds in its top-level ``rope_theta``
+#: and ``rope_scaling`` (Gemma 3 and 3n, OLMo 3: the global layers; the others' base has a field of its own).
+LEGACY_TOP_LEVEL_LAYER_TYPE = "full_attention"
+
+
 def fill_legacy_rope_fields(config) -> None:
-    """Give a config class that reads ``rope_theta`` and ``rope_scaling`` (transformers 4.x) those fields from a
-    flat ``rope_parameters`` dict (a folder saved by transformers 5), when the config lacks them: its model would
-    otherwise find no ``rope_theta`` at all, or build the class's default base. Configs that take
-    ``rope_parameters`` (transformers 5) are left as they are."""
+    """Give a transformers 4.x config the ``rope_theta`` and ``rope_scaling`` that a folder saved by transformers 5
+    keeps only in ``rope_parameters`` (the record's pre-patch snapshot removes the top-level ones): without them its
+    model finds no ``rope_theta`` at all (``AttributeError``), or builds the class's default base. A nested
+    ``rope_parameters`` gives them from :data:`LEGACY_TOP_LEVEL_LAYER_TYPE`'s dict; the other layer types' bases
+    (``rope_local_base_freq``) are the saved file's own fields. transformers 5 configs (their class standardises
+    ``rope_parameters``; ``rope_scaling`` only aliases it) are left as they are."""
     params = config.__dict__.get("rope_parameters")
-    if not isinstance(params, dict) or "rope_theta" not in params:
-        return
-    try:
-        accepted = inspect.signature(type(config).__init__).parameters
-    except (TypeError, ValueError):
-        return
-    if "rope_theta" not in accepted or "rope_parameters" in accepted:  # a transformers 5 class (rope_scaling aliases)
+    if isinstance(params, dict) and isinstance(params.get(LEGACY_TOP_LEVEL_LAYER_TYPE), dict):
+        params = params[LEGACY_TOP_LEVEL_LAYER_TYPE]
+    if not isinstance(params, dict) or "rope_theta" not in params or hasattr(type(config), "standardize_rope_params"):
         return
     if "rope_theta" not in config.__dict__:
         config.rope_theta = params["rope_theta"]

@@ -9,7 +9,7 @@ bash scripts/setup.sh
 if [[ "${HF_POSEXT_SKIP_TF4:-0}" != "1" ]]; then
   bash scripts/tf457_venv.sh .venv-tf457
 fi
-$PY -m pytest -q "$@"
+$PY -m pytest -q --durations=30 "$@"
 if [[ "${HF_POSEXT_SKIP_TF4:-0}" != "1" ]]; then
   .venv-tf457/bin/python -m pytest -q -m "not real_model and not multiprocess" tests/test_methods_parity.py tests/test_patching.py
 fi

@@ -77,6 +77,19 @@ def test_an_unlisted_new_family_fails(result):
     assert known.problems(result)
 
 
+def test_one_cause_refusing_every_attention_level_method_is_named_once_on_the_page():
+    """Each refusal starts with its method's label and its stored line is cut at a fixed length, so the four lines of
+    one cause differ; the page still gives the cause (once), not a bare list of methods."""
+    why = ("its attention holds XIndexer, a sparse-attention indexer that picks the keys by their rotary positions, "
+           "which {label} does not remap (it would pick them at positions past the window)")
+    labels = {"self-extend": "Self-Extend", "dca": "Dual Chunk Attention", "string": "STRING", "yarn+string": "STRING"}
+    outcomes = [MethodOutcome(method, REFUSED, f"UnsupportedModelError: {label} cannot be applied to NewFamilyForCausalLM: "
+                              f"{why.format(label=label)}"[:240]) for method, label in labels.items()]
+    cell = render_row(_result(*outcomes)).split("|")[5]
+    assert cell.strip() == ("refused: self-extend, dca, string, yarn+string (its attention holds XIndexer, a sparse-attention "
+                            "indexer that picks the keys by their rotary positions, which the method does not remap)")
+
+
 def test_a_listed_entry_that_passes_is_stale(monkeypatch):
     monkeypatch.setitem(known.KNOWN, ("NewFamilyForCausalLM", "yarn"), known.Expected(known.REFUSED, "no rotary module"))
     assert "now passes" in known.problems(_result(MethodOutcome("yarn", OK)))[0]

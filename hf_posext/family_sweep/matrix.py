@@ -8,6 +8,7 @@ a test checks that each row still matches the sweep.
 
 from __future__ import annotations
 
+import os
 import re
 
 from hf_posext.family_sweep.sweep import CRASH, OK, REFUSED, FamilyResult
@@ -25,6 +26,10 @@ def _stable(reason: str) -> str:
     """A reason's first sentence without its measured number (``differs ... by 0.00408``): the page must not change
     with float noise."""
     first_sentence = re.split(r"(?<=[a-z)])\. ", reason)[0]
+    # "Self-Extend cannot be applied to X: <why>" and "STRING cannot be applied to X: <why>" are one reason
+    label = re.match(r"^(?:\w+: )?([\w+ -]+) cannot be applied to \w+: ", first_sentence)
+    if label:
+        first_sentence = first_sentence[label.end():].replace(label.group(1), "the method")
     return re.sub(r" by [0-9.e+-]+$", "", first_sentence)
 
 
@@ -38,6 +43,9 @@ def _failing(result: FamilyResult) -> str:
     parts = []
     if refused:
         reasons = sorted({_stable(m.reason) for m in refused})
+        shared = os.path.commonprefix(reasons) if len(reasons) > 2 else ""
+        if len(shared) > 40:  # one reason, its stored line cut at different lengths: keep the part they share
+            reasons = [shared[:max(shared.rfind(" ("), shared.rfind(", "))].rstrip(",")]
         names = ", ".join(m.method for m in refused)
         parts.append(f"refused: {names} ({'; '.join(reasons)})" if len(reasons) <= 2 else f"refused: {names}")
     if crashed:

@@ -216,6 +216,21 @@ def test_a_save_that_older_readers_would_misread_warns_with_the_fix(tmp_path):
             model.save_pretrained(tmp_path / f"{key}-{theta}")
 
 
+def test_a_save_of_a_family_whose_4x_class_ignores_rope_scaling_warns_that_stock_4x_loads_it_unscaled(tmp_path):
+    """transformers 4.57's Nemotron sets rope_type "default" whatever the config holds: no legacy field helps, and
+    the warning says so (instead of suggesting an export that 4.x would read unscaled all the same)."""
+    from hf_posext.family_sweep.tiny import build_tiny
+
+    model = build_tiny("NemotronForCausalLM")
+    hf_posext.patch(model, "linear", factor=2)
+    with pytest.warns(UserWarning, match=r"transformers 4.x's nemotron ignores rope_scaling: .* hf_posext.load"):
+        model.save_pretrained(tmp_path / "nemotron")
+    hf_posext.unpatch(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        model.save_pretrained(tmp_path / "plain")  # unscaled: 4.x reads it as it is
+
+
 def test_hf_posext_load_and_describe_give_the_served_length_of_a_linear_save(saved):
     folder, expected, _ = saved["linear"]
     model = hf_posext.load(folder)

@@ -44,6 +44,7 @@ from typing import Any
 from hf_posext.core.files import write_json_atomic
 
 __all__ = ["flat_rope_parameters", "LEGACY_THETA_NAMES", "LegacyLayout", "legacy_layout", "nested_legacy_fields", "with_legacy_rope_fields", "plain_save_legacy_fields", "older_readers_differ",
+           "LEGACY_SCALING_IGNORED", "older_readers_ignore_scaling",
            "legacy_default_theta", "check_installed_transformers_reads", "write_json_atomically", "set_tokenizer_max_length",
            "save_tokenizer_with_max_length"]
 
@@ -60,6 +61,11 @@ LEGACY_OTHER_DEFAULT_THETAS = {
     "phimoe": 1e6, "qwen2_5_vl_text": 1e6, "qwen2_vl_text": 1e6, "qwen3_vl_moe_text": 5e6,
     "qwen3_vl_text": 5e6, "smollm3": 2e6,
 }
+
+#: transformers 4.57.6 model types whose rotary module ignores ``rope_scaling`` (it sets ``rope_type = "default"``
+#: whatever the config says: ``grep -n '^        self.rope_type = "default"' models/*/modeling_*.py`` in ``.venv-tf457``,
+#: Pixtral's vision encoder left out). Stock 4.x loads a scaled save of these unscaled; no legacy field can help.
+LEGACY_SCALING_IGNORED = frozenset({"nemotron"})
 
 #: Rope types whose legacy ``rope_scaling`` next to a top-level ``rope_theta`` transformers 5.24's generic
 #: ``PreTrainedConfig`` cannot read (its ``standardize_rope_params`` needs ``max_position_embeddings``).
@@ -242,6 +248,14 @@ def older_readers_differ(config: dict[str, Any]) -> bool:
         return True
     window = params.get("original_max_position_embeddings")
     return rope_type == "longrope" and bool(window) and config.get("original_max_position_embeddings") != window
+
+
+def older_readers_ignore_scaling(config: dict[str, Any]) -> bool:
+    """True when ``config`` is scaled and transformers 4.x's class for it ignores every scaling field
+    (:data:`LEGACY_SCALING_IGNORED`): stock 4.x loads it unscaled, and only ``hf_posext.load`` scales it there."""
+    params = flat_rope_parameters(config)
+    rope_type = (params or {}).get("rope_type", (params or {}).get("type", "default"))
+    return config.get("model_type") in LEGACY_SCALING_IGNORED and rope_type != "default"
 
 
 def _nested_readers_differ(config: dict[str, Any]) -> bool:

@@ -57,7 +57,9 @@ from hf_posext.core.errors import check_model
 from hf_posext.core.loading import config_kwargs, model_class_for
 from hf_posext.core.record import CONFIG_KEY, ScalingReport, jsonable, restore_config, snapshot_config, text_config
 from hf_posext.core.request import ScalingConfig, ScalingRequest, resolve_factor
-from hf_posext.core.saved_config import older_readers_differ, plain_save_legacy_fields, write_json_atomically
+from hf_posext.core.saved_config import (
+    older_readers_differ, older_readers_ignore_scaling, plain_save_legacy_fields, write_json_atomically,
+)
 from hf_posext.methods import get_method
 from hf_posext.methods.transformers import stock_rope_parameters, window_is_scaled
 
@@ -320,7 +322,14 @@ def _complete_saved_config(model: nn.Module, save_directory: str) -> None:
         completed = plain_save_legacy_fields(saved)
         if completed != saved:
             write_json_atomically(path, completed)
-        if older_readers_differ(completed):
+        if older_readers_ignore_scaling(completed):
+            warnings.warn(
+                f"transformers 4.x's {completed.get('model_type')} ignores rope_scaling: with transformers 4.x (and the "
+                "runtimes built on it) a stock from_pretrained loads this model unscaled; load it there with "
+                "hf_posext.load(SAVED_DIR), or with transformers >= 5",
+                stacklevel=3,  # the caller of save_pretrained
+            )
+        elif older_readers_differ(completed):
             # One text for every folder, so that Python shows it once per call site (not at every checkpoint).
             warnings.warn(
                 "the saved config.json holds its yarn/llama3/longrope scaling only in rope_parameters (with the "

@@ -111,3 +111,17 @@ def test_a_wrong_scaling_fails_the_sweep(monkeypatch):
     assert result.methods[0].outcome == CRASH
     assert "differs from transformers' own rope_parameters scaling" in result.methods[0].reason
     assert known.problems(result)
+
+
+def test_the_readme_quotes_the_committed_sweeps_totals():
+    """The front door's family figures are the last committed sweep's (bench/results/family_sweep/sweep.json)."""
+    import json
+    import re
+
+    root = Path(__file__).resolve().parents[1]
+    totals = json.loads((root / "bench" / "results" / "family_sweep" / "sweep.json").read_text())["totals"]
+    found = re.search(r"(\d+) of (\d+) built, (\d+) \(class, method\) pairs taken, (\d+)\s+refused in one line, none failing",
+                      (root / "README.md").read_text())
+    assert found, "README.md no longer states the family sweep's totals"
+    assert tuple(map(int, found.groups())) == (totals["built"], totals["classes"], totals["ok"], totals["refused"])
+    assert totals["crash"] == 0

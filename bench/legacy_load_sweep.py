@@ -190,11 +190,14 @@ def main() -> None:
     transformers.utils.logging.disable_progress_bar()
 
     started = time.time()
+    methods = [name.strip() for name in args.methods.split(",") if name.strip()]
+    if not Path(args.tf457_python).is_file():
+        sys.exit(f"--tf457-python {args.tf457_python}: no such file; make the venv with `bash scripts/tf457_venv.sh .venv-tf457`")
     older = run_457(args.tf457_python, CLASSES_SCRIPT)
-    classes = sorted(set(causal_lm_classes()) & set(older["classes"]))
-    if args.classes:
-        classes = [name for name in args.classes.split(",") if name in classes]
-    methods = args.methods.split(",")
+    classes, problem = chosen_classes(args.classes, causal_lm_classes(), older)
+    problem = problem or unknown_methods(methods)
+    if problem:
+        sys.exit(problem)
     rows: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory() as root:
         for class_name in classes:
@@ -219,9 +222,36 @@ def main() -> None:
             print("!", row["class"], row["method"], row["status"], row.get("stock_457"),
                   json.dumps(row.get("tf457"))[:600])
     if args.out:
+        from hf_posext.core.files import write_text_atomic
+
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
-        Path(args.out).with_suffix(".md").write_text(markdown(record))
+        write_text_atomic(Path(args.out), json.dumps(record, indent=1) + "\n")
+        write_text_atomic(Path(args.out).with_suffix(".md"), markdown(record))
+
+
+def chosen_classes(asked: str | None, newer: list[str], older: dict[str, Any]) -> tuple[list[str], str]:
+    """The classes to sweep (every class both releases have, or those asked for), and why not in one line ("" if fine)."""
+    if not str(older["version"]).startswith("4."):
+        return [], (f"--tf457-python runs transformers {older['version']}, not 4.x: the sweep would compare a release with "
+                    "itself; pass .venv-tf457/bin/python (bash scripts/tf457_venv.sh .venv-tf457)")
+    both = sorted(set(newer) & set(older["classes"]))
+    if not asked:
+        return both, ""
+    names = [name.strip() for name in asked.split(",") if name.strip()]
+    missing = [name for name in names if name not in both]
+    if missing:
+        return [], (f"--classes: {', '.join(missing)} is not a *ForCausalLM class that transformers {older['version']} and "
+                    "the installed release both have")
+    return names, ""
+
+
+def unknown_methods(methods: list[str]) -> str:
+    """Why ``methods`` cannot be swept, in one line ("" when each is a frequency method hf_posext knows)."""
+    from hf_posext.methods import available_methods
+
+    known = sorted(name for name in available_methods() if " " not in name and name != "none")
+    wrong = [name for name in methods if name not in known]
+    return f"--methods: unknown {', '.join(wrong)}; pick from {', '.join(known)}" if wrong or not methods else ""
 
 
 def summary(rows: dict[str, dict[str, Any]], args: argparse.Namespace, older: str, newer: str,

@@ -105,7 +105,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.disable(logging.WARNING)
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
-    classes = args.classes.split(",") if args.classes else causal_lm_classes()
+    classes = [name.strip() for name in args.classes.split(",") if name.strip()] if args.classes else causal_lm_classes()
+    unknown = sorted(set(classes) - set(causal_lm_classes()))
+    if unknown:
+        print(f"--classes: {', '.join(unknown)} is not a *ForCausalLM class of transformers {transformers.__version__} "
+              "(python bench/family_sweep.py --help; every class: leave --classes out)", file=sys.stderr)
+        return 2
     results, seconds = run(classes)
     merged: dict = {}
     if args.merge and args.out is not None and args.out.exists():

@@ -125,3 +125,15 @@ def test_the_readme_quotes_the_committed_sweeps_totals():
     assert found, "README.md no longer states the family sweep's totals"
     assert tuple(map(int, found.groups())) == (totals["built"], totals["classes"], totals["ok"], totals["refused"])
     assert totals["crash"] == 0
+
+
+def test_the_sweep_script_refuses_a_class_name_transformers_does_not_have(tmp_path, capsys):
+    """A typo in --classes is named in one line (it used to be swept as an unbuildable class with a recipe hint)."""
+    from tests.bench_helpers import load_bench_script
+
+    sweep = load_bench_script("family_sweep")
+    out = tmp_path / "sweep.json"
+    assert sweep.main(["--classes", "LlamaForCausalLM,LamaForCausalLM", "--no-docs", "--out", str(out)]) == 2
+    assert not out.exists()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("--classes: LamaForCausalLM is not a *ForCausalLM class of transformers")

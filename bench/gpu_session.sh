@@ -336,8 +336,10 @@ gemma3)
   # The CPU cells of bench/sliding_window_cost.py that the 2 shared cores did not reach, on that machine's CPU (one call
   # each, before the GPU rows): GEMMA_COST=32768 runs the 32768 window on 2 cores (on the shared CPU: 622 CPU-seconds,
   # 780 s at load 4-6: bench/results/sliding_window_cost/HISTORY.md); GEMMA_COST=65536
-  # runs 65536 on 4 cores (the 2-core estimate, 13-14 minutes, is past one call's 10: that cell stays for a quiet CPU
-  # session, `nice python bench/sliding_window_cost.py --lengths 65536 --masked-max-length 0`). STAGE_TIMEOUT=540.
+  # runs 65536 on 4 cores (the 2-core estimate, 11.7-12.6 minutes from a quiet 16384 window on 2026-12-07, is past one
+  # call's 10: that cell stays for a quiet CPU session, `python bench/sliding_window_cost.py --lengths 65536
+  # --masked-max-length 0`). STAGE_TIMEOUT=540. The stage's eval commands ran on the CPU at 256 and 512 tokens
+  # (2026-12-07, bfloat16, 114 s): every row of the perplexity command scores.
   if [ -n "${GEMMA_COST:-}" ]; then
     cores=0,1; threads=2; [ "$GEMMA_COST" -gt 32768 ] && cores=0-3 && threads=4
     OMP_NUM_THREADS=$threads timeout "$T" taskset -c $cores "$PYTHON" bench/sliding_window_cost.py --lengths "$GEMMA_COST" --masked-max-length 0 \

@@ -83,7 +83,10 @@ def test_describe_says_the_target_must_carry_the_drafting_heads_scaling():
     model = build_tiny("Gemma4AssistantForCausalLM")
     unpatched = hf_posext.describe(model).notes
     assert any("a drafting head: the keys it attends to are its target model's (shared_kv_states)" in n for n in unpatched)
-    hf_posext.patch(model, "yarn", factor=2)
+    with pytest.warns(UserWarning, match=r"a drafting head: .* patch the target with the same scaling \(hf_posext.patch\("
+                                       r"target, 'yarn', factor=2\)\), or queries and keys disagree") as caught:
+        hf_posext.patch(model, "yarn", factor=2)  # said at the patch too: a target left unscaled is silently wrong
+    assert caught[0].filename == __file__
     notes = hf_posext.describe(model).notes
     assert any("patch the target with the same scaling (hf_posext.patch(target, 'yarn', factor=2))" in n for n in notes), notes
 

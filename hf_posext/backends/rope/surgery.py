@@ -61,6 +61,7 @@ from hf_posext.core.saved_config import (
     older_readers_differ, older_readers_ignore_scaling, plain_save_legacy_fields, write_json_atomically,
 )
 from hf_posext.methods import get_method
+from hf_posext.user_warnings import warn_at_caller
 from hf_posext.methods.transformers import stock_rope_parameters, window_is_scaled
 
 __all__ = ["patch_rope", "unpatch_rope", "describe_rope", "load_rope", "is_patched", "current_scaling", "fixed_length", "ScalingReport", "CONFIG_KEY"]
@@ -298,6 +299,8 @@ def patch_rope(model: nn.Module, request: ScalingRequest, *, tokenizer: Any = No
         _set_scales(previous.scale_changes if previous else [], patched=True)
         raise
     state = _PatchState(scaling, sites, new_modules, snapshots, stock_loadable, scale_changes=scale_changes)
+    if reads_target_states(model):  # only its queries move: a target left as it was disagrees with it, silently
+        warn_at_caller(_drafting_head_note(f"hf_posext.patch(target, {scaling.method!r}, factor={scaling.factor:g})"))
     state.tokenizers = set_tokenizer_lengths(previous.tokenizers if previous else [], tokenizer, scaling.target_length)
     model.__dict__[_STATE_ATTRIBUTE] = state
     if any(module.is_dynamic for module in new_modules):

@@ -34,6 +34,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -200,6 +201,7 @@ def main() -> None:
         sys.exit(problem)
     rows: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory() as root:
+        saved_root = root
         for class_name in classes:
             for method in methods:
                 folder = Path(root) / f"{class_name}-{method}"
@@ -215,7 +217,7 @@ def main() -> None:
             row["status"], row["stock_457"] = classify(row, found[row["folder"]])
             row["tf457"] = found[row["folder"]]
         del row["folder"]
-    record = summary(rows, args, older["version"], transformers.__version__, time.time() - started)
+    record = portable(summary(rows, args, older["version"], transformers.__version__, time.time() - started), saved_root)
     print(json.dumps(record["totals"], indent=1))
     for row in rows.values():
         if row["status"] == "FAILING" or row.get("stock_457") == "MISMATCH" or row.get("tf5_differs"):
@@ -227,6 +229,22 @@ def main() -> None:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(Path(args.out), json.dumps(record, indent=1) + "\n")
         write_text_atomic(Path(args.out).with_suffix(".md"), markdown(record))
+
+
+def portable(value: Any, saved_root: str | None = None) -> Any:
+    """``value`` (a record, recursively) with the machine's paths written as paths of no machine: the saved folders'
+    temporary root as ``SAVED``, an installed package's folder from ``site-packages/``, the repository relative."""
+    if isinstance(value, dict):
+        return {key: portable(item, saved_root) for key, item in value.items()}
+    if isinstance(value, list):
+        return [portable(item, saved_root) for item in value]
+    if not isinstance(value, str):
+        return value
+    if saved_root:
+        value = value.replace(saved_root, "SAVED")
+    value = re.sub(r"(?:/[^\s\"',:()]*)?/site-packages/", "site-packages/", value)
+    value = value.replace(str(Path(__file__).resolve().parents[1]) + "/", "")
+    return re.sub(r"/tmp/[\w.-]+", "$TMPDIR/x", value)
 
 
 def chosen_classes(asked: str | None, newer: list[str], older: dict[str, Any]) -> tuple[list[str], str]:

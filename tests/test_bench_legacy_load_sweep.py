@@ -37,3 +37,19 @@ def test_a_python_of_the_same_release_is_refused(tmp_path):
 ])
 def test_an_unknown_class_or_method_is_refused_instead_of_swept_as_nothing(tmp_path, args, expected):
     assert expected in _refusal(tmp_path, "--tf457-python", str(TF457_PYTHON), *args)
+
+
+def test_the_record_names_no_path_of_the_machine_it_ran_on():
+    """Errors and tracebacks carry the saved folders' temporary root, the installed packages' folders and the
+    repository's: the committed record writes them as SAVED, site-packages/ and repository-relative paths."""
+    from tests.bench_helpers import load_bench_script
+
+    sweep = load_bench_script("legacy_load_sweep")
+    repo = str(SCRIPT.parents[1])
+    record = {"rows": [{"error": "ValueError: /tmp/tmpab12/Olmo-yarn/config.json holds ...", "traceback": (
+        f'File "/root/.pyenv/versions/3.11.7/lib/python3.11/site-packages/torch/nn/modules/module.py", line 1\n'
+        f'File "{repo}/.venv-tf457/lib/python3.11/site-packages/transformers/x.py"\nFile "{repo}/hf_posext/api.py"')}]}
+    row = sweep.portable(record, "/tmp/tmpab12")["rows"][0]
+    assert row["error"] == "ValueError: SAVED/Olmo-yarn/config.json holds ..."
+    assert row["traceback"] == ('File "site-packages/torch/nn/modules/module.py", line 1\n'
+                                'File "site-packages/transformers/x.py"\nFile "hf_posext/api.py"')

@@ -50,7 +50,7 @@ def check_requests(specs: Sequence[ModelSpec], methods: str, factor: float | Non
 
 #: Where the fix of an adapter mismatch starts in :func:`hf_posext.adapters.check_adapter`'s message (it names
 #: ``hf-posext eval`` flags, which the suite does not take for one row).
-_EVAL_FIX = ": evaluate it with "
+_EVAL_FIX = ": evaluate it "
 #: The same for another base model (``pass --model BASE``).
 _EVAL_BASE_FIX = ": pass --model "
 

@@ -104,7 +104,7 @@ def parse_posext_args(model_args: dict[str, Any], *, sized: bool = True) -> tupl
 
 #: Where the fix of an adapter mismatch starts in :func:`hf_posext.adapters.check_adapter`'s message (it names
 #: ``hf-posext eval`` flags, which lm-eval does not take).
-_EVAL_FIX = ": evaluate it with "
+_EVAL_FIX = ": evaluate it "
 #: The same for another base model (``pass --model BASE``).
 _EVAL_BASE_FIX = ": pass --model "
 

@@ -43,10 +43,12 @@ from typing import Any
 
 from hf_posext.core.files import write_json_atomic
 
-__all__ = ["flat_rope_parameters", "LEGACY_THETA_NAMES", "LegacyLayout", "legacy_layout", "nested_legacy_fields", "with_legacy_rope_fields", "plain_save_legacy_fields", "older_readers_differ",
-           "LEGACY_SCALING_IGNORED", "older_readers_ignore_scaling",
-           "legacy_default_theta", "check_installed_transformers_reads", "write_json_atomically", "set_tokenizer_max_length",
-           "save_tokenizer_with_max_length"]
+__all__ = [
+    "flat_rope_parameters", "LEGACY_THETA_NAMES", "LegacyLayout", "legacy_layout", "nested_legacy_fields",
+    "with_legacy_rope_fields", "plain_save_legacy_fields", "older_readers_differ", "LEGACY_SCALING_IGNORED",
+    "older_readers_ignore_scaling", "legacy_default_theta", "check_installed_transformers_reads", "write_json_atomically",
+    "set_tokenizer_max_length", "save_tokenizer_with_max_length",
+]
 
 #: The rotary base transformers 4.x assumes when a config has no ``rope_theta`` (most classes).
 LEGACY_DEFAULT_THETA = 10000.0

@@ -53,6 +53,19 @@ def _one_layer(class_name: str, overrides: dict) -> torch.nn.Module:
     return model
 
 
+def _reference_plain_extended(model: torch.nn.Module, ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Last-token logits of the unpatched model at the emulated Self-Extend positions (the reference) and at its own
+    positions, then of the model patched with Self-Extend (left patched)."""
+    with torch.no_grad():
+        reference = model(input_ids=ids, attention_mask=torch.ones_like(ids), position_ids=_self_extend_positions(ids.shape[1]),
+                          use_cache=False).logits[0, -1]
+        plain = model(input_ids=ids, use_cache=False).logits[0, -1]
+    hf_posext.patch(model, "self-extend", group_size=GROUP, neighbor_window=NEIGHBOURS)
+    with torch.no_grad():
+        extended = model(input_ids=ids, use_cache=False).logits[0, -1]
+    return reference, plain, extended
+
+
 def _self_extend_positions(length: int) -> torch.Tensor:
     i = length - 1
     query = i // GROUP + NEIGHBOURS - NEIGHBOURS // GROUP
@@ -65,16 +78,10 @@ def test_self_extend_matches_the_models_own_rotary_at_emulated_positions(class_n
     (interleaved, offset, reversed_), overrides = GEOMETRIES[class_name]
     model = _one_layer(class_name, overrides)
     ids = torch.randint(3, int(model.config.vocab_size), (1, LENGTH), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        reference = model(input_ids=ids, attention_mask=torch.ones_like(ids), position_ids=_self_extend_positions(LENGTH),
-                          use_cache=False).logits[0, -1]
-        plain = model(input_ids=ids, use_cache=False).logits[0, -1]
     layers, _ = probe.find_attention_layers(model, "Self-Extend")
     first = layers[0]
     assert (first.interleaved, first.rotary_offset, bool(first.inv_freq[0] < 0)) == (interleaved, offset, reversed_)
-    hf_posext.patch(model, "self-extend", group_size=GROUP, neighbor_window=NEIGHBOURS)
-    with torch.no_grad():
-        extended = model(input_ids=ids, use_cache=False).logits[0, -1]
+    reference, plain, extended = _reference_plain_extended(model, ids)
     effect = float((plain - reference).abs().max())
     error = float((extended - reference).abs().max())
     print(f"{class_name}: effect {effect:.2e}, error {error:.2e}")
@@ -143,12 +150,9 @@ def test_self_extend_applies_learned_attention_sinks_as_the_model_does(class_nam
     ids = torch.randint(3, int(model.config.vocab_size), (1, LENGTH), generator=torch.Generator().manual_seed(0))
     emulated = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "position_ids": _self_extend_positions(LENGTH), "use_cache": False}
     with torch.no_grad():
-        reference, without = model(**emulated).logits[0, -1], no_sinks(**emulated).logits[0, -1]
-        plain = model(input_ids=ids, use_cache=False).logits[0, -1]
+        without = no_sinks(**emulated).logits[0, -1]
+    reference, plain, extended = _reference_plain_extended(model, ids)
     assert float((plain - reference).abs().max()) > 1e-3, "the grouped positions barely move the logits: no test of the grouped path"
-    hf_posext.patch(model, "self-extend", group_size=GROUP, neighbor_window=NEIGHBOURS)
-    with torch.no_grad():
-        extended = model(input_ids=ids, use_cache=False).logits[0, -1]
     effect, error = float((reference - without).abs().max()), float((extended - reference).abs().max())
     print(f"{class_name}: sinks' effect {effect:.2e}, error {error:.2e}")
     assert effect > 1e-3, f"the sinks barely move {class_name}'s logits ({effect:.2e}): no test"
@@ -209,13 +213,7 @@ def test_self_extend_on_kv_shared_layers_matches_the_models_own_rotary_at_emulat
     model = _gemma3n_with_kv_shared_layers(["full_attention"] * 3, shared=2)
     assert model.config.kv_sharing_modes == ["store", "reuse", "reuse"]
     ids = torch.randint(3, int(model.config.vocab_size), (1, LENGTH), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        reference = model(input_ids=ids, attention_mask=torch.ones_like(ids), position_ids=_self_extend_positions(LENGTH),
-                          use_cache=False).logits[0, -1]
-        plain = model(input_ids=ids, use_cache=False).logits[0, -1]
-    hf_posext.patch(model, "self-extend", group_size=GROUP, neighbor_window=NEIGHBOURS)
-    with torch.no_grad():
-        extended = model(input_ids=ids, use_cache=False).logits[0, -1]
+    reference, plain, extended = _reference_plain_extended(model, ids)
     effect, error = float((plain - reference).abs().max()), float((extended - reference).abs().max())
     print(f"Gemma 3n, KV-shared layers: effect {effect:.2e}, error {error:.2e}")
     assert effect > 1e-3, f"the grouped positions barely move the logits ({effect:.2e}): no test"

@@ -55,9 +55,16 @@ def test_card_end_to_end_on_the_tiny_model(tiny_folder, tmp_path, monkeypatch, c
 
     # a second run recomputes nothing: every sample file is left as it was
     files = {p: p.read_bytes() for p in (out / "ruler").glob("*.jsonl")}
-    assert main(argv) == 0
+    plots = {p: p.stat().st_mtime_ns for t in tasks.split(",") for p in [out / f"card-{t}.png"]}
+    import hf_posext.integrations.lm_eval.model as harness
+
+    with pytest.MonkeyPatch.context() as patch:  # ... and loads no model for a RULER cell whose samples are all there
+        patch.setattr(harness, "PosextHFLM", lambda *a, **k: pytest.fail("a finished RULER cell loaded its model"))
+        assert main(argv) == 0
     assert " scored " not in capsys.readouterr().err  # nothing ran, nothing logged
     assert {p: p.read_bytes() for p in files} == files
+    # the RULER plots show what they showed: none is drawn again (a cell marked unfinished draws as it did)
+    assert {p: p.stat().st_mtime_ns for p in plots} == plots
     assert card["settings"]["partial"] is False
     # a run stopped before it reaches the cells it covers leaves them on its partial card (the earlier run's
     # samples, marked unfinished), and a card written again from the folder finds every one
@@ -70,7 +77,7 @@ def test_card_end_to_end_on_the_tiny_model(tiny_folder, tmp_path, monkeypatch, c
         raise KeyboardInterrupt
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(lm_eval_card, "run_ruler_cell", stop)
+        patch.setattr(lm_eval_card, "run_ruler_plans", stop)
         with pytest.raises(KeyboardInterrupt):
             main(argv)
     key = lambda cells: sorted((c["task"], c["row"], c["length"], c["n"]) for c in cells if c["kind"] == "ruler")  # noqa: E731

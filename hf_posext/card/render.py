@@ -22,7 +22,7 @@ from hf_posext.evaluation.labels import format_length
 from hf_posext.evaluation.plots import layout_problems, save_figure
 
 __all__ = ["PAIRED_CAPTION", "ENDING_PAIRED_CAPTION", "ending_caption", "markdown_card", "html_card", "sample_counts_text",
-           "card_figure", "write_plots"]
+           "card_figure", "write_plots", "PLOTTED_FIELDS"]
 
 
 
@@ -277,6 +277,10 @@ def _draw_card_figure(task: str, cells: Sequence[Cell], beyond: bool | None, col
 
 
 
+#: The fields of a cell that :func:`card_figure` draws (its row, place, length, score and interval, and what the
+#: base model's reference line reads): a plot is drawn again only when one of them changes.
+PLOTTED_FIELDS = ("task", "row", "row_index", "length", "mean", "low", "high", "n", "base", "in_window")
+
 #: plot path -> (digest of what it shows, its mtime and size as written): a run writes its card after every sample,
 #: and redrawing the plots of the tasks that did not change took three quarters of a card run's time
 _DRAWN: dict[Path, tuple[str, int, int]] = {}
@@ -296,7 +300,8 @@ def write_plots(out: Path, cells: Sequence[Cell], marks: dict[str, bool | None])
     plots = []
     for task in dict.fromkeys(c["task"] for c in sorted_cells(cells)):
         shown = [c for c in cells if c["task"] == task]
-        path, digest = out / f"card-{task}.png", stable_digest([task, shown, marks.get(task)], length=None)
+        drawn = [{key: c.get(key) for key in PLOTTED_FIELDS} for c in shown]  # a cell's text or timing is not drawn
+        path, digest = out / f"card-{task}.png", stable_digest([task, drawn, marks.get(task)], length=None)
         if path.is_file() and _DRAWN.get(path.resolve()) == (digest, *_written(path)):
             plots.append(path)
             continue

@@ -525,26 +525,31 @@ def run_ruler_plans(plans: Sequence[RulerPlan], ruler: Sequence[str], settings: 
 
     Task by task, each length for every row before the next length: a run stopped early has whole comparisons
     (every row on the same samples) rather than every cell of the first row. One model is held at a time; a row's
-    model is built again when its next cell comes (seconds, against minutes of samples).
+    model is built again when its next cell comes (seconds, against minutes of samples). A cell whose sample file
+    already holds every sample (a finished run resumed) loads no model.
     """
     order = {name: i for i, name in enumerate(ruler)}
     held: tuple[Row, Any] | None = None
+    loaded = False
     try:
         for plan in sorted(plans, key=lambda p: (order[p.task], p.length, p.row.index)):
-            if held is None or held[0] is not plan.row:
-                held = None
-                gc.collect()
-                held = (plan.row, _harness_model(plan.row, settings, dtype))
             results = SampleResults(plan.row.sample_path(settings.out / "ruler", plan.task, plan.length, dtype, settings.device),
                                     _results_header(plan, settings, dtype))
-            task = ruler_task(plan.task, plan.docs, plan.tokenizer_path, plan.length)
-            run_ruler_cell(held[1], task, plan.docs, plan.length, results, settings.budget, settings.progress, plan.row.label)
+            if not all(results.has(doc_id) for doc_id in range(len(plan.docs))):
+                if held is None or held[0] is not plan.row:
+                    held = None
+                    if loaded:
+                        gc.collect()  # the previous row's model goes before the next one loads
+                    held, loaded = (plan.row, _harness_model(plan.row, settings, dtype)), True
+                task = ruler_task(plan.task, plan.docs, plan.tokenizer_path, plan.length)
+                run_ruler_cell(held[1], task, plan.docs, plan.length, results, settings.budget, settings.progress, plan.row.label)
             yield {"task": plan.task, "kind": "ruler", "row": plan.row.label, "row_index": plan.row.index, "length": plan.length,
                    "base": plan.row.base, "in_window": plan.length <= plan.row.window, "sample_key": plan.key,
                    "source": str(results.path), **ruler_cell_fields(results.records, len(plan.docs))}
     finally:
         held = None
-        gc.collect()
+        if loaded:
+            gc.collect()
 
 
 def _harness_model(row: Row, settings: CardSettings, dtype: str) -> Any:

@@ -231,6 +231,24 @@ def test_a_save_of_a_family_whose_4x_class_ignores_rope_scaling_warns_that_stock
         model.save_pretrained(tmp_path / "plain")  # unscaled: 4.x reads it as it is
 
 
+def test_a_nested_rope_dict_with_top_level_leftovers_reads_as_nested():
+    """transformers 5.10's Laguna and Mellum keep ``"rope_type": "default", "rope_theta": None`` beside the per-layer-type
+    dicts. Read as one flat dict, that None reached ``float()`` and every yarn save of those families crashed."""
+    from hf_posext.core.saved_config import flat_rope_parameters, nested_legacy_fields, older_readers_differ
+
+    layers = {"full_attention": {"rope_type": "yarn", "rope_theta": 500000.0, "factor": 2.0, "partial_rotary_factor": 0.5,
+                                 "original_max_position_embeddings": 32},
+              "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}
+    config = {"model_type": "laguna", "rope_parameters": {**layers, "rope_type": "default", "rope_theta": None},
+              "rope_theta": None}
+    assert flat_rope_parameters(config) is None
+    assert older_readers_differ(config) is False
+    assert nested_legacy_fields(config) == nested_legacy_fields({"model_type": "laguna", "rope_parameters": layers})
+    # and a flat dict is read as it was
+    flat = {"model_type": "llama", "rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 2.0}}
+    assert flat_rope_parameters(flat) == flat["rope_parameters"] and older_readers_differ(flat) is True
+
+
 def test_hf_posext_load_and_describe_give_the_served_length_of_a_linear_save(saved):
     folder, expected, _ = saved["linear"]
     model = hf_posext.load(folder)

@@ -128,9 +128,11 @@ def legacy_layout(model_type: str) -> LegacyLayout | None:
 
 def _nested_rope_parameters(config: dict[str, Any]) -> dict[str, dict[str, Any]] | None:
     params = config.get("rope_parameters")
-    if not isinstance(params, dict) or not params or not all(isinstance(v, dict) for v in params.values()):
+    if not isinstance(params, dict) or not any(isinstance(v, dict) for v in params.values()):
         return None
-    return params
+    # the per-layer-type dicts; transformers 5.10's Laguna also leaves top-level {"rope_type": "default",
+    # "rope_theta": None} beside them, which no layer reads
+    return {key: value for key, value in params.items() if isinstance(value, dict)}
 
 
 def nested_legacy_fields(config: dict[str, Any]) -> dict[str, Any] | None:
@@ -169,6 +171,8 @@ def flat_rope_parameters(config: dict[str, Any]) -> dict[str, Any] | None:
     params = config.get("rope_parameters") or config.get("rope_scaling")
     if not isinstance(params, dict) or "rope_type" not in params and "type" not in params:
         return None
+    if any(isinstance(value, dict) for value in params.values()):
+        return None  # nested per layer type, with top-level keys beside the layer types' dicts
     return dict(params)
 
 

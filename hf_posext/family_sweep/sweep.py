@@ -125,8 +125,9 @@ def _logits(model: nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
         return model(**inputs, use_cache=False).logits.float()
 
 
-#: Config fields that ``save_pretrained`` itself writes: not the patch's to restore.
-_SAVE_FIELDS = ("architectures", "transformers_version", "_name_or_path")
+#: Config fields that ``save_pretrained`` itself writes: not the patch's to restore (transformers 5.0 also fills in
+#: ``dtype`` from the weights where the config had none).
+_SAVE_FIELDS = ("architectures", "transformers_version", "_name_or_path", "dtype")
 
 
 def _config_state(model: nn.Module) -> dict[str, Any]:

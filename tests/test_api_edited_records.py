@@ -112,3 +112,24 @@ def test_a_folder_of_a_model_type_transformers_lacks_is_refused_in_one_line_befo
     message = str(info.value)
     assert "\n" not in message and "holds a 'llama99' model, which transformers" in message
     assert "it was saved by transformers 9.0.0: load it with a transformers that has 'llama99' (>= 9.0.0)." in message
+
+
+def test_a_folder_this_transformers_saved_but_cannot_read_back_says_so_instead_of_asking_for_itself(tmp_path):
+    """transformers 5.0 saves Clvp's, Emu3's and Mllama's text models under a model type its AutoConfig lacks: the
+    refusal named the installed release as the one to load it with."""
+    import json
+
+    import transformers
+
+    import hf_posext
+    from hf_posext.models import tiny_model
+
+    tiny_model("llama").save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config.update(model_type="llama_text_only", transformers_version=transformers.__version__)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError) as info:
+        hf_posext.load(tmp_path)
+    message = str(info.value)
+    assert "\n" not in message and f"which transformers {transformers.__version__} (installed) saves but cannot load back" in message
+    assert ">=" not in message and "a later transformers release whose AutoConfig has it" in message

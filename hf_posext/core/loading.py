@@ -78,6 +78,12 @@ def check_known_model_type(path: str | os.PathLike, from_pretrained_kwargs: dict
     if saved.get("auto_map") and (from_pretrained_kwargs or {}).get("trust_remote_code"):
         return
     by = saved.get("transformers_version")
+    if by == transformers.__version__:  # a sub-model this release builds and saves, but whose type AutoConfig lacks
+        raise ValueError(
+            f"{config_path} holds a {model_type!r} model, which transformers {by} (installed) saves but cannot load "
+            f"back: its AutoConfig has no {model_type!r}. Load it with a later transformers release whose AutoConfig "
+            f"has it."
+        )
     raise ValueError(
         f"{config_path} holds a {model_type!r} model, which transformers {transformers.__version__} (installed) does "
         f"not have{f'; it was saved by transformers {by}' if by else ''}: load it with a transformers that has "

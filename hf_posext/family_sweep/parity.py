@@ -33,11 +33,12 @@ THETA_BASE = 1e5
 
 
 def rotary_half_dim(model: nn.Module) -> int | None:
-    """d/2 of the model's rotary frequencies: the length of its first ``*inv_freq`` buffer, else half its config's
-    ``rotary_dim`` or head dim (None without either)."""
-    for name, buffer in model.named_buffers():
-        if name.endswith("inv_freq"):
-            return int(buffer.shape[-1])
+    """d/2 of the model's rotary frequencies: the length of its ``*inv_freq`` buffer (of the full-attention layers,
+    which a per-layer-type model scales, whatever order transformers registers them in: 5.10's Gemma 4 registers
+    the sliding layers' first), else half its config's ``rotary_dim`` or head dim (None without either)."""
+    tables = [(name, buffer) for name, buffer in model.named_buffers() if name.endswith("inv_freq")]
+    for name, buffer in sorted(tables, key=lambda item: "full_attention" not in item[0]):
+        return int(buffer.shape[-1])
     config = model.config
     rotary_dim = getattr(config, "rotary_dim", None) or getattr(config, "head_dim", None) or (
         config.hidden_size // config.num_attention_heads if getattr(config, "num_attention_heads", None) else None)

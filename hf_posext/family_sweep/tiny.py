@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -119,10 +120,12 @@ class TinyFamily:
 
 
 def causal_lm_classes() -> list[str]:
-    """Every ``*ForCausalLM`` class name the installed transformers exports (``AutoModelForCausalLM`` left out)."""
+    """Every PyTorch ``*ForCausalLM`` class name the installed transformers exports (``AutoModelForCausalLM`` left
+    out, and 4.x's TensorFlow and Flax twins: ``TF...``, ``Flax...``)."""
     import transformers
 
-    return sorted(name for name in dir(transformers) if name.endswith("ForCausalLM") and not name.startswith("Auto"))
+    return sorted(name for name in dir(transformers) if name.endswith("ForCausalLM") and not name.startswith("Auto")
+                  and not re.match(r"(TF|Flax)[A-Z]", name))
 
 
 def _field_defaults(config_cls: type) -> dict[str, Any]:

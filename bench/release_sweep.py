@@ -74,6 +74,15 @@ def make_venv(folder: Path, version: str) -> Path:
     return python
 
 
+def swept_on(record: dict) -> str:
+    """When and where a release was swept: ``2026-12-07, 2 CPUs x86_64, load 1.9`` (what the record holds of it)."""
+    swept = record.get("swept") or {}
+    parts = [swept.get("date"), f"{swept['cpus']} CPUs {record.get('machine', '')}".strip() if swept.get("cpus") else record.get("machine")]
+    if swept.get("load") is not None:
+        parts.append(f"load {swept['load']}")
+    return ", ".join(str(part) for part in parts if part) or "?"
+
+
 def summary_row(record: dict) -> str:
     """One release's line of the table: its totals and, per class that is not all ok, the first finding."""
     totals = record["totals"]
@@ -87,7 +96,7 @@ def summary_row(record: dict) -> str:
             findings.append(f"{row['class_name']}: {', '.join(m['method'] for m in bad)}: {bad[0]['reason'][:120]}")
     listed = "<br>".join(f.replace("|", "/") for f in findings) or "none"
     return (f"| {record['versions'].split(',')[0].removeprefix('transformers ')} | {totals['classes']} | {totals['built']} | "
-            f"{totals['pairs']} | {totals['ok']} | {totals['refused']} | {totals['crash']} | {listed} |")
+            f"{totals['pairs']} | {totals['ok']} | {totals['refused']} | {totals['crash']} | {record.get('seconds', '?')} | {swept_on(record)} | {listed} |")
 
 
 def write_summary() -> Path:
@@ -103,7 +112,9 @@ def write_summary() -> Path:
              "Each row: `python bench/release_sweep.py --transformers VERSION` (tiny random models, the same checks as "
              "[the support matrix](../../../../docs/families.md)). A crash or parity difference is listed with its first "
              "line; a class not built is a tiny recipe written for the newest release.", "",
-             "| transformers | classes | built | pairs | ok | refused | crash | not ok |", "|---|---:|---:|---:|---:|---:|---:|---|"]
+             "seconds: the sweep's own clock, the venv's set-up not counted; load: the 1-minute load average before it.", "",
+             "| transformers | classes | built | pairs | ok | refused | crash | seconds | swept on | not ok |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---|---|"]
     try:
         lines += [summary_row(r) for r in sorted(records, key=key)]
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as error:
@@ -137,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     out = RELEASES / f"sweep-{args.transformers}.json"
     fresh = out.with_suffix(".running.json")  # an earlier record stays until this sweep has finished
     fresh.unlink(missing_ok=True)
+    load = round(os.getloadavg()[0], 1)
     done = subprocess.run([str(python), str(ROOT / "bench" / "family_sweep.py"), "--out", str(fresh), "--no-docs"],
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if not fresh.is_file() or done.returncode not in (0, 1):  # 1: results differ from known.py, as expected elsewhere
@@ -144,8 +156,10 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"release_sweep.py: the sweep on transformers {args.transformers} did not finish "
                          f"(exit {done.returncode}): {last}")
     # the record names no machine path: a save's temporary folder reads SAVED, the repository is left out
-    text = re.sub(r"/tmp/tmp[\w-]+/", "SAVED/", fresh.read_text()).replace(f"{ROOT}/", "")
-    fresh.write_text(text)
+    record = json.loads(re.sub(r"/tmp/tmp[\w-]+/", "SAVED/", fresh.read_text()).replace(f"{ROOT}/", ""))
+    record["swept"] = {"date": time.strftime("%Y-%m-%d", time.gmtime(started)), "cpus": os.cpu_count(), "load": load,
+                       "command": f"python bench/release_sweep.py --transformers {args.transformers}"}
+    fresh.write_text(json.dumps(record, indent=1) + "\n")
     fresh.replace(out)
     print(f"{out} and {write_summary()}: {time.time() - started:.0f} s")
     return 0

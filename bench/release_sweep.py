@@ -119,10 +119,10 @@ def write_summary() -> Path:
         lines += [summary_row(r) for r in sorted(records, key=key)]
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as error:
         raise SystemExit(f"release_sweep.py: a record in {RELEASES} lacks a sweep's fields ({error!r}); run that release again")
+    from hf_posext.core.files import write_text_atomic
+
     out = RELEASES / "README.md"
-    partial = out.with_suffix(".partial")
-    partial.write_text("\n".join(lines) + "\n")
-    partial.replace(out)
+    write_text_atomic(out, "\n".join(lines) + "\n")
     return out
 
 
@@ -142,28 +142,42 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.transformers == transformers.__version__:
         parser.error(f"transformers {args.transformers} is the installed one: run python bench/family_sweep.py")
-    started = time.time()
-    python = make_venv(args.venv or ROOT / f".venv-tf-{args.transformers}", args.transformers)
+    from hf_posext.core.locks import FolderBusyError, hold_folder
+
     RELEASES.mkdir(parents=True, exist_ok=True)
-    out = RELEASES / f"sweep-{args.transformers}.json"
-    fresh = out.with_suffix(".running.json")  # an earlier record stays until this sweep has finished
-    fresh.unlink(missing_ok=True)
-    load = round(os.getloadavg()[0], 1)
-    done = subprocess.run([str(python), str(ROOT / "bench" / "family_sweep.py"), "--out", str(fresh), "--no-docs"],
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    if not fresh.is_file() or done.returncode not in (0, 1):  # 1: results differ from known.py, as expected elsewhere
-        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise SystemExit(f"release_sweep.py: the sweep on transformers {args.transformers} did not finish "
-                         f"(exit {done.returncode}): {last}")
-    # the record names no machine path: a save's temporary folder reads SAVED, the repository is left out
-    record = json.loads(re.sub(r"/tmp/tmp[\w-]+/", "SAVED/", fresh.read_text()).replace(f"{ROOT}/", ""))
-    record["swept"] = {"date": time.strftime("%Y-%m-%d", time.gmtime(started)), "cpus": os.cpu_count(), "load": load,
-                       "command": f"python bench/release_sweep.py --transformers {args.transformers}"}
-    fresh.write_text(json.dumps(record, indent=1) + "\n")
-    fresh.replace(out)
-    print(f"{out} and {write_summary()}: {time.time() - started:.0f} s")
+    try:  # one run a release: its venv and its record (runs of other releases go on beside it)
+        with hold_folder(RELEASES, option="the releases folder", what="another release", part=f"release {args.transformers}"):
+            out = sweep_release(args.transformers, args.venv or ROOT / f".venv-tf-{args.transformers}")
+    except FolderBusyError as error:
+        raise SystemExit(f"release_sweep.py: {error}")
+    print(f"{out} and {write_summary()}")
     return 0
 
+
+def sweep_release(version: str, venv: Path) -> Path:
+    """Sweep ``version`` in ``venv`` and write its record (an earlier record stays until the sweep has finished)."""
+    from hf_posext.core.files import write_text_atomic
+
+    started = time.time()
+    python = make_venv(venv, version)
+    out = RELEASES / f"sweep-{version}.json"
+    fresh = RELEASES / f".sweep-{version}.{os.getpid()}.running.json"
+    load = round(os.getloadavg()[0], 1)
+    try:
+        done = subprocess.run([str(python), str(ROOT / "bench" / "family_sweep.py"), "--out", str(fresh), "--no-docs"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        if not fresh.is_file() or done.returncode not in (0, 1):  # 1: results differ from known.py, as expected here
+            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            raise SystemExit(f"release_sweep.py: the sweep on transformers {version} did not finish "
+                             f"(exit {done.returncode}): {last}")
+        # the record names no machine path: a save's temporary folder reads SAVED, the repository is left out
+        record = json.loads(re.sub(r"/tmp/tmp[\w-]+/", "SAVED/", fresh.read_text()).replace(f"{ROOT}/", ""))
+    finally:
+        fresh.unlink(missing_ok=True)
+    record["swept"] = {"date": time.strftime("%Y-%m-%d", time.gmtime(started)), "cpus": os.cpu_count(), "load": load,
+                       "command": f"python bench/release_sweep.py --transformers {version}"}
+    write_text_atomic(out, json.dumps(record, indent=1) + "\n")
+    return out
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -67,3 +67,13 @@ def test_an_edited_record_without_a_sweeps_fields_is_named(tmp_path, monkeypatch
     (tmp_path / "sweep-5.1.0.json").write_text(json.dumps(record))
     with pytest.raises(SystemExit, match=r"lacks a sweep's fields \(KeyError\('totals'\)\); run that release again"):
         release_sweep.write_summary()
+
+
+def test_a_second_run_of_the_same_release_is_refused_before_it_touches_the_venv(tmp_path, monkeypatch):
+    from hf_posext.core.locks import hold_folder
+
+    monkeypatch.setattr(release_sweep, "RELEASES", tmp_path / "releases")
+    with hold_folder(tmp_path / "releases", part="release 5.0.0"):
+        with pytest.raises(SystemExit, match=r"being written by another release 5.0.0 run \(pid \d+ .*\); wait for it"):
+            release_sweep.main(["--transformers", "5.0.0", "--venv", str(tmp_path / "venv")])
+    assert not (tmp_path / "venv").exists()

@@ -89,6 +89,10 @@ def render_page(results: list[FamilyResult], versions: str, command: str) -> str
         f"Classes: {len(results)}; built: {len(built)}; (class, method) pairs: {len(outcomes)}, "
         f"ok {outcomes.count(OK)}, refused {outcomes.count(REFUSED)}, failing {outcomes.count(CRASH)}.",
         "",
+        "The same sweep on older releases (4.57 and 5.x), and what differs there: "
+        "[bench/results/family_sweep/releases](../bench/results/family_sweep/releases/README.md) "
+        "(`python bench/release_sweep.py --transformers VERSION`).",
+        "",
         HEADER,
     ]
     lines += [render_row(result) for result in sorted(results, key=lambda r: r.class_name)]

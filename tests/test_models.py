@@ -190,3 +190,21 @@ def test_a_recipe_takes_either_name_and_keeps_it_as_given():
 
     for name in ("smollm2-135m", "smollm2-135m-instruct"):
         assert load_config(TINY_RECIPE, [f"model.name={name}"]).model.name == name  # the name in its records: unchanged
+
+
+def test_a_conversion_parses_each_gguf_file_once(tmp_path):
+    """transformers parses a GGUF header again for the tokenizer, the config and the weights (Gemma 3's 262,144
+    words took about 20 s a parse); within parsed_once every caller gets the first reader, as transformers imports it."""
+    import gguf
+
+    from hf_posext.models import gguf_special_token_ids, parsed_once
+
+    first, second = _gguf(tmp_path / "a.gguf", eos_token_id=2), _gguf(tmp_path / "b.gguf", eos_token_id=3)
+    original = gguf.GGUFReader
+    with parsed_once():
+        from gguf import GGUFReader  # as transformers' load_gguf_checkpoint does, at each call
+
+        reader = GGUFReader(str(first))
+        assert GGUFReader(first) is reader and GGUFReader(str(second)) is not reader
+        assert gguf_special_token_ids(first) == {"eos_token": 2} and gguf_special_token_ids(second) == {"eos_token": 3}
+    assert gguf.GGUFReader is original and gguf.GGUFReader(str(first)) is not gguf.GGUFReader(str(first))  # restored

@@ -8,7 +8,7 @@ not installed again) after its own transformers, and gets the ``kernels`` releas
 
 Usage:
     python bench/release_sweep.py --transformers 5.10.4             # venv .venv-tf-5.10.4, record in releases/
-    python bench/release_sweep.py --transformers 5.0.0 --venv /tmp/tf5.0.0
+    python bench/release_sweep.py --transformers 5.0.0 --venv ~/venvs/tf-5.0.0
     python bench/release_sweep.py --summary-only                    # the releases' table again from their records
 Results: bench/results/family_sweep/releases/sweep-VERSION.json (as bench/family_sweep.py writes it) and README.md,
 one row per release swept. A release's crashes and parity differences are listed there, not raised: exit status 0
@@ -74,6 +74,11 @@ def make_venv(folder: Path, version: str) -> Path:
     return python
 
 
+def release_of(record: dict) -> str:
+    """The transformers release a record was swept on (``"5.10.4"``, from its ``versions`` line)."""
+    return record["versions"].split(",")[0].removeprefix("transformers ").strip()
+
+
 def swept_on(record: dict) -> str:
     """When and where a release was swept: ``2026-12-07, 2 CPUs x86_64, load 1.9`` (what the record holds of it)."""
     swept = record.get("swept") or {}
@@ -95,7 +100,7 @@ def summary_row(record: dict) -> str:
         if bad:
             findings.append(f"{row['class_name']}: {', '.join(m['method'] for m in bad)}: {bad[0]['reason'][:120]}")
     listed = "<br>".join(f.replace("|", "/") for f in findings) or "none"
-    return (f"| {record['versions'].split(',')[0].removeprefix('transformers ')} | {totals['classes']} | {totals['built']} | "
+    return (f"| {release_of(record)} | {totals['classes']} | {totals['built']} | "
             f"{totals['pairs']} | {totals['ok']} | {totals['refused']} | {totals['crash']} | {record.get('seconds', '?')} | {swept_on(record)} | {listed} |")
 
 
@@ -107,7 +112,7 @@ def write_summary() -> Path:
             records.append(json.loads(path.read_text()))
         except (OSError, json.JSONDecodeError) as error:
             raise SystemExit(f"release_sweep.py: {path} is not a sweep record ({error}); run that release again")
-    key = lambda r: tuple(int(p) for p in r["versions"].split(",")[0].split()[1].split("."))  # noqa: E731
+    key = lambda r: tuple(int(p) for p in release_of(r).split("."))  # noqa: E731  (5.9 before 5.10)
     lines = ["# The family sweep on other transformers releases (`bench/release_sweep.py`)", "",
              "Each row: `python bench/release_sweep.py --transformers VERSION` (tiny random models, the same checks as "
              "[the support matrix](../../../../docs/families.md)). A crash or parity difference is listed with its first "

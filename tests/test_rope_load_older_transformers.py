@@ -90,11 +90,16 @@ def test_a_transformers_5_save_loads_under_4_57_with_the_same_logits(loaded_unde
     assert float((loaded - expected).abs().max()) < 1e-4
 
 
+def _refusal(loaded_under_4_57, class_name: str) -> tuple[str, dict]:
+    """The one line hf_posext.load gave under 4.57 for ``class_name``'s save, and that save's config."""
+    found, folder, _ = loaded_under_4_57[class_name]
+    return found["refused"], json.loads((folder / "config.json").read_text())
+
+
 @pytest.mark.parametrize("class_name", REFUSED)
 def test_a_family_4_57_does_not_have_is_refused_in_one_line(loaded_under_4_57, class_name):
-    found, folder, _ = loaded_under_4_57[class_name]
-    model_type = json.loads((folder / "config.json").read_text())["model_type"]
-    message = found["refused"]
+    message, config = _refusal(loaded_under_4_57, class_name)
+    model_type = config["model_type"]
     assert "\n" not in message and f"holds a {model_type!r} model, which transformers 4.57" in message
     assert f"load it with a transformers that has {model_type!r} (>= 5." in message
 
@@ -117,10 +122,8 @@ def test_gemma3_save_writes_the_fields_4_57_reads_per_layer_type(loaded_under_4_
 
 @pytest.mark.parametrize("class_name", REJECTED_SCALING)
 def test_a_scaling_the_4_57_config_class_rejects_is_refused_in_one_line(loaded_under_4_57, class_name):
-    found, folder, _ = loaded_under_4_57[class_name]
-    model_type = json.loads((folder / "config.json").read_text())["model_type"]
-    message = found["refused"]
+    message, config = _refusal(loaded_under_4_57, class_name)
+    model_type = config["model_type"]
     assert "\n" not in message and f"holds a {model_type!r} model saved by transformers 5." in message
     assert "rejects the rope_scaling of its hf_posext yarn x2 patch" in message
-    assert message.endswith("load it with transformers >= " + json.loads((folder / "config.json").read_text())[
-        "transformers_version"] + ".")
+    assert message.endswith(f"load it with transformers >= {config['transformers_version']}.")
